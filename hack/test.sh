@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs (Python env, a Kubernetes control plane built from
+# source) and run all of it: lint, types, then unit → trainer → integration → e2e tests.
+# Extra arguments go to pytest, e.g. `hack/test.sh -m "not slow"` or `hack/test.sh tests/unit`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+stamp() { echo "== $1 ($((SECONDS - t0)) s)"; }
+
+stamp "python environment"
+VENV=$(hack/bootstrap.sh)
+export PATH="$VENV/bin:$PATH"
+
+stamp "kubernetes components (built from source, cached by their pins)"
+TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
+export TORCHKUBE_BIN_DIR
+
+stamp "lint and types"
+ruff check .
+ruff format --check .
+mypy
+
+stamp "tests"
+status=0
+pytest "$@" || status=$?
+stamp "done (pytest exit $status)"
+exit "$status"

@@ -1,0 +1,77 @@
+"""Defaults and validation of the TrainingJob pydantic models."""
+
+import pytest
+from api_cases import BAD_SPECS, BadSpec, job
+from pydantic import ValidationError
+
+from torchkube.api import TrainingJob
+from torchkube.api.errors import describe
+from torchkube.api.spec import BUILTIN_TRAINER_COMMAND, BackoffSpec, FailurePolicySpec
+
+
+def test_minimal_job_gets_documented_defaults() -> None:
+    tj = TrainingJob.model_validate(job("demo", {}))
+    spec = tj.spec
+    assert spec.command == BUILTIN_TRAINER_COMMAND
+    assert spec.nproc_per_node == "auto"
+    assert (spec.replicas.min, spec.replicas.max, spec.replicas.target) == (1, 1, 1)
+    assert spec.rendezvous.port == 29400
+    assert spec.checkpoint.creates_claim and spec.checkpoint.mount_path == "/checkpoints"
+    assert spec.failure_policy.permanent_exit_codes == [2, 3, 126, 127]
+    assert spec.run_policy.clean_pod_policy == "Running"
+    assert tj.status is None
+
+
+def test_wire_form_is_camel_case_and_round_trips() -> None:
+    manifest = job("demo", {"replicas": {"min": 2, "max": 4}, "nprocPerNode": 8})
+    tj = TrainingJob.model_validate(manifest)
+    wire = tj.to_wire()
+    assert wire["spec"]["replicas"] == {"min": 2, "max": 4}
+    assert wire["spec"]["nprocPerNode"] == 8
+    assert "failurePolicy" in wire["spec"] and "failure_policy" not in wire["spec"]
+    assert TrainingJob.model_validate(wire) == tj
+
+
+def test_desired_replicas_default_to_max() -> None:
+    tj = TrainingJob.model_validate(job("demo", {"replicas": {"min": 2, "max": 8}}))
+    assert tj.spec.replicas.target == 8
+    tj = TrainingJob.model_validate(job("demo", {"replicas": {"min": 2, "max": 8, "desired": 3}}))
+    assert tj.spec.replicas.target == 3
+
+
+@pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
+def test_bad_spec_is_rejected_naming_field_and_rule(case: BadSpec) -> None:
+    with pytest.raises(ValidationError) as raised:
+        TrainingJob.model_validate(job(case.name, case.spec))
+    text = describe(raised.value)
+    assert case.field in text, text
+    assert case.allowed in text, text
+
+
+@pytest.mark.parametrize(
+    ("codes", "retryable", "code", "permanent"),
+    [
+        ([2, 3], [], 3, True),
+        ([2, 3], [], 1, False),
+        ([2, 3], [], 137, False),
+        ([], [137, 143], 1, True),
+        ([], [137, 143], 143, False),
+    ],
+)
+def test_exit_code_classification(
+    codes: list[int], retryable: list[int], code: int, permanent: bool
+) -> None:
+    policy = FailurePolicySpec(permanent_exit_codes=codes, retryable_exit_codes=retryable)
+    assert policy.is_permanent_exit(code) is permanent
+
+
+def test_backoff_doubles_up_to_its_bound() -> None:
+    backoff = BackoffSpec(initial_seconds=5, max_seconds=30)
+    assert [backoff.delay(n) for n in range(5)] == [5, 10, 20, 30, 30]
+    assert BackoffSpec().delay(7) == 0
+
+
+def test_describe_names_the_yaml_path() -> None:
+    with pytest.raises(ValidationError) as raised:
+        TrainingJob.model_validate(job("demo", {"resources": {"gpus": -2}}))
+    assert describe(raised.value).startswith("spec.resources.gpus: ")

@@ -1,0 +1,1 @@
+"""torchkube: elastic, fault-tolerant PyTorch training on Kubernetes."""

@@ -1,0 +1,488 @@
+"""The TrainingJob ``spec``: what the user asks for.
+
+Every cross-field rule is written twice on purpose: as a pydantic validator (so
+``torchkube run`` and the operator reject bad input with the same words) and as a CEL rule in
+``x-kubernetes-validations`` (so ``kubectl apply`` rejects it before anything is stored). The
+tests in ``tests/unit/test_api_validation.py`` feed the same bad specs to both.
+"""
+
+from typing import Any, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from torchkube.api.base import ApiModel
+from torchkube.api.trainer import TrainerSpec
+from torchkube.api.types import DNS_LABEL, EnvVar, FreeForm, NprocPerNode, Quantity
+
+BUILTIN_TRAINER_COMMAND = ["-m", "torchkube.trainer"]
+DEFAULT_IMAGE = "torchkube/trainer:0.1.0"
+
+
+def cel(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config that attaches CEL rules (rule, message) to the model's OpenAPI schema."""
+    return ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
+        }
+    )
+
+
+def immutable(description: str) -> dict[str, Any]:
+    """Schema extras for a field that cannot change once the job exists.
+
+    A running rendezvous cannot mix workers of two images or two trainer configs, so such a
+    change is refused at the apiserver with a message that says what to do instead.
+    """
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": "self == oldSelf",
+                "message": f"{description} is immutable; delete the TrainingJob and create a "
+                "new one (the checkpoint volume can be reused through checkpoint.claimName)",
+            }
+        ]
+    }
+
+
+class ResourcesSpec(ApiModel):
+    """Compute for each worker pod."""
+
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per worker pod.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        max_length=253,
+        description="Extended resource name the GPUs are requested under.",
+    )
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Extra resource requests per worker pod, e.g. cpu: 8, memory: 64Gi.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Resource limits per worker pod. GPUs are always added as limits.",
+    )
+
+
+class ReplicasSpec(ApiModel):
+    """How many worker pods (torchrun agents, one per pod) the job runs."""
+
+    model_config = cel(
+        ("self.min <= self.max", "replicas.min must be less than or equal to replicas.max"),
+        (
+            "!has(self.desired) || (self.desired >= self.min && self.desired <= self.max)",
+            "replicas.desired (what kubectl scale sets) must lie between replicas.min and "
+            "replicas.max",
+        ),
+    )
+
+    min: int = Field(
+        default=1, ge=1, le=10000, description="Fewest workers training may continue with."
+    )
+    max: int = Field(
+        default=1, ge=1, le=10000, description="Most workers; min == max means a fixed size."
+    )
+    desired: int | None = Field(
+        default=None,
+        ge=1,
+        le=10000,
+        description="Workers wanted now; moved by the scale subresource. Unset means max.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(
+                f"replicas.min ({self.min}) must be less than or equal to replicas.max ({self.max})"
+            )
+        if self.desired is not None and not self.min <= self.desired <= self.max:
+            raise ValueError(
+                f"replicas.desired ({self.desired}) must lie between replicas.min ({self.min}) "
+                f"and replicas.max ({self.max})"
+            )
+        return self
+
+    @property
+    def target(self) -> int:
+        """The worker count the operator steers towards."""
+        return self.max if self.desired is None else self.desired
+
+
+class RendezvousSpec(ApiModel):
+    """torchrun's c10d rendezvous. Defaults are tuned for recovery in seconds, not minutes."""
+
+    port: int = Field(default=29400, ge=1024, le=65535, description="Rendezvous store port.")
+    join_timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=86400,
+        description="How long a rendezvous round may take before the agents give up.",
+    )
+    last_call_timeout_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=3600,
+        description="After min workers joined, how long to wait for more before starting.",
+    )
+    close_timeout_seconds: int = Field(
+        default=10, ge=1, le=3600, description="Time to close a rendezvous round on shutdown."
+    )
+    keep_alive_interval_seconds: int = Field(
+        default=2,
+        ge=1,
+        le=600,
+        description="Agent heartbeat period; a silent agent is dropped after three missed beats.",
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """The shared volume checkpoints go to, and how often the trainer writes them.
+
+    Give either an existing claim (``claimName``) or the size of one for the operator to
+    create; with neither, the operator creates a 10Gi ReadWriteMany claim.
+    """
+
+    model_config = cel(
+        (
+            "!(has(self.claimName) && has(self.size))",
+            "set either checkpoint.claimName (use an existing claim) or checkpoint.size "
+            "(create one), not both",
+        ),
+        (
+            "self.intervalSteps > 0 || has(self.intervalSeconds)",
+            "checkpoint.intervalSteps is 0 (off), so set checkpoint.intervalSeconds; "
+            "otherwise no checkpoint would ever be written",
+        ),
+    )
+
+    claim_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_LABEL,
+        description="An existing PersistentVolumeClaim to mount. It must be ReadWriteMany "
+        "when workers can land on different nodes.",
+        json_schema_extra=immutable("checkpoint.claimName"),
+    )
+    size: Quantity | None = Field(
+        default=None,
+        description="Size of the claim the operator creates (when claimName is not set).",
+        json_schema_extra=immutable("checkpoint.size"),
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="StorageClass of the created claim; unset uses the cluster default.",
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        default="ReadWriteMany", description="Access mode of the created claim."
+    )
+    mount_path: str = Field(
+        default="/checkpoints",
+        min_length=2,
+        max_length=1024,
+        pattern=r"^/",
+        description="Where the volume is mounted in every worker.",
+        json_schema_extra=immutable("checkpoint.mountPath"),
+    )
+    interval_steps: int = Field(
+        default=500,
+        ge=0,
+        description="Checkpoint every this many optimizer steps; 0 turns step-based saves off.",
+    )
+    interval_seconds: int | None = Field(
+        default=None, ge=10, description="Also checkpoint when this much time passed."
+    )
+    keep: int = Field(default=3, ge=1, le=1000, description="How many checkpoints to keep.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if self.claim_name is not None and self.size is not None:
+            raise ValueError(
+                "set either checkpoint.claimName (use an existing claim) or checkpoint.size "
+                "(create one), not both"
+            )
+        if self.interval_steps == 0 and self.interval_seconds is None:
+            raise ValueError(
+                "checkpoint.intervalSteps is 0 (off), so set checkpoint.intervalSeconds; "
+                "otherwise no checkpoint would ever be written"
+            )
+        return self
+
+    @property
+    def creates_claim(self) -> bool:
+        return self.claim_name is None
+
+
+FailureReason = Literal["ExitCode", "OOMKilled", "NodeLost", "Preempted", "Evicted", "Unknown"]
+
+
+class BackoffSpec(ApiModel):
+    """Delay before a failed worker is replaced, doubling with each restart."""
+
+    model_config = cel(
+        (
+            "self.initialSeconds <= self.maxSeconds",
+            "failurePolicy.backoff.initialSeconds must not exceed failurePolicy.backoff.maxSeconds",
+        ),
+    )
+
+    initial_seconds: float = Field(
+        default=0, ge=0, le=3600, description="Delay before the first replacement."
+    )
+    max_seconds: float = Field(
+        default=300, ge=0, le=86400, description="Upper bound of the doubling delay."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.initial_seconds > self.max_seconds:
+            raise ValueError(
+                f"failurePolicy.backoff.initialSeconds ({self.initial_seconds}) must not exceed "
+                f"failurePolicy.backoff.maxSeconds ({self.max_seconds})"
+            )
+        return self
+
+    def delay(self, restarts: int) -> float:
+        """Seconds to wait before restart number ``restarts + 1``."""
+        if restarts <= 0 or self.initial_seconds == 0:
+            return self.initial_seconds
+        return float(min(self.max_seconds, self.initial_seconds * 2 ** min(restarts, 30)))
+
+
+class FailurePolicySpec(ApiModel):
+    """Which failures are worth a retry, and how many retries a job gets.
+
+    An exit code is permanent when it is listed in ``permanentExitCodes``, or when
+    ``retryableExitCodes`` is non-empty and does not list it; every other failure is retried.
+    The defaults treat 2 (usage error), 3 (torchkube's own configuration error), 126 and 127
+    (command not executable / not found) as permanent: a restart would fail the same way.
+    """
+
+    model_config = cel(
+        (
+            "self.permanentExitCodes.all(c, !(c in self.retryableExitCodes))",
+            "an exit code cannot be both permanent and retryable in failurePolicy",
+        ),
+    )
+
+    max_restarts: int = Field(
+        default=10,
+        ge=0,
+        le=100000,
+        description="Worker replacements allowed before the job is marked Failed.",
+    )
+    backoff: BackoffSpec = Field(
+        default_factory=BackoffSpec,
+        description="Delay between a failure and its replacement.",
+    )
+    permanent_exit_codes: list[int] = Field(
+        default_factory=lambda: [2, 3, 126, 127],
+        max_length=256,
+        description="Exit codes that fail the job at once, without a restart.",
+    )
+    retryable_exit_codes: list[int] = Field(
+        default_factory=list,
+        max_length=256,
+        description="If non-empty, only these exit codes are retried.",
+    )
+    on_oom_killed: Literal["Retry", "Fail"] = Field(
+        default="Retry", description="What a worker killed for memory does to the job."
+    )
+    count_infrastructure_failures: bool = Field(
+        default=False,
+        description="Whether node loss, preemption and eviction count towards maxRestarts.",
+    )
+    node_lost_grace_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="How long a node may be NotReady before its workers are replaced "
+        "elsewhere (Kubernetes itself waits 300 s).",
+    )
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> Self:
+        both = sorted(set(self.permanent_exit_codes) & set(self.retryable_exit_codes))
+        if both:
+            raise ValueError(
+                f"exit codes {both} cannot be both permanent and retryable in failurePolicy"
+            )
+        return self
+
+    def is_permanent_exit(self, code: int) -> bool:
+        if code in self.permanent_exit_codes:
+            return True
+        return bool(self.retryable_exit_codes) and code not in self.retryable_exit_codes
+
+
+class RunPolicySpec(ApiModel):
+    """Job-level lifecycle: suspension, deadlines and clean-up."""
+
+    suspend: bool = Field(
+        default=False,
+        description="Suspended jobs have no pods; the checkpoint volume is kept. Resuming "
+        "continues from the latest checkpoint. Queues such as Kueue toggle this.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job after running this long."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job this long after it finished."
+    )
+    clean_pod_policy: Literal["All", "Running", "None"] = Field(
+        default="Running",
+        description="Which pods to delete when the job finishes: All, only Running ones, or None.",
+    )
+
+
+class PodTemplateOverride(ApiModel):
+    """Anything else for the worker pods, merged over what the operator builds."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="Extra pod labels."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="Extra pod annotations."
+    )
+    spec: FreeForm | None = Field(
+        default=None,
+        description="A partial core/v1 PodSpec merged into the worker pod: extra volumes, "
+        "sidecar containers, securityContext, ... Lists are appended; a container named "
+        "'trainer' is merged into the worker container.",
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Where worker pods may run. Changes apply to pods created from then on."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="Node labels a worker needs."
+    )
+    tolerations: list[FreeForm] = Field(
+        default_factory=list, max_length=64, description="core/v1 Tolerations for the workers."
+    )
+    affinity: FreeForm | None = Field(default=None, description="core/v1 Affinity.")
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass of the workers."
+    )
+    scheduler_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Scheduler for the workers (e.g. volcano); unset uses the default.",
+    )
+    pending_timeout_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=86400,
+        description="After this long unschedulable, a worker is reported in the "
+        "PodsUnschedulable condition (the job keeps waiting).",
+    )
+    pod_template: PodTemplateOverride = Field(
+        default_factory=PodTemplateOverride,
+        description="Labels, annotations and pod spec fields merged into every worker.",
+    )
+
+
+class MetricsSpec(ApiModel):
+    """Where each worker serves its Prometheus metrics."""
+
+    port: int = Field(
+        default=9400,
+        ge=1024,
+        le=65535,
+        description="Trainer metrics port (0 is not allowed; use enabled: false).",
+    )
+    enabled: bool = Field(default=True, description="Serve trainer metrics.")
+
+
+class TrainingJobSpec(ApiModel):
+    """What to train, on how many workers, and how to survive failures."""
+
+    model_config = cel(
+        (
+            "self.rendezvous.port != self.metrics.port",
+            "rendezvous.port and metrics.port must differ",
+        ),
+    )
+
+    image: str = Field(
+        default=DEFAULT_IMAGE,
+        min_length=1,
+        max_length=1024,
+        description="Worker container image (built from torchkube's Dockerfile, or your own "
+        "with torchkube installed).",
+        json_schema_extra=immutable("image"),
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy of the worker container."
+    )
+    command: list[str] = Field(
+        default_factory=lambda: list(BUILTIN_TRAINER_COMMAND),
+        min_length=1,
+        max_length=64,
+        description="What torchrun launches: a script path, or -m and a module. The default "
+        "runs torchkube's built-in trainer.",
+        json_schema_extra=immutable("command"),
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Arguments appended to the command.",
+        json_schema_extra=immutable("args"),
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=256, description="Extra environment for every worker."
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec,
+        description="GPUs and other resources per worker pod.",
+        json_schema_extra=immutable("resources"),
+    )
+    nproc_per_node: NprocPerNode = Field(
+        default="auto",
+        description="Processes per worker pod: an integer, or auto (one per GPU, else one), "
+        "gpu or cpu as torchrun understands them.",
+    )
+    replicas: ReplicasSpec = Field(
+        default_factory=ReplicasSpec,
+        description="Elastic size of the job, in worker pods.",
+    )
+    rendezvous: RendezvousSpec = Field(
+        default_factory=RendezvousSpec,
+        description="torchrun c10d rendezvous settings.",
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Checkpoint volume and cadence.",
+    )
+    failure_policy: FailurePolicySpec = Field(
+        default_factory=FailurePolicySpec,
+        description="Retries, backoff and what counts as permanent.",
+    )
+    run_policy: RunPolicySpec = Field(
+        default_factory=RunPolicySpec,
+        description="Suspension, deadlines and clean-up.",
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="Node selection, tolerations, priority and pod overrides.",
+    )
+    metrics: MetricsSpec = Field(
+        default_factory=MetricsSpec,
+        description="Trainer metrics endpoint.",
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec,
+        description="Settings of the built-in trainer (ignored by a custom command unless "
+        "it reads TORCHKUBE_TRAINER_CONFIG).",
+        json_schema_extra=immutable("trainer"),
+    )
+
+    @model_validator(mode="after")
+    def _ports(self) -> Self:
+        if self.rendezvous.port == self.metrics.port:
+            raise ValueError(
+                f"rendezvous.port and metrics.port must differ (both are {self.metrics.port})"
+            )
+        return self

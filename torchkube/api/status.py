@@ -1,0 +1,88 @@
+"""The TrainingJob ``status``: what the operator observed, written via the status subresource."""
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic.config import JsonDict
+
+from torchkube.api.base import ApiModel
+from torchkube.api.spec import FailureReason
+from torchkube.api.types import Condition
+
+Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+DATE_TIME: JsonDict = {"format": "date-time"}
+
+
+class FailureRecord(ApiModel):
+    """The most recent worker failure, so ``kubectl describe`` answers 'what went wrong'."""
+
+    reason: FailureReason = Field(description="Failure class the failure policy acted on.")
+    message: str = Field(default="", max_length=4096, description="What happened, in a sentence.")
+    pod: str | None = Field(default=None, description="The failed worker pod.")
+    node: str | None = Field(default=None, description="The node it ran on.")
+    exit_code: int | None = Field(default=None, description="Container exit code, if any.")
+    retryable: bool = Field(default=True, description="Whether the policy retried it.")
+    time: str = Field(description="When the operator saw it.", json_schema_extra=DATE_TIME)
+
+
+class CheckpointRecord(ApiModel):
+    """The newest complete checkpoint the trainer reported."""
+
+    step: int = Field(ge=0, description="Optimizer step of the checkpoint.")
+    time: str | None = Field(
+        default=None, description="When it was written.", json_schema_extra=DATE_TIME
+    )
+
+
+class ProgressRecord(ApiModel):
+    """Training progress as last reported by rank 0."""
+
+    step: int = Field(default=0, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, ge=0, description="Steps the run will take.")
+    loss: float | None = Field(default=None, description="Latest training loss.")
+    tokens_per_second: float | None = Field(default=None, ge=0, description="Throughput.")
+    updated: str | None = Field(
+        default=None, description="When rank 0 reported it.", json_schema_extra=DATE_TIME
+    )
+
+
+class TrainingJobStatus(ApiModel):
+    """Observed state of a TrainingJob."""
+
+    phase: Phase = Field(default="Pending", description="Where the job is in its life cycle.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Latest observations, one per type (Created, Running, Restarting, "
+        "Suspended, Succeeded, Failed, PodsUnschedulable).",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The spec generation the status reflects."
+    )
+    replicas: int = Field(default=0, ge=0, description="Worker pods that exist and are not done.")
+    ready_replicas: int = Field(default=0, ge=0, description="Worker pods that are Ready.")
+    desired_replicas: int = Field(default=0, ge=0, description="Worker pods the operator wants.")
+    workers: str = Field(default="0/0", description="Ready/desired workers, for kubectl get.")
+    world_size: int = Field(default=0, ge=0, description="Training processes in the last round.")
+    selector: str = Field(
+        default="", description="Label selector of the workers, for the scale subresource."
+    )
+    restarts: int = Field(default=0, ge=0, description="Worker replacements so far.")
+    last_failure: FailureRecord | None = Field(
+        default=None, description="The most recent worker failure."
+    )
+    latest_checkpoint: CheckpointRecord | None = Field(
+        default=None, description="The newest complete checkpoint."
+    )
+    progress: ProgressRecord | None = Field(default=None, description="Training progress.")
+    start_time: str | None = Field(
+        default=None, description="When the first worker started.", json_schema_extra=DATE_TIME
+    )
+    completion_time: str | None = Field(
+        default=None, description="When the job finished.", json_schema_extra=DATE_TIME
+    )

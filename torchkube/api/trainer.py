@@ -1,0 +1,237 @@
+"""``spec.trainer`` of a TrainingJob: everything the built-in trainer needs to know.
+
+This model is the trainer's only configuration tree: the operator renders it into the pods as
+JSON (``TORCHKUBE_TRAINER_CONFIG``) and ``python -m torchkube.trainer`` validates it again on
+start-up, so a spec that passed ``kubectl apply`` means the same thing inside the pod.
+Runtime facts that belong to the pod rather than to the job (checkpoint folder, intervals,
+metrics port, torchrun's rank variables) come from the environment instead; see
+``torchkube.trainer.config``.
+
+Batch sizes count sequences of ``seqLen`` tokens. The optimizer always sees
+``globalBatchSize`` sequences per step; the trainer derives the gradient-accumulation steps
+from the world size it finds, so an elastic resize changes the accumulation, never the batch.
+"""
+
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from torchkube.api.base import ApiModel
+
+ModelPreset = Literal["tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+Strategy = Literal["ddp", "zero1", "fsdp", "hsdp"]
+Precision = Literal["auto", "bf16", "fp32"]
+Device = Literal["auto", "cuda", "cpu"]
+LrSchedule = Literal["cosine", "linear", "constant"]
+CheckpointMode = Literal["async", "sync"]
+
+
+class TrainerSpec(ApiModel):
+    """What to train, how to parallelise it, and the optimisation recipe."""
+
+    # Model
+    model: ModelPreset = Field(
+        default="gpt2",
+        description=(
+            "GPT preset: tiny (tests, ~0.1M parameters), small (~10M), gpt2 (124M), "
+            "gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B)."
+        ),
+    )
+    vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description=(
+            "Vocabulary size of the model. Unset: read from the token file's header "
+            "(257 for files made by `torchkube prepare-data`), padded up to a multiple of 64."
+        ),
+    )
+    dropout: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="Dropout probability inside the model."
+    )
+
+    # Parallelism and system
+    strategy: Strategy = Field(
+        default="ddp",
+        description=(
+            "How the model is spread over the workers: ddp (replicated), zero1 (DDP with the "
+            "optimizer state sharded by ZeroRedundancyOptimizer), fsdp (FSDP2 fully_shard over "
+            "all workers), hsdp (FSDP2 on a 2-D mesh: shard inside a group of hsdpShardSize "
+            "workers, replicate across groups)."
+        ),
+    )
+    hsdp_shard_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description=(
+            "Workers per HSDP shard group (strategy hsdp only). Unset: the processes of one "
+            "node (torchrun's LOCAL_WORLD_SIZE), so sharding stays on the fast intra-node links."
+        ),
+    )
+    precision: Precision = Field(
+        default="auto",
+        description=(
+            "Compute precision: bf16 (autocast / FSDP2 mixed precision, fp32 master weights "
+            "and gradient reduction), fp32, or auto (bf16 on CUDA, fp32 on CPU)."
+        ),
+    )
+    device: Device = Field(
+        default="auto",
+        description="cuda (one GPU per process, NCCL), cpu (gloo), or auto (cuda when present).",
+    )
+    compile: bool = Field(
+        default=False, description="Compile each transformer block with torch.compile."
+    )
+    ddp_bucket_size_mb: int = Field(
+        default=25,
+        ge=1,
+        le=1024,
+        description="DDP gradient bucket size in MiB (ddp and zero1).",
+    )
+    deterministic: bool = Field(
+        default=False,
+        description=(
+            "Use deterministic kernels only (torch.use_deterministic_algorithms), for bitwise "
+            "reproducible resumes; slower on GPU."
+        ),
+    )
+    collective_timeout_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description="Timeout of one collective before a hung peer is declared dead.",
+    )
+
+    # Batch and schedule
+    micro_batch_size: int = Field(
+        default=8, ge=1, le=65536, description="Sequences per worker per forward/backward pass."
+    )
+    global_batch_size: int = Field(
+        default=64,
+        ge=1,
+        le=16_777_216,
+        description=(
+            "Sequences per optimizer step over all workers; kept constant across resizes. "
+            "Must be a multiple of microBatchSize × world size for every world size the job "
+            "may run at."
+        ),
+    )
+    seq_len: int = Field(
+        default=1024, ge=8, le=131_072, description="Tokens per sequence (the model's context)."
+    )
+    steps: int = Field(
+        default=1000, ge=1, le=1_000_000_000, description="Optimizer steps to train for."
+    )
+
+    # Optimizer (AdamW) and learning-rate schedule
+    learning_rate: float = Field(
+        default=6e-4, gt=0.0, le=1.0, description="Peak learning rate, reached after warm-up."
+    )
+    min_learning_rate_ratio: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Final learning rate as a fraction of learningRate (cosine and linear).",
+    )
+    lr_schedule: LrSchedule = Field(
+        default="cosine",
+        description="Decay after warm-up, from learningRate down to the final learning rate.",
+    )
+    warmup_steps: int = Field(
+        default=100, ge=0, le=1_000_000_000, description="Linear warm-up steps."
+    )
+    weight_decay: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=10.0,
+        description="AdamW weight decay, applied to matrices and embeddings only.",
+    )
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0, description="AdamW beta2.")
+    grad_clip: float = Field(
+        default=1.0, ge=0.0, le=1e6, description="Gradient-norm clipping threshold; 0 turns it off."
+    )
+
+    # Data
+    data_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Token file (or glob of shard files) written by `torchkube prepare-data` or llm.c. "
+            "Unset: a small generated sample corpus (quick start and tests)."
+        ),
+    )
+    eval_data_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Token file (or glob) for evaluation. Unset: the sample corpus' validation split "
+            "when dataPath is unset, otherwise no evaluation."
+        ),
+    )
+    eval_interval_steps: int = Field(
+        default=0, ge=0, le=1_000_000_000, description="Evaluate every N steps; 0 turns it off."
+    )
+    eval_batches: int = Field(
+        default=20, ge=1, le=1_000_000, description="Micro-batches per worker in one evaluation."
+    )
+    seed: int = Field(
+        default=1337,
+        ge=0,
+        le=2**31 - 1,
+        description="Seed of the model initialisation and of the data order.",
+    )
+
+    # Logging and checkpoints (where and how often comes from the pod's environment)
+    log_interval_steps: int = Field(
+        default=10, ge=1, le=1_000_000, description="Log a progress line every N steps."
+    )
+    checkpoint_mode: CheckpointMode = Field(
+        default="async",
+        description=(
+            "async: training blocks only while the state is copied to host memory; sync: "
+            "training waits until the checkpoint is on disk."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_cross_field_rules(self) -> Self:
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"globalBatchSize ({self.global_batch_size}) must be a multiple of "
+                f"microBatchSize ({self.micro_batch_size})"
+            )
+        if self.warmup_steps > self.steps:
+            raise ValueError(
+                f"warmupSteps ({self.warmup_steps}) must not exceed steps ({self.steps})"
+            )
+        if self.hsdp_shard_size is not None and self.strategy != "hsdp":
+            raise ValueError(
+                f"hsdpShardSize is only used with strategy hsdp (strategy is {self.strategy})"
+            )
+        if self.eval_interval_steps and self.data_path and not self.eval_data_path:
+            raise ValueError(
+                "evalIntervalSteps > 0 needs evalDataPath when dataPath is set"
+            )
+        return self
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step at ``world_size`` workers, keeping the global batch.
+
+        Raises ValueError naming the fields when the global batch cannot be split evenly.
+        """
+        per_step = self.micro_batch_size * world_size
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"globalBatchSize ({self.global_batch_size}) must be a multiple of "
+                f"microBatchSize ({self.micro_batch_size}) × world size ({world_size}) = "
+                f"{per_step}; choose a globalBatchSize divisible by it for every world size "
+                "the job can run at"
+            )
+        return self.global_batch_size // per_step
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens the optimizer sees per step, whatever the world size."""
+        return self.global_batch_size * self.seq_len
