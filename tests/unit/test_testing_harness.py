@@ -1,0 +1,292 @@
+"""Unit tests for the pure parts of torchkube.testing: PKI, ports, kubeconfigs, KWOK manifests,
+fault patches. No cluster, no binaries."""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from torchkube.testing import kwok, ports
+from torchkube.testing.binaries import Binaries, _failed_component
+from torchkube.testing.certs import (
+    apiserver_sans,
+    first_service_ip,
+    generate_cluster_pki,
+)
+from torchkube.testing.errors import ClusterError
+from torchkube.testing.faults import terminated_status_patch
+from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
+from torchkube.testing.pods import kwok_pod
+from torchkube.testing.process import tail
+from torchkube.testing.pytest_plugin import _namespace_name
+from torchkube.testing.wait import WaitTimeout, wait_for
+
+
+def _load(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory):
+    return generate_cluster_pki(
+        tmp_path_factory.mktemp("pki"), extra_sans=["10.1.2.3", "node.test"]
+    )
+
+
+# --------------------------------------------------------------------------------------- certs
+def test_first_service_ip() -> None:
+    assert first_service_ip("10.96.0.0/16") == "10.96.0.1"
+    assert first_service_ip("10.0.0.0/24") == "10.0.0.1"
+
+
+def test_apiserver_sans_split_extra_into_dns_and_ip() -> None:
+    dns, ips = apiserver_sans("10.96.0.0/12", ["192.168.1.1", "my.host"])
+    assert "kubernetes.default.svc" in dns and "localhost" in dns and "my.host" in dns
+    assert ips == ["127.0.0.1", "10.96.0.1", "192.168.1.1"]
+
+
+def test_apiserver_cert_is_signed_by_ca_and_names_every_address(pki) -> None:
+    ca = _load(pki.ca_cert)
+    cert = _load(pki.apiserver.cert)
+    assert cert.issuer == ca.subject
+    cert.verify_directly_issued_by(ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"localhost", "kubernetes.default.svc", "node.test"} <= set(
+        san.get_values_for_type(x509.DNSName)
+    )
+    ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    assert {"127.0.0.1", "10.96.0.1", "10.1.2.3"} <= ips
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.SERVER_AUTH in usage
+
+
+def test_admin_is_system_masters_client(pki) -> None:
+    cert = _load(pki.admin.cert)
+    assert (
+        cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
+    )
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+def test_component_identities_match_rbac_bootstrap_users(pki) -> None:
+    for pair, user in [
+        (pki.controller_manager, "system:kube-controller-manager"),
+        (pki.scheduler, "system:kube-scheduler"),
+    ]:
+        cn = _load(pair.cert).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+        assert cn == user
+
+
+def test_ca_is_a_ca_and_keys_are_private(pki) -> None:
+    ca = _load(pki.ca_cert)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert (pki.ca.paths.key.stat().st_mode & 0o777) == 0o600
+    assert (pki.admin.key.stat().st_mode & 0o777) == 0o600
+
+
+def test_service_account_key_is_rsa_and_matches_public_key(pki) -> None:
+    key = load_pem_private_key(pki.service_account.key.read_bytes(), None)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    assert b"BEGIN PUBLIC KEY" in pki.service_account.cert.read_bytes()
+
+
+def test_issue_refuses_a_certificate_for_nothing(tmp_path: Path, pki) -> None:
+    with pytest.raises(ValueError):
+        pki.ca.issue(tmp_path, "x", "x")
+
+
+# --------------------------------------------------------------------------------------- ports
+def test_candidate_range_stays_below_ephemeral_range() -> None:
+    assert ports.candidate_range((32768, 60999)) == (ports.LOW_PORT, 32767)
+    assert ports.candidate_range((1024, 60000)) == (60001, 65535)
+    assert ports.candidate_range((1024, 65535)) == (ports.LOW_PORT, 65535)
+
+
+def test_ephemeral_range_reads_proc_format(tmp_path: Path) -> None:
+    path = tmp_path / "range"
+    path.write_text("32768\t60999\n")
+    assert ports.ephemeral_range(path) == (32768, 60999)
+    assert ports.ephemeral_range(tmp_path / "missing") == (32768, 60999)
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    chosen = ports.free_ports(20, random.Random(7))
+    assert len(set(chosen)) == 20
+    low, high = ports.candidate_range()
+    for port in chosen:
+        assert low <= port <= high
+        assert ports.is_port_free(port)
+
+
+def test_busy_port_is_not_free() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert not ports.is_port_free(sock.getsockname()[1])
+
+
+def test_free_port_never_repeats_even_with_same_seed() -> None:
+    first = ports.free_port(random.Random(1))
+    second = ports.free_port(random.Random(1))
+    assert first != second
+
+
+# --------------------------------------------------------------------------------------- kubeconfig
+def test_kubeconfig_embeds_credentials(tmp_path: Path, pki) -> None:
+    config = render_kubeconfig("https://127.0.0.1:6443", pki.ca_cert, pki.admin)
+    path = write_kubeconfig(tmp_path / "k", config)
+    loaded = yaml.safe_load(path.read_text())
+    user = loaded["users"][0]["user"]
+    assert set(user) == {"client-certificate-data", "client-key-data"}
+    assert loaded["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_kubeconfig_wants_exactly_one_credential(pki) -> None:
+    with pytest.raises(ValueError):
+        render_kubeconfig("https://x", pki.ca_cert)
+    with pytest.raises(ValueError):
+        render_kubeconfig("https://x", pki.ca_cert, pki.admin, token="t")
+    token_config = render_kubeconfig("https://x", pki.ca_cert, token="abc", namespace="ns")
+    assert token_config["users"][0]["user"] == {"token": "abc"}
+    assert token_config["contexts"][0]["context"]["namespace"] == "ns"
+
+
+# --------------------------------------------------------------------------------------- kwok
+def test_default_pools_spread_nodes_over_domains() -> None:
+    pools = kwok.default_pools(nodes=5, gpus_per_node=4, domains=2)
+    assert [p.nodes for p in pools] == [3, 2]
+    assert [p.failure_domain for p in pools] == ["zone-a", "zone-b"]
+    with pytest.raises(ValueError):
+        kwok.default_pools(nodes=1, domains=2)
+
+
+def test_node_manifest_has_gpu_capacity_taint_and_domain() -> None:
+    pool = kwok.NodePool(name="p", nodes=2, gpus_per_node=8, domain="d1")
+    node = kwok.node_manifest(pool, "p-1", slot=3)
+    assert node["metadata"]["annotations"] == {kwok.KWOK_ANNOTATION: "d1"}
+    assert node["metadata"]["labels"][kwok.DOMAIN_LABEL] == "d1"
+    assert node["status"]["capacity"][kwok.GPU_RESOURCE] == "8"
+    assert node["spec"]["taints"] == [
+        {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+    ]
+    assert node["spec"]["podCIDR"] == "10.244.3.0/24"
+    assert ipaddress.ip_address(node["status"]["addresses"][0]["address"]) == ipaddress.ip_address(
+        "10.243.0.4"
+    )
+
+
+def test_cpu_only_pool_has_no_gpu_resource() -> None:
+    node = kwok.node_manifest(kwok.NodePool(name="cpu", gpus_per_node=0), "cpu-0", 0)
+    assert kwok.GPU_RESOURCE not in node["status"]["capacity"]
+
+
+def test_kwok_argv_selects_its_domain(tmp_path: Path) -> None:
+    argv = kwok.kwok_argv(tmp_path / "kwok", tmp_path / "kc", "zone-a", 20)
+    assert "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=zone-a" in argv
+    assert "--manage-all-nodes=false" in argv
+    assert "--node-lease-duration-seconds=20" in argv
+
+
+def test_kwok_pod_tolerates_the_taint_and_requests_gpus() -> None:
+    pod = kwok_pod("w-0", gpus=2, node_pool="gpu")
+    spec = pod["spec"]
+    assert spec["tolerations"] == [kwok.kwok_toleration()]
+    assert spec["nodeSelector"] == {kwok.POOL_LABEL: "gpu"}
+    assert spec["containers"][0]["resources"]["limits"] == {kwok.GPU_RESOURCE: "2"}
+
+
+# --------------------------------------------------------------------------------------- faults
+def _running_pod() -> dict:
+    return {
+        "metadata": {"name": "w", "resourceVersion": "42"},
+        "spec": {"containers": [{"name": "a", "image": "img-a"}, {"name": "b", "image": "img-b"}]},
+        "status": {
+            "phase": "Running",
+            "podIP": "10.244.0.5",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "True"},
+                {"type": "ContainersReady", "status": "True"},
+            ],
+            "containerStatuses": [
+                {"name": "a", "image": "img-a", "state": {"running": {"startedAt": "T0"}}},
+                {"name": "b", "image": "img-b", "state": {"running": {"startedAt": "T1"}}},
+            ],
+        },
+    }
+
+
+def test_failed_patch_sets_exit_code_on_the_chosen_container() -> None:
+    patch = terminated_status_patch(
+        _running_pod(), phase="Failed", exit_code=137, reason="OOMKilled", container="b"
+    )
+    assert patch["metadata"] == {"resourceVersion": "42"}
+    status = patch["status"]
+    assert status["phase"] == "Failed"
+    by_name = {cs["name"]: cs["state"]["terminated"] for cs in status["containerStatuses"]}
+    assert by_name["b"]["exitCode"] == 137 and by_name["b"]["reason"] == "OOMKilled"
+    assert by_name["a"]["exitCode"] == 0 and by_name["a"]["startedAt"] == "T0"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["PodScheduled"]["status"] == "True"
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Ready"]["reason"] == "PodFailed"
+    assert "podIP" not in status  # left alone, so KWOK's pod-ready stage never matches again
+
+
+def test_succeeded_patch_marks_everything_completed() -> None:
+    patch = terminated_status_patch(
+        _running_pod(), phase="Succeeded", exit_code=0, reason="Completed"
+    )
+    states = [cs["state"]["terminated"] for cs in patch["status"]["containerStatuses"]]
+    assert all(s["exitCode"] == 0 and s["reason"] == "Completed" for s in states)
+    assert {c["type"]: c for c in patch["status"]["conditions"]}["Ready"][
+        "reason"
+    ] == "PodCompleted"
+
+
+# --------------------------------------------------------------------------------------- misc
+def test_missing_binary_names_itself_and_the_build_component(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError) as info:
+        Binaries(tmp_path).path("kube-apiserver")
+    assert info.value.component == "kube-apiserver"
+    assert "build-cluster.sh kubernetes" in str(info.value)
+
+
+def test_build_failure_names_the_component() -> None:
+    output = "build-cluster: building kwok ...\nbuild-cluster: ERROR: FAILED to build kwok (log)"
+    assert _failed_component(output) == "build of kwok"
+    assert _failed_component("something else") == "hack/build-cluster.sh"
+
+
+def test_cluster_error_message_has_component_and_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "etcd.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    error = ClusterError("etcd", "exited with code 1", log, tail(log, 3))
+    assert str(error).startswith("etcd: exited with code 1")
+    assert "line 99" in str(error) and "line 96" not in str(error)
+
+
+def test_wait_for_returns_value_and_reports_last_state() -> None:
+    calls = iter([None, 0, "ok"])
+    assert wait_for(lambda: next(calls), 5, interval=0.01) == "ok"
+    with pytest.raises(WaitTimeout, match="last seen: nope"):
+        wait_for(lambda: False, 0.05, interval=0.01, what="x", describe_last=lambda: "nope")
+
+
+def test_namespace_names_are_valid_and_unique() -> None:
+    first = _namespace_name("test_thing[param-1/ÄÖ]" * 5)
+    second = _namespace_name("test_thing[param-1/ÄÖ]" * 5)
+    assert first != second
+    assert len(first) <= 63
+    assert all(c.isalnum() or c == "-" for c in first) and first == first.lower()

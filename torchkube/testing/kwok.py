@@ -1,0 +1,159 @@
+"""KWOK node pools: fake GPU nodes whose pods go Running, grouped into killable failure domains.
+
+KWOK plays the kubelet for nodes that carry its annotation: it heartbeats their leases, makes them
+Ready, and moves pods bound to them to Running. The harness runs one ``kwok`` process per failure
+domain (it manages only nodes whose ``kwok.x-k8s.io/node`` annotation has that domain as value), so
+killing one process is a realistic loss of every node in the domain: leases stop, and the real
+node-lifecycle controller marks the nodes ``Ready=Unknown`` and taints them.
+
+Everything here is pure (manifests and argv); :mod:`torchkube.testing.cluster` does the I/O.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+"""Annotation that hands a Node to KWOK; its value is the failure domain (one kwok process each)."""
+
+KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
+KWOK_TAINT_VALUE = "fake"
+"""Every fake node is tainted ``kwok.x-k8s.io/node=fake:NoSchedule``: only pods that tolerate it
+(tests, the operator's workers under test) land there, never by accident."""
+
+GPU_RESOURCE = "nvidia.com/gpu"
+POOL_LABEL = "torchkube.dev/pool"
+DOMAIN_LABEL = "topology.kubernetes.io/zone"
+"""Nodes of one failure domain share this label, so topology spread and affinity see domains."""
+
+POD_CIDR = ipaddress.ip_network("10.244.0.0/16")
+NODE_CIDR = ipaddress.ip_network("10.243.0.0/16")
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """A group of identical fake nodes.
+
+    ``domain`` is the failure domain (default: the pool's name); pools that share a domain are
+    managed by the same kwok process and are lost together.
+    """
+
+    name: str
+    nodes: int = 2
+    gpus_per_node: int = 8
+    cpu: str = "32"
+    memory: str = "256Gi"
+    max_pods: int = 110
+    domain: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def failure_domain(self) -> str:
+        """The domain this pool's nodes belong to."""
+        return self.domain or self.name
+
+    def node_names(self) -> list[str]:
+        """Names of this pool's nodes: ``<pool>-0``, ``<pool>-1``, ..."""
+        return [f"{self.name}-{index}" for index in range(self.nodes)]
+
+
+def default_pools(nodes: int = 4, gpus_per_node: int = 8, domains: int = 2) -> list[NodePool]:
+    """``nodes`` GPU nodes spread evenly over ``domains`` failure domains (``zone-a``, ...)."""
+    if domains < 1 or nodes < domains:
+        raise ValueError(f"need at least one node per domain (nodes={nodes}, domains={domains})")
+    pools = []
+    for index in range(domains):
+        count = nodes // domains + (1 if index < nodes % domains else 0)
+        zone = f"zone-{chr(ord('a') + index)}"
+        pools.append(
+            NodePool(name=f"gpu-{zone}", nodes=count, gpus_per_node=gpus_per_node, domain=zone)
+        )
+    return pools
+
+
+def kwok_toleration() -> dict[str, str]:
+    """The toleration a pod needs to be scheduled onto KWOK nodes."""
+    return {
+        "key": KWOK_TAINT_KEY,
+        "operator": "Equal",
+        "value": KWOK_TAINT_VALUE,
+        "effect": "NoSchedule",
+    }
+
+
+def kwok_pod_spec(node_pool: str | None = None) -> dict[str, Any]:
+    """A pod-spec fragment (tolerations, optional pool selector) to merge into a test pod's spec."""
+    spec: dict[str, Any] = {"tolerations": [kwok_toleration()]}
+    if node_pool:
+        spec["nodeSelector"] = {POOL_LABEL: node_pool}
+    return spec
+
+
+def node_manifest(pool: NodePool, name: str, slot: int) -> dict[str, Any]:
+    """The Node object for ``name`` of ``pool``; ``slot`` (unique per cluster) picks its IPs.
+
+    Status (capacity, addresses) is set at creation like a kubelet registering itself; KWOK keeps
+    what is there and adds conditions. Each node gets its own pod CIDR so pod IPs never repeat.
+    """
+    pod_cidr = list(POD_CIDR.subnets(new_prefix=24))[slot]
+    internal_ip = NODE_CIDR.network_address + slot + 1
+    resources = {
+        "cpu": pool.cpu,
+        "memory": pool.memory,
+        "pods": str(pool.max_pods),
+        "ephemeral-storage": "1Ti",
+    }
+    if pool.gpus_per_node:
+        resources[GPU_RESOURCE] = str(pool.gpus_per_node)
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        POOL_LABEL: pool.name,
+        DOMAIN_LABEL: pool.failure_domain,
+        **pool.labels,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {KWOK_ANNOTATION: pool.failure_domain},
+        },
+        "spec": {
+            "podCIDR": str(pod_cidr),
+            "podCIDRs": [str(pod_cidr)],
+            "taints": [{"key": KWOK_TAINT_KEY, "value": KWOK_TAINT_VALUE, "effect": "NoSchedule"}],
+        },
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "addresses": [
+                {"type": "InternalIP", "address": str(internal_ip)},
+                {"type": "Hostname", "address": name},
+            ],
+        },
+    }
+
+
+def kwok_argv(binary: Path, kubeconfig: Path, domain: str, lease_duration_s: int) -> list[str]:
+    """Command line of the kwok process that manages ``domain``.
+
+    Leases renew every ``lease_duration_s / 4`` seconds, like a kubelet's. Run it with ``HOME``
+    pointing at a private folder: kwok always loads ``~/.kwok/kwok.yaml`` when there is one, and
+    a person's own stages must not change how the tests' nodes behave.
+    """
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={domain}",
+        f"--node-lease-duration-seconds={lease_duration_s}",
+        "--server-address=127.0.0.1:0",
+    ]
