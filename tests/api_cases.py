@@ -60,7 +60,12 @@ BAD_SPECS = [
     BadSpec("nproc-word", {"nprocPerNode": "many"}, "nprocPerNode", "auto, cpu, gpu"),
     BadSpec("nproc-zero", {"nprocPerNode": 0}, "nprocPerNode", "positive integer"),
     BadSpec("negative-gpus", {"resources": {"gpus": -1}}, "resources.gpus", "0"),
-    BadSpec("bad-quantity", {"checkpoint": {"size": "ten gigs"}}, "checkpoint.size", "quantit"),
+    BadSpec(
+        "bad-quantity",
+        {"checkpoint": {"size": "ten gigs"}},
+        "checkpoint.size",
+        "Kubernetes quantity",
+    ),
     BadSpec(
         "unknown-clean-policy",
         {"runPolicy": {"cleanPodPolicy": "Sometimes"}},

@@ -29,7 +29,8 @@ class _WithFactoryDefaults(GenerateJsonSchema):
     """Render ``default_factory`` defaults, which pydantic leaves out by default.
 
     The apiserver must apply the same defaults the models do, or CEL rules would meet absent
-    fields. A nested model defaults to ``{}`` so that its own field defaults fill it in.
+    fields. A nested model defaults to its full default value: the apiserver validates a
+    default as written (CEL rules included), before any nested default could fill it in.
     """
 
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
@@ -37,7 +38,9 @@ class _WithFactoryDefaults(GenerateJsonSchema):
         if factory is None or schema.get("default_factory_takes_data"):
             return super().get_default_value(schema)
         value = factory()  # type: ignore[call-arg]
-        return {} if isinstance(value, BaseModel) else value
+        if isinstance(value, BaseModel):
+            return value.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return value
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -194,6 +194,13 @@ class CheckpointSpec(ApiModel):
         default=None, ge=10, description="Also checkpoint when this much time passed."
     )
     keep: int = Field(default=3, ge=1, le=1000, description="How many checkpoints to keep.")
+    termination_grace_period_seconds: int = Field(
+        default=120,
+        ge=5,
+        le=3600,
+        description="Time a worker gets after SIGTERM (preemption, pod deletion) to write its "
+        "emergency checkpoint before it is killed.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

@@ -11,6 +11,7 @@ from torchkube.api.types import Condition
 
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+MAX_FAILURE_HISTORY = 20
 
 DATE_TIME: JsonDict = {"format": "date-time"}
 
@@ -73,8 +74,19 @@ class TrainingJobStatus(ApiModel):
         default="", description="Label selector of the workers, for the scale subresource."
     )
     restarts: int = Field(default=0, ge=0, description="Worker replacements so far.")
+    restarts_count_towards_max: int = Field(
+        default=0,
+        ge=0,
+        description="Replacements that count against failurePolicy.maxRestarts (infrastructure "
+        "failures only count when countInfrastructureFailures is set).",
+    )
     last_failure: FailureRecord | None = Field(
         default=None, description="The most recent worker failure."
+    )
+    failures: list[FailureRecord] = Field(
+        default_factory=list,
+        max_length=MAX_FAILURE_HISTORY,
+        description=f"The last {MAX_FAILURE_HISTORY} worker failures, oldest first.",
     )
     latest_checkpoint: CheckpointRecord | None = Field(
         default=None, description="The newest complete checkpoint."

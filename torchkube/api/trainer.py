@@ -14,7 +14,7 @@ from the world size it finds, so an elastic resize changes the accumulation, nev
 
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from torchkube.api.base import ApiModel
 
@@ -26,8 +26,32 @@ LrSchedule = Literal["cosine", "linear", "constant"]
 CheckpointMode = Literal["async", "sync"]
 
 
+# Cross-field rules as CEL, so `kubectl apply` rejects what the validator below rejects.
+_CEL_RULES = [
+    (
+        "self.globalBatchSize % self.microBatchSize == 0",
+        "trainer.globalBatchSize must be a multiple of trainer.microBatchSize",
+    ),
+    ("self.warmupSteps <= self.steps", "trainer.warmupSteps must not exceed trainer.steps"),
+    (
+        "!has(self.hsdpShardSize) || self.strategy == 'hsdp'",
+        "trainer.hsdpShardSize is only used with strategy hsdp",
+    ),
+    (
+        "!(self.evalIntervalSteps > 0 && has(self.dataPath) && !has(self.evalDataPath))",
+        "trainer.evalIntervalSteps > 0 needs trainer.evalDataPath when trainer.dataPath is set",
+    ),
+]
+
+
 class TrainerSpec(ApiModel):
     """What to train, how to parallelise it, and the optimisation recipe."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in _CEL_RULES]
+        }
+    )
 
     # Model
     model: ModelPreset = Field(
@@ -211,9 +235,7 @@ class TrainerSpec(ApiModel):
                 f"hsdpShardSize is only used with strategy hsdp (strategy is {self.strategy})"
             )
         if self.eval_interval_steps and self.data_path and not self.eval_data_path:
-            raise ValueError(
-                "evalIntervalSteps > 0 needs evalDataPath when dataPath is set"
-            )
+            raise ValueError("evalIntervalSteps > 0 needs evalDataPath when dataPath is set")
         return self
 
     def grad_accum_steps(self, world_size: int) -> int:

@@ -15,15 +15,12 @@ _QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-QUANTITY_PATTERN = _QUANTITY.pattern
+QUANTITY_MESSAGE = "must be a Kubernetes quantity such as 500m, 2, 16Gi or 100G"
 
 
 def _check_quantity(value: str | int) -> str | int:
     if isinstance(value, str) and not _QUANTITY.match(value):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes quantity; use a number with an optional suffix "
-            "such as 500m, 2, 16Gi or 100G"
-        )
+        raise ValueError(f"{value!r} {QUANTITY_MESSAGE}")
     return value
 
 
@@ -33,8 +30,14 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": QUANTITY_PATTERN,
+            "maxLength": 64,
             "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [
+                {
+                    "rule": "type(self) == int || isQuantity(self)",
+                    "message": QUANTITY_MESSAGE,
+                }
+            ],
         }
     ),
 ]

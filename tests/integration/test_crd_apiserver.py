@@ -1,0 +1,95 @@
+"""The generated CRD on a real apiserver: defaults, schema and CEL rejections, subresources."""
+
+from typing import Any
+
+import pytest
+from api_cases import BAD_SPECS, BadSpec, job
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from torchkube.api import GROUP, PLURAL, VERSION, TrainingJob
+
+pytestmark = pytest.mark.cluster
+
+
+def create(api: client.CustomObjectsApi, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = api.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, field_validation="Strict"
+    )
+    return created
+
+
+@pytest.fixture
+def custom(api_client: Any, crd: dict[str, Any]) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client)
+
+
+def test_minimal_job_is_defaulted_like_the_models(custom: Any, namespace: str) -> None:
+    stored = create(custom, namespace, job("minimal", {}))
+    expected = TrainingJob.model_validate(job("minimal", {})).spec.to_wire()
+    assert stored["spec"] == expected
+
+
+def test_full_example_is_accepted(custom: Any, namespace: str) -> None:
+    spec = {
+        "replicas": {"min": 2, "max": 8, "desired": 4},
+        "nprocPerNode": 8,
+        "resources": {"gpus": 8, "requests": {"cpu": "32", "memory": "256Gi"}},
+        "checkpoint": {"size": "200Gi", "intervalSeconds": 600},
+        "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "scheduling": {"tolerations": [{"key": "k", "operator": "Exists"}]},
+    }
+    stored = create(custom, namespace, job("full", spec))
+    assert stored["spec"]["env"][0]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert stored["spec"]["checkpoint"]["size"] == "200Gi"
+
+
+@pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
+def test_bad_spec_is_rejected_by_the_apiserver(custom: Any, namespace: str, case: BadSpec) -> None:
+    with pytest.raises(ApiException) as raised:
+        create(custom, namespace, job(case.name, case.spec))
+    assert raised.value.status in (400, 422), raised.value.body
+    body = raised.value.body
+    assert case.field in body, body
+    assert case.allowed in body, body
+
+
+def test_immutable_fields_are_refused_and_replicas_are_not(custom: Any, namespace: str) -> None:
+    create(custom, namespace, job("imm", {"replicas": {"min": 1, "max": 4}}))
+    with pytest.raises(ApiException) as raised:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"image": "other:1"}}
+        )
+    assert "image is immutable" in raised.value.body
+    patched = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"replicas": {"desired": 2}}}
+    )
+    assert patched["spec"]["replicas"]["desired"] == 2
+
+
+def test_scale_subresource_moves_desired_within_bounds(custom: Any, namespace: str) -> None:
+    create(custom, namespace, job("scl", {"replicas": {"min": 1, "max": 4}}))
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, namespace, PLURAL, "scl", {"spec": {"replicas": 3}}
+    )
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "scl")
+    assert stored["spec"]["replicas"]["desired"] == 3
+    with pytest.raises(ApiException) as raised:
+        custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, PLURAL, "scl", {"spec": {"replicas": 9}}
+        )
+    assert "must lie between" in raised.value.body
+
+
+def test_status_is_a_subresource(custom: Any, namespace: str) -> None:
+    create(custom, namespace, job("st", {}))
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "st", {"status": {"phase": "Running"}}
+    )
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "st")
+    assert "status" not in stored or stored["status"].get("phase") != "Running"
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "st", {"status": {"phase": "Running", "restarts": 2}}
+    )
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "st")
+    assert stored["status"]["phase"] == "Running" and stored["status"]["restarts"] == 2
