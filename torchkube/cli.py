@@ -2,10 +2,21 @@
 
 import click
 
+from torchkube.operator.main import operator_command
+from torchkube.testing.devcluster import dev_cluster
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="torchkube")
 def main() -> None:
     """torchkube: elastic, fault-tolerant PyTorch training on Kubernetes."""
+
+
+main.add_command(dev_cluster, name="dev-cluster")
+
+
+main.add_command(operator_command)
+
 
 @main.command()
 def crd() -> None:
@@ -13,6 +24,7 @@ def crd() -> None:
     from torchkube.api.crd import crd_yaml
 
     click.echo(crd_yaml(), nl=False)
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,149 @@
+"""The launcher and the dedicated rendezvous store, with real torchrun agents on loopback.
+
+These are the properties the operator's rendezvous design rests on (docs/operator.md):
+killing any agent — including the one whose worker is rank 0 — leaves the others training,
+a returning agent is taken back in, worker exit codes reach the container, and a permanent
+error stops the pod at once instead of looping through torchrun's restarts.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torchkube.testing.ports import free_port
+
+SCRIPT = Path(__file__).with_name("steps_script.py")
+pytestmark = pytest.mark.slow
+
+
+def rdzv_args(port: int, *, nnodes: str = "1:2", max_restarts: int = 10) -> list[str]:
+    conf = (
+        "is_host=false,join_timeout=90,last_call_timeout=2,close_timeout=5,"
+        "keep_alive_interval=1,keep_alive_max_attempt=3"
+    )
+    return [
+        f"--nnodes={nnodes}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=test-job",
+        f"--rdzv-conf={conf}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.5",
+        "--local-addr=127.0.0.1",
+    ]
+
+
+def launch(args: list[str], out: Path, agent: str, **env: str) -> subprocess.Popen[bytes]:
+    log = (out / f"{agent}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchkube.elastic.launch", *args, str(SCRIPT)],
+        env={**os.environ, "OUT": str(out), "AGENT": agent, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchkube.elastic.store", "--port", str(port)],
+        stdout=(tmp_path / "store.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    yield port
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+
+
+def steps(out: Path) -> list[tuple[int, int, str]]:
+    path = out / "steps.log"
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return [(int(step), int(world), agent) for step, world, agent in rows]
+
+
+def wait_for(predicate, timeout: float, what: str, out: Path):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+
+
+def kill_agent(out: Path, agent: str) -> None:
+    """SIGKILL an agent and its workers, as a node loss would. torchrun starts each worker
+    in a session of its own, so they are found by their environment, not their group."""
+    wanted = {f"OUT={out}".encode(), f"AGENT={agent}".encode()}
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if proc.name.isdigit() and wanted <= environ:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def test_killing_the_rank0_agent_leaves_the_survivor_training(store: int, tmp_path: Path) -> None:
+    args = rdzv_args(store)
+    agents = {name: launch(args, tmp_path, name, STEPS="400") for name in ("a", "b")}
+    try:
+        wait_for(lambda: len(steps(tmp_path)) >= 5, 120, "two agents training", tmp_path)
+        assert steps(tmp_path)[-1][1] == 2
+        rank0_agent = steps(tmp_path)[-1][2]
+        survivor = "b" if rank0_agent == "a" else "a"
+        kill_agent(tmp_path, rank0_agent)
+        agents[rank0_agent].wait()
+        last = steps(tmp_path)[-1][0]
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: any(s > last and w == 1 for s, w, _ in steps(tmp_path)),
+            60,
+            "the survivor to train alone",
+            tmp_path,
+        )
+        print(f"re-formed at world size 1 in {time.monotonic() - killed_at:.1f}s")
+        assert steps(tmp_path)[-1][2] == survivor
+
+        agents[rank0_agent] = launch(args, tmp_path, rank0_agent, STEPS="400")
+        resumed = steps(tmp_path)[-1][0]
+        wait_for(
+            lambda: any(s > resumed and w == 2 for s, w, _ in steps(tmp_path)),
+            120,
+            "the returning agent to be taken back in",
+            tmp_path,
+        )
+    finally:
+        for name in agents:
+            kill_agent(tmp_path, name)
+    numbers = [s for s, _, _ in steps(tmp_path)]
+    assert numbers == list(range(1, len(numbers) + 1)), "a step was lost or repeated"
+
+
+def test_worker_exit_code_reaches_the_container(store: int, tmp_path: Path) -> None:
+    proc = launch(rdzv_args(store, nnodes="1", max_restarts=1), tmp_path, "a", EXIT_CODE="42")
+    assert proc.wait(timeout=120) == 42, "torchrun alone would exit 1 here"
+
+
+def test_permanent_error_stops_at_once(store: int, tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = launch(rdzv_args(store, nnodes="1", max_restarts=50), tmp_path, "a", PERMANENT="1")
+    assert proc.wait(timeout=120) == 3
+    log = (tmp_path / "a.log").read_text()
+    assert "permanent error, not retrying: bad config: steps < 0" in log
+    assert log.count("bad config") <= 3, "torchrun kept restarting a permanent failure"
+    print(f"permanent error reported in {time.monotonic() - started:.1f}s")

@@ -1,0 +1,426 @@
+"""The operator against the real control plane and KWOK nodes: a job's whole life.
+
+Each test owns a node pool of its own (a failure domain that can be killed without harming the
+others) and a namespace. Workers ask for all 8 GPUs of a node, so each lands on its own node
+and the test knows what a node loss takes away.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from torchkube.api import GROUP, PLURAL, VERSION
+from torchkube.operator import labels as lbl
+from torchkube.testing import faults
+from torchkube.testing.cluster import Cluster
+from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
+from torchkube.testing.operator import OperatorProcess
+from torchkube.testing.volumes import delete_volume, prebound_volume
+from torchkube.testing.wait import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+class Job:
+    """A TrainingJob under test, with the reads the assertions need."""
+
+    def __init__(self, api: Any, namespace: str, name: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace, self.name = namespace, name
+
+    def get(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name
+        )
+        return body
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.get().get("status") or {})
+
+    def patch(self, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": spec}
+        )
+
+    def pods(self, role: str = "worker") -> list[Any]:
+        selector = f"{lbl.JOB_NAME}={self.name},{lbl.ROLE}={role}"
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def live_workers(self) -> list[Any]:
+        return [
+            p
+            for p in self.pods()
+            if p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None
+        ]
+
+    def running_workers(self) -> list[Any]:
+        return [p for p in self.live_workers() if p.status.phase == "Running"]
+
+    def events(self) -> list[Any]:
+        selector = f"involvedObject.name={self.name},involvedObject.kind=TrainingJob"
+        return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        return wait_for(
+            predicate,
+            timeout,
+            what=what,
+            describe_last=lambda: (
+                f"status={self.status()} pods="
+                f"{[(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]}"
+            ),
+        )
+
+    def wait_running(self, count: int, timeout: float = 60) -> list[Any]:
+        def ready() -> list[Any] | None:
+            running = self.running_workers()
+            status = self.status()
+            if (
+                len(running) == count
+                and len(self.live_workers()) == count
+                and (status.get("phase") == "Running")
+            ):
+                return running
+            return None
+
+        result: list[Any] = self.wait(ready, timeout, f"{count} running workers")
+        return result
+
+
+@pytest.fixture
+def make_job(
+    api_client: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> Iterator[Callable[..., Job]]:
+    volumes: list[str] = []
+
+    def make(name: str, pool: NodePool, **spec: Any) -> Job:
+        claim = f"{name}-checkpoints"
+        volumes.append(prebound_volume(api_client, namespace, claim, str(tmp_path / claim)))
+        scheduling = spec.pop("scheduling", {})
+        scheduling.setdefault("tolerations", [kwok_toleration()])
+        scheduling.setdefault("nodeSelector", {POOL_LABEL: pool.name})
+        body = {
+            "apiVersion": "torchkube.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": name},
+            "spec": {"resources": {"gpus": 8}, "scheduling": scheduling, **spec},
+        }
+        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body
+        )
+        return Job(api_client, namespace, name)
+
+    yield make
+    for volume in volumes:
+        delete_volume(api_client, volume)
+
+
+def test_four_worker_job_gets_its_objects(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=4)
+    job = make_job("four", pool, replicas={"min": 4, "max": 4}, nprocPerNode=8)
+    started = time.monotonic()
+    workers = job.wait_running(4)
+    print(f"4 workers Running {time.monotonic() - started:.1f}s after create")
+    uid = job.get()["metadata"]["uid"]
+    assert sorted(int(p.metadata.labels[lbl.REPLICA_INDEX]) for p in workers) == [0, 1, 2, 3]
+    assert len({p.spec.node_name for p in workers}) == 4
+    for pod in workers:
+        assert pod.metadata.owner_references[0].uid == uid
+        command = pod.spec.containers[0].command
+        assert "--nnodes=4" in command and "--nproc-per-node=8" in command
+        assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+    assert len(job.pods("rendezvous")) == 1
+    core = client.CoreV1Api(api_client)
+    service = core.read_namespaced_service("four", job.namespace)
+    assert service.spec.cluster_ip == "None"
+    claim = core.read_namespaced_persistent_volume_claim("four-checkpoints", job.namespace)
+    assert claim.metadata.owner_references[0].uid == uid
+    status = job.wait(lambda: job.status().get("workers") == "4/4" and job.status(), 30, "4/4")
+    assert status["selector"] == "torchkube.io/job-name=four,torchkube.io/role=worker"
+    assert status["observedGeneration"] == 1 and "startTime" in status
+
+
+def test_failed_worker_is_replaced_and_counted(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=4)
+    job = make_job("fail1", pool, replicas={"min": 4, "max": 4})
+    victim = job.wait_running(4)[1]
+    faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=137)
+    failed_at = time.monotonic()
+    replacement = job.wait(
+        lambda: [
+            p
+            for p in job.live_workers()
+            if p.metadata.labels[lbl.REPLICA_INDEX] == "1"
+            and p.metadata.name != victim.metadata.name
+        ],
+        30,
+        "a replacement for worker 1",
+    )
+    print(f"replacement created {time.monotonic() - failed_at:.2f}s after the failure")
+    job.wait_running(4)
+    status = job.wait(lambda: job.status().get("restarts") == 1 and job.status(), 30, "restarts=1")
+    assert status["lastFailure"]["pod"] == victim.metadata.name
+    assert (
+        status["lastFailure"]["exitCode"] == 137 and status["lastFailure"]["reason"] == "ExitCode"
+    )
+    assert replacement[0].metadata.name != victim.metadata.name
+    events = job.wait(
+        lambda: [e for e in job.events() if e.reason == "WorkerFailed"], 30, "a WorkerFailed event"
+    )
+    assert victim.metadata.name in events[0].message
+
+
+def test_permanent_failure_fails_the_job_without_restarting(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job("perm", pool, replicas={"min": 2, "max": 2})
+    victim = job.wait_running(2)[0]
+    faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=3)
+    status = job.wait(lambda: job.status().get("phase") == "Failed" and job.status(), 30, "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PermanentFailure" and "exited with code 3" in failed["message"]
+    job.wait(lambda: not job.live_workers(), 30, "the running workers to be deleted")
+    assert status.get("restarts", 0) == 0
+    time.sleep(3)
+    assert len(job.pods()) <= 2, "no replacement may be created for a permanent failure"
+
+
+def test_max_restarts_exhausted_fails_the_job(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job("exhaust", pool, replicas={"min": 2, "max": 2}, failurePolicy={"maxRestarts": 1})
+    victim = job.wait_running(2)[0]
+    faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=1)
+    job.wait(lambda: job.status().get("restarts") == 1, 30, "the first restart")
+    victim = job.wait_running(2)[0]
+    faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=1)
+    status = job.wait(lambda: job.status().get("phase") == "Failed" and job.status(), 30, "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "MaxRestartsExceeded"
+
+
+def test_node_loss_is_replaced_within_the_grace_on_another_node(
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+    cluster: Cluster,
+    api_client: Any,
+) -> None:
+    """The nodes of one failure domain stop heartbeating: the workers there are replaced on
+    healthy nodes once the node is NotReady for nodeLostGraceSeconds, not after 5 minutes."""
+    grace = 5
+    doomed = isolated_pool(nodes=1)
+    spare = isolated_pool(nodes=3)
+    both = {
+        "nodeSelector": {},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": POOL_LABEL,
+                                    "operator": "In",
+                                    "values": [doomed.name, spare.name],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    job = make_job(
+        "nodeloss",
+        doomed,
+        replicas={"min": 2, "max": 3},
+        scheduling=both,
+        failurePolicy={"nodeLostGraceSeconds": grace},
+    )
+    job.wait_running(3)
+    lost_node = doomed.node_names()[0]
+    wait_for(
+        lambda: any(p.spec.node_name == lost_node for p in job.running_workers()),
+        10,
+        what="a worker on the doomed node",
+    )
+    on_lost = [p.metadata.name for p in job.running_workers() if p.spec.node_name == lost_node]
+    killed_at = time.monotonic()
+    faults.make_node_not_ready(cluster, lost_node, wait=True)
+    not_ready_at = time.monotonic()
+
+    def replaced() -> bool:
+        running = job.running_workers()
+        return len(running) == 3 and all(
+            p.spec.node_name != lost_node and p.metadata.name not in on_lost for p in running
+        )
+
+    job.wait(replaced, grace + 30, "replacements on healthy nodes")
+    done = time.monotonic()
+    print(
+        f"node NotReady {not_ready_at - killed_at:.1f}s after its heartbeats stopped; "
+        f"replacements Running {done - not_ready_at:.1f}s later (grace {grace}s)"
+    )
+    assert done - not_ready_at <= grace + 10
+    status = job.status()
+    assert (
+        status["lastFailure"]["reason"] == "NodeLost" and status["lastFailure"]["node"] == lost_node
+    )
+    assert status.get("restartsCountTowardsMax", 0) == 0
+    assert any(e.reason == "NodeLost" and lost_node in e.message for e in job.events())
+
+
+def test_deleted_node_is_replaced(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=3)
+    job = make_job("nodedel", pool, replicas={"min": 2, "max": 2})
+    victim = job.wait_running(2)[0]
+    faults.delete_node(api_client, victim.spec.node_name, wait=False)
+    deleted_at = time.monotonic()
+    job.wait(
+        lambda: (
+            len(job.running_workers()) == 2
+            and all(p.spec.node_name != victim.spec.node_name for p in job.running_workers())
+        ),
+        30,
+        "a replacement on another node",
+    )
+    print(f"replacement Running {time.monotonic() - deleted_at:.1f}s after the node was deleted")
+
+
+def test_scale_down_and_up_through_the_scale_subresource(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=4)
+    job = make_job("scale", pool, replicas={"min": 1, "max": 4})
+    job.wait_running(4)
+    custom = client.CustomObjectsApi(api_client)
+
+    def scale(n: int) -> None:
+        custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, job.namespace, PLURAL, job.name, {"spec": {"replicas": n}}
+        )
+
+    scale(2)
+    remaining = job.wait_running(2)
+    assert sorted(p.metadata.labels[lbl.REPLICA_INDEX] for p in remaining) == ["0", "1"]
+    scale(4)
+    job.wait_running(4)
+    status = job.status()
+    assert status.get("restarts", 0) == 0, "a resize is not a failure"
+    read = custom.get_namespaced_custom_object_scale(
+        GROUP, VERSION, job.namespace, PLURAL, job.name
+    )
+    assert read["spec"]["replicas"] == 4 and read["status"]["replicas"] == 4
+
+
+def test_suspend_and_resume(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job("susp", pool, replicas={"min": 2, "max": 2})
+    job.wait_running(2)
+    job.patch({"runPolicy": {"suspend": True}})
+    job.wait(
+        lambda: (
+            job.status().get("phase") == "Suspended"
+            and not job.live_workers()
+            and not [p for p in job.pods("rendezvous") if p.metadata.deletion_timestamp is None]
+        ),
+        30,
+        "Suspended with no pods",
+    )
+    core = client.CoreV1Api(api_client)
+    assert core.read_namespaced_persistent_volume_claim("susp-checkpoints", job.namespace)
+    job.patch({"runPolicy": {"suspend": False}})
+    job.wait_running(2)
+    assert any(e.reason == "Resumed" for e in job.events())
+    assert job.status().get("restarts", 0) == 0
+
+
+def test_unschedulable_workers_are_reported_and_elastic_job_runs_at_min(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool]
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job(
+        "tight", pool, replicas={"min": 2, "max": 3}, scheduling={"pendingTimeoutSeconds": 2}
+    )
+    job.wait(
+        lambda: len(job.running_workers()) == 2 and job.status().get("phase") == "Running",
+        60,
+        "two running workers",
+    )
+
+    def reported() -> dict[str, Any] | None:
+        found = [c for c in job.status().get("conditions", []) if c["type"] == "PodsUnschedulable"]
+        return found[0] if found and found[0]["status"] == "True" else None
+
+    condition = job.wait(reported, 30, "PodsUnschedulable")
+    assert "1 of 3 workers cannot be scheduled" in condition["message"]
+
+
+def test_deleting_the_job_collects_everything(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job("gone", pool, replicas={"min": 2, "max": 2})
+    job.wait_running(2)
+    job.custom.delete_namespaced_custom_object(
+        GROUP, VERSION, job.namespace, PLURAL, job.name, propagation_policy="Foreground"
+    )
+    core = client.CoreV1Api(api_client)
+
+    def collected() -> bool:
+        selector = f"{lbl.JOB_NAME}=gone"
+        return (
+            not core.list_namespaced_pod(job.namespace, label_selector=selector).items
+            and not core.list_namespaced_service(job.namespace, label_selector=selector).items
+            and not core.list_namespaced_persistent_volume_claim(
+                job.namespace, label_selector=selector
+            ).items
+        )
+
+    wait_for(collected, 60, what="garbage collection of the job's pods, service and claim")
+
+
+def test_operator_killed_mid_failure_creates_no_duplicates(
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+    api_client: Any,
+    operator: OperatorProcess,
+) -> None:
+    pool = isolated_pool(nodes=4)
+    job = make_job("crash", pool, replicas={"min": 4, "max": 4})
+    victim = job.wait_running(4)[2]
+    operator.kill()
+    faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=1)
+    operator.start()
+    job.wait_running(4)
+    time.sleep(3)
+    live = job.live_workers()
+    assert len(live) == 4
+    assert sorted(p.metadata.labels[lbl.REPLICA_INDEX] for p in live) == ["0", "1", "2", "3"]
+    assert job.status()["restarts"] == 1
+    assert len([p for p in job.pods("rendezvous") if p.metadata.deletion_timestamp is None]) == 1
+
+    # and again, killed right after it reacted (status written, pods maybe not yet labelled)
+    victim = live[0]
+    faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=1)
+    job.wait(lambda: job.status().get("restarts") == 2, 30, "the second failure counted")
+    operator.kill()
+    operator.start()
+    job.wait_running(4)
+    time.sleep(3)
+    assert len(job.live_workers()) == 4 and job.status()["restarts"] == 2

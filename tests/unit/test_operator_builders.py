@@ -1,0 +1,159 @@
+"""The pure builders: whole objects for a job, checked field by field where it matters."""
+
+import json
+from typing import Any
+
+from torchkube.api import TrainingJob
+from torchkube.operator import builders
+from torchkube.operator import labels as lbl
+
+
+def make_job(**spec: Any) -> TrainingJob:
+    return TrainingJob.model_validate(
+        {"metadata": {"name": "demo", "namespace": "team", "uid": "uid-1"}, "spec": spec}
+    )
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == lbl.TRAINER_CONTAINER)
+
+
+def env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(pod)["env"]}
+
+
+def test_worker_runs_torchrun_against_the_dedicated_store() -> None:
+    job = make_job(replicas={"min": 2, "max": 4}, nprocPerNode=8, args=["--foo"])
+    command = container(builders.worker_pod(job, 1, "x1y2z"))["command"]
+    assert command[:3] == ["python", "-m", "torchkube.elastic.launch"]
+    assert "--nnodes=2:4" in command and "--nproc-per-node=8" in command
+    assert "--rdzv-backend=c10d" in command and "--rdzv-id=uid-1" in command
+    assert "--rdzv-endpoint=rendezvous.demo.team.svc:29400" in command
+    conf = next(a for a in command if a.startswith("--rdzv-conf="))
+    assert "is_host=false" in conf and "last_call_timeout=5" in conf
+    assert "--local-addr=$(POD_IP)" in command
+    assert command[-3:] == ["-m", "torchkube.trainer", "--foo"]
+
+
+def test_fixed_size_job_uses_a_plain_node_count() -> None:
+    command = container(builders.worker_pod(make_job(replicas={"min": 3, "max": 3}), 0, "a"))
+    assert "--nnodes=3" in command["command"]
+
+
+def test_worker_pod_identity_and_ownership() -> None:
+    pod = builders.worker_pod(make_job(), 2, "abcde")
+    meta = pod["metadata"]
+    assert meta["name"] == "demo-worker-2-abcde" and meta["namespace"] == "team"
+    assert meta["labels"][lbl.JOB_NAME] == "demo"
+    assert meta["labels"][lbl.REPLICA_INDEX] == "2" and meta["labels"][lbl.ROLE] == "worker"
+    owner = meta["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("TrainingJob", "uid-1", True)
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("demo-worker-2-abcde", "demo")
+
+
+def test_worker_gets_gpus_volume_env_and_readiness() -> None:
+    job = make_job(
+        resources={"gpus": 8, "requests": {"cpu": 16, "memory": "64Gi"}},
+        checkpoint={"mountPath": "/ckpt", "intervalSteps": 50, "keep": 2},
+        env=[{"name": "NCCL_DEBUG", "value": "INFO"}],
+        trainer={"model": "tiny", "steps": 20, "warmupSteps": 2},
+    )
+    pod = builders.worker_pod(job, 0, "a")
+    c = container(pod)
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert c["resources"]["requests"] == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "8"}
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in c["volumeMounts"]
+    claim = pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    assert claim == "demo-checkpoints"
+    variables = env(pod)
+    assert variables["TORCHKUBE_CHECKPOINT_DIR"] == "/ckpt"
+    assert variables["TORCHKUBE_CHECKPOINT_INTERVAL_STEPS"] == "50"
+    assert variables["TORCHKUBE_CHECKPOINT_KEEP"] == "2"
+    assert variables["TORCHKUBE_METRICS_PORT"] == "9400"
+    assert variables["NCCL_DEBUG"] == "INFO"
+    assert json.loads(variables["TORCHKUBE_TRAINER_CONFIG"])["model"] == "tiny"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/progress"
+
+
+def test_replacements_avoid_lost_nodes_within_every_user_term() -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                ]
+            }
+        }
+    }
+    job = make_job(scheduling={"affinity": affinity})
+    pod = builders.worker_pod(job, 0, "a", avoid_nodes=["n2", "n1"])
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
+    assert all(avoid in term["matchExpressions"] for term in terms) and len(terms) == 2
+    assert job.spec.scheduling.affinity == affinity, "the spec must not be modified"
+
+
+def test_pod_template_override_merges_into_the_worker() -> None:
+    job = make_job(
+        scheduling={
+            "nodeSelector": {"pool": "gpu"},
+            "priorityClassName": "high",
+            "podTemplate": {
+                "labels": {"team": "llm"},
+                "annotations": {"a": "b"},
+                "spec": {
+                    "containers": [
+                        {"name": "trainer", "securityContext": {"runAsUser": 1000}},
+                        {"name": "sidecar", "image": "busybox"},
+                    ],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        }
+    )
+    pod = builders.worker_pod(job, 0, "a")
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    assert names == ["trainer", "sidecar"]
+    assert container(pod)["securityContext"] == {"runAsUser": 1000}
+    assert container(pod)["command"][0] == "python", "merging must keep our fields"
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints", "dshm", "data"]
+    assert pod["metadata"]["labels"]["team"] == "llm"
+    assert pod["metadata"]["annotations"] == {"a": "b"}
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
+    assert pod["spec"]["priorityClassName"] == "high"
+
+
+def test_rendezvous_store_pod_and_service() -> None:
+    job = make_job(rendezvous={"port": 29500})
+    store = builders.rendezvous_pod(job, "s1")
+    assert store["spec"]["hostname"] == "rendezvous" and store["spec"]["subdomain"] == "demo"
+    assert store["spec"]["restartPolicy"] == "Always"
+    assert store["spec"]["containers"][0]["command"][-3:] == [
+        "torchkube.elastic.store",
+        "--port",
+        "29500",
+    ]
+    svc = builders.headless_service(job)
+    assert svc["metadata"]["name"] == "demo" and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {lbl.JOB_NAME: "demo"}
+
+
+def test_checkpoint_claim_is_created_only_when_no_claim_is_named() -> None:
+    claim = builders.checkpoint_claim(
+        make_job(checkpoint={"size": "50Gi", "storageClassName": "nfs"})
+    )
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "50Gi"}},
+        "storageClassName": "nfs",
+    }
+    named = make_job(checkpoint={"claimName": "shared"})
+    assert not named.spec.checkpoint.creates_claim
+    assert builders.worker_pod(named, 0, "a")["spec"]["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "shared"
+    }

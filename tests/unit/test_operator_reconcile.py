@@ -1,0 +1,361 @@
+"""The reconciler's state machine, one observed world at a time (no cluster needed)."""
+
+from datetime import UTC, datetime, timedelta
+from itertools import count
+from typing import Any
+
+import pytest
+
+from torchkube.api import TrainingJob
+from torchkube.operator import labels as lbl
+from torchkube.operator.pods import NodeHealth, format_time
+from torchkube.operator.reconcile import Observed, Plan, plan
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+READY = NodeHealth(True, NOW - timedelta(hours=1))
+
+
+def make_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
+    spec.setdefault("replicas", {"min": 4, "max": 4})
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": "demo",
+            "namespace": "ns",
+            "uid": "u1",
+            "generation": 1,
+            "creationTimestamp": format_time(NOW - timedelta(minutes=5)),
+        },
+        "spec": spec,
+    }
+    if status is not None:
+        body["status"] = status
+    return TrainingJob.model_validate(body)
+
+
+def running_status(**extra: Any) -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "startTime": format_time(NOW - timedelta(minutes=4)),
+        "conditions": [
+            {
+                "type": "Created",
+                "status": "True",
+                "reason": "Created",
+                "lastTransitionTime": format_time(NOW - timedelta(minutes=5)),
+            }
+        ],
+        **extra,
+    }
+
+
+_ids = count()
+
+
+def pod(
+    slot: int,
+    phase: str = "Running",
+    node: str | None = "n1",
+    role: str = "worker",
+    exit_code: int | None = None,
+    reason: str | None = None,
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
+    age: float = 60,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    name = f"demo-{role}-{slot}-{next(_ids)}"
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "creationTimestamp": format_time(NOW - timedelta(seconds=age)),
+        "labels": {**lbl.worker_labels("demo", slot), lbl.ROLE: role, **(labels or {})},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = format_time(NOW)
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions or []}
+    if phase == "Running":
+        status["conditions"].append({"type": "Ready", "status": "True"})
+    if exit_code is not None or reason is not None:
+        status["containerStatuses"] = [
+            {
+                "name": "trainer",
+                "state": {"terminated": {"exitCode": exit_code or 0, "reason": reason or "Error"}},
+            }
+        ]
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def store(node: str = "n1", phase: str = "Running") -> dict[str, Any]:
+    return pod(0, phase=phase, node=node, role="rendezvous")
+
+
+def run(
+    job: TrainingJob,
+    pods: list[dict[str, Any]],
+    nodes: dict[str, NodeHealth] | None = None,
+    now: datetime = NOW,
+    **kw: Any,
+) -> Plan:
+    suffixes = (f"s{i}" for i in count())
+    observed = Observed(
+        job=job, pods=pods, nodes=nodes or {"n1": READY, "n2": READY}, now=now, **kw
+    )
+    return plan(observed, new_suffix=lambda: next(suffixes))
+
+
+def created_slots(result: Plan) -> list[int]:
+    return sorted(
+        int(p["metadata"]["labels"][lbl.REPLICA_INDEX])
+        for p in result.create_pods
+        if p["metadata"]["labels"][lbl.ROLE] == "worker"
+    )
+
+
+def condition(result: Plan, kind: str) -> dict[str, Any]:
+    return next(c for c in result.status["conditions"] if c["type"] == kind)
+
+
+def healthy(n: int = 4) -> list[dict[str, Any]]:
+    return [pod(i) for i in range(n)] + [store()]
+
+
+def test_new_job_creates_children_workers_and_store() -> None:
+    result = run(make_job(), [])
+    assert result.ensure_children
+    assert created_slots(result) == [0, 1, 2, 3]
+    assert sum(p["metadata"]["labels"][lbl.ROLE] == "rendezvous" for p in result.create_pods) == 1
+    assert result.status["phase"] == "Pending"
+    assert condition(result, "Created")["status"] == "True"
+    assert result.status["selector"] == "torchkube.io/job-name=demo,torchkube.io/role=worker"
+
+
+def test_all_running_is_running_and_needs_nothing() -> None:
+    result = run(make_job(running_status()), healthy())
+    assert result.create_pods == [] and result.delete_pods == []
+    assert result.status["phase"] == "Running" and result.all_running
+    assert result.status["workers"] == "4/4" and not result.ensure_children
+
+
+def test_retryable_failure_is_counted_once_and_replaced() -> None:
+    failed = pod(2, phase="Failed", exit_code=137)
+    result = run(make_job(running_status()), [pod(0), pod(1), failed, pod(3), store()])
+    assert created_slots(result) == [2]
+    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 1
+    last = result.status["lastFailure"]
+    assert (last["reason"], last["exitCode"], last["pod"]) == (
+        "ExitCode",
+        137,
+        failed["metadata"]["name"],
+    )
+    assert result.mark_recorded == [failed["metadata"]["name"]]
+    assert [e.reason for e in result.events] == ["WorkerFailed"]
+    assert result.status["phase"] == "Restarting"
+
+    again = run(
+        make_job(result.status), [pod(0), pod(1), failed, pod(3), store(), *result.create_pods]
+    )
+    assert again.status["restarts"] == 1, "a recorded failure must not be counted again"
+    assert created_slots(again) == []
+
+
+def test_recorded_label_alone_prevents_double_counting() -> None:
+    failed = pod(1, phase="Failed", exit_code=1, labels={lbl.FAILURE_RECORDED: "true"})
+    result = run(make_job(running_status(restarts=3)), [pod(0), failed, pod(2), pod(3), store()])
+    assert result.status["restarts"] == 3 and created_slots(result) == [1]
+
+
+def test_permanent_exit_code_fails_the_job_without_restart() -> None:
+    pods = [pod(0), pod(1, phase="Failed", exit_code=3), pod(2), pod(3), store()]
+    result = run(make_job(running_status()), pods)
+    assert result.status["phase"] == "Failed"
+    assert condition(result, "Failed")["reason"] == "PermanentFailure"
+    assert "exited with code 3 (permanent)" in condition(result, "Failed")["message"]
+    assert created_slots(result) == []
+    deleted = {name for name, _ in result.delete_pods}
+    assert deleted == {p["metadata"]["name"] for p in pods if p["status"]["phase"] == "Running"}
+
+
+def test_oom_follows_policy() -> None:
+    pods = [pod(0, phase="Failed", exit_code=137, reason="OOMKilled"), pod(1), pod(2), pod(3)]
+    retry = run(make_job(running_status()), pods)
+    assert retry.status["lastFailure"]["reason"] == "OOMKilled" and created_slots(retry) == [0]
+    fail = run(make_job(running_status(), failurePolicy={"onOomKilled": "Fail"}), pods)
+    assert fail.status["phase"] == "Failed"
+
+
+def test_max_restarts_exhausted_fails_the_job() -> None:
+    status = running_status(restarts=2, restartsCountTowardsMax=2)
+    pods = [pod(0, phase="Failed", exit_code=1), pod(1), pod(2), pod(3), store()]
+    result = run(make_job(status, failurePolicy={"maxRestarts": 2}), pods)
+    assert result.status["phase"] == "Failed"
+    assert condition(result, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert created_slots(result) == []
+
+
+def test_backoff_delays_the_replacement() -> None:
+    status = running_status(
+        restarts=1,
+        lastFailure={"reason": "ExitCode", "time": format_time(NOW - timedelta(seconds=2))},
+    )
+    job = make_job(status, failurePolicy={"backoff": {"initialSeconds": 10, "maxSeconds": 60}})
+    result = run(job, [pod(0), pod(1), pod(2), store()])
+    assert created_slots(result) == []
+    assert result.requeue_after == pytest.approx(8, abs=0.01)
+    later = run(job, [pod(0), pod(1), pod(2), store()], now=NOW + timedelta(seconds=9))
+    assert created_slots(later) == [3]
+
+
+def test_node_not_ready_within_grace_waits_then_replaces_elsewhere() -> None:
+    pods = [pod(0, node="n1"), pod(1, node="n2"), pod(2, node="n1"), pod(3, node="n1"), store("n1")]
+    down = {"n1": READY, "n2": NodeHealth(False, NOW - timedelta(seconds=10))}
+    job = make_job(running_status(), failurePolicy={"nodeLostGraceSeconds": 30})
+    waiting = run(job, pods, down)
+    assert created_slots(waiting) == [] and waiting.delete_pods == []
+    assert waiting.requeue_after == pytest.approx(20, abs=0.01)
+
+    lost = run(job, pods, down, now=NOW + timedelta(seconds=21))
+    assert lost.delete_pods == [(pods[1]["metadata"]["name"], True)], "force-delete the lost pod"
+    assert lost.status["lastFailure"]["reason"] == "NodeLost"
+    assert lost.status["lastFailure"]["node"] == "n2"
+    assert lost.status["restartsCountTowardsMax"] == 0, "infrastructure failures are free"
+    assert created_slots(lost) == [1]
+    replacement = lost.create_pods[0]
+    terms = replacement["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["n2"]
+    assert [e.reason for e in lost.events] == ["NodeLost"] and "n2" in lost.events[0].message
+
+
+def test_deleted_node_loses_its_pods_at_once() -> None:
+    pods = [pod(0, node="gone"), pod(1), pod(2), pod(3), store()]
+    result = run(make_job(running_status()), pods, {"n1": READY})
+    assert result.status["lastFailure"]["reason"] == "NodeLost"
+    assert created_slots(result) == [0]
+
+
+def test_lost_store_is_replaced() -> None:
+    pods = [pod(0), pod(1), pod(2), pod(3), store("n2")]
+    result = run(make_job(running_status()), pods, {"n1": READY})
+    stores = [p for p in result.create_pods if p["metadata"]["labels"][lbl.ROLE] == "rendezvous"]
+    assert len(stores) == 1
+    assert (pods[-1]["metadata"]["name"], True) in result.delete_pods
+    assert "RendezvousStoreLost" in [e.reason for e in result.events]
+
+
+def test_scale_down_deletes_highest_slots_without_counting_failures() -> None:
+    job = make_job(running_status(), replicas={"min": 1, "max": 4, "desired": 2})
+    pods = healthy()
+    result = run(job, pods)
+    assert {name for name, _ in result.delete_pods} == {
+        pods[2]["metadata"]["name"],
+        pods[3]["metadata"]["name"],
+    }
+    terminating = [pod(0), pod(1), pod(2, deleting=True), pod(3, deleting=True), store()]
+    after = run(make_job(result.status, replicas={"min": 1, "max": 4, "desired": 2}), terminating)
+    assert after.status.get("restarts", 0) == 0 and created_slots(after) == []
+    assert after.status["workers"] == "2/2"
+
+
+def test_scale_up_creates_the_missing_slots() -> None:
+    job = make_job(running_status(), replicas={"min": 1, "max": 4, "desired": 4})
+    assert created_slots(run(job, [pod(0), pod(1), store()])) == [2, 3]
+
+
+def test_external_deletion_is_a_failure_and_is_replaced() -> None:
+    preempted = pod(
+        1,
+        deleting=True,
+        conditions=[
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        ],
+    )
+    result = run(make_job(running_status()), [pod(0), preempted, pod(2), pod(3), store()])
+    assert result.status["lastFailure"]["reason"] == "Preempted"
+    assert created_slots(result) == [1]
+    own = run(
+        make_job(running_status()),
+        [pod(0), preempted, pod(2), pod(3), store()],
+        self_deleted=frozenset({preempted["metadata"]["name"]}),
+    )
+    assert "lastFailure" not in own.status
+
+
+def test_duplicate_pods_in_a_slot_keep_the_oldest() -> None:
+    old, new = pod(1, age=100), pod(1, age=5)
+    result = run(make_job(running_status()), [pod(0), old, new, pod(2), pod(3), store()])
+    assert result.delete_pods == [(new["metadata"]["name"], False)]
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
+    suspended = run(make_job(running_status(), runPolicy={"suspend": True}), healthy())
+    assert len(suspended.delete_pods) == 5
+    assert suspended.status["phase"] == "Suspended"
+    assert condition(suspended, "Suspended")["status"] == "True"
+    resumed = run(make_job(suspended.status), [])
+    assert created_slots(resumed) == [0, 1, 2, 3]
+    assert condition(resumed, "Suspended")["status"] == "False"
+    assert "Resumed" in [e.reason for e in resumed.events]
+
+
+def test_success_finishes_and_cleans_up() -> None:
+    done = [pod(i, phase="Succeeded", exit_code=0) for i in range(4)] + [store()]
+    result = run(make_job(running_status(), runPolicy={"ttlSecondsAfterFinished": 60}), done)
+    assert result.status["phase"] == "Succeeded" and "completionTime" in result.status
+    assert result.delete_pods == [(done[-1]["metadata"]["name"], False)], "only the store goes"
+    assert result.requeue_after == pytest.approx(60)
+    expired = run(
+        make_job(result.status, runPolicy={"ttlSecondsAfterFinished": 60}),
+        done,
+        now=NOW + timedelta(seconds=61),
+    )
+    assert expired.delete_job
+
+
+def test_deadline_fails_a_running_job() -> None:
+    result = run(make_job(running_status(), runPolicy={"activeDeadlineSeconds": 60}), healthy())
+    assert result.status["phase"] == "Failed"
+    assert condition(result, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_unschedulable_workers_are_reported_after_the_timeout() -> None:
+    stuck = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    }
+    pods = [pod(0), pod(1), pod(2, phase="Pending", node=None, conditions=[stuck], age=90), store()]
+    result = run(make_job(running_status(), replicas={"min": 2, "max": 3}), pods)
+    unsched = condition(result, "PodsUnschedulable")
+    assert unsched["status"] == "True" and "Insufficient nvidia.com/gpu" in unsched["message"]
+    assert result.status["phase"] == "Running", "elastic: training goes on at min size"
+
+
+def test_elastic_job_below_min_is_restarting() -> None:
+    job = make_job(running_status(), replicas={"min": 2, "max": 4})
+    result = run(job, [pod(0), pod(1, phase="Pending", node=None), store()])
+    assert result.status["phase"] == "Restarting"
+    assert condition(result, "Restarting")["status"] == "True"
+
+
+def test_progress_from_the_trainer_lands_in_status() -> None:
+    report = {
+        "step": 120,
+        "totalSteps": 1000,
+        "loss": 2.5,
+        "worldSize": 8,
+        "lastCheckpointStep": 100,
+        "lastCheckpointTime": "2026-11-23T11:59:00Z",
+    }
+    result = run(make_job(running_status()), healthy(), progress=report)
+    assert result.status["progress"]["step"] == 120
+    assert result.status["latestCheckpoint"] == {"step": 100, "time": "2026-11-23T11:59:00Z"}
+    assert result.status["worldSize"] == 8
+
+
+def test_unchanged_world_keeps_condition_times() -> None:
+    first = run(make_job(running_status()), healthy())
+    second = run(make_job(first.status), healthy(), now=NOW + timedelta(minutes=1))
+    assert first.status["conditions"] == second.status["conditions"]

@@ -1,0 +1,2 @@
+"""What makes torchrun survivable in pods: a rendezvous store outside the workers, and a
+launcher that reports why workers stopped."""

@@ -1,0 +1,335 @@
+"""Pure functions from a validated TrainingJob to the Kubernetes objects it owns.
+
+No API calls here: the reconciler decides *which* objects to create, these functions decide
+*what they look like*, and unit tests compare whole dicts.
+
+Rendezvous design: every worker runs ``torchrun --rdzv-backend=c10d`` against a store that
+lives in a small dedicated pod (``rendezvous.<job>``), never in a worker. With torchrun's
+default the store sits in whichever agent matches the endpoint host, so losing that worker
+(worker-0 in Kubeflow, node-0-0 in JobSet) takes the rendezvous down with it. Here any worker,
+including the one that was rank 0, can die: the survivors re-rendezvous through the store pod,
+elect a new rank 0 among themselves, and the replacement joins the next round. The store pod
+holds no training state, restarts in place on a crash, and is recreated on node loss.
+"""
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torchkube.api import TrainingJob
+from torchkube.api.trainingjob import API_VERSION, KIND
+from torchkube.operator import labels as lbl
+
+DEFAULT_CLAIM_SIZE = "10Gi"
+CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = "dshm"
+RENDEZVOUS_PORT_NAME = "rendezvous"
+METRICS_PORT_NAME = "metrics"
+TORCHRUN_MONITOR_INTERVAL = 0.5
+KEEP_ALIVE_MAX_ATTEMPTS = 3
+
+
+def owner_reference(job: TrainingJob) -> dict[str, Any]:
+    """Makes the job the controller of a child, so deleting the job deletes the child."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: TrainingJob, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def claim_name(job: TrainingJob) -> str:
+    return job.spec.checkpoint.claim_name or f"{job.name}-checkpoints"
+
+
+def rendezvous_endpoint(job: TrainingJob) -> str:
+    """DNS name of the store pod through the job's headless Service."""
+    return f"{lbl.RENDEZVOUS_HOSTNAME}.{job.name}.{job.namespace}.svc:{job.spec.rendezvous.port}"
+
+
+def torchrun_max_restarts(job: TrainingJob) -> int:
+    """torchrun restarts its workers on every membership change, not only on failures.
+
+    Each replaced or resized worker causes up to two changes (leave, join) for every
+    survivor, so the agents' budget covers the job's failure budget plus those changes; the
+    operator enforces ``failurePolicy.maxRestarts`` itself at the pod level.
+    """
+    replicas = job.spec.replicas
+    return job.spec.failure_policy.max_restarts + 2 * replicas.max + 2
+
+
+def torchrun_args(job: TrainingJob) -> list[str]:
+    """The worker's command: torchrun (through torchkube's launcher, which passes the worker
+    exit code on and stops on permanent errors; see torchkube/elastic/launch.py)."""
+    spec = job.spec
+    rdzv = spec.rendezvous
+    replicas = spec.replicas
+    nnodes = str(replicas.max) if replicas.min == replicas.max else f"{replicas.min}:{replicas.max}"
+    rdzv_conf = ",".join(
+        [
+            "is_host=false",
+            f"join_timeout={rdzv.join_timeout_seconds}",
+            f"last_call_timeout={rdzv.last_call_timeout_seconds}",
+            f"close_timeout={rdzv.close_timeout_seconds}",
+            f"keep_alive_interval={rdzv.keep_alive_interval_seconds}",
+            f"keep_alive_max_attempt={KEEP_ALIVE_MAX_ATTEMPTS}",
+        ]
+    )
+    return [
+        "python",
+        "-m",
+        "torchkube.elastic.launch",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous_endpoint(job)}",
+        f"--rdzv-id={job.uid}",
+        f"--rdzv-conf={rdzv_conf}",
+        f"--max-restarts={torchrun_max_restarts(job)}",
+        f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}",
+        "--local-addr=$(POD_IP)",
+        *spec.command,
+        *spec.args,
+    ]
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
+    """What the trainer reads from its environment (see docs/trainer.md), then the user's env."""
+    spec = job.spec
+    ckpt = spec.checkpoint
+    env: list[dict[str, Any]] = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("NODE_NAME", "spec.nodeName"),
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "TORCHKUBE_JOB_NAME", "value": job.name},
+        {"name": "TORCHKUBE_JOB_NAMESPACE", "value": job.namespace},
+        {"name": "TORCHKUBE_REPLICA_INDEX", "value": str(index)},
+        {"name": "TORCHKUBE_CHECKPOINT_DIR", "value": ckpt.mount_path},
+        {"name": "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS", "value": str(ckpt.interval_steps)},
+        {
+            "name": "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS",
+            "value": str(ckpt.interval_seconds or 0),
+        },
+        {"name": "TORCHKUBE_CHECKPOINT_KEEP", "value": str(ckpt.keep)},
+        {
+            "name": "TORCHKUBE_METRICS_PORT",
+            "value": str(spec.metrics.port if spec.metrics.enabled else 0),
+        },
+        {
+            "name": "TORCHKUBE_TRAINER_CONFIG",
+            "value": json.dumps(spec.trainer.to_wire(), sort_keys=True),
+        },
+    ]
+    env += [variable.to_wire() for variable in spec.env]
+    return env
+
+
+def worker_resources(job: TrainingJob) -> dict[str, Any]:
+    res = job.spec.resources
+    requests = {k: str(v) for k, v in res.requests.items()}
+    limits = {k: str(v) for k, v in res.limits.items()}
+    if res.gpus:
+        requests[res.gpu_resource_name] = limits[res.gpu_resource_name] = str(res.gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _avoid_nodes(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str, Any] | None:
+    """Adds ``hostname NotIn nodes`` to every required node-selector term (terms are ORed)."""
+    if not nodes:
+        return affinity
+    merged: dict[str, Any] = json.loads(json.dumps(affinity or {}))
+    required = merged.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    )
+    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(nodes)}
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(avoid)
+    required["nodeSelectorTerms"] = terms
+    return merged
+
+
+def merge_pod_spec(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge a user's partial PodSpec over ours: maps merge, lists append, and a container
+    named like ours is merged into it instead of being added next to it."""
+    out = dict(base)
+    for key, value in override.items():
+        if key in ("containers", "initContainers") and isinstance(value, list):
+            containers = [dict(c) for c in out.get(key, [])]
+            by_name = {c.get("name"): c for c in containers}
+            for extra in value:
+                target = by_name.get(extra.get("name"))
+                if target is None:
+                    containers.append(extra)
+                else:
+                    target.update(merge_pod_spec(target, extra))
+            out[key] = containers
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_pod_spec(out[key], value)
+        elif isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = [*out[key], *value]
+        else:
+            out[key] = value
+    return out
+
+
+def _scheduling(job: TrainingJob, avoid_nodes: Sequence[str]) -> dict[str, Any]:
+    sched = job.spec.scheduling
+    out: dict[str, Any] = {}
+    if sched.node_selector:
+        out["nodeSelector"] = dict(sched.node_selector)
+    if sched.tolerations:
+        out["tolerations"] = [dict(t) for t in sched.tolerations]
+    affinity = _avoid_nodes(sched.affinity, avoid_nodes)
+    if affinity:
+        out["affinity"] = affinity
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    if sched.scheduler_name:
+        out["schedulerName"] = sched.scheduler_name
+    return out
+
+
+def _volumes(job: TrainingJob) -> list[dict[str, Any]]:
+    return [
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim_name(job)}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+    ]
+
+
+def worker_pod(
+    job: TrainingJob, index: int, suffix: str, avoid_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Worker pod for slot ``index``. ``suffix`` makes each incarnation's name unique, so a
+    replacement never waits for a predecessor stuck Terminating on a dead node."""
+    spec = job.spec
+    name = f"{job.name}-worker-{index}-{suffix}"
+    template = spec.scheduling.pod_template
+    container: dict[str, Any] = {
+        "name": lbl.TRAINER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": torchrun_args(job),
+        "env": worker_env(job, index),
+        "resources": worker_resources(job),
+        "volumeMounts": [
+            {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path},
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        ],
+    }
+    if spec.metrics.enabled:
+        container["ports"] = [
+            {"name": METRICS_PORT_NAME, "containerPort": spec.metrics.port, "protocol": "TCP"}
+        ]
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/progress", "port": METRICS_PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": job.name,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.checkpoint.termination_grace_period_seconds,
+        "containers": [container],
+        "volumes": _volumes(job),
+        **_scheduling(job, sorted(set(avoid_nodes))),
+    }
+    if template.spec:
+        pod_spec = merge_pod_spec(pod_spec, template.spec)
+    metadata = _metadata(job, name, {**template.labels, **lbl.worker_labels(job.name, index)})
+    if template.annotations:
+        metadata["annotations"] = dict(template.annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def rendezvous_pod(
+    job: TrainingJob, suffix: str, avoid_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The c10d store pod: tiny, restarted in place on a crash, reached as ``rendezvous.<job>``."""
+    spec = job.spec
+    port = spec.rendezvous.port
+    labels = {**lbl.job_labels(job.name), lbl.ROLE: lbl.ROLE_RENDEZVOUS}
+    container = {
+        "name": "store",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python", "-m", "torchkube.elastic.store", "--port", str(port)],
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "hostname": lbl.RENDEZVOUS_HOSTNAME,
+        "subdomain": job.name,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [container],
+        **_scheduling(job, sorted(set(avoid_nodes))),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, f"{job.name}-rendezvous-{suffix}", labels),
+        "spec": pod_spec,
+    }
+
+
+def headless_service(job: TrainingJob) -> dict[str, Any]:
+    """Stable DNS for the store pod and the workers; not-ready pods are published so the
+    rendezvous name resolves while the store is still starting."""
+    ports = [{"name": RENDEZVOUS_PORT_NAME, "port": job.spec.rendezvous.port, "protocol": "TCP"}]
+    if job.spec.metrics.enabled:
+        ports.append({"name": METRICS_PORT_NAME, "port": job.spec.metrics.port, "protocol": "TCP"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, job.name, lbl.job_labels(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {lbl.JOB_NAME: job.name},
+            "ports": ports,
+        },
+    }
+
+
+def checkpoint_claim(job: TrainingJob) -> dict[str, Any]:
+    """The claim the operator creates when the spec names none."""
+    ckpt = job.spec.checkpoint
+    spec: dict[str, Any] = {
+        "accessModes": [ckpt.access_mode],
+        "resources": {"requests": {"storage": str(ckpt.size or DEFAULT_CLAIM_SIZE)}},
+    }
+    if ckpt.storage_class_name:
+        spec["storageClassName"] = ckpt.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(job, claim_name(job), lbl.job_labels(job.name)),
+        "spec": spec,
+    }

@@ -1,0 +1,65 @@
+"""Operator settings: one typed place, read from TORCHKUBE_* environment variables.
+
+The Helm chart and ``torchkube operator`` flags set these; nothing else in the operator reads
+the environment.
+"""
+
+import os
+
+from pydantic import Field
+
+from torchkube.api.base import ApiModel
+
+ENV_PREFIX = "TORCHKUBE_"
+
+
+class OperatorSettings(ApiModel):
+    """How the operator runs (not what a job wants: that is the TrainingJob spec)."""
+
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces to watch; empty means the whole cluster.",
+    )
+    workers: int = Field(default=8, ge=1, le=256, description="Jobs reconciled at the same time.")
+    api_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=512,
+        description="Parallel API requests when creating or deleting many pods at once.",
+    )
+    resync_seconds: float = Field(
+        default=30, gt=0, description="Every job is reconciled at least this often."
+    )
+    progress_url: str = Field(
+        default="http://{pod_ip}:{port}/progress",
+        description="Where the trainer's progress is read; {pod_ip}, {port}, {namespace} and "
+        "{pod} are filled in. Empty turns progress polling off.",
+    )
+    progress_interval_seconds: float = Field(
+        default=10, gt=0, description="How often a running job's progress is read."
+    )
+    metrics_port: int = Field(
+        default=8080, ge=0, le=65535, description="Prometheus metrics port (0 = off)."
+    )
+    health_port: int = Field(
+        default=8081, ge=0, le=65535, description="Liveness endpoint port (0 = off)."
+    )
+    peering: str = Field(
+        default="",
+        description="kopf peering name: replicas with the same name never act at once. "
+        "Empty runs standalone (one replica only).",
+    )
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "OperatorSettings":
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name, info in cls.model_fields.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                continue
+            if info.annotation == list[str]:
+                values[name] = [part for part in raw.split(",") if part]
+            else:
+                values[name] = raw
+        return cls.model_validate(values)

@@ -1,0 +1,264 @@
+"""A work queue over TrainingJob keys, fed by watch events, drained by a few workers.
+
+kopf supplies the watches and caches (indexes); this module supplies controller-runtime's
+habits that kopf leaves to us: one reconcile per key at a time, coalesced wake-ups, requeue
+after a delay, and *expectations* — our own writes are folded into the cached view until the
+watch catches up, so a reconcile right after creating pods never creates them twice.
+"""
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from torchkube.api import TrainingJob
+from torchkube.api.errors import describe
+from torchkube.operator import builders, metrics, progress
+from torchkube.operator import labels as lbl
+from torchkube.operator import pods as p
+from torchkube.operator.config import OperatorSettings
+from torchkube.operator.kube import Kube
+from torchkube.operator.reconcile import Observed, Plan, plan
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+EXPECTATION_TTL = 120.0
+
+
+@dataclass
+class _Memory:
+    """What this process did to one job that the watch may not show yet."""
+
+    created: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    deleted: dict[str, float] = field(default_factory=dict)
+    job: dict[str, Any] | None = None
+    progress_at: float = 0.0
+    progress: dict[str, Any] | None = None
+    startup_observed: bool = False
+    failure_at: float | None = None
+
+    def expire(self, now: float) -> None:
+        self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
+        self.deleted = {k: v for k, v in self.deleted.items() if now - v < EXPECTATION_TTL}
+
+
+def _resource_version(body: Mapping[str, Any] | None) -> int:
+    try:
+        return int((body or {}).get("metadata", {}).get("resourceVersion", 0))
+    except ValueError:
+        return 0
+
+
+class Controller:
+    def __init__(self, settings: OperatorSettings, kube: Kube) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.jobs: Mapping[Key, Any] | None = None
+        self.pods: Mapping[Key, Any] | None = None
+        self.nodes: Mapping[str, Any] | None = None
+        self.queue: asyncio.Queue[Key] = asyncio.Queue()
+        self.queued: set[Key] = set()
+        self.active: set[Key] = set()
+        self.dirty: set[Key] = set()
+        self.memory: dict[Key, _Memory] = {}
+        self.http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
+        self.attached = asyncio.Event()
+
+    def attach(
+        self, jobs: Mapping[Key, Any], pods: Mapping[Key, Any], nodes: Mapping[str, Any]
+    ) -> None:
+        """Hand over kopf's indexes (live, complete before any handler runs)."""
+        if self.jobs is None:
+            self.jobs, self.pods, self.nodes = jobs, pods, nodes
+            self.attached.set()
+
+    def enqueue(self, key: Key, delay: float = 0.0) -> None:
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            return
+        if key in self.active:
+            self.dirty.add(key)
+        elif key not in self.queued:
+            self.queued.add(key)
+            self.queue.put_nowait(key)
+
+    def enqueue_all(self) -> None:
+        for key in list(self.jobs or {}):
+            self.enqueue(key)
+
+    def jobs_on_node(self, node: str) -> Iterable[Key]:
+        for key, store in list((self.pods or {}).items()):
+            if any(p.node_name(pod) == node for pod in store):
+                yield key
+
+    async def run(self) -> None:
+        await self.attached.wait()
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
+        try:
+            while True:
+                await asyncio.sleep(self.settings.resync_seconds)
+                self.enqueue_all()
+        finally:
+            for task in workers:
+                task.cancel()
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self.queued.discard(key)
+            self.active.add(key)
+            try:
+                await self.reconcile(key)
+            except Exception:
+                metrics.RECONCILE_ERRORS.inc()
+                log.exception("reconcile of %s/%s failed; retrying in 5 s", *key)
+                self.enqueue(key, delay=5.0)
+            finally:
+                self.active.discard(key)
+                if key in self.dirty:
+                    self.dirty.discard(key)
+                    self.enqueue(key)
+
+    def _snapshot(
+        self, key: Key, memory: _Memory
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The job and its pods as the cache shows them, corrected by our own recent writes."""
+        now = time.monotonic()
+        memory.expire(now)
+        cached = (self.jobs or {}).get(key)
+        job = next(iter(cached), None) if cached is not None else None
+        if job is None:
+            return None, []
+        if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
+            job = {**job, "status": memory.job.get("status", {})}
+        pods = [copy.deepcopy(pod) for pod in (self.pods or {}).get(key, [])]
+        seen = {p.name(pod) for pod in pods}
+        for name, (_, body) in memory.created.items():
+            if name not in seen:
+                pods.append(copy.deepcopy(body))
+        for pod in pods:
+            if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = p.format_time(datetime.now(UTC))
+        return job, pods
+
+    def _nodes(self) -> dict[str, p.NodeHealth]:
+        return {name: next(iter(store)) for name, store in list((self.nodes or {}).items())}
+
+    async def reconcile(self, key: Key) -> None:
+        memory = self.memory.setdefault(key, _Memory())
+        body, pods = self._snapshot(key, memory)
+        if body is None:
+            self.memory.pop(key, None)
+            return
+        started = time.perf_counter()
+        try:
+            job = TrainingJob.model_validate(body)
+        except ValidationError as error:
+            log.error("%s/%s has an invalid spec:\n%s", *key, describe(error, prefix="  "))
+            return
+        await self._refresh_progress(job, pods, memory)
+        observed = Observed(
+            job=job,
+            pods=pods,
+            nodes=self._nodes(),
+            now=datetime.now(UTC),
+            progress=memory.progress,
+            self_deleted=frozenset(memory.deleted),
+        )
+        decided = plan(observed)
+        await asyncio.to_thread(self._execute, key, body, job, decided, memory)
+        self._observe(job, decided, memory)
+        metrics.RECONCILE.observe(time.perf_counter() - started)
+        if decided.requeue_after is not None:
+            self.enqueue(key, delay=decided.requeue_after)
+
+    async def _refresh_progress(
+        self, job: TrainingJob, pods: list[dict[str, Any]], memory: _Memory
+    ) -> None:
+        now = time.monotonic()
+        if not job.spec.metrics.enabled or now - memory.progress_at < (
+            self.settings.progress_interval_seconds
+        ):
+            return
+        memory.progress_at = now
+        report = await asyncio.to_thread(
+            progress.read_progress,
+            self.settings.progress_url,
+            pods,
+            job.spec.metrics.port,
+            self.http,
+        )
+        if report is not None:
+            memory.progress = report
+
+    def _execute(
+        self, key: Key, body: dict[str, Any], job: TrainingJob, decided: Plan, memory: _Memory
+    ) -> None:
+        namespace, name = key
+        if decided.ensure_children:
+            children = [builders.headless_service(job)]
+            if job.spec.checkpoint.creates_claim:
+                children.append(builders.checkpoint_claim(job))
+            self.kube.create_all(children)
+        now = time.monotonic()
+        for pod_name in decided.mark_recorded:
+            self.kube.label_pod(namespace, pod_name, {lbl.FAILURE_RECORDED: "true"})
+        if decided.delete_pods:
+            self.kube.delete_pods(namespace, decided.delete_pods)
+            memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
+        if decided.create_pods:
+            for created in self.kube.create_all(decided.create_pods):
+                if created is not None:
+                    memory.created[created["metadata"]["name"]] = (now, created)
+        if decided.status != (body.get("status") or {}):
+            memory.job = self.kube.patch_status(namespace, name, decided.status)
+        for event in decided.events:
+            self.kube.event(body, event.type, event.reason, event.message)
+        if decided.delete_job:
+            self.kube.delete_job(namespace, name)
+
+    def _observe(self, job: TrainingJob, decided: Plan, memory: _Memory) -> None:
+        """Feed the metrics that need to remember something between reconciles."""
+        ns = job.namespace
+        for failure in decided.failures:
+            metrics.RESTARTS.labels(ns, failure.reason).inc()
+            if failure.reason == "NodeLost":
+                metrics.NODE_LOSS.labels(ns).inc()
+            memory.failure_at = memory.failure_at or time.monotonic()
+        replacements = sum(
+            1 for pod in decided.create_pods if pod["metadata"]["labels"].get(lbl.ROLE) == "worker"
+        )
+        if replacements and job.status and job.status.start_time:
+            metrics.POD_REPLACEMENTS.labels(ns).inc(replacements)
+        status = decided.status
+        if status.get("phase") == "Failed" and (job.status is None or job.status.phase != "Failed"):
+            reason = next(
+                (c["reason"] for c in status.get("conditions", []) if c["type"] == "Failed"),
+                "Unknown",
+            )
+            metrics.JOB_FAILURES.labels(ns, reason).inc()
+        if not decided.all_running:
+            return
+        if not memory.startup_observed:
+            memory.startup_observed = True
+            created = p.parse_time(job.metadata.get("creationTimestamp"))
+            if created is not None and not (job.status and job.status.start_time):
+                metrics.STARTUP.observe((datetime.now(UTC) - created).total_seconds())
+        if memory.failure_at is not None:
+            metrics.RECOVERY.observe(time.monotonic() - memory.failure_at)
+            memory.failure_at = None
+
+    def job_phases(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for (namespace, _), store in list((self.jobs or {}).items()):
+            for body in store:
+                phase = (body.get("status") or {}).get("phase", "Pending")
+                counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
+        return counts

@@ -1,0 +1,117 @@
+"""kopf registrations: watch caches (indexes) and wake-ups. No decisions are made here.
+
+Only indexes and event handlers are registered, so kopf puts no finalizer on TrainingJobs:
+a job can be deleted while the operator is down (garbage collection removes its pods), and
+uninstalling the operator never leaves jobs stuck Terminating.
+"""
+
+import asyncio
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from torchkube.api.trainingjob import GROUP, PLURAL, VERSION
+from torchkube.operator import labels as lbl
+from torchkube.operator import metrics
+from torchkube.operator.client import make_api_client
+from torchkube.operator.config import OperatorSettings
+from torchkube.operator.controller import Controller
+from torchkube.operator.kube import Kube
+from torchkube.operator.pods import node_health
+
+JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
+log = logging.getLogger(__name__)
+PHASE_GAUGE_PERIOD = 5.0
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config: OperatorSettings = memo.config
+    settings.posting.enabled = False
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=lbl.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=lbl.PREFIX, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    if config.metrics_port:
+        start_http_server(config.metrics_port)
+    memo.controller = Controller(config, Kube(make_api_client(config), config.api_concurrency))
+    memo.node_ready = {}
+    memo.tasks = [
+        asyncio.create_task(memo.controller.run()),
+        asyncio.create_task(_publish_phases(memo.controller)),
+    ]
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.get("tasks", []):
+        task.cancel()
+
+
+async def _publish_phases(controller: Controller) -> None:
+    await controller.attached.wait()
+    while True:
+        metrics.JOBS.clear()
+        for (namespace, phase), count in controller.job_phases().items():
+            metrics.JOBS.labels(namespace, phase).set(count)
+        await asyncio.sleep(PHASE_GAUGE_PERIOD)
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def trainingjobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): copy.deepcopy(dict(body))}
+
+
+@kopf.index("pods", labels=JOB_PODS)
+def job_pods(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[Any, Any]:
+    return {(namespace, labels[lbl.JOB_NAME]): copy.deepcopy(dict(body))}
+
+
+@kopf.index("nodes")
+def nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: node_health(copy.deepcopy(dict(body)))}
+
+
+def _controller(memo: Any, indexes: dict[str, Any]) -> Controller:
+    """The controller, handed kopf's indexes (they come as handler kwargs named like the
+    index functions above)."""
+    controller: Controller = memo.controller
+    controller.attach(indexes["trainingjobs"], indexes["job_pods"], indexes["nodes"])
+    return controller
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def job_changed(namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+    _controller(memo, kwargs).enqueue((str(namespace), name))
+
+
+@kopf.on.event("pods", labels=JOB_PODS)
+def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any) -> None:
+    _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
+
+
+@kopf.on.event("nodes")
+def node_changed(name: str, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    """Wake the jobs with pods on a node whose readiness flipped or that was deleted.
+
+    Node status heartbeats arrive all the time; only a change of readiness matters, so the
+    previous value is remembered and everything else is ignored.
+    """
+    controller = _controller(memo, kwargs)
+    ready = None if type == "DELETED" else node_health(dict(body)).ready
+    if memo.node_ready.get(name, ready) == ready and type != "DELETED":
+        memo.node_ready[name] = ready
+        return
+    memo.node_ready[name] = ready
+    log.info("node %s is %s", name, {True: "Ready", False: "NotReady", None: "deleted"}[ready])
+    for key in set(controller.jobs_on_node(name)):
+        controller.enqueue(key)

@@ -1,0 +1,68 @@
+"""``torchkube operator``: run the operator process (kopf) with torchkube's settings."""
+
+import asyncio
+import logging
+import random
+
+import click
+
+from torchkube.operator.config import OperatorSettings
+
+
+async def run(settings: OperatorSettings, stop_flag: asyncio.Event | None = None) -> None:
+    """Run until cancelled or ``stop_flag`` is set. Importing handlers registers them."""
+    import kopf
+
+    from torchkube.operator import handlers  # noqa: F401  (registers the kopf handlers)
+
+    liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
+    await kopf.operator(
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=not settings.peering,
+        peering_name=settings.peering or None,
+        # Replicas of one deployment share a peering name; a random priority makes exactly
+        # one of them active instead of all of them pausing on a tie.
+        priority=random.randint(1, 1_000_000),
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(config=settings),
+        stop_flag=stop_flag,
+    )
+
+
+@click.command("operator")
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Watch only this namespace (repeatable). Default: TORCHKUBE_NAMESPACES or all.",
+)
+@click.option("--peering", default=None, help="kopf peering name for several replicas.")
+@click.option("--metrics-port", type=int, default=None, help="Prometheus port (0 = off).")
+@click.option("--health-port", type=int, default=None, help="Liveness port (0 = off).")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def operator_command(
+    namespaces: tuple[str, ...],
+    peering: str | None,
+    metrics_port: int | None,
+    health_port: int | None,
+    verbose: bool,
+) -> None:
+    """Run the TrainingJob operator against the current kubeconfig or in-cluster account."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not verbose:
+        # kopf logs every handler call at INFO: thousands of lines per minute at scale.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    overrides = {
+        "namespaces": list(namespaces) or None,
+        "peering": peering,
+        "metrics_port": metrics_port,
+        "health_port": health_port,
+    }
+    settings = OperatorSettings.from_env().model_copy(
+        update={k: v for k, v in overrides.items() if v is not None}
+    )
+    asyncio.run(run(settings))
