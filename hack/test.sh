@@ -11,6 +11,9 @@ stamp "python environment"
 VENV=$(hack/bootstrap.sh)
 export PATH="$VENV/bin:$PATH"
 
+stamp "system packages (docker.io, debootstrap)"
+hack/install-system-deps.sh
+
 stamp "kubernetes components (built from source, cached by their pins)"
 TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
 export TORCHKUBE_BIN_DIR
