@@ -1,6 +1,9 @@
 """Fixtures for tests against the real control plane: the CRD and a running operator."""
 
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +39,55 @@ def crd(api_client: Any) -> dict[str, Any]:
     return dict(body)
 
 
+class ProgressReports:
+    """Stands in for the trainers' ``GET /progress`` endpoints, on loopback.
+
+    KWOK pods run nothing, so the operator is pointed here (``TORCHKUBE_PROGRESS_URL``) and a
+    test sets what each pod would report.
+    """
+
+    def __init__(self) -> None:
+        self.reports: dict[tuple[str, str], dict[str, Any]] = {}
+        reports = self.reports
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                parts = self.path.strip("/").split("/")
+                report = reports.get((parts[0], parts[1])) if len(parts) == 2 else None
+                if report is None:
+                    self.send_error(404)
+                    return
+                body = json.dumps(report).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{{namespace}}/{{pod}}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, crd: dict[str, Any]) -> Iterator[OperatorProcess]:
+def progress_reports() -> Iterator[ProgressReports]:
+    reports = ProgressReports()
+    yield reports
+    reports.server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: Cluster, crd: dict[str, Any], progress_reports: ProgressReports
+) -> Iterator[OperatorProcess]:
     """One operator for the session; tests that kill it start it again."""
-    process = OperatorProcess(cluster.kubeconfig, cluster.log_dir / "operator.log").start()
+    env = {
+        "TORCHKUBE_PROGRESS_URL": progress_reports.url,
+        "TORCHKUBE_PROGRESS_INTERVAL_SECONDS": "1",
+    }
+    process = OperatorProcess(cluster.kubeconfig, cluster.log_dir / "operator.log", env).start()
     yield process
     process.stop()

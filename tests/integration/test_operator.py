@@ -424,3 +424,32 @@ def test_operator_killed_mid_failure_creates_no_duplicates(
     job.wait_running(4)
     time.sleep(3)
     assert len(job.live_workers()) == 4 and job.status()["restarts"] == 2
+
+
+def test_trainer_progress_reaches_the_status(
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+    progress_reports: Any,
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job("progress", pool, replicas={"min": 2, "max": 2})
+    workers = job.wait_running(2)
+    report = {
+        "step": 120,
+        "totalSteps": 1000,
+        "loss": 2.5,
+        "tokensPerSecond": 12345.0,
+        "worldSize": 16,
+        "lastCheckpointStep": 100,
+        "lastCheckpointTime": "2026-11-23T07:00:00Z",
+        "updated": "2026-11-23T07:00:05Z",
+    }
+    progress_reports.reports[(job.namespace, workers[0].metadata.name)] = report
+    status = job.wait(
+        lambda: (job.status().get("progress") or {}).get("step") == 120 and job.status(),
+        30,
+        "progress in the status",
+    )
+    assert status["progress"]["totalSteps"] == 1000 and status["progress"]["loss"] == 2.5
+    assert status["latestCheckpoint"] == {"step": 100, "time": "2026-11-23T07:00:00Z"}
+    assert status["worldSize"] == 16

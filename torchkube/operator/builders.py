@@ -70,9 +70,17 @@ def torchrun_max_restarts(job: TrainingJob) -> int:
     return job.spec.failure_policy.max_restarts + 2 * replicas.max + 2
 
 
-def torchrun_args(job: TrainingJob) -> list[str]:
+def torchrun_args(
+    job: TrainingJob,
+    endpoint: str | None = None,
+    local_addr: str = "$(POD_IP)",
+    nproc: int | str | None = None,
+) -> list[str]:
     """The worker's command: torchrun (through torchkube's launcher, which passes the worker
-    exit code on and stops on permanent errors; see torchkube/elastic/launch.py)."""
+    exit code on and stops on permanent errors; see torchkube/elastic/launch.py).
+
+    ``endpoint``, ``local_addr`` and ``nproc`` let ``torchkube run`` start the same command on
+    loopback instead of in pods."""
     spec = job.spec
     rdzv = spec.rendezvous
     replicas = spec.replicas
@@ -92,14 +100,14 @@ def torchrun_args(job: TrainingJob) -> list[str]:
         "-m",
         "torchkube.elastic.launch",
         f"--nnodes={nnodes}",
-        f"--nproc-per-node={spec.nproc_per_node}",
+        f"--nproc-per-node={spec.nproc_per_node if nproc is None else nproc}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rendezvous_endpoint(job)}",
+        f"--rdzv-endpoint={endpoint or rendezvous_endpoint(job)}",
         f"--rdzv-id={job.uid}",
         f"--rdzv-conf={rdzv_conf}",
         f"--max-restarts={torchrun_max_restarts(job)}",
         f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}",
-        "--local-addr=$(POD_IP)",
+        f"--local-addr={local_addr}",
         *spec.command,
         *spec.args,
     ]
@@ -109,35 +117,33 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
-    """What the trainer reads from its environment (see docs/trainer.md), then the user's env."""
+def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
+    """The trainer's side of the contract (docs/trainer.md), shared with ``torchkube run``."""
     spec = job.spec
     ckpt = spec.checkpoint
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "TORCHKUBE_JOB_NAME": job.name,
+        "TORCHKUBE_JOB_NAMESPACE": job.namespace,
+        "TORCHKUBE_REPLICA_INDEX": str(index),
+        "TORCHKUBE_CHECKPOINT_DIR": ckpt.mount_path,
+        "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS": str(ckpt.interval_steps),
+        "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS": str(ckpt.interval_seconds or 0),
+        "TORCHKUBE_CHECKPOINT_KEEP": str(ckpt.keep),
+        "TORCHKUBE_METRICS_PORT": str(spec.metrics.port if spec.metrics.enabled else 0),
+        "TORCHKUBE_TRAINER_CONFIG": json.dumps(spec.trainer.to_wire(), sort_keys=True),
+    }
+
+
+def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
+    """The pod's identity, the trainer's variables, then the user's env (which may override)."""
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
         _field_env("NODE_NAME", "spec.nodeName"),
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-        {"name": "TORCHKUBE_JOB_NAME", "value": job.name},
-        {"name": "TORCHKUBE_JOB_NAMESPACE", "value": job.namespace},
-        {"name": "TORCHKUBE_REPLICA_INDEX", "value": str(index)},
-        {"name": "TORCHKUBE_CHECKPOINT_DIR", "value": ckpt.mount_path},
-        {"name": "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS", "value": str(ckpt.interval_steps)},
-        {
-            "name": "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS",
-            "value": str(ckpt.interval_seconds or 0),
-        },
-        {"name": "TORCHKUBE_CHECKPOINT_KEEP", "value": str(ckpt.keep)},
-        {
-            "name": "TORCHKUBE_METRICS_PORT",
-            "value": str(spec.metrics.port if spec.metrics.enabled else 0),
-        },
-        {
-            "name": "TORCHKUBE_TRAINER_CONFIG",
-            "value": json.dumps(spec.trainer.to_wire(), sort_keys=True),
-        },
     ]
-    env += [variable.to_wire() for variable in spec.env]
+    env += [{"name": k, "value": v} for k, v in trainer_env(job, index).items()]
+    env += [variable.to_wire() for variable in job.spec.env]
     return env
 
 

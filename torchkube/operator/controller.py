@@ -176,8 +176,20 @@ class Controller:
         await asyncio.to_thread(self._execute, key, body, job, decided, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
-        if decided.requeue_after is not None:
-            self.enqueue(key, delay=decided.requeue_after)
+        delay = decided.requeue_after
+        if self._polls_progress(job, decided):
+            interval = self.settings.progress_interval_seconds
+            delay = interval if delay is None else min(delay, interval)
+        if delay is not None:
+            self.enqueue(key, delay=delay)
+
+    def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
+        """Running jobs are revisited every progress interval so their status stays fresh."""
+        return bool(
+            self.settings.progress_url
+            and job.spec.metrics.enabled
+            and decided.status.get("phase") in ("Running", "Restarting")
+        )
 
     async def _refresh_progress(
         self, job: TrainingJob, pods: list[dict[str, Any]], memory: _Memory
