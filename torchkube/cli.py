@@ -2,6 +2,7 @@
 
 import click
 
+from torchkube.client import cli as cluster
 from torchkube.operator.main import operator_command
 from torchkube.testing.devcluster import dev_cluster
 
@@ -16,6 +17,16 @@ main.add_command(dev_cluster, name="dev-cluster")
 
 
 main.add_command(operator_command)
+
+# Jobs on a cluster (current kubeconfig context): torchkube/client/cli.py.
+main.add_command(cluster.submit)
+main.add_command(cluster.status)
+main.add_command(cluster.describe)
+main.add_command(cluster.logs)
+main.add_command(cluster.delete)
+main.add_command(cluster.suspend)
+main.add_command(cluster.resume)
+main.add_command(cluster.scale)
 
 
 @main.command()

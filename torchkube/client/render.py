@@ -1,0 +1,430 @@
+"""What the cluster commands print: pure functions from the API's dicts to text.
+
+Everything takes objects as the API returns them (camelCase keys, RFC 3339 times) plus ``now``,
+so a unit test can pin the exact output. A field the operator has not written yet (no status,
+no progress, no goodput) shows as ``-``: a job that just started is not an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from torchkube.client import pods as p
+
+NONE = "-"
+GROUP_RESOURCE = "trainingjob.torchkube.io"
+
+
+# --- small cells -------------------------------------------------------------------------
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API as an aware datetime; None when absent or malformed."""
+    if not value:
+        return None
+    parsed = p.parse_timestamp(str(value))
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def human_duration(seconds: float) -> str:
+    """A duration the way kubectl prints ages (apimachinery's ``HumanDuration``)."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if hours < 24 * 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    years = days // 365
+    if hours < 24 * 365 * 8:
+        return f"{years}y{days % 365}d" if days % 365 else f"{years}y"
+    return f"{years}y"
+
+
+def age(timestamp: Any, now: datetime) -> str:
+    """Time since ``timestamp``, kubectl style; ``-`` without one."""
+    when = parse_time(timestamp)
+    return human_duration((now - when).total_seconds()) if when else NONE
+
+
+def step_cell(progress: dict[str, Any] | None) -> str:
+    """``1200/20000 (6%)``; just the step when the total is unknown."""
+    if not progress or progress.get("step") is None:
+        return NONE
+    step = int(progress["step"])
+    total = progress.get("totalSteps")
+    if not total:
+        return str(step)
+    return f"{step}/{total} ({100 * step // int(total)}%)"
+
+
+def loss_cell(progress: dict[str, Any] | None) -> str:
+    loss = (progress or {}).get("loss")
+    return f"{float(loss):.4f}" if loss is not None else NONE
+
+
+def throughput_cell(progress: dict[str, Any] | None) -> str:
+    rate = (progress or {}).get("tokensPerSecond")
+    return f"{float(rate):,.0f}" if rate is not None else NONE
+
+
+def checkpoint_cell(status: dict[str, Any], now: datetime) -> str:
+    """``step 200 (3m ago)``: how much work a failure right now would cost."""
+    checkpoint = status.get("latestCheckpoint") or {}
+    if checkpoint.get("step") is None:
+        return NONE
+    when = checkpoint.get("time")
+    return f"{checkpoint['step']} ({age(when, now)} ago)" if when else str(checkpoint["step"])
+
+
+def goodput_ratio(status: dict[str, Any]) -> float | None:
+    """The share of wall time spent on training that was kept, if the operator reports it.
+
+    Accepted as ``status.goodput`` (a 0-1 ratio) or ``status.goodput.ratio``; older operators
+    report neither.
+    """
+    value = status.get("goodput")
+    if isinstance(value, dict):
+        value = value.get("ratio")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def goodput_cell(status: dict[str, Any]) -> str:
+    ratio = goodput_ratio(status)
+    return f"{ratio:.1%}" if ratio is not None else NONE
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    """Left-aligned columns three spaces apart, as ``kubectl get`` prints them."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        lines.append(indent + "   ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+# --- torchkube status --------------------------------------------------------------------
+
+STATUS_HEADERS = ["NAME", "PHASE", "WORKERS", "RESTARTS", "STEP", "LOSS", "CHECKPOINT"]
+
+
+def status_table(
+    jobs: Sequence[dict[str, Any]],
+    now: datetime,
+    *,
+    all_namespaces: bool = False,
+    wide: bool = False,
+) -> str:
+    """The ``torchkube status`` table: one row per job."""
+    headers = list(STATUS_HEADERS)
+    if wide:
+        headers += ["TOKENS/S", "WORLD"]
+    headers += ["GOODPUT", "AGE"]
+    if all_namespaces:
+        headers.insert(0, "NAMESPACE")
+    rows = []
+    for job in jobs:
+        meta, status = job.get("metadata", {}), job.get("status") or {}
+        progress = status.get("progress")
+        row = [
+            str(meta.get("name", "")),
+            str(status.get("phase", NONE)),
+            str(status.get("workers", NONE)),
+            str(status.get("restarts", 0)),
+            step_cell(progress),
+            loss_cell(progress),
+            checkpoint_cell(status, now),
+        ]
+        if wide:
+            row += [throughput_cell(progress), str(status.get("worldSize", NONE))]
+        row += [goodput_cell(status), age(meta.get("creationTimestamp"), now)]
+        if all_namespaces:
+            row.insert(0, str(meta.get("namespace", "")))
+        rows.append(row)
+    return table(headers, rows)
+
+
+# --- torchkube describe ------------------------------------------------------------------
+
+
+def _fields(pairs: Sequence[tuple[str, str]], indent: str = "") -> list[str]:
+    width = max(len(key) for key, _ in pairs) + 2
+    return [f"{indent}{(key + ':').ljust(width)}{value}" for key, value in pairs]
+
+
+def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """The spec in a few lines: what runs, on how much, and how it survives failures."""
+    spec = job.get("spec") or {}
+    name = str(job.get("metadata", {}).get("name", ""))
+    resources = spec.get("resources") or {}
+    replicas = spec.get("replicas") or {}
+    checkpoint = spec.get("checkpoint") or {}
+    failure = spec.get("failurePolicy") or {}
+    run = spec.get("runPolicy") or {}
+    trainer = spec.get("trainer") or {}
+
+    command = " ".join(["torchrun …", *spec.get("command", []), *spec.get("args", [])])
+    gpus = int(resources.get("gpus", 0) or 0)
+    compute = (
+        f"{gpus} × {resources.get('gpuResourceName', 'nvidia.com/gpu')} per worker"
+        if gpus
+        else "no GPUs"
+    )
+    extra = ", ".join(f"{k} {v}" for k, v in (resources.get("requests") or {}).items())
+    compute += f", {extra}" if extra else ""
+    compute += f"; nprocPerNode {spec.get('nprocPerNode', 'auto')}"
+
+    desired = replicas.get("desired")
+    sizes = f"min {replicas.get('min', 1)}, max {replicas.get('max', 1)}, desired " + (
+        str(desired) if desired is not None else "unset (max)"
+    )
+
+    claim = (
+        checkpoint.get("claimName")
+        or f"{name}-checkpoints (created, {checkpoint.get('size') or '10Gi'})"
+    )
+    cadence = []
+    if checkpoint.get("intervalSteps"):
+        cadence.append(f"every {checkpoint['intervalSteps']} steps")
+    if checkpoint.get("intervalSeconds"):
+        cadence.append(f"every {checkpoint['intervalSeconds']} s")
+    ckpt = f"{claim} at {checkpoint.get('mountPath', '/checkpoints')}"
+    ckpt += f", {' or '.join(cadence)}" if cadence else ""
+    ckpt += f", keep {checkpoint.get('keep', 3)}"
+
+    codes = ", ".join(str(c) for c in failure.get("permanentExitCodes", [2, 3, 126, 127]))
+    policy = (
+        f"maxRestarts {failure.get('maxRestarts', 10)}, permanent exit codes [{codes}], "
+        f"OOMKilled → {failure.get('onOomKilled', 'Retry')}, node lost after "
+        f"{failure.get('nodeLostGraceSeconds', 30)} s"
+    )
+
+    lifecycle = [f"suspend {str(bool(run.get('suspend', False))).lower()}"]
+    lifecycle.append(f"cleanPodPolicy {run.get('cleanPodPolicy', 'Running')}")
+    if run.get("activeDeadlineSeconds"):
+        lifecycle.append(f"activeDeadlineSeconds {run['activeDeadlineSeconds']}")
+    if run.get("ttlSecondsAfterFinished") is not None:
+        lifecycle.append(f"ttlSecondsAfterFinished {run['ttlSecondsAfterFinished']}")
+
+    pairs = [
+        ("Image", str(spec.get("image", NONE))),
+        ("Command", command),
+        ("Resources", compute),
+        ("Replicas", sizes),
+        ("Checkpoint", ckpt),
+        ("Failure policy", policy),
+        ("Run policy", ", ".join(lifecycle)),
+    ]
+    if trainer:
+        pairs.append(("Trainer", _trainer_summary(trainer)))
+    return pairs
+
+
+def _trainer_summary(trainer: dict[str, Any]) -> str:
+    parts = [
+        f"{label} {trainer[key]}"
+        for key, label in [
+            ("model", "model"),
+            ("strategy", "strategy"),
+            ("precision", "precision"),
+            ("steps", "steps"),
+            ("globalBatchSize", "global batch"),
+            ("seqLen", "seq len"),
+        ]
+        if trainer.get(key) is not None
+    ]
+    return ", ".join(parts) or NONE
+
+
+def pod_state(pod: dict[str, Any]) -> str:
+    """What kubectl's STATUS column says: Terminating, a container's reason, else the phase."""
+    if p.deleting(pod):
+        return "Terminating"
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        terminated, waiting = state.get("terminated"), state.get("waiting")
+        if terminated and terminated.get("reason"):
+            code = terminated.get("exitCode")
+            return f"{terminated['reason']} (exit {code})" if code else terminated["reason"]
+        if waiting and waiting.get("reason"):
+            return str(waiting["reason"])
+    return str(status.get("reason") or status.get("phase") or "Unknown")
+
+
+def pod_ready(pod: dict[str, Any]) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    total = len((pod.get("spec") or {}).get("containers") or []) or len(statuses)
+    return f"{sum(1 for c in statuses if c.get('ready'))}/{total}"
+
+
+def pods_table(pods: Sequence[dict[str, Any]], now: datetime) -> str:
+    ordered = sorted(pods, key=lambda q: (p.role(q) != "rendezvous", p.slot(q) or 0, p.created(q)))
+    rows = [
+        [
+            p.name(pod),
+            p.role(pod) or NONE,
+            str(p.slot(pod)) if p.slot(pod) is not None else NONE,
+            pod_state(pod),
+            pod_ready(pod),
+            str((pod.get("spec") or {}).get("nodeName") or NONE),
+            age(pod.get("metadata", {}).get("creationTimestamp"), now),
+        ]
+        for pod in ordered
+    ]
+    return table(["NAME", "ROLE", "SLOT", "STATUS", "READY", "NODE", "AGE"], rows, indent="  ")
+
+
+def _event_time(event: dict[str, Any]) -> str:
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or event.get("metadata", {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def _event_sort_key(event: dict[str, Any]) -> datetime:
+    return parse_time(_event_time(event)) or datetime.min.replace(tzinfo=UTC)
+
+
+def events_table(events: Sequence[dict[str, Any]], now: datetime) -> str:
+    """Events oldest first, with kubectl's ``(x3 over 2m)`` for repeated ones."""
+    rows = []
+    for event in sorted(events, key=_event_sort_key):
+        when = age(_event_time(event), now)
+        count = int(event.get("count") or 1)
+        if count > 1 and event.get("firstTimestamp"):
+            when = f"{when} (x{count} over {age(event['firstTimestamp'], now)})"
+        source = event.get("source") or {}
+        rows.append(
+            [
+                str(event.get("type", "")),
+                str(event.get("reason", "")),
+                when,
+                str(source.get("component") or event.get("reportingComponent") or NONE),
+                str(event.get("message", "")).strip(),
+            ]
+        )
+    return table(["TYPE", "REASON", "AGE", "FROM", "MESSAGE"], rows, indent="  ")
+
+
+def conditions_table(conditions: Sequence[dict[str, Any]], now: datetime) -> str:
+    rows = [
+        [
+            str(c.get("type", "")),
+            str(c.get("status", "")),
+            str(c.get("reason", "")),
+            age(c.get("lastTransitionTime"), now),
+            str(c.get("message", "")),
+        ]
+        for c in conditions
+    ]
+    return table(["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], rows, indent="  ")
+
+
+def failures_table(failures: Sequence[dict[str, Any]], now: datetime) -> str:
+    rows = [
+        [
+            age(f.get("time"), now),
+            str(f.get("reason", "")),
+            str(f.get("pod") or NONE),
+            str(f.get("node") or NONE),
+            str(f["exitCode"]) if f.get("exitCode") is not None else NONE,
+            "yes" if f.get("retryable", True) else "no",
+            str(f.get("message", "")),
+        ]
+        for f in failures
+    ]
+    return table(["AGE", "REASON", "POD", "NODE", "EXIT", "RETRIED", "MESSAGE"], rows, indent="  ")
+
+
+def describe(
+    job: dict[str, Any],
+    pods: Sequence[dict[str, Any]],
+    events: Sequence[dict[str, Any]],
+    now: datetime,
+) -> str:
+    """``torchkube describe``: identity, state, spec, conditions, failures, pods, events."""
+    meta, status = job.get("metadata", {}), job.get("status") or {}
+    spec = job.get("spec") or {}
+    progress = status.get("progress")
+    created = meta.get("creationTimestamp")
+    restarts = int(status.get("restarts", 0))
+    counted = int(status.get("restartsCountTowardsMax", 0))
+    max_restarts = (spec.get("failurePolicy") or {}).get("maxRestarts", 10)
+    workers = (
+        f"{status.get('workers', NONE)} ready (desired {status.get('desiredReplicas', NONE)}), "
+        f"world size {status.get('worldSize', NONE)}"
+    )
+    state = [
+        ("Name", str(meta.get("name", ""))),
+        ("Namespace", str(meta.get("namespace", ""))),
+        ("Created", f"{created} ({age(created, now)} ago)" if created else NONE),
+        ("Phase", str(status.get("phase", NONE))),
+        ("Workers", workers),
+        ("Restarts", f"{restarts} ({counted} of maxRestarts {max_restarts} used)"),
+        (
+            "Progress",
+            f"step {step_cell(progress)}, loss {loss_cell(progress)}, "
+            f"{throughput_cell(progress)} tokens/s"
+            if progress
+            else NONE,
+        ),
+        ("Checkpoint", checkpoint_cell(status, now)),
+        ("Goodput", goodput_cell(status)),
+    ]
+    if status.get("startTime"):
+        state.append(("Started", str(status["startTime"])))
+    if status.get("completionTime"):
+        state.append(("Completed", str(status["completionTime"])))
+
+    out = _fields(state)
+    out += ["Spec:", *_fields(spec_summary(job), indent="  ")]
+    conditions = status.get("conditions") or []
+    out += ["Conditions:", conditions_table(conditions, now) if conditions else "  <none>"]
+    failures = status.get("failures") or []
+    title = f"Failures (last {len(failures)}, oldest first):" if failures else "Failures:"
+    out += [title, failures_table(failures, now) if failures else "  <none>"]
+    out += ["Pods:", pods_table(pods, now) if pods else "  <none>"]
+    out += ["Events:", events_table(events, now) if events else "  <none>"]
+    return "\n".join(out)
+
+
+# --- one-liners --------------------------------------------------------------------------
+
+
+def done(name: str, verb: str, note: str = "") -> str:
+    """``trainingjob.torchkube.io/NAME created``, kubectl's confirmation shape."""
+    suffix = f" ({note})" if note else ""
+    return f"{GROUP_RESOURCE}/{name} {verb}{suffix}"
+
+
+def prefixed(pod_name: str, line: str) -> str:
+    """A log line of ``logs --all``: the pod's name first, so interleaved lines stay apart."""
+    return f"[{pod_name}] {line}"
