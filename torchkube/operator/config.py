@@ -44,10 +44,16 @@ class OperatorSettings(ApiModel):
     health_port: int = Field(
         default=8081, ge=0, le=65535, description="Liveness endpoint port (0 = off)."
     )
-    peering: str = Field(
+    leader_election: bool = Field(
+        default=False,
+        description="Run several replicas with exactly one acting: the holder of a Lease.",
+    )
+    leader_election_namespace: str = Field(
         default="",
-        description="kopf peering name: replicas with the same name never act at once. "
-        "Empty runs standalone (one replica only).",
+        description="Namespace of the Lease; empty means the operator pod's own namespace.",
+    )
+    leader_election_name: str = Field(
+        default="torchkube-operator", description="Name of the Lease."
     )
 
     @classmethod

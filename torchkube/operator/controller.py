@@ -25,6 +25,7 @@ from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.kube import Kube
+from torchkube.operator.leader import LeaderElection
 from torchkube.operator.reconcile import Observed, Plan, plan
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,12 @@ def _resource_version(body: Mapping[str, Any] | None) -> int:
 
 
 class Controller:
-    def __init__(self, settings: OperatorSettings, kube: Kube) -> None:
+    def __init__(
+        self, settings: OperatorSettings, kube: Kube, leader: LeaderElection | None = None
+    ) -> None:
         self.settings = settings
         self.kube = kube
+        self.leader = leader
         self.jobs: Mapping[Key, Any] | None = None
         self.pods: Mapping[Key, Any] | None = None
         self.nodes: Mapping[str, Any] | None = None
@@ -104,15 +108,21 @@ class Controller:
         try:
             while True:
                 await asyncio.sleep(self.settings.resync_seconds)
-                self.enqueue_all()
+                if self.leader is None or self.leader.leading.is_set():
+                    self.enqueue_all()
         finally:
             for task in workers:
                 task.cancel()
 
     async def _worker(self) -> None:
         while True:
+            if self.leader is not None:
+                await self.leader.leading.wait()  # standbys keep their caches warm, no more
             key = await self.queue.get()
             self.queued.discard(key)
+            if self.leader is not None and not self.leader.leading.is_set():
+                self.enqueue(key)  # lost the lease while waiting: keep it for the next leader
+                continue
             self.active.add(key)
             try:
                 await self.reconcile(key)

@@ -21,6 +21,7 @@ from torchkube.operator.client import make_api_client
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller
 from torchkube.operator.kube import Kube
+from torchkube.operator.leader import LeaderElection, own_namespace
 from torchkube.operator.pods import node_health
 
 JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
@@ -41,12 +42,19 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.networking.request_timeout = 30
     if config.metrics_port:
         start_http_server(config.metrics_port)
-    memo.controller = Controller(config, Kube(make_api_client(config), config.api_concurrency))
+    api_client = make_api_client(config)
+    leader = None
+    if config.leader_election:
+        namespace = config.leader_election_namespace or own_namespace()
+        leader = LeaderElection(api_client, namespace, config.leader_election_name)
+    memo.controller = Controller(config, Kube(api_client, config.api_concurrency), leader)
     memo.node_ready = {}
     memo.tasks = [
         asyncio.create_task(memo.controller.run()),
         asyncio.create_task(_publish_phases(memo.controller)),
     ]
+    if leader is not None:
+        memo.tasks.append(asyncio.create_task(leader.run()))
 
 
 @kopf.on.cleanup()

@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import random
 
 import click
 
@@ -19,11 +18,8 @@ async def run(settings: OperatorSettings, stop_flag: asyncio.Event | None = None
     await kopf.operator(
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
-        standalone=not settings.peering,
-        peering_name=settings.peering or None,
-        # Replicas of one deployment share a peering name; a random priority makes exactly
-        # one of them active instead of all of them pausing on a tie.
-        priority=random.randint(1, 1_000_000),
+        # Every replica watches; only the Lease holder acts (torchkube/operator/leader.py).
+        standalone=True,
         liveness_endpoint=liveness,
         memo=kopf.Memo(config=settings),
         stop_flag=stop_flag,
@@ -37,13 +33,17 @@ async def run(settings: OperatorSettings, stop_flag: asyncio.Event | None = None
     multiple=True,
     help="Watch only this namespace (repeatable). Default: TORCHKUBE_NAMESPACES or all.",
 )
-@click.option("--peering", default=None, help="kopf peering name for several replicas.")
+@click.option(
+    "--leader-election/--no-leader-election",
+    default=None,
+    help="Take part in Lease-based leader election (for several replicas).",
+)
 @click.option("--metrics-port", type=int, default=None, help="Prometheus port (0 = off).")
 @click.option("--health-port", type=int, default=None, help="Liveness port (0 = off).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def operator_command(
     namespaces: tuple[str, ...],
-    peering: str | None,
+    leader_election: bool | None,
     metrics_port: int | None,
     health_port: int | None,
     verbose: bool,
@@ -58,7 +58,7 @@ def operator_command(
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     overrides = {
         "namespaces": list(namespaces) or None,
-        "peering": peering,
+        "leader_election": leader_election,
         "metrics_port": metrics_port,
         "health_port": health_port,
     }

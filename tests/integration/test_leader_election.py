@@ -1,0 +1,44 @@
+"""Lease-based leader election against the real apiserver: one leader, and a takeover."""
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from torchkube.operator.leader import LeaderElection
+
+pytestmark = pytest.mark.cluster
+
+
+def test_one_leader_and_a_takeover_when_it_stops(api_client: Any, namespace: str) -> None:
+    async def scenario() -> None:
+        def elector() -> LeaderElection:
+            return LeaderElection(
+                api_client,
+                namespace,
+                "tk-leader",
+                lease_seconds=3,
+                renew_deadline_seconds=2,
+                retry_seconds=0.5,
+            )
+
+        first, second = elector(), elector()
+        second.identity += "-b"
+        tasks = [asyncio.create_task(e.run()) for e in (first, second)]
+        await asyncio.wait_for(
+            asyncio.wait(
+                [asyncio.create_task(e.leading.wait()) for e in (first, second)],
+                return_when=asyncio.FIRST_COMPLETED,
+            ),
+            timeout=10,
+        )
+        await asyncio.sleep(2)  # several renewals: still exactly one leader
+        leaders = [e for e in (first, second) if e.leading.is_set()]
+        assert len(leaders) == 1
+        leader, standby = leaders[0], next(e for e in (first, second) if e is not leaders[0])
+        tasks[(first, second).index(leader)].cancel()
+        await asyncio.wait_for(standby.leading.wait(), timeout=10)
+        for task in tasks:
+            task.cancel()
+
+    asyncio.run(scenario())

@@ -1,0 +1,130 @@
+"""Leader election on a coordination.k8s.io Lease: several replicas, one of them acting.
+
+Every replica watches and caches (kopf runs standalone in each), but only the holder of the
+Lease reconciles. This is client-go's scheme: the holder renews the Lease every few seconds;
+a replica that has seen the same holder and renew time for longer than the lease duration —
+measured on its own clock, so replicas need no synchronised clocks — takes the Lease over
+with an optimistic-concurrency update, and a holder that cannot renew within the renew
+deadline stops acting before anyone else may start.
+"""
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from datetime import UTC, datetime
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def own_namespace(default: str = "default") -> str:
+    """The namespace the operator pod runs in (where its Lease lives)."""
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as handle:
+            return handle.read().strip() or default
+    except OSError:
+        return os.environ.get("POD_NAMESPACE", default)
+
+
+def identity() -> str:
+    """Unique per process: the pod name (or host) plus the pid."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+
+
+class LeaderElection:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        name: str,
+        lease_seconds: float = 15.0,
+        renew_deadline_seconds: float = 10.0,
+        retry_seconds: float = 2.0,
+    ) -> None:
+        self.api = client.CoordinationV1Api(api_client)
+        self.namespace, self.name = namespace, name
+        self.identity = identity()
+        self.lease_seconds = lease_seconds
+        self.renew_deadline = renew_deadline_seconds
+        self.retry_seconds = retry_seconds
+        self.leading = asyncio.Event()
+        self._observed: tuple[str | None, str | None] = (None, None)
+        self._observed_at = 0.0
+        self._renewed_at = 0.0
+
+    async def run(self) -> None:
+        """Acquire, renew, and step down when renewing fails past the deadline."""
+        while True:
+            try:
+                held = await asyncio.to_thread(self.try_acquire_or_renew)
+            except Exception as error:  # the apiserver may be briefly unreachable
+                log.warning("leader election: %s", error)
+                held = False
+            now = time.monotonic()
+            if held:
+                self._renewed_at = now
+                if not self.leading.is_set():
+                    log.info(
+                        "became the leader (%s/%s as %s)", self.namespace, self.name, self.identity
+                    )
+                    self.leading.set()
+            elif self.leading.is_set() and now - self._renewed_at > self.renew_deadline:
+                log.warning("lost the leadership: could not renew the lease in time")
+                self.leading.clear()
+            await asyncio.sleep(self.retry_seconds)
+
+    def try_acquire_or_renew(self) -> bool:
+        now = datetime.now(UTC)
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return self._create(now)
+        spec = lease.spec
+        record = (spec.holder_identity, str(spec.renew_time))
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        expired = time.monotonic() - self._observed_at > (
+            spec.lease_duration_seconds or self.lease_seconds
+        )
+        if spec.holder_identity not in (self.identity, None, "") and not expired:
+            return False
+        if spec.holder_identity != self.identity:
+            spec.holder_identity = self.identity
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.renew_time = now
+        spec.lease_duration_seconds = int(self.lease_seconds)
+        try:
+            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except ApiException as error:
+            if error.status == 409:  # someone else wrote first
+                return False
+            raise
+        return True
+
+    def _create(self, now: datetime) -> bool:
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+            spec=client.V1LeaseSpec(
+                holder_identity=self.identity,
+                lease_duration_seconds=int(self.lease_seconds),
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=0,
+            ),
+        )
+        try:
+            self.api.create_namespaced_lease(self.namespace, body)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
