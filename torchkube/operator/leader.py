@@ -87,7 +87,7 @@ class LeaderElection:
             if error.status != 404:
                 raise
             return self._create(now)
-        spec = lease.spec
+        spec = lease.spec = lease.spec or client.V1LeaseSpec()
         record = (spec.holder_identity, str(spec.renew_time))
         if record != self._observed:
             self._observed, self._observed_at = record, time.monotonic()
