@@ -1,0 +1,242 @@
+"""CheckpointManager in one process (world size 1, gloo): exact round trips, async snapshots,
+atomic commits, skipping partial/corrupt folders, keep-last-K, fencing, cross-strategy loads.
+Multi-process resharding is covered by test_torchrun.py."""
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+)
+from torch.optim.lr_scheduler import LambdaLR
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer import distributed
+from torchkube.trainer.checkpoint import MARKER, OWNER, CheckpointManager, FencedError, TrainState
+from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
+from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
+
+
+@pytest.fixture(scope="module")
+def info() -> Iterator[DistInfo]:
+    dist_info = distributed.setup(TrainerSpec(device="cpu"))
+    try:
+        yield dist_info
+    finally:
+        distributed.teardown()
+
+
+@dataclass
+class Job:
+    """One trainer's worth of state, small enough to build per test."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+    state: TrainState
+    ckpt: CheckpointManager
+
+    def train(self, steps: int, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            idx = torch.randint(0, 64, (2, 17), generator=gen)
+            cross_entropy_loss(self.model(idx[:, :-1]), idx[:, 1:]).backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad()
+            self.state.step += 1
+            self.state.consumed_samples += 2
+
+    def full_model(self) -> dict[str, torch.Tensor]:
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().clone() for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+    def optimizer_state(self) -> dict[str, torch.Tensor]:
+        inner = getattr(self.optimizer, "optim", self.optimizer)
+        return {
+            f"{i}.{k}": v.clone() for i, s in enumerate(inner.state.values()) for k, v in s.items()
+        }
+
+
+def make_job(
+    info: DistInfo,
+    folder: Path | None,
+    strategy: str = "ddp",
+    *,
+    keep: int = 3,
+    interval_steps: int = 10,
+    interval_seconds: float = 0.0,
+    async_save: bool = True,
+) -> Job:
+    spec = TrainerSpec(
+        model="tiny", device="cpu", seq_len=16, steps=100, warmup_steps=10, strategy=strategy
+    )
+    torch.manual_seed(0)
+    gpt = GPT(replace(PRESETS["tiny"], vocab_size=64, block_size=16))
+    model = parallelize(gpt, spec, info, list(gpt.h))
+    optimizer = build_optimizer(model, spec, info.device)
+    scheduler = LambdaLR(optimizer, lr_lambda(spec))
+    state = TrainState()
+    ckpt = CheckpointManager(
+        folder,
+        info,
+        model,
+        optimizer,
+        scheduler,
+        state,
+        strategy=strategy,
+        interval_steps=interval_steps,
+        interval_seconds=interval_seconds,
+        keep=keep,
+        async_save=async_save,
+    )
+    ckpt.claim()
+    return Job(model, optimizer, scheduler, state, ckpt)
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_round_trip_is_exact(info: DistInfo, tmp_path: Path) -> None:
+    job = make_job(info, tmp_path)
+    job.train(7)
+    job.ckpt.save(job.state.step)
+    job.ckpt.wait()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-7"]
+    marker = json.loads((tmp_path / "step-7" / MARKER).read_text())
+    assert marker["step"] == 7 and marker["worldSize"] == 1 and ".metadata" in marker["files"]
+
+    fresh = make_job(info, tmp_path)
+    assert fresh.ckpt.load()
+    assert_same(fresh.full_model(), job.full_model())
+    assert_same(fresh.optimizer_state(), job.optimizer_state())
+    assert fresh.state == job.state
+    assert fresh.scheduler.last_epoch == 7
+    assert [g["lr"] for g in fresh.optimizer.param_groups] == [
+        g["lr"] for g in job.optimizer.param_groups
+    ]
+    # ... and both continue identically
+    job.train(3, seed=1)
+    fresh.train(3, seed=1)
+    assert_same(fresh.full_model(), job.full_model())
+
+
+def test_async_save_is_a_snapshot_of_its_step(info: DistInfo, tmp_path: Path) -> None:
+    job = make_job(info, tmp_path)
+    job.train(5)
+    at_save = job.full_model()
+    job.ckpt.save(5)  # returns after staging; the write goes on in the background
+    job.train(5, seed=2)  # keeps changing the parameters in place meanwhile
+    job.ckpt.wait()
+    fresh = make_job(info, tmp_path)
+    assert fresh.ckpt.load() and fresh.state.step == 5
+    assert_same(fresh.full_model(), at_save)
+
+
+def test_partial_and_corrupt_checkpoints_are_skipped_by_name(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    job = make_job(info, tmp_path, async_save=False)
+    for _ in range(3):
+        job.train(2)
+        job.ckpt.save(job.state.step)
+    (tmp_path / "step-6" / MARKER).unlink()  # a save that never finished
+    shard = next((tmp_path / "step-4").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-10])  # a truncated file
+    shutil.copytree(tmp_path / "step-2", tmp_path / f".tmp-step-8-{'x' * 12}")  # in flight
+
+    fresh = make_job(info, tmp_path)  # claim() clears the abandoned temp folder
+    assert fresh.ckpt.load() and fresh.state.step == 2
+    text = trainer_log.text
+    assert f"removing partial checkpoint {tmp_path}/.tmp-step-8-" in text
+    assert f"skipping checkpoint {tmp_path}/step-6: partial: no completion marker" in text
+    assert f"skipping checkpoint {tmp_path}/step-4: corrupt: {shard.name} has" in text
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_unreadable_checkpoint_falls_back_to_an_older_one(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    job = make_job(info, tmp_path, async_save=False)
+    job.train(2)
+    job.ckpt.save(2)
+    job.train(2)
+    job.ckpt.save(4)
+    meta = tmp_path / "step-4" / ".metadata"
+    meta.write_bytes(b"\0" * meta.stat().st_size)  # right size, garbage content
+    fresh = make_job(info, tmp_path)
+    assert fresh.ckpt.load() and fresh.state.step == 2
+    assert f"skipping checkpoint {tmp_path}/step-4: it cannot be loaded" in trainer_log.text
+
+
+def test_keeps_the_last_k(info: DistInfo, tmp_path: Path) -> None:
+    job = make_job(info, tmp_path, keep=2)
+    for _ in range(4):
+        job.train(1)
+        job.ckpt.save(job.state.step)
+    job.ckpt.wait()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3", "step-4"]
+    assert job.ckpt.due(10) and not job.ckpt.due(11) and not job.ckpt.due(4)
+
+
+def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:
+    job = make_job(info, tmp_path, interval_steps=0, interval_seconds=0.2)
+    assert not job.ckpt.due(1)
+    time.sleep(0.3)
+    assert job.ckpt.due(1)
+    job.train(1)
+    job.ckpt.save(1)  # restarts the clock
+    assert not job.ckpt.due(2)
+
+
+def test_stale_process_is_fenced_off(info: DistInfo, tmp_path: Path) -> None:
+    stale = make_job(info, tmp_path, async_save=False)
+    newer = make_job(info, tmp_path)  # a later rendezvous round claims the folder
+    assert json.loads((tmp_path / OWNER).read_text())["round"] == newer.ckpt.round
+    stale.train(1)
+    with pytest.raises(FencedError, match="a newer trainer has taken over"):
+        stale.ckpt.save(1)
+    assert not list(tmp_path.glob("step-*")) and not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize(("saved_by", "loaded_by"), [("ddp", "fsdp"), ("zero1", "ddp")])
+def test_strategies_share_one_format(
+    info: DistInfo, tmp_path: Path, saved_by: str, loaded_by: str
+) -> None:
+    job = make_job(info, tmp_path, strategy=saved_by, async_save=False)
+    job.train(3)
+    job.ckpt.save(3)
+    other = make_job(info, tmp_path, strategy=loaded_by)
+    assert other.ckpt.load()
+    assert_same(other.full_model(), job.full_model())
+    job.train(2, seed=5)
+    other.train(2, seed=5)
+    for k, v in job.full_model().items():
+        torch.testing.assert_close(other.full_model()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_disabled_without_a_folder(info: DistInfo) -> None:
+    job = make_job(info, None)
+    job.train(1)
+    job.ckpt.save(1)
+    assert not job.ckpt.load() and not job.ckpt.due(10) and job.ckpt.last_step is None
+
+
+def test_no_warnings_on_first_start(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    assert not make_job(info, tmp_path).ckpt.load()
+    assert not [r for r in trainer_log.records if r.levelno >= logging.WARNING]

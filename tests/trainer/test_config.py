@@ -1,0 +1,151 @@
+"""TrainerSpec validation, config layering (env < file < flags), the run environment and the
+pre-flight checks — all without torch."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer.config import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CONFIG,
+    ConfigError,
+    load_config,
+    preflight,
+)
+
+
+def test_spec_defaults_and_camel_case_wire_form() -> None:
+    spec = TrainerSpec()
+    assert (spec.model, spec.strategy, spec.precision) == ("gpt2", "ddp", "auto")
+    wire = TrainerSpec(micro_batch_size=4).to_wire()
+    assert wire["microBatchSize"] == 4 and "micro_batch_size" not in wire
+    assert TrainerSpec.model_validate(wire) == TrainerSpec(micro_batch_size=4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"globalBatchSize": 20, "microBatchSize": 8}, "globalBatchSize (20) must be a multiple"),
+        ({"warmupSteps": 50, "steps": 10}, "warmupSteps (50) must not exceed steps (10)"),
+        ({"hsdpShardSize": 2}, "hsdpShardSize is only used with strategy hsdp"),
+        ({"dataPath": "/d/train.bin", "evalIntervalSteps": 10}, "needs evalDataPath"),
+        ({"strategy": "pipeline"}, "strategy"),
+        ({"microBatchSize": 0}, "microBatchSize"),
+        ({"learningRate": 0}, "learningRate"),
+        ({"unknownKnob": 1}, "unknownKnob"),
+    ],
+)
+def test_spec_rejects_bad_input_naming_the_field(fields: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        TrainerSpec.model_validate(fields)
+
+
+def test_grad_accumulation_keeps_the_global_batch() -> None:
+    spec = TrainerSpec(micro_batch_size=4, global_batch_size=32)
+    assert [spec.grad_accum_steps(w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    with pytest.raises(ValueError, match=r"microBatchSize \(4\) × world size \(3\)"):
+        spec.grad_accum_steps(3)
+
+
+def test_schema_is_structural_and_carries_the_cross_field_rules() -> None:
+    """The CRD generator needs descriptions everywhere and unions only of the X | None kind."""
+    schema = TrainerSpec.model_json_schema(by_alias=True)
+    assert "$defs" not in schema
+    for name, prop in schema["properties"].items():
+        assert prop.get("description"), name
+        assert "default" in prop, name
+        if "anyOf" in prop:
+            assert len(prop["anyOf"]) == 2 and {"type": "null"} in prop["anyOf"], name
+    rules = [r["rule"] for r in schema["x-kubernetes-validations"]]
+    assert "self.globalBatchSize % self.microBatchSize == 0" in rules
+
+
+def test_layering_env_then_file_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "trainer.yaml"
+    config.write_text("microBatchSize: 2\nsteps: 50\nlr_schedule: linear\nwarmupSteps: 5\n")
+    env = {ENV_CONFIG: json.dumps({"model": "tiny", "steps": 10, "seqLen": 32})}
+    spec, _ = load_config(
+        ["--config", str(config), "--steps=70", "--learning-rate", "0.01", "--compile=true"], env
+    )
+    assert spec.model == "tiny" and spec.seq_len == 32  # env
+    assert spec.micro_batch_size == 2 and spec.lr_schedule == "linear"  # file
+    assert spec.steps == 70 and spec.learning_rate == 0.01 and spec.compile  # flags
+
+
+def test_run_env_from_variables_and_flags(tmp_path: Path) -> None:
+    env = {
+        ENV_CHECKPOINT_DIR: str(tmp_path),
+        "TORCHKUBE_JOB_NAME": "demo",
+        "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS": "50",
+        "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS": "120",
+        "TORCHKUBE_CHECKPOINT_KEEP": "2",
+        "TORCHKUBE_METRICS_PORT": "9400",
+        "TORCHELASTIC_RESTART_COUNT": "3",
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+    }
+    _, run_env = load_config(["--checkpoint-keep=5"], env)
+    assert run_env.checkpoint_dir == tmp_path and run_env.job_name == "demo"
+    assert (run_env.checkpoint_interval_steps, run_env.checkpoint_interval_seconds) == (50, 120.0)
+    assert run_env.checkpoint_keep == 5 and run_env.metrics_port == 9400
+    assert (run_env.elastic_restart_count, run_env.rank, run_env.world_size) == (3, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--stepz=3"], {}, "unknown option --stepz"),
+        (["--steps"], {}, "needs a value"),
+        (["stray"], {}, "unexpected argument"),
+        (["--steps=-1"], {}, "steps: Input should be greater than or equal to 1"),
+        ([], {ENV_CONFIG: "{not json"}, "is not valid JSON"),
+        ([], {ENV_CONFIG: "[1, 2]"}, "must hold a mapping"),
+        ([], {"TORCHKUBE_METRICS_PORT": "http"}, "TORCHKUBE_METRICS_PORT='http'"),
+        ([], {"TORCHKUBE_CHECKPOINT_KEEP": "0"}, "keep must be at least 1"),
+        (["--config", "/nonexistent/t.yaml"], {}, "cannot read config file"),
+    ],
+)
+def test_bad_config_is_one_config_error(argv: list[str], env: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv, env)
+
+
+def test_preflight_rejects_missing_data_and_unwritable_checkpoints(
+    tmp_path: Path, token_data: Path
+) -> None:
+    spec, run_env = load_config([f"--data-path={tmp_path / 'missing.bin'}"], {})
+    with pytest.raises(ConfigError, match=r"dataPath: token file .*missing.bin does not exist"):
+        preflight(spec, run_env)
+
+    not_tokens = tmp_path / "text.bin"
+    not_tokens.write_bytes(b"hello" * 400)
+    spec, run_env = load_config([f"--data-path={not_tokens}"], {})
+    with pytest.raises(ConfigError, match="is not a token file"):
+        preflight(spec, run_env)
+
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    spec, run_env = load_config(
+        [f"--data-path={token_data / 'train.bin'}", f"--checkpoint-dir={a_file / 'ckpt'}"], {}
+    )
+    with pytest.raises(ConfigError, match=r"checkpoint directory .* is not writable"):
+        preflight(spec, run_env)
+
+    spec, run_env = load_config(
+        [
+            f"--data-path={token_data / 'train.bin'}",
+            "--global-batch-size=16",
+            "--micro-batch-size=8",
+        ],
+        {"WORLD_SIZE": "3"},
+    )
+    with pytest.raises(ConfigError, match=r"world size \(3\)"):
+        preflight(spec, run_env)
+
+    spec, run_env = load_config([f"--data-path={token_data / 'val.bin'}", "--seq-len=100000"], {})
+    with pytest.raises(ConfigError, match="not a single training sequence"):
+        preflight(spec, run_env)

@@ -1,0 +1,59 @@
+"""The same trainer on a GPU: NCCL, bf16, FSDP2, compile, and a first GPT-2-small throughput
+figure (tokens/s and MFU, written down in docs/trainer.md). Skipped without CUDA."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_harness import Torchrun, read_progress, spec_args
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GPU = {"device": "cuda", "precision": "bf16", "deterministic": False}
+
+
+def test_nccl_bf16_ddp_then_fsdp_resume(
+    token_data: Path, tmp_path: Path, torchrun: Torchrun
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    for strategy, steps in (("ddp", 40), ("fsdp", 60)):
+        args = [
+            *spec_args(token_data, strategy=strategy, steps=steps, **GPU),
+            "--checkpoint-interval-steps=20",
+        ]
+        launch = torchrun.start(1, args, checkpoint_dir=ckpt, name=strategy)
+        assert launch.wait(600) == 0, launch.output()[-4000:]
+        assert "device cuda" in launch.output()
+    record = read_progress(ckpt)
+    assert record["finished"] and record["step"] == 60 and record["loss"] < 3.0
+    assert "written at world size 1 with ddp" in launch.output()
+
+
+def test_gpt2_small_throughput(token_data: Path, tmp_path: Path, torchrun: Torchrun) -> None:
+    """GPT-2 124M (vocab 50304, T = 1024), bf16, torch.compile, one GPU."""
+    args = spec_args(
+        token_data,
+        model="gpt2",
+        vocabSize=50304,
+        seqLen=1024,
+        microBatchSize=16,
+        globalBatchSize=16,
+        steps=60,
+        warmupSteps=10,
+        logIntervalSteps=20,
+        compile=True,
+        learningRate=6e-4,
+        lrSchedule="cosine",
+        **GPU,
+    )
+    launch = torchrun.start(
+        1, [*args, "--checkpoint-interval-steps=0"], checkpoint_dir=tmp_path / "ckpt", name="gpt2"
+    )
+    assert launch.wait(900) == 0, launch.output()[-4000:]
+    lines = [line for line in launch.output().splitlines() if "tok/s" in line]
+    print("\n".join(lines[-2:]))  # the figure for docs/trainer.md
+    assert read_progress(tmp_path / "ckpt")["tokensPerSecond"] > 10_000

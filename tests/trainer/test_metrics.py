@@ -1,0 +1,108 @@
+"""Metric names, the metrics/progress HTTP server, progress.json and permanent-error reports."""
+
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from trainer_harness import free_port
+
+from torchkube.trainer.config import RunEnv
+from torchkube.trainer.metrics import (
+    ProgressReporter,
+    TrainMetrics,
+    peak_flops,
+    report_permanent_error,
+    start_metrics_server,
+)
+
+
+def test_metric_names_follow_prometheus_conventions() -> None:
+    metrics = TrainMetrics(job="demo", rank=0)
+    names = {m.name: m.type for m in metrics.registry.collect()}
+    for required in (
+        "torchkube_train_step",
+        "torchkube_train_loss",
+        "torchkube_train_step_duration_seconds",
+        "torchkube_train_tokens",
+        "torchkube_train_tokens_per_second",
+        "torchkube_train_mfu_ratio",
+        "torchkube_train_data_wait_seconds",
+        "torchkube_train_checkpoint_save_duration_seconds",
+        "torchkube_train_checkpoint_blocking_duration_seconds",
+        "torchkube_train_checkpoint_load_duration_seconds",
+        "torchkube_train_restarts",
+        "torchkube_train_world_size",
+        "torchkube_train_last_checkpoint_step",
+    ):
+        assert required in names, required
+    for name, kind in names.items():
+        assert name.startswith("torchkube_train_"), name
+        if kind == "counter":  # exposed with _total
+            assert not name.endswith("_total"), name
+    for sample in (s for m in metrics.registry.collect() for s in m.samples):
+        assert set(sample.labels) - {"le"} == {"job", "rank"}, sample
+
+
+def test_server_serves_metrics_and_progress(tmp_path: Path) -> None:
+    metrics = TrainMetrics(job="demo", rank=0)
+    metrics.step.set(42)
+    progress = ProgressReporter(tmp_path, enabled=True)
+    progress.update(force=True, step=42, totalSteps=100, finished=False)
+    port = free_port()
+    server = start_metrics_server(port, metrics.registry, progress)
+    assert server is not None
+    try:
+        base = f"http://127.0.0.1:{port}"
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        assert re.search(r'torchkube_train_step\{job="demo",rank="0"\} 42\.0', text)
+        record = json.loads(urllib.request.urlopen(f"{base}/progress", timeout=5).read())
+        assert record["step"] == 42 and record["totalSteps"] == 100 and "updated" in record
+        assert json.loads((tmp_path / "progress.json").read_text()) == record
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{base}/other", timeout=5)
+        assert start_metrics_server(port, metrics.registry, progress) is None  # busy: a warning
+    finally:
+        server.close()
+
+
+def test_progress_file_is_rate_limited_unless_forced(tmp_path: Path) -> None:
+    progress = ProgressReporter(tmp_path, enabled=True, min_interval=3600)
+    progress.update(force=True, step=1)
+    progress.update(step=2)  # within the interval: kept in memory, not written
+    assert json.loads((tmp_path / "progress.json").read_text())["step"] == 1
+    assert progress.record["step"] == 2
+    progress.update(force=True, step=3)
+    assert json.loads((tmp_path / "progress.json").read_text())["step"] == 3
+    assert not list(tmp_path.glob(".progress*"))  # no temp files left behind
+    silent = ProgressReporter(tmp_path / "other", enabled=False)
+    silent.update(force=True, step=9)
+    assert not (tmp_path / "other").exists()
+
+
+def test_peak_flops_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("cpu") is None
+    monkeypatch.setenv("TORCHKUBE_PEAK_FLOPS", "1e12")
+    assert peak_flops("cpu") == 1e12
+
+
+def test_permanent_error_reaches_operator_and_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "permanent-error"
+    monkeypatch.setenv("TORCHKUBE_PERMANENT_ERROR_FILE", str(marker))
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 5}))
+    report_permanent_error(
+        "dataPath: token file /x does not exist", RunEnv(checkpoint_dir=tmp_path)
+    )
+    assert capsys.readouterr().err == (
+        "torchkube-trainer: error: dataPath: token file /x does not exist\n"
+    )
+    assert marker.read_text().strip() == "dataPath: token file /x does not exist"
+    record = json.loads((tmp_path / "progress.json").read_text())
+    assert record["step"] == 5 and record["permanent"] is True and record["exitCode"] == 3

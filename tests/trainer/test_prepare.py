@@ -1,0 +1,94 @@
+"""Token files, the byte tokenizer, the sample corpus and `torchkube prepare-data`."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from torchkube.cli import main as torchkube_cli
+from torchkube.trainer import corpus
+from torchkube.trainer.prepare import prepare_data, prepare_text_files
+from torchkube.trainer.tokens import (
+    BYTE_VOCAB_SIZE,
+    EOT,
+    GPT2_VOCAB_SIZE,
+    HEADER_BYTES,
+    MAGIC,
+    decode_bytes,
+    encode_bytes,
+    read_header,
+    resolve_token_files,
+    write_token_file,
+)
+
+
+def test_byte_tokenizer_round_trips_any_text() -> None:
+    text = "Grüße, 世界! tabs\tand\nnewlines"
+    assert decode_bytes(encode_bytes(text)) == text
+
+
+def test_token_file_is_llm_c_format(tmp_path: Path) -> None:
+    tokens = np.array([1, 2, 3, 256], dtype=np.uint16)
+    info = write_token_file(tmp_path / "t.bin", tokens, BYTE_VOCAB_SIZE)
+    raw = (tmp_path / "t.bin").read_bytes()
+    header = np.frombuffer(raw[:HEADER_BYTES], dtype="<i4")
+    assert list(header[:4]) == [MAGIC, 1, 4, BYTE_VOCAB_SIZE]
+    assert np.array_equal(np.frombuffer(raw[HEADER_BYTES:], dtype="<u2"), tokens)
+    assert read_header(tmp_path / "t.bin") == info
+
+
+def test_header_problems_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    write_token_file(path, np.arange(10, dtype=np.uint16), 16)
+    with path.open("ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(
+        ValueError, match="truncated or padded: header says 10 tokens, file holds 11"
+    ):
+        read_header(path)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        write_token_file(path, np.array([300], dtype=np.uint16), 257)
+    llm_c = tmp_path / "llmc.bin"  # llm.c leaves the vocabulary slot at 0: GPT-2's
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (MAGIC, 1, 1)
+    llm_c.write_bytes(header.tobytes() + b"\x01\x00")
+    assert read_header(llm_c).vocab_size == GPT2_VOCAB_SIZE
+    with pytest.raises(ValueError, match="no token files match"):
+        resolve_token_files(str(tmp_path / "shard-*.bin"))
+
+
+def test_prepare_splits_the_tail_for_validation(tmp_path: Path) -> None:
+    result = prepare_data(["a" * 90, "b" * 8], tmp_path, val_fraction=0.1)
+    assert result.documents == 2
+    assert result.train.num_tokens + result.val.num_tokens == 100  # type: ignore[union-attr]
+    tail = np.memmap(tmp_path / "val.bin", dtype="<u2", mode="r", offset=HEADER_BYTES)
+    assert tail[-1] == EOT and decode_bytes(tail) == "\n" + "b" * 8 + "\n"
+
+
+def test_prepare_text_files_reads_folders(tmp_path: Path) -> None:
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    (tmp_path / "in" / "a.txt").write_text("first")
+    (tmp_path / "in" / "sub" / "b.md").write_text("second")
+    (tmp_path / "in" / "skip.bin").write_bytes(b"\0")
+    result = prepare_text_files([tmp_path / "in"], tmp_path / "out", val_fraction=0.0)
+    assert result.documents == 2 and result.val is None
+    tokens = np.memmap(result.train.path, dtype="<u2", mode="r", offset=HEADER_BYTES)
+    assert decode_bytes(tokens) == "first\nsecond\n"
+
+
+def test_sample_corpus_is_deterministic() -> None:
+    assert corpus.generate(20, seed=1) == corpus.generate(20, seed=1)
+    assert corpus.generate(20, seed=1) != corpus.generate(20, seed=2)
+
+
+def test_prepare_data_command(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(
+        torchkube_cli, ["prepare-data", "--sample", "--sample-docs", "30", "-o", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "30 documents" in result.output
+    assert read_header(tmp_path / "train.bin").vocab_size == BYTE_VOCAB_SIZE
+    result = runner.invoke(torchkube_cli, ["prepare-data", "-o", str(tmp_path)])
+    assert result.exit_code == 2 and "INPUTS or --sample" in result.output

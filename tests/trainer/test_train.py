@@ -1,0 +1,164 @@
+"""The training loop in this process (world size 1): progress, an emergency checkpoint on
+SIGTERM that resumes bitwise, a user's own workload, and errors that end in exit code 3."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+from trainer_harness import assert_bitwise_equal, checkpoint_tensors, spec_args
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer import RunEnv, Workload, gpt_workload, load_config, run
+from torchkube.trainer.config import EXIT_CONFIG_ERROR, EXIT_OK
+
+
+def run_tiny(data: Path, ckpt: Path, workload: Workload | None = None, **overrides: object) -> int:
+    spec, _ = load_config(spec_args(data, **overrides), {})
+    return run(spec, RunEnv(checkpoint_dir=ckpt, checkpoint_interval_steps=10), workload)
+
+
+def progress(ckpt: Path) -> dict:
+    return json.loads((ckpt / "progress.json").read_text())
+
+
+def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
+    assert (
+        run_tiny(
+            token_data,
+            tmp_path,
+            steps=30,
+            evalIntervalSteps=15,
+            evalDataPath=token_data / "val.bin",
+        )
+        == EXIT_OK
+    )
+    record = progress(tmp_path)
+    assert record["finished"] is True and record["step"] == record["totalSteps"] == 30
+    assert record["loss"] < 3.5  # from ln(320) ≈ 5.8 at initialisation
+    assert record["lastCheckpointStep"] == 30 and record["worldSize"] == 1
+    assert record["tokensPerSecond"] > 0 and record["restarts"] == 0
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10", "step-20", "step-30"]
+    # a finished job that starts again does nothing and stays finished
+    assert run_tiny(token_data, tmp_path, steps=30) == EXIT_OK
+    assert progress(tmp_path)["finished"] is True and progress(tmp_path)["restarts"] == 1
+
+
+def test_sigterm_checkpoints_and_resumes_bitwise(token_data: Path, tmp_path: Path) -> None:
+    """SIGTERM during step 13 → all ranks agree to stop after the next step → step-14 is
+    written → exit 143; the resumed run ends bit for bit where an uninterrupted one does."""
+    reference = tmp_path / "reference"
+    assert run_tiny(token_data, reference, steps=25) == EXIT_OK
+
+    base = gpt_workload()
+    calls = {"n": 0}
+
+    def loss_then_sigterm(model: nn.Module, batch: object) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 13 * 4:  # 4 micro-steps per step at world size 1
+            os.kill(os.getpid(), signal.SIGTERM)
+        return base.loss_fn(model, batch)
+
+    interrupted = tmp_path / "interrupted"
+    workload = Workload(**{**base.__dict__, "loss_fn": loss_then_sigterm})
+    assert run_tiny(token_data, interrupted, workload, steps=25) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in interrupted.glob("step-*")) == ["step-10", "step-14"]
+    assert progress(interrupted)["finished"] is False
+
+    assert run_tiny(token_data, interrupted, steps=25) == EXIT_OK
+    assert progress(interrupted)["loss"] == progress(reference)["loss"]
+    assert_bitwise_equal(
+        checkpoint_tensors(interrupted / "step-25"), checkpoint_tensors(reference / "step-25")
+    )
+
+
+class Regression(Dataset):
+    """y = 3x − 1 with noise: a user's own data, nothing to do with tokens."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(512, 1, generator=gen)
+        self.y = 3 * self.x - 1 + 0.01 * torch.randn(512, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def test_custom_model_dataset_and_loss(tmp_path: Path) -> None:
+    def mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    workload = Workload(
+        build_model=lambda spec: nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1)),
+        train_dataset=lambda spec: Regression(),
+        loss_fn=mse,
+    )
+    spec = TrainerSpec(
+        device="cpu",
+        steps=60,
+        warmup_steps=0,
+        micro_batch_size=16,
+        global_batch_size=32,
+        learning_rate=0.02,
+        weight_decay=0.0,
+        lr_schedule="constant",
+        log_interval_steps=20,
+    )
+    assert run(spec, RunEnv(checkpoint_dir=tmp_path), workload) == EXIT_OK
+    assert progress(tmp_path)["loss"] < 0.2  # from ≈ 10 (the variance of y)
+    assert (tmp_path / "step-60").is_dir()
+
+
+def test_runtime_config_error_is_exit_3(token_data: Path, tmp_path: Path) -> None:
+    # HSDP shard groups of 2 cannot be formed from one process: known only at run time
+    code = run_tiny(token_data, tmp_path, steps=5, strategy="hsdp", hsdpShardSize=2)
+    assert code == EXIT_CONFIG_ERROR
+    assert "hsdpShardSize (2) must divide the world size (1)" in progress(tmp_path)["error"]
+
+
+def trainer_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchkube.trainer", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--data-path=/nonexistent/train.bin"],
+            "dataPath: token file /nonexistent/train.bin does not exist",
+        ),
+        (
+            ["--checkpoint-dir=/proc/version/ckpt"],
+            "checkpoint directory /proc/version/ckpt is not writable",
+        ),
+        (
+            ["--global-batch-size=10", "--micro-batch-size=4"],
+            "globalBatchSize (10) must be a multiple of microBatchSize (4)",
+        ),
+        (["--strategy=pipeline"], "strategy: Input should be 'ddp', 'zero1', 'fsdp' or 'hsdp'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_3(
+    token_data: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    data = [f"--data-path={token_data / 'train.bin'}"] if "--data-path" not in args[0] else []
+    done = trainer_cli(*data, *args, "--warmup-steps=0", "--steps=5")
+    assert done.returncode == EXIT_CONFIG_ERROR
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert done.stderr.startswith("torchkube-trainer: error: ")

@@ -1,0 +1,536 @@
+"""Checkpoints on the shared volume with torch.distributed.checkpoint (torchtitan's manager).
+
+Layout of the checkpoint folder::
+
+    .owner.json              which rendezvous round may write here (fencing, below)
+    progress.json            rank 0's progress record for the operator
+    step-120/                a committed checkpoint: DCP files + COMPLETE.json
+    .tmp-step-140-<round>/   a save in flight; never read
+
+What is saved: model and optimizer through ``get_state_dict`` (DDP, ZeRO-1, FSDP2 and HSDP
+share one FQN-keyed format, so a checkpoint loads into any strategy and any world size — DCP
+reshards), the LR scheduler, the train state (step, consumed samples, resumes, the batch
+layout) and each rank's RNG state.
+
+Atomicity: every rank writes into ``.tmp-step-N-<round>``; DCP's final collective means that
+when rank 0's save returns, all ranks' files are written and rank 0 has written DCP's
+``.metadata``. Rank 0 then records the file sizes in ``COMPLETE.json`` and renames the folder
+to ``step-N``. Loading only considers ``step-N`` folders with a marker whose sizes match, so a
+half-written checkpoint is never picked up; broken ones are skipped with a warning naming them.
+
+Async: ``dcp.async_save`` copies the state to host memory (the only blocking part) and writes
+from a background thread, on a gloo process group of its own. One save is in flight at a time.
+
+Fencing: a save is collective over the current process group, so a process left over from an
+earlier rendezvous round (say, behind a network partition) cannot complete one with the
+current round. As a second line, rank 0 claims the folder at start-up by writing a fresh round
+id to ``.owner.json`` and re-reads it before every commit: a stale rank 0 finds a newer round's
+id and stops (exit code 4) instead of renaming its checkpoint into place.
+"""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils._pytree import tree_map_only
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer.config import RunEnv
+from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.metrics import TrainMetrics, rfc3339, write_json_atomic
+
+log = logging.getLogger("torchkube.trainer")
+
+# State keys: one per component, as torchtitan does.
+MODEL = "model"
+OPTIMIZER = "optim"
+LR_SCHEDULER = "lr_scheduler"
+TRAIN_STATE = "train"
+RNG = "rng"
+
+MARKER = "COMPLETE.json"
+OWNER = ".owner.json"
+STEP_PREFIX = "step-"
+TMP_PREFIX = ".tmp-"
+
+
+class FencedError(RuntimeError):
+    """A newer rendezvous round owns the checkpoint folder; this process must stop."""
+
+
+@dataclass
+class TrainState(Stateful):
+    """Where training stands; everything else follows from it and the spec."""
+
+    step: int = 0
+    consumed_samples: int = 0  # the data position: samples of all ranks so far
+    resumes: int = 0  # times this job resumed from a checkpoint
+    world_size: int = 0  # layout at save time, to log a resize on resume
+    grad_accum_steps: int = 0
+    global_batch_size: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key, value in state_dict.items():
+            setattr(self, key, int(value))
+
+
+@dataclass
+class _Pending:
+    step: int
+    folder: Path
+    future: Future
+    started: float
+    blocking: float
+
+
+@dataclass
+class Candidate:
+    """A committed checkpoint folder whose marker checks out."""
+
+    step: int
+    path: Path
+    marker: dict[str, Any] = field(default_factory=dict)
+
+
+def step_folders(folder: Path) -> list[tuple[int, Path]]:
+    """``step-N`` folders, newest first."""
+    found = []
+    for p in folder.glob(f"{STEP_PREFIX}*"):
+        suffix = p.name.removeprefix(STEP_PREFIX)
+        if p.is_dir() and suffix.isdigit():
+            found.append((int(suffix), p))
+    return sorted(found, reverse=True)
+
+
+def validate(path: Path) -> dict[str, Any]:
+    """The marker of a committed checkpoint; ValueError says why the folder is unusable."""
+    marker_path = path / MARKER
+    if not marker_path.is_file():
+        raise ValueError("partial: no completion marker (the save never finished)")
+    try:
+        marker = json.loads(marker_path.read_text())
+        sizes: dict[str, int] = marker["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"corrupt completion marker: {e}") from e
+    if ".metadata" not in sizes:
+        raise ValueError("corrupt: no DCP .metadata recorded")
+    for name, size in sizes.items():
+        try:
+            actual = (path / name).stat().st_size
+        except OSError:
+            raise ValueError(f"corrupt: {name} is missing") from None
+        if actual != size:
+            raise ValueError(f"corrupt: {name} has {actual} bytes, expected {size}")
+    return marker
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+class CheckpointManager:
+    """``save(step)``, ``load() -> bool`` and keep-last-K for one job's checkpoint folder.
+
+    All ranks call every method (DCP is collective); rank 0 alone lists, commits, purges and
+    logs. With no folder configured every method is a no-op and ``load`` returns False.
+    """
+
+    def __init__(
+        self,
+        folder: Path | None,
+        info: DistInfo,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: LRScheduler,
+        train_state: TrainState,
+        *,
+        strategy: str,
+        interval_steps: int,
+        interval_seconds: float,
+        keep: int,
+        async_save: bool,
+        metrics: TrainMetrics | None = None,
+    ):
+        self.folder, self.info = folder, info
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.train_state = train_state
+        self.strategy = strategy
+        self.interval_steps, self.interval_seconds, self.keep = (
+            interval_steps,
+            interval_seconds,
+            keep,
+        )
+        self.async_save = async_save
+        self.metrics = metrics
+        self.round = ""
+        self.last_step: int | None = None
+        self.last_time: float | None = None
+        self._last_save_started = time.monotonic()
+        self._pending: _Pending | None = None
+        self._applied = False  # whether a load attempt reached the live model
+        cuda = info.device.type == "cuda"
+        # One stager for the whole run: it keeps its (pinned, on GPU) host buffers between
+        # saves, so only the first save pays for allocating them.
+        self._stager = (
+            DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
+            if folder is not None and async_save
+            else None
+        )
+
+    @classmethod
+    def for_run(
+        cls,
+        run_env: RunEnv,
+        spec: TrainerSpec,
+        info: DistInfo,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: LRScheduler,
+        train_state: TrainState,
+        metrics: TrainMetrics | None = None,
+    ) -> "CheckpointManager":
+        """The manager the pod's environment and the spec ask for."""
+        return cls(
+            run_env.checkpoint_dir,
+            info,
+            model,
+            optimizer,
+            lr_scheduler,
+            train_state,
+            strategy=spec.strategy,
+            interval_steps=run_env.checkpoint_interval_steps,
+            interval_seconds=run_env.checkpoint_interval_seconds,
+            keep=run_env.checkpoint_keep,
+            async_save=spec.checkpoint_mode == "async",
+            metrics=metrics,
+        )
+
+    # --- start-up -----------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Become the folder's owner for this rendezvous round and clear failed saves."""
+        if self.folder is None:
+            return
+        ids = [uuid.uuid4().hex[:12] if self.info.is_main else ""]
+        dist.broadcast_object_list(ids, src=0, group=self.info.control_group)
+        self.round = ids[0]
+        if not self.info.is_main:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            self.folder / OWNER,
+            {
+                "round": self.round,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "worldSize": self.info.world_size,
+                "since": rfc3339(time.time()),
+            },
+        )
+        for leftover in sorted(self.folder.glob(f"{TMP_PREFIX}*")):
+            log.warning("removing partial checkpoint %s left by an earlier run", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def _candidates(self) -> list[Candidate]:
+        """Rank 0: committed checkpoints that look intact, newest first; warns about the rest."""
+        assert self.folder is not None
+        out = []
+        for step, path in step_folders(self.folder):
+            try:
+                out.append(Candidate(step, path, validate(path)))
+            except ValueError as e:
+                log.warning("skipping checkpoint %s: %s", path, e)
+        return out
+
+    def load(self) -> bool:
+        """Resume from the newest loadable checkpoint; False when there is none.
+
+        Each attempt loads into fresh buffers and only then into the model and optimizer, so
+        a checkpoint that fails half-way (a truncated shard, say) leaves nothing behind and
+        the next older one is tried.
+        """
+        if self.folder is None:
+            return False
+        listing = [self._candidates() if self.info.is_main else None]
+        dist.broadcast_object_list(listing, src=0, group=self.info.control_group)
+        candidates: list[Candidate] = listing[0] or []
+        partly_applied = False
+        for cand in candidates:
+            started = time.monotonic()
+            self._applied = False
+            error = ""
+            try:
+                self._load_from(cand.path)
+            except Exception as e:
+                error = str(e).splitlines()[0] if str(e) else type(e).__name__
+                log.warning("cannot load checkpoint %s: %s", cand.path, error)
+            # Loading can fail on one rank only (after DCP's collective part): agree, so that
+            # every rank resumes from the same checkpoint or none does.
+            flags = torch.tensor([int(bool(error)), int(self._applied)], dtype=torch.int32)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.info.control_group)
+            if flags[0]:
+                partly_applied |= bool(flags[1])
+                if self.info.is_main:
+                    log.warning(
+                        "skipping checkpoint %s: it cannot be loaded on every rank", cand.path
+                    )
+                continue
+            seconds = time.monotonic() - started
+            self.last_step = cand.step
+            self.last_time = cand.marker.get("time")
+            if self.metrics is not None:
+                self.metrics.checkpoint_load.set(seconds)
+                self.metrics.last_checkpoint_step.set(cand.step)
+                self.metrics.last_checkpoint_time.set(self.last_time or 0)
+            log.info(
+                "resumed from %s (written at world size %s with %s) in %.2fs",
+                cand.path,
+                cand.marker.get("worldSize"),
+                cand.marker.get("strategy"),
+                seconds,
+            )
+            return True
+        if partly_applied:
+            raise RuntimeError(
+                "a checkpoint was applied on some ranks and failed on others, and no older "
+                "one loads: refusing to train on weights that differ between ranks"
+            )
+        if candidates:
+            if self.info.is_main:
+                log.warning("no checkpoint could be loaded; starting from scratch")
+            self._state_optimizer().state.clear()  # get_state_dict initialised it for loading
+        return False
+
+    def _load_from(self, path: Path) -> None:
+        model_sd, optim_sd = self._model_optim_state()
+        fresh = tree_map_only(
+            torch.Tensor,
+            torch.empty_like,
+            {
+                MODEL: model_sd,
+                OPTIMIZER: {"state": optim_sd["state"]},
+            },
+        )
+        state: dict[str, Any] = {
+            **fresh,
+            LR_SCHEDULER: self.lr_scheduler.state_dict(),
+            TRAIN_STATE: TrainState().state_dict(),
+        }
+        rng_key = f"rank{self.info.rank}"
+        keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        if f"{RNG}.{rng_key}.cpu" in keys:  # absent when the world size grew
+            state[RNG] = {rng_key: _rng_state(self.info.device)}
+        dcp.load(state, checkpoint_id=path, process_group=self.info.checkpoint_group)
+        # Hyper-parameters come from the current spec, not the checkpoint: only the state
+        # tensors are loaded, with the optimizer's own param groups.
+        self._applied = True
+        set_state_dict(
+            self.model,
+            self._state_optimizer(),
+            model_state_dict=state[MODEL],
+            optim_state_dict={
+                "state": state[OPTIMIZER]["state"],
+                "param_groups": optim_sd["param_groups"],
+            },
+        )
+        self.lr_scheduler.load_state_dict(state[LR_SCHEDULER])
+        for group, lr in zip(
+            self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True
+        ):
+            group["lr"] = lr
+        self.train_state.load_state_dict(state[TRAIN_STATE])
+        if RNG in state:
+            torch.set_rng_state(state[RNG][rng_key]["cpu"])
+            if "cuda" in state[RNG][rng_key]:
+                torch.cuda.set_rng_state(state[RNG][rng_key]["cuda"], self.info.device)
+
+    # --- saving -------------------------------------------------------------------------
+
+    def _state_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer that owns this rank's state: ZeRO-1's local shard, else the optimizer."""
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            return self.optimizer.optim
+        return self.optimizer
+
+    def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        model_sd, optim_sd = get_state_dict(self.model, self._state_optimizer())
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            # Each rank holds the state of its own parameters only; the FQN-keyed entries of
+            # all ranks together form the same checkpoint DDP writes. Param groups must be
+            # identical on every rank (DCP writes one copy), so they list every parameter,
+            # named as get_state_dict names it (the first name of a tied parameter).
+            names = {id(p): n.removeprefix("module.") for n, p in self.model.named_parameters()}
+            optim_sd["param_groups"] = [
+                {
+                    **{k: v for k, v in g.items() if k != "params"},
+                    "params": [names[id(p)] for p in g["params"]],
+                }
+                for g in self.optimizer.param_groups
+            ]
+        return model_sd, optim_sd
+
+    def due(self, step: int) -> bool:
+        """Whether the interval calls for a checkpoint after ``step`` (rank 0's view)."""
+        if self.folder is None or step == self.last_step:
+            return False
+        if self.interval_steps and step % self.interval_steps == 0:
+            return True
+        elapsed = time.monotonic() - self._last_save_started
+        return bool(self.interval_seconds) and elapsed >= self.interval_seconds
+
+    def save(self, step: int, *, blocking: bool = False) -> None:
+        """Checkpoint the current state as ``step``; ``blocking`` waits until it is committed."""
+        if self.folder is None:
+            return
+        if self._pending is not None and self._pending.step == step:
+            if blocking:
+                self.wait()
+            return
+        self.wait()  # one save in flight at a time
+        if step == self.last_step:
+            return
+        started = time.monotonic()
+        self._last_save_started = started
+        tmp = self.folder / f"{TMP_PREFIX}{STEP_PREFIX}{step}-{self.round}"
+        model_sd, optim_sd = self._model_optim_state()
+        state = {
+            MODEL: model_sd,
+            OPTIMIZER: optim_sd,
+            LR_SCHEDULER: self.lr_scheduler.state_dict(),
+            TRAIN_STATE: self.train_state.state_dict(),
+            RNG: {f"rank{self.info.rank}": _rng_state(self.info.device)},
+        }
+        writer = dcp.FileSystemWriter(tmp, thread_count=2)
+        group = self.info.checkpoint_group
+        if self.async_save and not blocking:
+            future = dcp.async_save(
+                state, storage_writer=writer, process_group=group, async_stager=self._stager
+            )
+            assert isinstance(future, Future)
+        else:
+            dcp.save(state, storage_writer=writer, process_group=group)
+            future = Future()
+            future.set_result(None)
+        self._pending = _Pending(step, tmp, future, started, time.monotonic() - started)
+        if blocking or not self.async_save:
+            self.wait()
+
+    def poll(self) -> None:
+        """Commit a finished background save; cheap, call it every step."""
+        if self._pending is not None and self._pending.future.done():
+            self._finish(self._pending)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed."""
+        if self._pending is not None:
+            self._finish(self._pending)
+
+    def _finish(self, pending: _Pending) -> None:
+        self._pending = None
+        try:
+            pending.future.result()
+        except Exception as e:
+            log.error("checkpoint of step %d failed, training goes on: %s", pending.step, e)
+            if self.info.is_main:
+                shutil.rmtree(pending.folder, ignore_errors=True)
+            return
+        duration = time.monotonic() - pending.started
+        now = time.time()
+        if self.info.is_main:
+            self._commit(pending, now)
+            log.info(
+                "checkpoint step-%d committed: %.2fs in total, training blocked %.3fs",
+                pending.step,
+                duration,
+                pending.blocking,
+            )
+        self.last_step, self.last_time = pending.step, now
+        if self.metrics is not None:
+            self.metrics.checkpoint_save.observe(duration)
+            self.metrics.checkpoint_blocking.observe(pending.blocking)
+            self.metrics.last_checkpoint_step.set(pending.step)
+            self.metrics.last_checkpoint_time.set(now)
+
+    def _commit(self, pending: _Pending, now: float) -> None:
+        """Rank 0: marker, fence check, rename into place, purge old checkpoints."""
+        assert self.folder is not None
+        try:
+            owner = json.loads((self.folder / OWNER).read_text()).get("round")
+        except (OSError, ValueError):
+            owner = None
+        if owner != self.round:
+            shutil.rmtree(pending.folder, ignore_errors=True)
+            raise FencedError(
+                f"{self.folder} is owned by rendezvous round {owner}, not this process's "
+                f"round {self.round}: a newer trainer has taken over, not committing step "
+                f"{pending.step}"
+            )
+        files = {p.name: p.stat().st_size for p in pending.folder.iterdir() if p.is_file()}
+        marker = {
+            "step": pending.step,
+            "worldSize": self.info.world_size,
+            "strategy": self.strategy,
+            "round": self.round,
+            "time": now,
+            "written": rfc3339(now),
+            "files": files,
+        }
+        with open(pending.folder / MARKER, "w") as f:
+            json.dump(marker, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        final = self.folder / f"{STEP_PREFIX}{pending.step}"
+        if final.exists():  # an older, unusable copy of the same step (it was skipped on load)
+            stale = self.folder / f"{TMP_PREFIX}replaced-{final.name}-{self.round}"
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.rename(pending.folder, final)
+        _fsync_dir(self.folder)
+        for _, old in step_folders(self.folder)[self.keep :]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        """Finish the save in flight and release the staging buffers."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()

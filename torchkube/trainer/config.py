@@ -1,0 +1,244 @@
+"""How one trainer process learns what to do: the TrainerSpec, the pod's environment, and flags.
+
+No torch here: a bad spec, a missing data file or an unwritable checkpoint folder is reported
+in well under a second, before a GPU or a process group is touched.
+
+Layering, last wins: spec defaults < ``TORCHKUBE_TRAINER_CONFIG`` (JSON, camelCase, what the
+operator sets) < ``--config FILE`` (YAML or JSON) < ``--field=value`` flags (any TrainerSpec
+field as camelCase, snake_case or kebab-case). Unknown keys are errors, as in nanoGPT's
+configurator. Runtime settings that describe the pod rather than the job come from the
+``TORCHKUBE_*`` variables below and may be overridden by the matching flags.
+"""
+
+import argparse
+import json
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer.tokens import read_header, resolve_token_files
+
+# Exit codes: the operator's failure policy keys on these (see docs/trainer.md).
+EXIT_OK = 0
+EXIT_FAILURE = 1  # anything unexpected: worth a restart
+EXIT_CONFIG_ERROR = 3  # permanent: the spec or its inputs must change; do not retry
+EXIT_FENCED = 4  # a newer rendezvous round owns the checkpoint folder; this process is stale
+# Stopped by SIGTERM/SIGINT after the emergency checkpoint: 128 + signal number (143 / 130).
+
+ENV_CONFIG = "TORCHKUBE_TRAINER_CONFIG"
+ENV_JOB_NAME = "TORCHKUBE_JOB_NAME"
+ENV_CHECKPOINT_DIR = "TORCHKUBE_CHECKPOINT_DIR"
+ENV_CHECKPOINT_INTERVAL_STEPS = "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS"
+ENV_CHECKPOINT_INTERVAL_SECONDS = "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS"
+ENV_CHECKPOINT_KEEP = "TORCHKUBE_CHECKPOINT_KEEP"
+ENV_METRICS_PORT = "TORCHKUBE_METRICS_PORT"
+ENV_TERMINATION_LOG = "TORCHKUBE_TERMINATION_LOG"
+ENV_PERMANENT_ERROR_FILE = "TORCHKUBE_PERMANENT_ERROR_FILE"  # set by torchkube.elastic.launch
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' terminationMessagePath
+
+
+class ConfigError(Exception):
+    """A permanent user or configuration error: retrying cannot help (exit code 3)."""
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    """The pod's side of the contract with the operator (one value per ``TORCHKUBE_*`` variable)."""
+
+    job_name: str = "local"
+    checkpoint_dir: Path | None = None
+    checkpoint_interval_steps: int = 100  # 0: no step-based checkpoints
+    checkpoint_interval_seconds: float = 0.0  # 0: no time-based checkpoints
+    checkpoint_keep: int = 3
+    metrics_port: int = 0  # 0: no metrics server
+    termination_log: Path | None = None
+    elastic_restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT
+    rank: int = 0
+    world_size: int = 1
+
+
+# Runtime flag → (RunEnv field, environment variable, parser).
+_RUNTIME_FLAGS: dict[str, tuple[str, str, type]] = {
+    "--job-name": ("job_name", ENV_JOB_NAME, str),
+    "--checkpoint-dir": ("checkpoint_dir", ENV_CHECKPOINT_DIR, Path),
+    "--checkpoint-interval-steps": (
+        "checkpoint_interval_steps",
+        ENV_CHECKPOINT_INTERVAL_STEPS,
+        int,
+    ),
+    "--checkpoint-interval-seconds": (
+        "checkpoint_interval_seconds",
+        ENV_CHECKPOINT_INTERVAL_SECONDS,
+        float,
+    ),
+    "--checkpoint-keep": ("checkpoint_keep", ENV_CHECKPOINT_KEEP, int),
+    "--metrics-port": ("metrics_port", ENV_METRICS_PORT, int),
+}
+
+
+def _arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchkube.trainer",
+        description="Train a model with torchkube (run it under torchrun for several processes).",
+        epilog="Any TrainerSpec field can be set as --fieldName=value (e.g. --steps=200).",
+    )
+    parser.add_argument("--config", type=Path, help="TrainerSpec as a YAML or JSON file")
+    for flag, (_, env, _) in _RUNTIME_FLAGS.items():
+        parser.add_argument(flag, help=f"overrides ${env}")
+    return parser
+
+
+def _field_name(key: str) -> str:
+    """A spec key as its Python field name; unknown keys come back unchanged for pydantic."""
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", key.replace("-", "_")).lower()
+    return snake if snake in TrainerSpec.model_fields else key
+
+
+def _normalise(layer: Mapping[str, Any], source: str) -> dict[str, Any]:
+    if not isinstance(layer, Mapping):
+        raise ConfigError(f"{source} must hold a mapping of TrainerSpec fields")
+    return {_field_name(str(k)): v for k, v in layer.items()}
+
+
+def _flag_overrides(extra: Sequence[str]) -> dict[str, str]:
+    """``--key=value`` / ``--key value`` pairs left over by argparse."""
+    out: dict[str, str] = {}
+    items = list(extra)
+    while items:
+        item = items.pop(0)
+        if not item.startswith("--") or item == "--":
+            raise ConfigError(f"unexpected argument {item!r}; spec fields are set as --field=value")
+        key, sep, value = item[2:].partition("=")
+        if not sep:
+            if not items or items[0].startswith("--"):
+                raise ConfigError(f"option --{key} needs a value")
+            value = items.pop(0)
+        name = _field_name(key)
+        if name not in TrainerSpec.model_fields:
+            raise ConfigError(f"unknown option --{key}: not a TrainerSpec field")
+        out[name] = value
+    return out
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """A pydantic error as one line naming each camelCase field and what is allowed."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid trainer config: " + "; ".join(parts)
+
+
+def _env_value(environ: Mapping[str, str], name: str, parse: type, default: Any) -> Any:
+    raw = environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError as e:
+        raise ConfigError(
+            f"environment variable {name}={raw!r} is not a valid {parse.__name__}"
+        ) from e
+
+
+def load_config(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[TrainerSpec, RunEnv]:
+    """Parse flags and environment into a validated spec and run environment (or ConfigError)."""
+    environ = os.environ if environ is None else environ
+    args, extra = _arg_parser().parse_known_args(list(argv))
+
+    merged: dict[str, Any] = {}
+    if environ.get(ENV_CONFIG):
+        try:
+            merged |= _normalise(json.loads(environ[ENV_CONFIG]), f"${ENV_CONFIG}")
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"${ENV_CONFIG} is not valid JSON: {e}") from e
+    if args.config is not None:
+        try:
+            text = args.config.read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {args.config}: {e.strerror or e}") from e
+        try:
+            merged |= _normalise(yaml.safe_load(text) or {}, str(args.config))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {args.config} is not valid YAML/JSON: {e}") from e
+    merged |= _flag_overrides(extra)
+    try:
+        spec = TrainerSpec.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from e
+
+    values: dict[str, Any] = {}
+    for flag, (field, env, parse) in _RUNTIME_FLAGS.items():
+        raw = getattr(args, flag[2:].replace("-", "_"))
+        if raw is not None:
+            try:
+                values[field] = parse(raw)
+            except ValueError as e:
+                raise ConfigError(f"{flag}={raw!r} is not a valid {parse.__name__}") from e
+        else:
+            values[field] = _env_value(environ, env, parse, getattr(RunEnv, field))
+    for field in (
+        "checkpoint_interval_steps",
+        "checkpoint_interval_seconds",
+        "checkpoint_keep",
+        "metrics_port",
+    ):
+        if values[field] < 0:
+            raise ConfigError(f"{field.replace('_', ' ')} must not be negative ({values[field]})")
+    if values["checkpoint_keep"] < 1:
+        raise ConfigError("checkpoint keep must be at least 1 (the latest checkpoint)")
+    log = environ.get(ENV_TERMINATION_LOG, DEFAULT_TERMINATION_LOG)
+    run_env = RunEnv(
+        **values,
+        termination_log=Path(log) if log and Path(log).exists() else None,
+        elastic_restart_count=_env_value(environ, "TORCHELASTIC_RESTART_COUNT", int, 0),
+        rank=_env_value(environ, "RANK", int, 0),
+        world_size=_env_value(environ, "WORLD_SIZE", int, 1),
+    )
+    return spec, run_env
+
+
+def _check_token_files(pattern: str, field: str, seq_len: int) -> None:
+    try:
+        files = resolve_token_files(pattern)
+        infos = [read_header(f) for f in files]
+    except ValueError as e:
+        raise ConfigError(f"{field}: {e}") from e
+    if not any(info.num_tokens > seq_len for info in infos):
+        raise ConfigError(
+            f"{field}: {pattern} holds no file with more than seqLen ({seq_len}) tokens, "
+            "so not a single training sequence"
+        )
+
+
+def preflight(spec: TrainerSpec, run_env: RunEnv) -> None:
+    """Reject what can never work before any process group exists (raises ConfigError)."""
+    if spec.data_path:
+        _check_token_files(spec.data_path, "dataPath", spec.seq_len)
+    if spec.eval_data_path:
+        _check_token_files(spec.eval_data_path, "evalDataPath", spec.seq_len)
+    try:
+        spec.grad_accum_steps(run_env.world_size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if run_env.checkpoint_dir is not None:
+        probe = run_env.checkpoint_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
+        try:
+            run_env.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(
+                f"checkpoint directory {run_env.checkpoint_dir} is not writable: {e.strerror or e}"
+            ) from e

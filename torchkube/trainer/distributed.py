@@ -1,0 +1,201 @@
+"""Process-group setup from torchrun's environment, and the few collectives the loop needs.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
+without them the trainer runs as one process on an in-memory store, so the same code path
+(and the same checkpoint format) serves a laptop and a cluster.
+
+Three process groups, each with one job:
+- the default group (NCCL for CUDA tensors, gloo for CPU ones) carries gradients and
+  parameters;
+- ``control`` (gloo, main thread only) carries the per-step stop/save agreement, object
+  broadcasts and metric averages, off the GPU stream;
+- ``checkpoint`` (gloo) is used only by torch.distributed.checkpoint, whose async saves run
+  their collectives on a background thread; a group of its own keeps those from interleaving
+  with the main thread's collectives (IBM/PyTorch, "Reducing checkpointing times").
+"""
+
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from types import FrameType
+from typing import cast
+
+import torch
+import torch.distributed as dist
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer.config import ConfigError
+
+log = logging.getLogger("torchkube.trainer")
+
+
+@dataclass
+class DistInfo:
+    """Where this process sits in the job and which groups it talks on."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    control_group: dist.ProcessGroup
+    checkpoint_group: dist.ProcessGroup
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, writes progress and commits checkpoints."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def setup_logging(rank: int) -> None:
+    """Rank 0 logs at INFO; the others only warnings and errors, tagged with their rank."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name("torchkube-trainer")
+    tag = "" if rank == 0 else f" [rank {rank}]"
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s %(levelname)s torchkube{tag}: %(message)s")
+    )
+    # Replace only our own handler: one set up by an earlier run in the same process.
+    log.handlers[:] = [h for h in log.handlers if h.get_name() != handler.get_name()]
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+
+
+def pick_device(spec: TrainerSpec, local_rank: int) -> torch.device:
+    """One GPU per process, chosen by LOCAL_RANK; CPU when asked or when there is no GPU."""
+    want_cuda = spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available())
+    if not want_cuda:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no CUDA device is visible")
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} visible; "
+            "run at most one process per GPU"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def setup(spec: TrainerSpec) -> DistInfo:
+    """Join the job's process groups (or make a one-process world) and pin the device."""
+    rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    setup_logging(rank)
+    device = pick_device(spec, local_rank)
+    timeout = timedelta(seconds=spec.collective_timeout_seconds)
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(
+            backend, timeout=timeout, device_id=device if device.type == "cuda" else None
+        )
+    else:
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        log.warning(
+            "torchrun shares its rendezvous store with the workers and keeps it across restarts, "
+            "so restarted workers can read the previous round's addresses (gloo: 'Connection "
+            "refused'); set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torchkube.elastic.launch does)"
+        )
+    control = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=timeout))
+    checkpoint = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=timeout))
+    return DistInfo(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
+        device=device,
+        control_group=control,
+        checkpoint_group=checkpoint,
+    )
+
+
+def teardown(after_error: bool = False) -> None:
+    """Leave the process groups.
+
+    After an error on GPU the NCCL communicators may wait forever on a dead peer, so they are
+    left to the process exit; gloo groups are always safe to destroy.
+    """
+    if not dist.is_initialized():
+        return
+    if after_error and dist.get_backend() != "gloo":
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as e:  # a broken group cannot be left cleanly; the process ends anyway
+        log.warning("process group teardown: %s", e)
+
+
+def mean_across_ranks(values: list[float], group: dist.ProcessGroup) -> list[float]:
+    """Average a few host-side numbers over all ranks (for logging and metrics)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return (t / dist.get_world_size(group)).tolist()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between steps.
+
+    torchrun forwards SIGTERM to its workers on pod deletion, preemption and before a
+    scale-up re-rendezvous, then waits 30 s before SIGKILL: enough for an emergency checkpoint
+    of the current step if we stop at a step boundary instead of dying mid-collective.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def close(self) -> None:
+        """Give the signals back to whoever handled them before (matters in-process)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            log.warning(
+                "received %s: will checkpoint and stop after this step", signal.Signals(signum).name
+            )
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+class StepAgreement:
+    """All ranks decide together, once per step, whether to stop or checkpoint after it.
+
+    A signal may reach ranks at different moments and only rank 0's clock decides time-based
+    checkpoints, so each rank contributes its flags to a MAX all-reduce on the control group.
+    It is started before the step's compute and awaited after it, so it costs no step time.
+    """
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+        self._flags = torch.zeros(2, dtype=torch.int32)
+        self._work: dist.Work | None = None
+
+    def start(self, stop: bool, save: bool) -> None:
+        self._flags = torch.tensor([int(stop), int(save)], dtype=torch.int32)
+        self._work = dist.all_reduce(
+            self._flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True
+        )
+
+    def result(self) -> tuple[bool, bool]:
+        """(stop, save) as agreed by every rank."""
+        assert self._work is not None, "start() first"
+        self._work.wait()
+        return bool(self._flags[0]), bool(self._flags[1])

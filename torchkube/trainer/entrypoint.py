@@ -1,0 +1,42 @@
+"""The process entry point shared by ``python -m torchkube.trainer`` and user scripts.
+
+Configuration errors are caught before torch is imported and reported as one line with exit
+code 3, which the operator treats as permanent. See docs/trainer.md for all exit codes.
+"""
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from torchkube.trainer.config import EXIT_CONFIG_ERROR, EXIT_OK, ConfigError, load_config, preflight
+from torchkube.trainer.metrics import report_permanent_error
+
+if TYPE_CHECKING:
+    from torchkube.trainer.workload import Workload
+
+
+def main(argv: Sequence[str] | None = None, workload: "Workload | None" = None) -> int:
+    """Validate the configuration, then train ``workload`` (default: the built-in GPT).
+
+    Returns the process exit code; :func:`exit_with` turns it into one.
+    """
+    try:
+        spec, run_env = load_config(sys.argv[1:] if argv is None else argv)
+        preflight(spec, run_env)
+    except ConfigError as e:
+        report_permanent_error(str(e))
+        return EXIT_CONFIG_ERROR
+    from torchkube.trainer.train import run  # torch is imported only for a valid config
+
+    return run(spec, run_env, workload)
+
+
+def exit_with(code: int) -> NoReturn:
+    """Exit with ``code``; a failed worker exits at once, without waiting for a checkpoint
+    thread that may be stuck on a dead peer."""
+    if code != EXIT_OK:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,267 @@
+"""What the trainer tells the operator and Prometheus: metrics, ``progress.json``, ``/progress``.
+
+No torch here. Metric names follow Prometheus practice (``torchkube_train_`` prefix, base
+units, ``_total`` on counters, ratios 0–1) with two low-cardinality labels, ``job`` and
+``rank``. One HTTP server per pod (on local rank 0) serves ``/metrics`` and ``/progress`` on
+``TORCHKUBE_METRICS_PORT``; rank 0's numbers are the job's.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from torchkube.trainer.config import (
+    DEFAULT_TERMINATION_LOG,
+    ENV_CHECKPOINT_DIR,
+    ENV_PERMANENT_ERROR_FILE,
+    ENV_TERMINATION_LOG,
+    EXIT_CONFIG_ERROR,
+    RunEnv,
+)
+
+log = logging.getLogger("torchkube.trainer")
+
+PROGRESS_FILE = "progress.json"
+ENV_PEAK_FLOPS = "TORCHKUBE_PEAK_FLOPS"
+
+# Dense bf16 tensor-core peaks per device (vendor datasheets, see notes/perf-targets.md §1).
+# Matched as substrings of torch.cuda.get_device_name(), most specific first.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H100 PCIe", 756e12),
+    ("H200", 989e12),
+    ("H100", 989e12),  # SXM5; the "NVIDIA H100 80GB HBM3" name
+    ("A100", 312e12),
+]
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Peak FLOP/s of one device, ``TORCHKUBE_PEAK_FLOPS`` first; None when unknown (CPU)."""
+    if os.environ.get(ENV_PEAK_FLOPS):
+        return float(os.environ[ENV_PEAK_FLOPS])
+    for pattern, flops in PEAK_BF16_FLOPS:
+        if pattern in device_name:
+            return flops
+    return None
+
+
+def rfc3339(ts: float) -> str:
+    """A Unix time as Kubernetes writes timestamps (UTC, seconds)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write then rename, so a reader (the operator) never sees half a record."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def report_permanent_error(message: str, run_env: RunEnv | None = None) -> None:
+    """Say why the job cannot run, everywhere the operator and a human look.
+
+    One line on stderr; the line in ``$TORCHKUBE_PERMANENT_ERROR_FILE``, which tells
+    ``torchkube.elastic.launch`` to stop torchrun instead of restarting the workers and to
+    exit 3 (plain torchrun would exit 1); Kubernetes' termination message
+    (``/dev/termination-log``); and on rank 0 an ``error`` / ``permanent`` entry in
+    ``progress.json`` when the checkpoint folder is usable.
+    """
+    print(f"torchkube-trainer: error: {message}", file=sys.stderr, flush=True)
+    if os.environ.get(ENV_PERMANENT_ERROR_FILE):  # torchkube.elastic.launch stops torchrun
+        with contextlib.suppress(OSError):
+            Path(os.environ[ENV_PERMANENT_ERROR_FILE]).write_text(message + "\n")
+    env = run_env or RunEnv(
+        checkpoint_dir=Path(os.environ[ENV_CHECKPOINT_DIR])
+        if os.environ.get(ENV_CHECKPOINT_DIR)
+        else None,
+        rank=int(os.environ.get("RANK", "0") or 0),
+    )
+    log_path = env.termination_log or Path(
+        os.environ.get(ENV_TERMINATION_LOG, DEFAULT_TERMINATION_LOG)
+    )
+    if log_path.exists():
+        with contextlib.suppress(OSError):
+            log_path.write_text(f"permanent error (exit {EXIT_CONFIG_ERROR}): {message}\n")
+    if env.rank == 0 and env.checkpoint_dir is not None and env.checkpoint_dir.is_dir():
+        path = env.checkpoint_dir / PROGRESS_FILE
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(path.read_text()) if path.exists() else {}
+            record.update(
+                error=message,
+                permanent=True,
+                exitCode=EXIT_CONFIG_ERROR,
+                updated=rfc3339(time.time()),
+            )
+            write_json_atomic(path, record)
+
+
+class TrainMetrics:
+    """The trainer's Prometheus metrics, on a registry of its own (no global state)."""
+
+    def __init__(self, job: str, rank: int):
+        self.registry = CollectorRegistry()
+        labels = {"job": job, "rank": str(rank)}
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(
+                name, doc, list(labels), registry=self.registry, buckets=buckets
+            ).labels(**labels)
+
+        seconds = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+        self.step = gauge("torchkube_train_step", "Last completed optimizer step.")
+        self.total_steps = gauge("torchkube_train_total_steps", "Optimizer steps the job runs for.")
+        self.loss = gauge("torchkube_train_loss", "Training loss, mean over ranks, last log step.")
+        self.eval_loss = gauge("torchkube_train_eval_loss", "Evaluation loss, mean over ranks.")
+        self.learning_rate = gauge("torchkube_train_learning_rate", "Current learning rate.")
+        self.step_duration = histogram(
+            "torchkube_train_step_duration_seconds", "Wall time of one optimizer step.", seconds
+        )
+        self.tokens = counter(
+            "torchkube_train_tokens_total", "Training tokens this rank processed."
+        )
+        self.tokens_per_second = gauge(
+            "torchkube_train_tokens_per_second", "Job-wide training throughput, last log window."
+        )
+        self.mfu = gauge(
+            "torchkube_train_mfu_ratio",
+            "Model FLOPs utilisation (6N+12LHQT per token over the device's bf16 dense peak); "
+            "NaN when the peak is unknown.",
+        )
+        self.data_wait = counter(
+            "torchkube_train_data_wait_seconds_total", "Time the loop waited for input batches."
+        )
+        self.checkpoint_save = histogram(
+            "torchkube_train_checkpoint_save_duration_seconds",
+            "From the start of a checkpoint save until it is on disk.",
+            seconds,
+        )
+        self.checkpoint_blocking = histogram(
+            "torchkube_train_checkpoint_blocking_duration_seconds",
+            "Part of a checkpoint save during which training was blocked.",
+            seconds,
+        )
+        self.checkpoint_load = gauge(
+            "torchkube_train_checkpoint_load_duration_seconds", "Time the last resume took to load."
+        )
+        self.last_checkpoint_step = gauge(
+            "torchkube_train_last_checkpoint_step", "Step of the newest committed checkpoint."
+        )
+        self.last_checkpoint_time = gauge(
+            "torchkube_train_last_checkpoint_timestamp_seconds",
+            "Unix time the newest checkpoint was committed.",
+        )
+        self.restarts = counter(
+            "torchkube_train_restarts_total", "Worker-group restarts by this pod's torchrun agent."
+        )
+        self.resumes = counter(
+            "torchkube_train_resumes_total", "Times this job resumed from a checkpoint."
+        )
+        self.world_size = gauge("torchkube_train_world_size", "Processes in the current job.")
+        self.grad_accum_steps = gauge(
+            "torchkube_train_grad_accumulation_steps", "Micro-steps per optimizer step."
+        )
+        self.global_batch = gauge(
+            "torchkube_train_global_batch_sequences", "Sequences per optimizer step, all ranks."
+        )
+
+
+class ProgressReporter:
+    """Rank 0's progress record: ``<checkpoint_dir>/progress.json`` and ``GET /progress``.
+
+    Written at every log step and at least every ``min_interval`` seconds when anything
+    changed, atomically, so the operator can poll it from the volume or over HTTP.
+    """
+
+    def __init__(self, folder: Path | None, enabled: bool, min_interval: float = 5.0):
+        self.path = folder / PROGRESS_FILE if folder is not None else None
+        self.enabled = enabled
+        self.min_interval = min_interval
+        self._record: dict[str, Any] = {}
+        self._written = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def record(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._record)
+
+    def update(self, force: bool = False, **fields: Any) -> None:
+        """Merge ``fields`` into the record; write it when forced or the interval has passed."""
+        now = time.time()
+        with self._lock:
+            self._record.update(fields, updated=rfc3339(now))
+            record = dict(self._record)
+        if not (self.enabled and self.path is not None):
+            return
+        if force or now - self._written >= self.min_interval:
+            try:
+                write_json_atomic(self.path, record)
+                self._written = now
+            except OSError as e:  # progress is advisory; never fail training over it
+                log.warning("could not write %s: %s", self.path, e)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "MetricsServer"
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            body, ctype = generate_latest(self.server.registry), CONTENT_TYPE_LATEST
+        elif self.path == "/progress":
+            body, ctype = json.dumps(self.server.progress.record).encode(), "application/json"
+        else:
+            self.send_error(404, "try /metrics or /progress")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not log lines
+        pass
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """``/metrics`` (Prometheus text format) and ``/progress`` (JSON) on a background thread."""
+
+    daemon_threads = True
+
+    def __init__(self, port: int, registry: CollectorRegistry, progress: ProgressReporter):
+        super().__init__(("", port), _Handler)
+        self.registry, self.progress = registry, progress
+        self._thread = threading.Thread(target=self.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def start_metrics_server(
+    port: int, registry: CollectorRegistry, progress: ProgressReporter
+) -> MetricsServer | None:
+    """Serve metrics when a port is configured; a busy port is a warning, not a failure."""
+    if port <= 0:
+        return None
+    try:
+        return MetricsServer(port, registry, progress)
+    except OSError as e:
+        log.warning("metrics server not started on port %d: %s", port, e)
+        return None

@@ -1,0 +1,100 @@
+"""The token file format and the byte-level tokenizer; no torch, so preflight checks and
+``torchkube prepare-data`` stay light.
+
+The format is llm.c's (``dev/data/data_common.py``), so GPT-2-tokenised shards prepared with
+llm.c load unchanged: a header of 256 little-endian int32 — magic 20240520, version 1,
+token count — followed by the tokens as little-endian uint16. torchkube also stores the
+vocabulary size in header slot 3 (llm.c leaves it 0, which we read as GPT-2's 50257).
+"""
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = 20240520
+VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+GPT2_VOCAB_SIZE = 50257
+
+# Byte-level tokenizer: one token per UTF-8 byte, plus an end-of-text token between documents.
+EOT = 256
+BYTE_VOCAB_SIZE = 257
+
+
+@dataclass(frozen=True)
+class TokenFileInfo:
+    """What the header of one token file says."""
+
+    path: Path
+    num_tokens: int
+    vocab_size: int
+
+
+def encode_bytes(text: str) -> np.ndarray:
+    """Byte-level encoding: the UTF-8 bytes of ``text`` as uint16 tokens."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+
+
+def decode_bytes(tokens: "np.ndarray | list[int]") -> str:
+    """Inverse of :func:`encode_bytes`; end-of-text tokens become newlines."""
+    data = bytes(10 if t == EOT else int(t) for t in tokens)
+    return data.decode("utf-8", errors="replace")
+
+
+def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> TokenFileInfo:
+    """Write ``tokens`` atomically (temp file + rename) so a reader never sees half a file."""
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"token {int(tokens.max())} is outside the vocabulary ({vocab_size})")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:4] = (MAGIC, VERSION, tokens.size, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2", copy=False).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return TokenFileInfo(path, int(tokens.size), vocab_size)
+
+
+def read_header(path: Path) -> TokenFileInfo:
+    """Validate a token file's header and size; ValueError says what is wrong with it."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from e
+    if len(raw) < HEADER_BYTES:
+        raise ValueError(f"{path} is not a token file: shorter than its {HEADER_BYTES}-byte header")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != MAGIC or header[1] != VERSION:
+        raise ValueError(
+            f"{path} is not a token file (magic {header[0]}, version {header[1]}; expected "
+            f"{MAGIC}, {VERSION}); make one with `torchkube prepare-data`"
+        )
+    num_tokens = int(header[2])
+    if size != HEADER_BYTES + 2 * num_tokens:
+        raise ValueError(
+            f"{path} is truncated or padded: header says {num_tokens} tokens, "
+            f"file holds {(size - HEADER_BYTES) // 2}"
+        )
+    return TokenFileInfo(path, num_tokens, int(header[3]) or GPT2_VOCAB_SIZE)
+
+
+def resolve_token_files(pattern: str) -> list[Path]:
+    """The files behind a ``dataPath``: one file, or the sorted matches of a glob pattern."""
+    if glob.has_magic(pattern):
+        paths = [Path(p) for p in sorted(glob.glob(pattern))]
+        if not paths:
+            raise ValueError(f"no token files match {pattern}")
+        return paths
+    path = Path(pattern)
+    if not path.is_file():
+        raise ValueError(f"token file {pattern} does not exist")
+    return [path]

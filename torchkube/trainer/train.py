@@ -1,0 +1,385 @@
+"""The training loop, top to bottom: setup, resume, loop (step, log, eval, save), teardown.
+
+Everything that is not the loop's shape lives in a helper module: process groups in
+``distributed``, strategies in ``parallel``, data order in ``data``, checkpoints in
+``checkpoint``, metrics and progress in ``metrics``.
+"""
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import Dataset
+
+from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer import distributed
+from torchkube.trainer.checkpoint import CheckpointManager, FencedError, TrainState
+from torchkube.trainer.config import (
+    EXIT_CONFIG_ERROR,
+    EXIT_FAILURE,
+    EXIT_FENCED,
+    EXIT_OK,
+    ConfigError,
+    RunEnv,
+)
+from torchkube.trainer.data import Layout, StepLoader, eval_batches
+from torchkube.trainer.distributed import DistInfo, StepAgreement, StopRequest, mean_across_ranks
+from torchkube.trainer.metrics import (
+    ProgressReporter,
+    TrainMetrics,
+    peak_flops,
+    report_permanent_error,
+    rfc3339,
+    start_metrics_server,
+)
+from torchkube.trainer.parallel import (
+    autocast,
+    build_optimizer,
+    gradient_sync,
+    lr_lambda,
+    parallelize,
+)
+from torchkube.trainer.workload import Workload, gpt_workload
+
+log = logging.getLogger("torchkube.trainer")
+
+
+def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) -> int:
+    """Train to ``spec.steps`` under the current process group; returns the exit code."""
+    workload = workload or gpt_workload()
+    info = distributed.setup(spec)
+    stop = StopRequest()
+    metrics = TrainMetrics(run_env.job_name, info.rank)
+    progress = ProgressReporter(run_env.checkpoint_dir, enabled=info.is_main)
+    server = (
+        start_metrics_server(run_env.metrics_port, metrics.registry, progress)
+        if info.local_rank == 0
+        else None
+    )
+    try:
+        # --- setup: the same seed on every rank gives every rank the same initial weights
+        configure_determinism(spec)
+        torch.manual_seed(spec.seed)
+        with torch.device(info.device):
+            model = workload.build_model(spec)
+        flops_per_token = workload.flops_per_token(model, spec)
+        model = parallelize(model, spec, info, workload.blocks(model))
+        optimizer = build_optimizer(model, spec, info.device)
+        scheduler = LambdaLR(optimizer, lr_lambda(spec))
+        state = TrainState()
+        ckpt = CheckpointManager.for_run(
+            run_env, spec, info, model, optimizer, scheduler, state, metrics
+        )
+
+        # --- resume: the newest loadable checkpoint, whatever world size wrote it
+        ckpt.claim()
+        if ckpt.load():
+            state.resumes += 1
+        layout = plan_layout(spec, info, state)
+        loader = StepLoader(workload.train_dataset(spec), spec.seed, layout, info.rank, info.device)
+        eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
+        report = Reporter(spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token)
+        report.started(state)
+        agreement = StepAgreement(info.control_group)
+
+        # --- loop
+        while state.step < spec.steps:
+            agreement.start(stop=stop.requested, save=info.is_main and ckpt.due(state.step + 1))
+            started = time.monotonic()
+            loss, grad_norm, data_wait = train_step(
+                model,
+                optimizer,
+                scheduler,
+                loader.micro_batches(state.consumed_samples),
+                layout.grad_accum_steps,
+                spec,
+                workload.loss_fn,
+            )
+            state.step += 1
+            state.consumed_samples += layout.global_batch_size
+            stop_now, save_now = agreement.result()
+            report.step(
+                state, time.monotonic() - started, data_wait, float(scheduler.get_last_lr()[0])
+            )
+            last = state.step == spec.steps
+            if state.step % spec.log_interval_steps == 0 or last or stop_now:
+                report.log(state, loss, grad_norm)
+            if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
+                report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
+            ckpt.poll()
+            if save_now or stop_now or last:
+                ckpt.save(state.step, blocking=stop_now or last)
+            report.checkpointed()
+            if stop_now:
+                break
+
+        # --- teardown
+        ckpt.close()
+        if state.step < spec.steps:
+            log.warning("stopped at step %d after the emergency checkpoint", state.step)
+            return 128 + (stop.signum or signal.SIGTERM)
+        report.finished(state)
+        return EXIT_OK
+    finally:
+        stop.close()
+        if server is not None:
+            server.close()
+
+
+def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) -> int:
+    """:func:`train` with the exit-code contract: errors become one line and a code."""
+    code = EXIT_FAILURE
+    try:
+        code = train(spec, run_env, workload)
+    except ConfigError as e:
+        report_permanent_error(str(e), run_env)
+        code = EXIT_CONFIG_ERROR
+    except FencedError as e:
+        log.error("fenced off: %s", e)
+        code = EXIT_FENCED
+    except Exception:
+        log.exception("training failed")
+    finally:
+        distributed.teardown(after_error=code in (EXIT_FAILURE, EXIT_FENCED))
+    return code
+
+
+def configure_determinism(spec: TrainerSpec) -> None:
+    """Deterministic kernels when asked (bitwise resumes on GPU); else allow TF32 matmuls."""
+    if spec.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.set_float32_matmul_precision("high")
+
+
+def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
+    """Split the constant global batch over the current world; say so when it changed."""
+    try:
+        accum = spec.grad_accum_steps(info.world_size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    layout = Layout(spec.micro_batch_size, accum, info.world_size)
+    if state.world_size and state.world_size != info.world_size:
+        log.info(
+            "world size changed %d → %d: gradient accumulation %d → %d micro-steps, "
+            "global batch stays %d sequences",
+            state.world_size,
+            info.world_size,
+            state.grad_accum_steps,
+            accum,
+            spec.global_batch_size,
+        )
+    if state.global_batch_size and state.global_batch_size != spec.global_batch_size:
+        log.warning(
+            "global batch changed by configuration: %d → %d sequences",
+            state.global_batch_size,
+            spec.global_batch_size,
+        )
+    log.info(
+        "global batch %d sequences = micro batch %d × accumulation %d × world size %d "
+        "(%d tokens per step, strategy %s, device %s)",
+        layout.global_batch_size,
+        spec.micro_batch_size,
+        accum,
+        info.world_size,
+        spec.tokens_per_step,
+        spec.strategy,
+        info.device,
+    )
+    state.world_size, state.grad_accum_steps = info.world_size, accum
+    state.global_batch_size = spec.global_batch_size
+    return layout
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    batches: Iterator[Any],
+    accum_steps: int,
+    spec: TrainerSpec,
+    loss_fn: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """One optimizer step over ``accum_steps`` micro-batches.
+
+    Gradients are synchronised only on the last micro-step; each micro-loss is divided by
+    the accumulation steps, so the update equals one over the whole global batch.
+    Returns this rank's mean loss, the gradient norm before clipping, and the data wait.
+    """
+    device = next(model.parameters()).device
+    total = torch.zeros((), device=device)
+    data_wait = 0.0
+    for micro_step in range(accum_steps):
+        t = time.monotonic()
+        batch = next(batches)
+        data_wait += time.monotonic() - t
+        with gradient_sync(model, micro_step == accum_steps - 1):
+            with autocast(spec, model, device):
+                loss = loss_fn(model, batch) / accum_steps
+            loss.backward()
+        total += loss.detach()
+    grad_norm = (
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        if spec.grad_clip
+        else None
+    )
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total, grad_norm, data_wait
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: Dataset, spec: TrainerSpec, info: DistInfo, loss_fn: Any
+) -> float:
+    """Mean loss over the fixed evaluation batches of all ranks."""
+    model.eval()
+    losses = []
+    for batch in eval_batches(
+        dataset, spec.micro_batch_size, spec.eval_batches, info.rank, info.world_size, info.device
+    ):
+        with autocast(spec, model, info.device):
+            losses.append(loss_fn(model, batch).item())
+    model.train()
+    return mean_across_ranks([sum(losses) / len(losses)], info.control_group)[0]
+
+
+class Reporter:
+    """Metrics on every rank, the progress line and ``progress.json`` on rank 0."""
+
+    def __init__(
+        self,
+        spec: TrainerSpec,
+        run_env: RunEnv,
+        info: DistInfo,
+        layout: Layout,
+        metrics: TrainMetrics,
+        progress: ProgressReporter,
+        ckpt: CheckpointManager,
+        flops_per_token: float | None,
+    ):
+        self.spec, self.info, self.layout = spec, info, layout
+        self.metrics, self.progress, self.ckpt = metrics, progress, ckpt
+        self.flops_per_token = flops_per_token
+        name = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu"
+        self.peak = peak_flops(name)
+        self.elastic_restarts = run_env.elastic_restart_count
+        self._window_start = time.monotonic()
+        self._window_steps = 0
+        self._step_time = self._data_wait = 0.0
+        self._lr = 0.0
+        self.loss: float | None = None
+        self.tokens_per_second = 0.0
+        self._published_checkpoint = ckpt.last_step
+
+    def _record(self, state: TrainState) -> dict[str, Any]:
+        """The operator's progress record (keys are part of the contract, see docs)."""
+        return {
+            "step": state.step,
+            "totalSteps": self.spec.steps,
+            "loss": self.loss,
+            "tokensPerSecond": round(self.tokens_per_second, 1),
+            "worldSize": self.info.world_size,
+            "lastCheckpointStep": self.ckpt.last_step,
+            "lastCheckpointTime": rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
+            "restarts": state.resumes,
+            "finished": False,
+        }
+
+    def started(self, state: TrainState) -> None:
+        m = self.metrics
+        m.total_steps.set(self.spec.steps)
+        m.step.set(state.step)
+        m.world_size.set(self.info.world_size)
+        m.grad_accum_steps.set(self.layout.grad_accum_steps)
+        m.global_batch.set(self.layout.global_batch_size)
+        m.restarts.inc(self.elastic_restarts)
+        m.resumes.inc(state.resumes)
+        m.mfu.set(float("nan"))
+        self.progress.update(force=True, **self._record(state))
+
+    def step(self, state: TrainState, seconds: float, data_wait: float, lr: float) -> None:
+        m = self.metrics
+        m.step.set(state.step)
+        m.step_duration.observe(seconds)
+        m.data_wait.inc(data_wait)
+        m.tokens.inc(
+            self.layout.micro_batch_size * self.layout.grad_accum_steps * self.spec.seq_len
+        )
+        m.learning_rate.set(lr)
+        self._window_steps += 1
+        self._step_time += seconds
+        self._data_wait += data_wait
+        self._lr = lr
+        self.progress.update(step=state.step)  # written when min_interval has passed
+
+    def log(self, state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        """Collective (all ranks, same steps): average over ranks, then rank 0 reports."""
+        norm = (
+            float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            if grad_norm is not None
+            else float("nan")
+        )
+        n = max(1, self._window_steps)
+        mean_loss, step_time, data_wait = mean_across_ranks(
+            [loss.item(), self._step_time / n, self._data_wait / n], self.info.control_group
+        )
+        elapsed = time.monotonic() - self._window_start
+        self.loss = mean_loss
+        self.tokens_per_second = self._window_steps * self.spec.tokens_per_step / max(elapsed, 1e-9)
+        self._window_start, self._window_steps = time.monotonic(), 0
+        self._step_time = self._data_wait = 0.0
+        mfu = None
+        if self.flops_per_token and self.peak:
+            mfu = self.flops_per_token * self.tokens_per_second / (self.info.world_size * self.peak)
+            self.metrics.mfu.set(mfu)
+        self.metrics.loss.set(mean_loss)
+        self.metrics.tokens_per_second.set(self.tokens_per_second)
+        self.progress.update(force=True, **self._record(state))
+        log.info(
+            "step %d/%d | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | mfu %s | "
+            "%.1f ms/step (data %.1f ms) | world %d × accum %d",
+            state.step,
+            self.spec.steps,
+            mean_loss,
+            self._lr,
+            norm,
+            f"{self.tokens_per_second:,.0f}",
+            f"{mfu:.1%}" if mfu is not None else "n/a",
+            step_time * 1e3,
+            data_wait * 1e3,
+            self.info.world_size,
+            self.layout.grad_accum_steps,
+        )
+
+    def eval(self, state: TrainState, loss: float) -> None:
+        self.metrics.eval_loss.set(loss)
+        log.info("step %d | eval loss %.4f", state.step, loss)
+
+    def checkpointed(self) -> None:
+        """Publish a newly committed checkpoint at once (the operator's recovery point)."""
+        if self.ckpt.last_step == self._published_checkpoint:
+            return
+        self._published_checkpoint = self.ckpt.last_step
+        self.progress.update(
+            force=True,
+            lastCheckpointStep=self.ckpt.last_step,
+            lastCheckpointTime=rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
+        )
+
+    def finished(self, state: TrainState) -> None:
+        self.progress.update(force=True, **{**self._record(state), "finished": True})
+        log.info(
+            "finished: %d steps, final loss %s",
+            state.step,
+            f"{self.loss:.4f}" if self.loss is not None else "n/a",
+        )
