@@ -1,0 +1,80 @@
+"""``torchkube run JOB.yaml``: the TrainingJob on this machine, optionally with chaos."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+
+@click.command("run")
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Checkpoints and logs (stands in for the PVC). Default: ./torchkube-runs/<job name>.",
+)
+@click.option("--fresh", is_flag=True, help="Delete earlier checkpoints first instead of resuming.")
+@click.option("--workers", type=int, help="Local workers (pods). Default: the job's replicas.")
+@click.option(
+    "--nproc", default="1", show_default=True, help="Processes per worker (torchrun's value)."
+)
+@click.option(
+    "--chaos-at-step",
+    "chaos_steps",
+    type=int,
+    multiple=True,
+    help="SIGKILL a worker when training reaches this step (repeatable).",
+)
+@click.option("--chaos-every", type=float, help="SIGKILL a worker every this many seconds.")
+@click.option("--chaos-worker", type=int, help="Which worker chaos kills (default: rotate).")
+@click.option(
+    "--chaos-no-restart",
+    is_flag=True,
+    help="Leave killed workers dead, as a node that never comes back (an elastic job, "
+    "replicas.min < max, carries on without them).",
+)
+def run_command(
+    job_file: Path,
+    workdir: Path | None,
+    fresh: bool,
+    workers: int | None,
+    nproc: str,
+    chaos_steps: tuple[int, ...],
+    chaos_every: float | None,
+    chaos_worker: int | None,
+    chaos_no_restart: bool,
+) -> None:
+    """Run JOB_FILE here: torchrun agents on loopback stand in for pods, a folder for the PVC.
+
+    The same YAML runs unchanged on a cluster with `torchkube submit`. Training resumes from
+    the newest checkpoint in the work dir unless --fresh is given.
+    """
+    from pydantic import ValidationError
+
+    from torchkube.api import TrainingJob
+    from torchkube.api.errors import describe
+    from torchkube.local.runner import Chaos, LocalRun
+
+    try:
+        manifest = yaml.safe_load(job_file.read_text())
+        job = TrainingJob.model_validate(manifest)
+    except ValidationError as error:
+        raise click.ClickException(
+            f"{job_file} is not a valid TrainingJob:\n{describe(error)}"
+        ) from None
+    except yaml.YAMLError as error:
+        raise click.ClickException(f"{job_file} is not valid YAML: {error}") from None
+    workdir = workdir or Path("torchkube-runs") / job.name
+    if fresh and workdir.exists():
+        shutil.rmtree(workdir)
+    chaos = Chaos(sorted(chaos_steps), chaos_every, chaos_worker, restart=not chaos_no_restart)
+    run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
+    click.echo(
+        f"running {job.name}: {run.count} workers × {nproc} process(es), checkpoints and logs "
+        f"in {workdir}/"
+    )
+    summary = run.run()
+    click.echo("\n" + summary.render())
+    sys.exit(0 if summary.succeeded else 1)

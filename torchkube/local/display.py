@@ -1,0 +1,80 @@
+"""What ``torchkube run`` prints: a progress line while training, a summary at the end."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BAR_WIDTH = 24
+
+
+def progress_line(record: dict[str, Any] | None, restarts: int, elapsed: float) -> str:
+    """``step 120/400 [#######.........] loss 3.214  12.3k tok/s  world 2  ckpt 100  ...``"""
+    if not record:
+        return f"starting workers ... {elapsed:4.0f}s"
+    step, total = int(record.get("step", 0)), int(record.get("totalSteps") or 0)
+    done = min(1.0, step / total) if total else 0.0
+    filled = int(done * BAR_WIDTH)
+    parts = [f"step {step}/{total or '?'} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"]
+    if record.get("loss") is not None:
+        parts.append(f"loss {float(record['loss']):.3f}")
+    if record.get("tokensPerSecond"):
+        parts.append(f"{float(record['tokensPerSecond']) / 1000:.1f}k tok/s")
+    if record.get("worldSize"):
+        parts.append(f"world {record['worldSize']}")
+    if record.get("lastCheckpointStep") is not None:
+        parts.append(f"ckpt {record['lastCheckpointStep']}")
+    parts.append(f"restarts {restarts}")
+    parts.append(f"{elapsed:.0f}s")
+    return "  ".join(parts)
+
+
+@dataclass
+class Failure:
+    """One worker loss and how long training took to get past the step it stopped at."""
+
+    worker: int
+    reason: str
+    at: float
+    step: int
+    checkpoint_step: int | None
+    recovered_at: float | None = None
+
+    @property
+    def lost_seconds(self) -> float | None:
+        return None if self.recovered_at is None else self.recovered_at - self.at
+
+
+@dataclass
+class Summary:
+    name: str
+    succeeded: bool
+    message: str
+    steps: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    wall_seconds: float = 0.0
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def lost_seconds(self) -> float:
+        return sum(f.lost_seconds or 0.0 for f in self.failures)
+
+    def render(self) -> str:
+        status = "succeeded" if self.succeeded else "FAILED"
+        loss = "-" if self.loss is None else f"{self.loss:.4f}"
+        speed = f"{self.tokens_per_second:,.0f} tokens/s" if self.tokens_per_second else "-"
+        lines = [
+            f"{self.name}: {status} — {self.message}",
+            f"  steps            {self.steps}/{self.total_steps}",
+            f"  final loss       {loss}",
+            f"  throughput       {speed}",
+            f"  wall time        {self.wall_seconds:.1f}s",
+            f"  restarts         {len(self.failures)}",
+            f"  time lost        {self.lost_seconds:.1f}s to failures "
+            "(from each loss until training passed the step it stopped at)",
+        ]
+        for f in self.failures:
+            redo = "" if f.checkpoint_step is None else f", resumed from step {f.checkpoint_step}"
+            took = "not recovered" if f.lost_seconds is None else f"back in {f.lost_seconds:.1f}s"
+            lines.append(f"    worker {f.worker} {f.reason} at step {f.step}{redo}: {took}")
+        return "\n".join(lines)
