@@ -40,5 +40,9 @@ def test_one_leader_and_a_takeover_when_it_stops(api_client: Any, namespace: str
         await asyncio.wait_for(standby.leading.wait(), timeout=10)
         for task in tasks:
             task.cancel()
+        await asyncio.to_thread(standby.release)
+        takeover = elector()
+        takeover.identity += "-c"
+        assert await asyncio.to_thread(takeover.try_acquire_or_renew), "a released lease is free"
 
     asyncio.run(scenario())

@@ -49,6 +49,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         leader = LeaderElection(api_client, namespace, config.leader_election_name)
     memo.controller = Controller(config, Kube(api_client, config.api_concurrency), leader)
     memo.node_ready = {}
+    memo.leader = leader
     memo.tasks = [
         asyncio.create_task(memo.controller.run()),
         asyncio.create_task(_publish_phases(memo.controller)),
@@ -61,6 +62,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     for task in memo.get("tasks", []):
         task.cancel()
+    if memo.get("leader") is not None:
+        await asyncio.to_thread(memo.leader.release)
 
 
 async def _publish_phases(controller: Controller) -> None:
