@@ -6,13 +6,19 @@
 #                private dockerd of its own.
 #   debootstrap  builds the local Debian base image (no image registry is reachable, so no
 #                base image can be pulled).
+#   containerd, runc, containernetworking-plugins, iproute2
+#                real kubelet nodes (torchkube.testing.realnodes): one containerd per node,
+#                the bridge/host-local/portmap CNI plugins (/usr/lib/cni) and `ip` for bridges.
+#   prometheus   the real Prometheus the observability tests scrape (torchkube.testing.prometheus
+#                runs its own on a random loopback port; with systemd the package also starts
+#                a system service on :9090).
 #
 # Idempotent and quick: already-installed packages cost one dpkg-query (well under a second);
 # `apt-get update` runs only when a package has no install candidate or the install fails on
 # stale package lists.
 set -euo pipefail
 
-packages=(docker.io debootstrap)
+packages=(docker.io debootstrap containerd runc containernetworking-plugins iproute2 prometheus)
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

@@ -4,6 +4,7 @@ import click
 
 from torchkube.client import cli as cluster
 from torchkube.local.cli import run_command
+from torchkube.local.plot import plot_command
 from torchkube.operator.main import operator_command
 from torchkube.testing.devcluster import dev_cluster
 from torchkube.trainer.cli import prepare_data
@@ -20,6 +21,7 @@ main.add_command(dev_cluster, name="dev-cluster")
 
 main.add_command(operator_command)
 main.add_command(run_command)
+main.add_command(plot_command)
 main.add_command(prepare_data, name="prepare-data")
 
 # Jobs on a cluster (current kubeconfig context): torchkube/client/cli.py.

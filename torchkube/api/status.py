@@ -92,6 +92,14 @@ class TrainingJobStatus(ApiModel):
         default=None, description="The newest complete checkpoint."
     )
     progress: ProgressRecord | None = Field(default=None, description="Training progress.")
+    goodput: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Share of the job's wall time (suspended time left out) spent on training "
+        "progress it kept, rather than lost to scheduling, start-up, failure recovery, re-done "
+        "steps, checkpoint stalls or hangs (docs/metrics.md).",
+    )
     start_time: str | None = Field(
         default=None, description="When the first worker started.", json_schema_extra=DATE_TIME
     )

@@ -75,6 +75,10 @@ def run_command(
         f"running {job.name}: {run.count} workers × {nproc} process(es), checkpoints and logs "
         f"in {workdir}/"
     )
+    if job.spec.metrics.enabled:  # for a Prometheus of your own (docs/metrics.md)
+        click.echo(
+            "metrics: " + " ".join(f"http://127.0.0.1:{p}/metrics" for p in run.metrics_ports)
+        )
     summary = run.run()
     click.echo("\n" + summary.render())
     sys.exit(0 if summary.succeeded else 1)

@@ -20,10 +20,11 @@ from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
 from torchkube.api.errors import describe
-from torchkube.operator import builders, metrics, progress
+from torchkube.operator import builders, goodput, metrics, progress
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.config import OperatorSettings
+from torchkube.operator.goodput import Goodput
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection
 from torchkube.operator.reconcile import Observed, Plan, plan
@@ -42,8 +43,10 @@ class _Memory:
     job: dict[str, Any] | None = None
     progress_at: float = 0.0
     progress: dict[str, Any] | None = None
+    seen: bool = False
     startup_observed: bool = False
     failure_at: float | None = None
+    goodput: Goodput | None = None
 
     def expire(self, now: float) -> None:
         self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
@@ -166,6 +169,7 @@ class Controller:
         body, pods = self._snapshot(key, memory)
         if body is None:
             self.memory.pop(key, None)
+            metrics.job_gone(*key)
             return
         started = time.perf_counter()
         try:
@@ -183,6 +187,17 @@ class Controller:
             self_deleted=frozenset(memory.deleted),
         )
         decided = plan(observed)
+        memory.goodput = goodput.track(
+            memory.goodput,
+            job,
+            body.get("status") or {},
+            decided.status,
+            memory.progress,
+            observed.now,
+            reporting=job.spec.metrics.enabled and bool(self.settings.progress_url),
+        )
+        if memory.goodput.reported is not None:
+            decided.status["goodput"] = memory.goodput.reported
         await asyncio.to_thread(self._execute, key, body, job, decided, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
@@ -249,8 +264,15 @@ class Controller:
     def _observe(self, job: TrainingJob, decided: Plan, memory: _Memory) -> None:
         """Feed the metrics that need to remember something between reconciles."""
         ns = job.namespace
+        if not memory.seen:
+            memory.seen = True
+            metrics.job_seen(ns, job.name)
+            # Start-up is timed only for jobs this process saw before they started.
+            memory.startup_observed = bool(job.status and job.status.start_time)
+        if memory.goodput is not None:
+            metrics.GOODPUT.set(ns, job.name, memory.goodput)
         for failure in decided.failures:
-            metrics.RESTARTS.labels(ns, failure.reason).inc()
+            metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()
             if failure.reason == "NodeLost":
                 metrics.NODE_LOSS.labels(ns).inc()
             memory.failure_at = memory.failure_at or time.monotonic()
@@ -271,10 +293,10 @@ class Controller:
         if not memory.startup_observed:
             memory.startup_observed = True
             created = p.parse_time(job.metadata.get("creationTimestamp"))
-            if created is not None and not (job.status and job.status.start_time):
+            if created is not None:
                 metrics.STARTUP.observe((datetime.now(UTC) - created).total_seconds())
         if memory.failure_at is not None:
-            metrics.RECOVERY.observe(time.monotonic() - memory.failure_at)
+            metrics.RECOVERY.labels(ns).observe(time.monotonic() - memory.failure_at)
             memory.failure_at = None
 
     def job_phases(self) -> dict[tuple[str, str], int]:

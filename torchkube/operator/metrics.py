@@ -1,15 +1,38 @@
-"""The operator's Prometheus metrics (names documented in docs/metrics.md).
+"""The operator's Prometheus metrics (every one is documented in docs/metrics.md).
 
-Labels stay low-cardinality: namespace, phase, reason, verb, resource — never a pod or step.
+Labels stay low-cardinality: namespace, job, phase, reason, cause, verb, resource — never a
+pod, a node or a step. Per-job and per-namespace series are created at zero when the operator
+first sees the job, so ``increase()`` sees the first failure too (a series born at 1 shows no
+increase), and per-job ones are removed when the job is deleted. The start-up histogram has no
+namespace label for the same reason: its one observation per job comes right after the job is
+first seen, before Prometheus could have scraped a new zero series.
+
+The ``namespace`` and ``job`` labels name the TrainingJob, not the scrape target: scrape the
+operator with ``honor_labels: true`` (a ServiceMonitor's/PodMonitor's ``honorLabels``), as for
+kube-state-metrics, or Prometheus renames them ``exported_namespace`` / ``exported_job``.
 """
 
-from prometheus_client import Counter, Gauge, Histogram
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import get_args
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from torchkube.api.spec import FailureReason
+from torchkube.operator.goodput import CAUSES, Goodput
+
+FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
+JOB_FAILURE_REASONS = ("PermanentFailure", "MaxRestartsExceeded", "DeadlineExceeded")
+"""Condition reasons of a job that ended Failed (torchkube/operator/reconcile.py)."""
 
 JOBS = Gauge("torchkube_jobs", "TrainingJobs by namespace and phase.", ["namespace", "phase"])
 RESTARTS = Counter(
     "torchkube_job_restarts_total",
-    "Worker failures the operator replaced, by failure reason.",
-    ["namespace", "reason"],
+    "Worker failures the operator replaced, by job and failure reason.",
+    ["namespace", "job", "reason"],
 )
 POD_REPLACEMENTS = Counter(
     "torchkube_pod_replacements_total",
@@ -18,7 +41,7 @@ POD_REPLACEMENTS = Counter(
 )
 NODE_LOSS = Counter(
     "torchkube_node_loss_detections_total",
-    "Workers declared lost because their node stopped being Ready beyond the grace.",
+    "Workers declared lost because their node stopped being Ready beyond the grace or was deleted.",
     ["namespace"],
 )
 JOB_FAILURES = Counter(
@@ -26,12 +49,13 @@ JOB_FAILURES = Counter(
 )
 STARTUP = Histogram(
     "torchkube_job_startup_seconds",
-    "From job creation to all desired workers Running.",
+    "From job creation to all desired workers Running (first start only).",
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
 )
 RECOVERY = Histogram(
     "torchkube_recovery_seconds",
     "From a worker failure to all desired workers Running again.",
+    ["namespace"],
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
 )
 RECONCILE = Histogram(
@@ -47,3 +71,79 @@ API_REQUESTS = Counter(
     "Requests the operator sent to the Kubernetes API.",
     ["verb", "resource"],
 )
+
+
+class GoodputCollector(Collector):
+    """Exports the operator's per-job goodput accumulators at scrape time.
+
+    A collector rather than counters incremented by deltas: the accumulators already hold
+    the totals, and a deleted job's series go away with its accumulator.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], Goodput] = {}
+        self._lock = threading.Lock()
+
+    def set(self, namespace: str, job: str, state: Goodput) -> None:
+        with self._lock:
+            self._jobs[(namespace, job)] = state
+
+    def remove(self, namespace: str, job: str) -> None:
+        with self._lock:
+            self._jobs.pop((namespace, job), None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            jobs = sorted(self._jobs.items())
+        ratio = GaugeMetricFamily(
+            "torchkube_job_goodput_ratio",
+            "Share of the job's wall time spent on training progress it kept (status.goodput).",
+            labels=["namespace", "job"],
+        )
+        productive = CounterMetricFamily(
+            "torchkube_job_productive_seconds",
+            "Wall time of the job that made training progress it kept.",
+            labels=["namespace", "job"],
+        )
+        badput = CounterMetricFamily(
+            "torchkube_job_badput_seconds",
+            "Wall time of the job lost, by cause (scheduling, startup, recovery, redo, "
+            "checkpoint, data_loading, stall).",
+            labels=["namespace", "job", "cause"],
+        )
+        for (namespace, job), state in jobs:
+            value = state.ratio
+            if value is not None:
+                ratio.add_metric([namespace, job], value)
+            productive.add_metric([namespace, job], state.productive)
+            for cause in CAUSES:
+                badput.add_metric([namespace, job, cause], state.badput.get(cause, 0.0))
+        yield ratio
+        yield productive
+        yield badput
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+GOODPUT = GoodputCollector()
+REGISTRY.register(GOODPUT)
+
+
+def job_seen(namespace: str, job: str) -> None:
+    """Create the job's and its namespace's counters at zero (idempotent)."""
+    for reason in FAILURE_REASONS:
+        RESTARTS.labels(namespace, job, reason)
+    for reason in JOB_FAILURE_REASONS:
+        JOB_FAILURES.labels(namespace, reason)
+    POD_REPLACEMENTS.labels(namespace)
+    NODE_LOSS.labels(namespace)
+    RECOVERY.labels(namespace)
+
+
+def job_gone(namespace: str, job: str) -> None:
+    """Drop a deleted job's series (namespace-wide ones stay: other jobs add to them)."""
+    for reason in FAILURE_REASONS:
+        with contextlib.suppress(KeyError):
+            RESTARTS.remove(namespace, job, reason)
+    GOODPUT.remove(namespace, job)

@@ -1,0 +1,90 @@
+"""The Grafana dashboards and docs/metrics.md, without a Prometheus (that is
+tests/integration/test_observability.py): structure, the chart's copies, names."""
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+
+from torchkube.operator import goodput, metrics
+from torchkube.testing import dashboards as d
+from torchkube.trainer.metrics import TrainMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DASHBOARDS = ROOT / "charts" / "torchkube" / "dashboards"
+NAMES = ("fleet.json", "job.json")
+
+
+def test_the_chart_ships_identical_copies_of_the_dashboards() -> None:
+    ours = sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
+    chart = sorted(p.name for p in CHART_DASHBOARDS.glob("*.json"))
+    assert ours == chart == sorted(NAMES), "run hack/render-manifests.sh to copy them"
+    for name in NAMES:
+        assert (ROOT / "dashboards" / name).read_bytes() == (
+            CHART_DASHBOARDS / name
+        ).read_bytes(), (
+            f"charts/torchkube/dashboards/{name} differs from dashboards/{name}: "
+            "run hack/render-manifests.sh"
+        )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dashboard_has_the_structure_grafana_expects(name: str) -> None:
+    dashboard = d.load_all()[name]
+    assert dashboard["schemaVersion"] == 39
+    assert d.problems(dashboard) == []
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert names == ["datasource", "namespace", "job"]
+
+
+def test_problems_are_found() -> None:
+    """The checker itself: a broken dashboard is reported, not waved through."""
+    broken = d.load_all()["job.json"]
+    broken["schemaVersion"] = 20
+    panel = broken["panels"][1]
+    panel["gridPos"] = {"h": 4, "w": 30, "x": 0, "y": 0}
+    panel["targets"][0]["expr"] = "up{job=$nope}"
+    broken["annotations"]["list"] = broken["annotations"]["list"][1:]
+    found = "\n".join(d.problems(broken))
+    for expected in ("schemaVersion", "wider than", "overlaps", "$nope", "built-in"):
+        assert expected in found
+
+
+def test_every_metric_the_dashboards_use_is_documented() -> None:
+    documented = d.documented_metrics()
+    for name, dashboard in d.load_all().items():
+        for query in d.queries(dashboard):
+            for metric in re.findall(r"\b(torchkube_\w+)", query.expr):
+                base = re.sub(r"_(bucket|sum|count)$", "", metric)
+                info = documented.get(metric) or documented.get(base)
+                assert info is not None, f"{name} {query.where}: {metric} is not in docs/metrics.md"
+                if base != metric:
+                    assert info.type == "histogram", f"{metric}: {base} is not a histogram"
+
+
+def test_docs_list_exactly_the_operators_metrics() -> None:
+    metrics.job_seen("docs-ns", "docs-job")
+    state = goodput.start(datetime(2026, 1, 1, tzinfo=UTC))
+    metrics.GOODPUT.set("docs-ns", "docs-job", state)
+    try:
+        exposed = d.exposed_metrics(generate_latest(REGISTRY).decode())
+    finally:
+        metrics.job_gone("docs-ns", "docs-job")
+    documented = {
+        name: info
+        for name, info in d.documented_metrics().items()
+        if not name.startswith("torchkube_train_")
+    }
+    assert d.compare_metrics(documented, exposed) == []
+
+
+def test_docs_list_exactly_the_trainers_metrics() -> None:
+    exposed = d.exposed_metrics(generate_latest(TrainMetrics("docs", 0).registry).decode())
+    documented = {
+        name: info
+        for name, info in d.documented_metrics().items()
+        if name.startswith("torchkube_train_")
+    }
+    assert d.compare_metrics(documented, exposed) == []

@@ -1,0 +1,231 @@
+"""Goodput (torchkube/operator/goodput.py): a job's status history replayed through the fold."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from torchkube.api import TrainingJob
+from torchkube.operator import goodput as g
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class History:
+    """A job's observations, one per second unless told otherwise (a tiny trainer model)."""
+
+    def __init__(self) -> None:
+        self.samples: list[g.Sample] = []
+        self.t = 0.0
+        self.phase = "Pending"
+        self.restarts = 0
+        self.step: int | None = None
+        self.checkpoint: int | None = None
+        self.resumes: int | None = None
+        self.blocking: float | None = None
+        self.reporting = True
+
+    def at(self, seconds: float, **changes: Any) -> "History":
+        """Observe the job at T0 + ``seconds`` with the given fields changed."""
+        self.t = seconds
+        for key, value in changes.items():
+            setattr(self, key, value)
+        self.samples.append(
+            g.Sample(
+                time=T0 + timedelta(seconds=seconds),
+                phase=self.phase,
+                restarts=self.restarts,
+                step=self.step,
+                checkpoint_step=self.checkpoint,
+                resumes=self.resumes,
+                checkpoint_blocking_seconds=self.blocking,
+                reporting=self.reporting,
+            )
+        )
+        return self
+
+    def train(self, until: float, every: float = 1.0, step_seconds: float = 1.0) -> "History":
+        """Step once per ``step_seconds`` until ``until``, reporting every ``every`` seconds;
+        a checkpoint every 10 steps."""
+        start_t, start_step = self.t, self.step or 0
+        t = self.t
+        while t + every <= until + 1e-9:
+            t += every
+            step = start_step + int((t - start_t) / step_seconds + 1e-9)
+            self.at(t, step=step, checkpoint=step // 10 * 10)
+        return self
+
+    def replay(self) -> g.Goodput:
+        return g.replay(T0, self.samples)
+
+
+def accounted(state: g.Goodput) -> float:
+    return state.productive + state.badput_total + state.excluded + state.open_seconds()
+
+
+def started_job(history: History, running_at: float = 5, first_report: float = 8) -> History:
+    """Pending until ``running_at``; the trainer's first report (step 0) at ``first_report``."""
+    history.at(1).at(running_at, phase="Running").at(first_report, step=0, checkpoint=None)
+    return history
+
+
+def test_clean_run_is_scheduling_then_startup_then_productive() -> None:
+    h = started_job(History()).train(until=108).at(110, phase="Succeeded")
+    state = h.replay()
+    assert state.badput["scheduling"] == pytest.approx(5)
+    # Startup lasts until the first report that shows a step beyond the first one.
+    assert state.badput["startup"] == pytest.approx(4)
+    assert state.productive == pytest.approx(110 - 9, abs=1e-6)  # trained until it finished
+    assert state.badput_total == pytest.approx(9)
+    assert state.mode == "finished"
+    assert state.ratio == pytest.approx(101 / 110)
+    assert accounted(state) == pytest.approx(110)
+
+
+def test_failure_costs_recovery_and_redo_until_training_passes_the_lost_step() -> None:
+    h = started_job(History()).train(until=53)  # step 45 at t=53, checkpoint 40
+    assert h.step == 45 and h.checkpoint == 40
+    failed_at = 53.5
+    h.at(failed_at, phase="Restarting", restarts=1)  # the operator records the failure
+    h.at(57, phase="Running")  # replacement Running; the stale report still says 45
+    h.at(60, step=40)  # the restarted trainer reports: resumed from the checkpoint
+    h.train(until=80)
+    state = h.replay()
+    # Back at step 45 at t=65: 11.5 s lost to the failure, 5 of them re-doing steps 41-45.
+    assert state.badput["redo"] == pytest.approx(5)
+    assert state.badput["recovery"] == pytest.approx(65 - failed_at - 5)
+    assert state.badput["recovery"] + state.badput["redo"] == pytest.approx(65 - failed_at)
+    assert accounted(state) == pytest.approx(80)
+    assert 0 < state.ratio < 1  # type: ignore[operator]
+
+
+def test_failure_between_reports_counts_the_unreported_steps_as_lost() -> None:
+    """Reports every 5 s: the trainer got 3 steps past its last report before it died."""
+    h = started_job(History()).train(until=48, every=5)  # step 40 reported at t=48 (ckpt 40)
+    h.at(51, phase="Restarting", restarts=1)
+    state = h.replay()
+    assert state.failed_step == 43 and state.base == 40
+    assert state.productive == pytest.approx(48 - 8 - 5 + 3)
+
+
+def test_restarted_trainer_is_recognised_by_its_resume_count() -> None:
+    """The checkpoint is the failure step: only the resume count tells the new report apart."""
+    h = started_job(History()).at(9, resumes=0).train(until=20)  # step 11 ... checkpoint 10
+    h.at(20, step=10, checkpoint=10)
+    h.at(21, phase="Restarting", restarts=1)
+    h.at(25, phase="Running")
+    h.at(26, step=10, resumes=1)  # fresh, but no step done yet
+    assert h.replay().mode == "waiting"
+    h.at(27, step=11)
+    assert h.replay().mode == "training"
+
+
+def test_suspended_time_is_left_out_and_the_resume_is_startup() -> None:
+    h = started_job(History()).train(until=30)
+    h.at(31, phase="Suspended").at(100)
+    h.at(101, phase="Restarting").at(104, phase="Running").at(106, step=22, resumes=1)
+    h.at(107, step=23).train(until=120)
+    state = h.replay()
+    assert state.excluded == pytest.approx(70)
+    # Resumed (a step beyond the one it stopped at) with the report at t=107.
+    assert state.badput["startup"] == pytest.approx(4 + (106 - 101))
+    assert state.badput["recovery"] == 0
+    assert accounted(state) == pytest.approx(120)
+
+
+def test_without_progress_reports_running_time_is_productive() -> None:
+    h = (
+        History()
+        .at(3, reporting=False)
+        .at(5, phase="Running")
+        .at(20)
+        .at(21, phase="Restarting", restarts=1)
+    )
+    h.at(30, phase="Running").at(40)
+    state = h.replay()
+    assert state.badput["scheduling"] == pytest.approx(5)
+    assert state.badput["recovery"] == pytest.approx(9)
+    assert state.productive + state.open_seconds() == pytest.approx(16 + 10)
+
+
+def test_a_hang_is_stall_after_ten_step_times_or_two_minutes() -> None:
+    h = started_job(History()).train(until=30).at(400).at(420, step=23)
+    state = h.replay()
+    assert state.badput["stall"] == pytest.approx(400 - 30 - g.STALL_MIN_SECONDS)
+    assert accounted(state) == pytest.approx(420)
+
+
+def test_checkpoint_blocking_reported_by_the_trainer_moves_out_of_productive() -> None:
+    h = started_job(History()).train(until=20).at(21, step=14, blocking=0.5)
+    h.at(22, step=15, blocking=1.25).at(23, step=16, blocking=0.25)  # the last: new process
+    state = h.replay()
+    assert state.badput["checkpoint"] == pytest.approx(0.5 + 0.75 + 0.25)
+
+
+def test_step_going_back_without_a_counted_failure_is_an_in_pod_restart() -> None:
+    h = started_job(History()).train(until=30)  # step 22, checkpoint 20, 1 s per step
+    h.at(40, step=21)  # torchrun restarted the workers in their pods; 1 step re-done
+    state = h.replay()
+    assert state.badput["redo"] == pytest.approx(1)
+    assert state.badput["recovery"] == pytest.approx(9)
+    assert state.high_water == 22
+
+
+def job(status: dict[str, Any] | None = None, created: datetime = T0) -> TrainingJob:
+    body: dict[str, Any] = {
+        "apiVersion": "torchkube.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {
+            "name": "j",
+            "namespace": "ns",
+            "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+        "spec": {},
+    }
+    if status is not None:
+        body["status"] = status
+    return TrainingJob.model_validate(body)
+
+
+def test_track_writes_the_ratio_with_other_changes_or_at_most_every_30_seconds() -> None:
+    pending = {"phase": "Pending"}
+    state = g.track(None, job(), {}, pending, None, T0 + timedelta(seconds=2))
+    assert state.reported == 0.0  # first value is always written
+    running = {"phase": "Running", "startTime": "2026-01-01T00:00:02Z"}
+    state = g.track(state, job(pending), pending, running, None, T0 + timedelta(seconds=4))
+    assert state.reported == 0.0  # no progress yet: still scheduling/startup
+    stored = {**running, "goodput": 0.0}
+    for seconds, step in ((10, 5), (20, 10), (30, 20)):
+        at = T0 + timedelta(seconds=seconds)
+        state = g.track(state, job(stored), stored, dict(stored), {"step": step}, at)
+    assert state.ratio == pytest.approx(10 / 30)
+    assert state.reported == 0.0  # nothing else changed, 26 s since it was written: kept
+    at = T0 + timedelta(seconds=40)
+    state = g.track(state, job(stored), stored, dict(stored), {"step": 30}, at)
+    assert state.reported == round(state.ratio, 3) == 0.5
+    changed = {**stored, "progress": {"step": 21}}
+    state = g.track(state, job(stored), stored, changed, {"step": 21}, T0 + timedelta(seconds=41))
+    assert state.reported == round(state.ratio, 3)  # written with the progress change
+
+
+def test_a_restarted_operator_carries_the_ratio_over() -> None:
+    status = {
+        "phase": "Running",
+        "startTime": "2026-01-01T00:00:10Z",
+        "goodput": 0.8,
+        "progress": {"step": 500},
+    }
+    now = T0 + timedelta(seconds=1000)
+    state = g.track(None, job(status), status, dict(status), None, now)
+    assert state.ratio == pytest.approx(0.8)
+    assert state.productive == 0 and state.badput_total == 0  # counters restart at zero
+    state = g.track(state, job(status), status, dict(status), {"step": 600}, now + timedelta(100))
+    assert state.ratio > 0.8  # type: ignore[operator]
+
+
+def test_a_job_created_again_under_the_same_name_starts_anew() -> None:
+    state = g.track(None, job(), {}, {"phase": "Pending"}, None, T0 + timedelta(seconds=50))
+    assert state.badput["scheduling"] == pytest.approx(50)
+    again = T0 + timedelta(seconds=60)
+    state = g.track(state, job(created=again), {}, {"phase": "Pending"}, None, again)
+    assert state.badput["scheduling"] == 0

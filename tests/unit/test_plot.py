@@ -1,0 +1,98 @@
+"""``torchkube plot``: a synthetic run dir (the trainer's log format) drawn to a PNG."""
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from torchkube.local.plot import plot_command, read_run
+
+STEP = (
+    "{t} INFO torchkube: step {s}/100 | loss {loss:.4f} | lr 3.00e-04 | grad norm 1.000 | "
+    "12,345 tok/s | mfu {mfu} | 80.0 ms/step (data 1.5 ms) | world 2 × accum 1"
+)
+
+
+def stamp(second: float) -> str:
+    whole = int(second)
+    return f"2026-01-01 00:{whole // 60:02d}:{whole % 60:02d},{int((second % 1) * 1000):03d}"
+
+
+def synthetic_run(root: Path) -> Path:
+    """Steps 10-60 on worker 0, which dies; worker 1 logs the error, resumes from step 40 and
+    trains to 100 (it is rank 0 from then on)."""
+    logs = root / "run" / "logs"
+    logs.mkdir(parents=True)
+    worker0 = [STEP.format(t=stamp(s), s=s, loss=5 - s / 30, mfu="n/a") for s in range(10, 61, 10)]
+    worker0.insert(
+        4,
+        f"{stamp(40.5)} INFO torchkube: checkpoint step-40 committed: 0.30s in "
+        "total, training blocked 0.020s",
+    )
+    worker1 = [
+        f"{stamp(62)} ERROR torchkube [rank 1]: training failed",
+        "Traceback (most recent call last):",
+        "RuntimeError: Connection reset by peer",
+        f"{stamp(80)} INFO torchkube: resumed from /ckpt/step-40 (written at world size 2 "
+        "with ddp) in 1.00s",
+        *(STEP.format(t=stamp(40 + s), s=s, loss=5 - s / 30, mfu="12.5%") for s in (50, 60)),
+        *(
+            STEP.format(t=stamp(40 + s), s=s, loss=5 - s / 30, mfu="12.5%")
+            for s in range(70, 101, 10)
+        ),
+        f"{stamp(140)} INFO torchkube: step 100 | eval loss 1.9000",
+    ]
+    (logs / "worker-0.log").write_text("\n".join(worker0) + "\n")
+    (logs / "worker-1.log").write_text("\n".join(worker1) + "\n")
+    return root / "run"
+
+
+def test_logs_are_merged_and_the_failure_found(tmp_path: Path) -> None:
+    run = read_run(synthetic_run(tmp_path))
+    assert [s.step for s in run.steps] == [10, 20, 30, 40, 50, 60, 50, 60, 70, 80, 90, 100]
+    assert run.checkpoints == [(30.5, 40, 0.3, 0.02)]
+    assert run.evals == [(130.0, 100, 1.9)]
+    assert run.steps[-1].mfu == 0.125 and run.steps[0].mfu is None
+    assert run.steps[0].step_ms == 80.0 and run.steps[0].data_ms == 1.5
+    assert run.steps[0].tokens_per_second == 12345 and run.steps[0].world == 2
+    [failure] = run.failures
+    # From the survivor's error (t=62, 52 s after the first line) until step 70 (t=110).
+    assert (failure.at, failure.step, failure.resumed_step) == (52.0, 60, 40)
+    assert failure.recovered_at == 100.0
+    assert run.lost_seconds == 48.0
+
+
+def test_plot_command_writes_a_png(tmp_path: Path) -> None:
+    run_dir = synthetic_run(tmp_path)
+    out = tmp_path / "out.png"
+    result = CliRunner().invoke(plot_command, [str(run_dir), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 20_000
+    assert "failure at step 60 (back past it in 48.0s)" in result.output
+
+
+def test_a_dir_without_logs_is_a_clear_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(plot_command, [str(tmp_path)])
+    assert result.exit_code != 0
+    assert "no worker logs" in result.output
+
+
+def test_a_resume_from_the_last_logged_step_is_a_failure_too(tmp_path: Path) -> None:
+    """Killed right after the step-60 checkpoint: training never goes back in the logs."""
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    lines = [STEP.format(t=stamp(s), s=s, loss=3.0, mfu="n/a") for s in (10, 20, 30, 40, 50, 60)]
+    lines += [
+        f"{stamp(61)} ERROR torchkube [rank 1]: training failed",
+        f"{stamp(75)} INFO torchkube: resumed from /ckpt/step-60 (written at world size 2 "
+        "with ddp) in 1.00s",
+        STEP.format(t=stamp(80), s=70, loss=3.0, mfu="n/a"),
+    ]
+    (logs / "worker-0.log").write_text("\n".join(lines) + "\n")
+    [failure] = read_run(tmp_path / "run").failures
+    assert (failure.at, failure.step, failure.resumed_step, failure.recovered_at) == (
+        51.0,
+        60,
+        60,
+        70.0,
+    )

@@ -1,0 +1,482 @@
+"""Goodput: the share of a job's wall time that made training progress the job kept.
+
+The decomposition is Google's ML Goodput (docs/metrics.md, notes/perf-targets.md §7): every
+second between the job's creation and now is either *productive* (steps that moved training
+past the furthest step it had reached) or *badput*, charged to one cause:
+
+=============  ===========================================================================
+scheduling     created, but fewer than ``replicas.min`` workers Running yet
+startup        workers Running, the trainer not stepping yet (image start, rendezvous,
+               model build, checkpoint load); also after a resume from suspension
+recovery       from a worker failure until the restarted trainer steps again
+               (replacement pod, re-rendezvous, checkpoint restore, backoff)
+redo           re-doing steps that were done before a failure but not checkpointed
+checkpoint     training blocked by checkpoint saves (when the trainer reports it)
+data_loading   training blocked waiting for input (when the trainer reports it)
+stall          Running, but no step for far longer than a step takes (a hang)
+=============  ===========================================================================
+
+Time while the job is suspended or after it finished counts for neither side. Per failure,
+recovery + redo is exactly "the time from the failure until training passes the step it
+stopped at", the figure ``torchkube run`` prints.
+
+Everything here is pure: :func:`advance` folds one :class:`Sample` (what one reconcile saw)
+into a :class:`Goodput` accumulator, so unit tests replay a job's status history through
+:func:`replay`. The operator keeps one accumulator per job in memory and exports it
+(torchkube/operator/metrics.py); only the ratio lives in ``status.goodput``, which is also
+what a restarted operator continues from. The resolution is the progress poll interval
+(``TORCHKUBE_PROGRESS_INTERVAL_SECONDS``): time between two reports is split by the steps
+they show. Without progress reports (metrics disabled) goodput falls back to the share of
+time with at least ``replicas.min`` workers Running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from torchkube.api import TrainingJob
+from torchkube.operator import pods as p
+
+CAUSES = (
+    "scheduling",
+    "startup",
+    "recovery",
+    "redo",
+    "checkpoint",
+    "data_loading",
+    "stall",
+)
+"""Badput causes, the values of the ``cause`` label."""
+
+STALL_MIN_SECONDS = 120.0
+STALL_STEPS = 10.0
+"""A step is overdue (``stall``) after max(120 s, 10 step times) without a new step."""
+
+STATUS_MIN_INTERVAL = 30.0
+"""``status.goodput`` alone triggers a status write at most this often (it moves with the
+clock; without a limit a young job's status would be rewritten on every reconcile)."""
+
+Mode = Literal["scheduling", "waiting", "training", "paused", "finished"]
+_EXCLUDED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one reconcile saw of a job, in the terms of its status and progress report."""
+
+    time: datetime
+    phase: str
+    restarts: int = 0
+    """``status.restarts``: retryable worker failures so far."""
+    step: int | None = None
+    checkpoint_step: int | None = None
+    resumes: int | None = None
+    """The trainer's count of resumes from a checkpoint (progress ``restarts``)."""
+    checkpoint_blocking_seconds: float | None = None
+    """Cumulative seconds this trainer process was blocked by checkpoint saves."""
+    data_wait_seconds: float | None = None
+    """Cumulative seconds this trainer process waited for input batches."""
+    reporting: bool = True
+    """Whether progress reports are expected (trainer metrics on and the operator polling);
+    without them, time with enough workers Running is all the evidence of training."""
+
+    @classmethod
+    def of(
+        cls,
+        status: Mapping[str, Any],
+        progress: Mapping[str, Any] | None,
+        now: datetime,
+        reporting: bool = True,
+    ) -> Sample:
+        """A sample from the status the reconcile decided and the trainer's last report."""
+        report = dict(progress or {})
+        step = report.get("step", (status.get("progress") or {}).get("step"))
+        checkpoint = report.get(
+            "lastCheckpointStep", (status.get("latestCheckpoint") or {}).get("step")
+        )
+        return cls(
+            time=now,
+            phase=str(status.get("phase", "Pending")),
+            restarts=int(status.get("restarts", 0) or 0),
+            step=None if step is None else int(step),
+            checkpoint_step=None if checkpoint is None else int(checkpoint),
+            resumes=_number(report.get("restarts"), int),
+            checkpoint_blocking_seconds=_number(report.get("checkpointBlockingSeconds"), float),
+            data_wait_seconds=_number(report.get("dataWaitSeconds"), float),
+            reporting=reporting,
+        )
+
+
+def _number(value: Any, kind: type) -> Any:
+    try:
+        return None if value is None else kind(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The running decomposition of one job's wall time (seconds)."""
+
+    last: datetime
+    """Time accounted up to."""
+    created: datetime | None = None
+    """The job's creation time (a job deleted and created again under its name starts anew)."""
+    mode: Mode = "scheduling"
+    productive: float = 0.0
+    badput: Mapping[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    carried_productive: float = 0.0
+    carried_badput: float = 0.0
+    """What an earlier operator process accounted (from ``status.goodput``): in the ratio,
+    not in the exported counters, which restart with the process as counters do."""
+    excluded: float = 0.0
+    """Suspended or finished: neither good nor bad."""
+    # --- what the trainer last reported
+    step: int | None = None
+    high_water: int | None = None
+    """The furthest step training has reached: steps up to it that are done again are redo."""
+    checkpoint_step: int | None = None
+    resumes: int | None = None
+    blocking: float | None = None
+    data_wait: float | None = None
+    restarts: int = 0
+    # --- training: time since the last new step is charged once the next step shows
+    open_since: datetime | None = None
+    open_stall: float = 0.0
+    step_seconds: float | None = None
+    # --- waiting: what the wait is charged to and where training restarts from
+    cause: str = "startup"
+    base: int | None = None
+    failed_step: int | None = None
+    failed_resumes: int | None = None
+    # --- status.goodput as last written
+    reported: float | None = None
+    reported_at: datetime | None = None
+
+    @property
+    def badput_total(self) -> float:
+        return sum(self.badput.values())
+
+    def open_seconds(self) -> float:
+        """The uncharged training time since the last new step (provisionally productive)."""
+        if self.mode != "training" or self.open_since is None:
+            return 0.0
+        return max(0.0, (self.last - self.open_since).total_seconds() - self.open_stall)
+
+    @property
+    def ratio(self) -> float | None:
+        """Goodput now: productive / (productive + badput), None before any time passed."""
+        good = self.productive + self.carried_productive + self.open_seconds()
+        total = good + self.badput_total + self.carried_badput
+        if total <= 0:
+            return None
+        return min(1.0, max(0.0, good / total))
+
+
+def start(created: datetime) -> Goodput:
+    """The accumulator of a job first seen before it started: accounting from creation."""
+    return Goodput(last=created, created=created)
+
+
+def resume(status: Mapping[str, Any], created: datetime, now: datetime) -> Goodput:
+    """The accumulator of a job already under way when this operator process first sees it.
+
+    The ratio an earlier process wrote to ``status.goodput`` is carried over for the wall
+    time so far; the mode follows the phase.
+    """
+    wall = max(0.0, (now - created).total_seconds())
+    ratio = status.get("goodput")
+    carried = (0.0, 0.0) if ratio is None else (float(ratio) * wall, (1 - float(ratio)) * wall)
+    step = (status.get("progress") or {}).get("step")
+    checkpoint = (status.get("latestCheckpoint") or {}).get("step")
+    phase = status.get("phase", "Pending")
+    mode: Mode = {
+        "Running": "training",
+        "Restarting": "waiting",
+        "Suspended": "paused",
+        "Succeeded": "finished",
+        "Failed": "finished",
+    }.get(phase, "scheduling")  # type: ignore[assignment]
+    return Goodput(
+        last=now,
+        created=created,
+        mode=mode,
+        carried_productive=carried[0],
+        carried_badput=carried[1],
+        step=step,
+        high_water=step,
+        checkpoint_step=checkpoint,
+        restarts=int(status.get("restarts", 0) or 0),
+        open_since=now if mode == "training" else None,
+        cause="recovery",
+        base=checkpoint or 0,
+        failed_step=step,
+        reported=None if ratio is None else float(ratio),
+        reported_at=now,
+    )
+
+
+# ---------------------------------------------------------------------------- the fold
+
+
+class _Book:
+    """Mutable scratch for one :func:`advance`: charges, then one ``replace``."""
+
+    def __init__(self, state: Goodput) -> None:
+        self.productive = state.productive
+        self.badput = dict(state.badput)
+        self.excluded = state.excluded
+
+    def charge(self, cause: str, seconds: float) -> None:
+        if seconds > 0:
+            self.badput[cause] = self.badput.get(cause, 0.0) + seconds
+
+    def steps(self, seconds: float, old: int, new: int, high_water: int | None) -> None:
+        """``seconds`` of training that took the step from ``old`` to ``new``: the part that
+        re-did steps up to ``high_water`` is redo, the rest productive."""
+        if seconds <= 0:
+            return
+        done = new - old
+        redo = 0 if high_water is None or done <= 0 else min(max(high_water - old, 0), done)
+        share = redo / done if done > 0 else 0.0
+        self.charge("redo", seconds * share)
+        self.productive += seconds * (1 - share)
+
+    def blocked(self, cause: str, seconds: float) -> None:
+        """Move time the trainer says it was blocked out of productive time."""
+        moved = min(max(seconds, 0.0), self.productive)
+        self.productive -= moved
+        self.charge(cause, moved)
+
+
+def _delta(new: float | None, old: float | None) -> float:
+    """Growth of a per-process cumulative value (a restarted trainer starts again at 0)."""
+    if new is None:
+        return 0.0
+    if old is None or new < old:
+        return new
+    return new - old
+
+
+def _stall_after(state: Goodput) -> float:
+    return max(STALL_MIN_SECONDS, STALL_STEPS * (state.step_seconds or 0.0))
+
+
+def _resumed(state: Goodput, sample: Sample) -> bool:
+    """Whether training runs again after a wait (start-up, failure, suspension)."""
+    if not sample.reporting:
+        return sample.phase == "Running"  # workers Running is the best evidence there is
+    if sample.step is None:
+        return False
+    if state.failed_step is not None and sample.step > state.failed_step:
+        return True  # past where it stopped (or it never stopped)
+    fresh = (
+        state.failed_step is None
+        or sample.step < state.failed_step
+        or (
+            sample.resumes is not None
+            and state.failed_resumes is not None
+            and sample.resumes != state.failed_resumes
+        )
+    )
+    base = state.base if state.base is not None else sample.step
+    return fresh and sample.step > base
+
+
+def advance(state: Goodput, sample: Sample) -> Goodput:
+    """Fold one observation into the accumulator: charge the time since the last one by what
+    the job was doing, then follow the job into its next mode."""
+    now = max(sample.time, state.last)
+    dt = (now - state.last).total_seconds()
+    book = _Book(state)
+    changes: dict[str, Any] = {}
+
+    if state.mode in ("paused", "finished"):
+        book.excluded += dt
+    elif state.mode == "scheduling":
+        book.charge("scheduling", dt)
+    elif state.mode == "waiting":
+        if _resumed(state, sample):
+            trained = 0.0
+            base = state.base if state.base is not None else state.step
+            if sample.step is not None and base is not None and state.step_seconds:
+                trained = min(dt, max(sample.step - base, 0) * state.step_seconds)
+                book.steps(trained, base, sample.step, state.high_water)
+            book.charge(state.cause, dt - trained)
+            changes.update(mode="training", open_since=now, open_stall=0.0)
+        else:
+            book.charge(state.cause, dt)
+            if state.base is None and sample.step is not None:
+                changes["base"] = sample.step  # the first report after a fresh start
+    elif state.mode == "training":
+        changes.update(_train(state, sample, now, book))
+
+    high_water = state.high_water
+    if sample.step is not None:
+        high_water = max(high_water or 0, sample.step)
+    mode: Mode = changes.get("mode", state.mode)
+    open_since = changes.get("open_since", state.open_since)
+    open_stall = changes.get("open_stall", state.open_stall)
+
+    # --- transitions, from what this sample says happened
+    failed = sample.restarts > state.restarts
+    leaving = (
+        sample.phase in _EXCLUDED_PHASES
+        or sample.phase == "Suspended"
+        or failed
+        or sample.phase == "Restarting"
+    )
+    if mode == "training" and leaving:
+        # The training since the last new step ends here. Steps done after that report
+        # were lost with the workers: they will be done again, so they count as reached.
+        seconds = _open(replace(state, open_since=open_since), now) - open_stall
+        book.productive += max(seconds, 0.0)
+        lost = (failed or sample.phase == "Restarting") and sample.phase != "Suspended"
+        if state.step_seconds and lost:
+            high_water = (high_water or 0) + int(max(seconds, 0.0) // state.step_seconds)
+    if sample.phase in _EXCLUDED_PHASES:
+        mode = "finished"
+    elif sample.phase == "Suspended":
+        mode = "paused"
+    elif mode == "paused" or (mode == "training" and leaving):
+        checkpoint = sample.checkpoint_step
+        if checkpoint is None:
+            checkpoint = state.checkpoint_step
+        changes.update(
+            cause="startup" if mode == "paused" else "recovery",
+            base=checkpoint or 0,
+            failed_step=high_water,
+            failed_resumes=state.resumes if sample.resumes is None else sample.resumes,
+        )
+        mode = "waiting"
+    elif mode == "waiting" and failed:
+        changes.update(cause="recovery", failed_step=high_water)
+    elif mode == "scheduling" and sample.phase in ("Running", "Restarting"):
+        changes.update(cause="startup", base=None, failed_step=None)
+        mode = "waiting"
+        if not sample.reporting:  # Running is all there is to go by
+            changes.update(open_since=now, open_stall=0.0)
+            mode = "training"
+    changes.update(mode=mode, high_water=high_water)
+    if mode != "training":
+        changes.update(open_since=None, open_stall=0.0)
+
+    return replace(
+        state,
+        last=now,
+        productive=book.productive,
+        badput=book.badput,
+        excluded=book.excluded,
+        step=sample.step if sample.step is not None else state.step,
+        checkpoint_step=(
+            sample.checkpoint_step if sample.checkpoint_step is not None else state.checkpoint_step
+        ),
+        resumes=sample.resumes if sample.resumes is not None else state.resumes,
+        blocking=(
+            sample.checkpoint_blocking_seconds
+            if sample.checkpoint_blocking_seconds is not None
+            else state.blocking
+        ),
+        data_wait=(
+            sample.data_wait_seconds if sample.data_wait_seconds is not None else state.data_wait
+        ),
+        restarts=max(sample.restarts, state.restarts),
+        **changes,
+    )
+
+
+def _open(state: Goodput, now: datetime) -> float:
+    if state.open_since is None:
+        return 0.0
+    return max(0.0, (now - state.open_since).total_seconds())
+
+
+def _train(state: Goodput, sample: Sample, now: datetime, book: _Book) -> dict[str, Any]:
+    """Charge training time: the span since the last new step once a new step shows, split
+    into redo and productive by the steps it covered; a span beyond the stall limit is
+    charged to ``stall`` as it grows."""
+    span = _open(state, now)
+    if not sample.reporting:
+        book.productive += span - state.open_stall
+        return {"open_since": now, "open_stall": 0.0}
+    if sample.step is None or state.step is None or sample.step == state.step:
+        overdue = max(0.0, span - _stall_after(state)) - state.open_stall
+        book.charge("stall", overdue)
+        return {"open_stall": state.open_stall + max(overdue, 0.0)}
+    seconds = span - state.open_stall
+    changes: dict[str, Any] = {"open_since": now, "open_stall": 0.0}
+    if sample.step > state.step:
+        done = sample.step - state.step
+        book.steps(seconds, state.step, sample.step, state.high_water)
+        rate = seconds / done
+        changes["step_seconds"] = (
+            rate if state.step_seconds is None else 0.5 * state.step_seconds + 0.5 * rate
+        )
+    else:
+        # The step went back with no failure counted: torchrun restarted the workers inside
+        # their pods (a crashed process, a re-rendezvous after scaling). Steps since the
+        # checkpoint are known to be redone; the rest of the span was recovery.
+        base = sample.checkpoint_step if sample.checkpoint_step is not None else 0
+        redo = min(seconds, max(sample.step - base, 0) * (state.step_seconds or 0.0))
+        book.charge("redo", redo)
+        book.charge("recovery", seconds - redo)
+    book.blocked("checkpoint", _delta(sample.checkpoint_blocking_seconds, state.blocking))
+    book.blocked("data_loading", _delta(sample.data_wait_seconds, state.data_wait))
+    return changes
+
+
+def replay(created: datetime, samples: Iterable[Sample]) -> Goodput:
+    """The accumulator after a job's whole history (what the operator computes incrementally)."""
+    state = start(created)
+    for sample in samples:
+        state = advance(state, sample)
+    return state
+
+
+# ---------------------------------------------------------------------------- operator side
+
+
+def track(
+    state: Goodput | None,
+    job: TrainingJob,
+    previous: Mapping[str, Any],
+    status: Mapping[str, Any],
+    progress: Mapping[str, Any] | None,
+    now: datetime,
+    reporting: bool = True,
+) -> Goodput:
+    """One reconcile's update. ``previous`` is the status as stored, ``status`` the one the
+    plan decided (both without a new goodput), ``progress`` the trainer's last report,
+    ``reporting`` whether reports are expected at all.
+
+    Sets ``reported``, the value ``status.goodput`` should have: the new ratio (rounded to
+    0.001) when the status is written anyway or ``STATUS_MIN_INTERVAL`` has passed since
+    the last change, else the value already there — the ratio moves with the clock, and
+    writing it on every reconcile would wake the next reconcile, forever.
+    """
+    created = p.parse_time(job.metadata.get("creationTimestamp")) or now
+    if state is None or state.created != created:
+        under_way = previous.get("startTime") or previous.get("phase") not in (None, "Pending")
+        state = resume(previous, created, now) if under_way else start(created)
+    state = advance(state, Sample.of(status, progress, now, reporting))
+    ratio = state.ratio
+    old = previous.get("goodput")
+    if ratio is None:
+        return replace(state, reported=None if old is None else float(old))
+    value = round(ratio, 3)
+    writing = _without_goodput(status) != _without_goodput(previous)
+    due = (
+        state.reported_at is None
+        or (now - state.reported_at).total_seconds() >= STATUS_MIN_INTERVAL
+    )
+    if old is None or value == old or writing or due:
+        changed = old is None or value != old
+        return replace(state, reported=value, reported_at=now if changed else state.reported_at)
+    return replace(state, reported=float(old))
+
+
+def _without_goodput(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in status.items() if key != "goodput"}
