@@ -11,7 +11,10 @@ from torchkube.api.crd import crd, crd_yaml, openapi_schema
 from torchkube.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED_COPIES = [ROOT / "manifests" / "crd.yaml"]
+COMMITTED_COPIES = [
+    ROOT / "manifests" / "crd.yaml",
+    ROOT / "charts/torchkube/crds/trainingjobs.yaml",
+]
 
 
 def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
