@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from torchkube.api import TrainingJob
+from torchkube.elastic import TRAINING_FINISHED
 from torchkube.operator import labels as lbl
 from torchkube.operator.pods import NodeHealth, format_time
 from torchkube.operator.reconcile import Observed, Plan, plan
@@ -58,6 +59,7 @@ def pod(
     role: str = "worker",
     exit_code: int | None = None,
     reason: str | None = None,
+    message: str = "",
     deleting: bool = False,
     labels: dict[str, str] | None = None,
     age: float = 60,
@@ -79,7 +81,13 @@ def pod(
         status["containerStatuses"] = [
             {
                 "name": "trainer",
-                "state": {"terminated": {"exitCode": exit_code or 0, "reason": reason or "Error"}},
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code or 0,
+                        "reason": reason or "Error",
+                        "message": message,
+                    }
+                },
             }
         ]
     spec = {"nodeName": node} if node else {}
@@ -300,7 +308,9 @@ def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
 
 
 def test_success_finishes_and_cleans_up() -> None:
-    done = [pod(i, phase="Succeeded", exit_code=0) for i in range(4)] + [store()]
+    finished = f"{TRAINING_FINISHED} at step 1000"
+    done = [pod(i, phase="Succeeded", exit_code=0, message=finished) for i in range(4)]
+    done.append(store())
     result = run(make_job(running_status(), runPolicy={"ttlSecondsAfterFinished": 60}), done)
     assert result.status["phase"] == "Succeeded" and "completionTime" in result.status
     assert result.delete_pods == [(done[-1]["metadata"]["name"], False)], "only the store goes"
@@ -359,3 +369,22 @@ def test_unchanged_world_keeps_condition_times() -> None:
     first = run(make_job(running_status()), healthy())
     second = run(make_job(first.status), healthy(), now=NOW + timedelta(minutes=1))
     assert first.status["conditions"] == second.status["conditions"]
+
+
+def test_exit_0_without_the_trainers_word_is_a_failure_not_success() -> None:
+    """A torchrun agent can exit 0 when its rendezvous closes early; the job must go on."""
+    early = pod(1, phase="Succeeded", exit_code=0, reason="Completed")
+    result = run(make_job(running_status()), [pod(0), early, pod(2), pod(3), store()])
+    assert result.status["phase"] != "Succeeded"
+    assert result.status["lastFailure"]["reason"] == "Unknown"
+    assert (
+        "exited 0 before the trainer reported the end of training"
+        in (result.status["lastFailure"]["message"])
+    )
+    assert created_slots(result) == [1]
+
+
+def test_custom_command_exit_0_is_trusted() -> None:
+    done = [pod(i, phase="Succeeded", exit_code=0) for i in range(2)]
+    job = make_job(running_status(), command=["train.py"], replicas={"min": 2, "max": 2})
+    assert run(job, done).status["phase"] == "Succeeded"

@@ -96,6 +96,10 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def termination_message(pod: dict[str, Any]) -> str:
+    return str((_terminated(pod) or {}).get("message") or "")
+
+
 @dataclass(frozen=True)
 class Failure:
     """One worker failure, classified by the job's failure policy."""
@@ -143,6 +147,15 @@ def classify(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool) ->
             node,
             exit_code,
             policy.on_oom_killed == "Retry",
+        )
+    if exit_code == 0:
+        return Failure(
+            "Unknown",
+            f"{where} exited 0 before the trainer reported the end of training",
+            pod_name,
+            node,
+            0,
+            True,
         )
     if exit_code is not None:
         detail = (terminated.get("message") or "").strip().splitlines()

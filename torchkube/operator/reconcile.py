@@ -19,7 +19,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.status import MAX_FAILURE_HISTORY, TERMINAL_PHASES
+from torchkube.elastic import TRAINING_FINISHED
 from torchkube.operator import builders
 from torchkube.operator import conditions as cond
 from torchkube.operator import labels as lbl
@@ -151,8 +153,12 @@ def _sort_pods(ctx: _Context, pods: list[dict[str, Any]], self_deleted: frozense
         if p.role(pod) != lbl.ROLE_WORKER:
             continue
         counted = p.failure_recorded(pod) or p.name(pod) in ctx.recorded
-        if state == "succeeded":
+        if state == "succeeded" and _finished_training(ctx, pod):
             out.succeeded.append(pod)
+        elif state == "succeeded":
+            out.failed.append(pod)
+            if not counted:
+                out.new_failures.append((pod, False))
         elif state == "failed" or lost:
             out.failed.append(pod)
             if not counted:
@@ -166,6 +172,18 @@ def _sort_pods(ctx: _Context, pods: list[dict[str, Any]], self_deleted: frozense
         if not counted and p.name(pod) not in self_deleted and _deleted_externally(ctx, out, pod):
             out.new_failures.append((pod, False))
     return out
+
+
+def _finished_training(ctx: _Context, pod: dict[str, Any]) -> bool:
+    """Whether a worker that exited 0 ended the training, not just its torchrun agent.
+
+    The built-in trainer says so in its termination message; an agent can also exit 0 when
+    its rendezvous closes early, and taking that for success would end a job half-way. A
+    custom command has no such message, so its exit 0 is trusted.
+    """
+    if ctx.spec.command != BUILTIN_TRAINER_COMMAND:
+        return True
+    return TRAINING_FINISHED in p.termination_message(pod)
 
 
 def _deleted_externally(ctx: _Context, sorted_pods: _Pods, pod: dict[str, Any]) -> bool:

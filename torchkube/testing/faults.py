@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
+from torchkube.elastic import TRAINING_FINISHED
 from torchkube.testing.pods import node_condition, wait_node_condition, wait_pod_phase
 from torchkube.testing.wait import wait_for
 
@@ -172,10 +173,28 @@ def fail_pod(
     )
 
 
-def succeed_pod(api: Any, name: str, namespace: str, timeout: float = 60) -> Any:
-    """Make a Running pod ``Succeeded`` (every container exited 0, reason Completed)."""
+def succeed_pod(
+    api: Any,
+    name: str,
+    namespace: str,
+    timeout: float = 60,
+    message: str = f"{TRAINING_FINISHED} at step 1000",
+) -> Any:
+    """Make a Running pod ``Succeeded`` (every container exited 0, reason Completed).
+
+    The default termination message is the built-in trainer's word that training ended (the
+    operator trusts an exit 0 of the built-in trainer only with it); pass ``message=""`` to
+    play a torchrun agent that ended early.
+    """
     return _terminate(
-        api, name, namespace, timeout, phase="Succeeded", exit_code=0, reason="Completed"
+        api,
+        name,
+        namespace,
+        timeout,
+        phase="Succeeded",
+        exit_code=0,
+        reason="Completed",
+        message=message,
     )
 
 

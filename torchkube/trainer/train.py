@@ -5,6 +5,7 @@ Everything that is not the loop's shape lives in a helper module: process groups
 ``checkpoint``, metrics and progress in ``metrics``.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
 from torchkube.api.trainer import TrainerSpec
+from torchkube.elastic import TRAINING_FINISHED
 from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import CheckpointManager, FencedError, TrainState
 from torchkube.trainer.config import (
@@ -125,6 +127,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             log.warning("stopped at step %d after the emergency checkpoint", state.step)
             return 128 + (stop.signum or signal.SIGTERM)
         report.finished(state)
+        _write_termination_message(run_env, f"{TRAINING_FINISHED} at step {state.step}")
         return EXIT_OK
     finally:
         stop.close()
@@ -383,3 +386,11 @@ class Reporter:
             state.step,
             f"{self.loss:.4f}" if self.loss is not None else "n/a",
         )
+
+
+def _write_termination_message(run_env: RunEnv, message: str) -> None:
+    """Tell the operator, through the pod's termination message, that training really ended."""
+    if run_env.termination_log is None:
+        return
+    with contextlib.suppress(OSError):
+        run_env.termination_log.write_text(message + "\n")
