@@ -38,6 +38,7 @@ from torchkube.testing.errors import ClusterError
 from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
 from torchkube.testing.ports import free_port
 from torchkube.testing.process import Process, stop_all
+from torchkube.testing.realnodes import RealNodes
 from torchkube.testing.wait import WaitTimeout, wait_for
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -67,6 +68,9 @@ class ClusterConfig:
     """More names/IPs for the apiserver certificate (e.g. an address real nodes will dial)."""
     apiserver_args: list[str] = field(default_factory=list)
     """Extra kube-apiserver flags (feature gates, admission plugins) for a test that needs them."""
+    real_nodes: int = 0
+    """Real kubelet nodes (containerd, CNI bridge, CoreDNS) started beside the KWOK pools; see
+    :mod:`torchkube.testing.realnodes`. Needs root and ``hack/install-system-deps.sh``."""
 
 
 def _report_to_stderr(message: str) -> None:
@@ -111,6 +115,8 @@ class Cluster:
         self._failed = False
         self._lock = threading.Lock()
         self.started_in_s: float | None = None
+        self.real_nodes: RealNodes | None = None
+        """The real kubelet nodes (``config.real_nodes`` > 0), once started."""
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -197,6 +203,9 @@ class Cluster:
             self._wait_scheduler()
             for pool in self.config.pools:
                 self.wait_pool_ready(pool.name)
+            if self.config.real_nodes:
+                self.real_nodes = RealNodes(self, self.config.real_nodes)
+                self.real_nodes.start(self.config.start_timeout_s)
         except BaseException:
             self.stop(failed=True)
             raise
@@ -212,6 +221,9 @@ class Cluster:
         """
         with self._lock:
             self._failed = self._failed or failed
+            if self.real_nodes is not None:  # before the apiserver: kubelets talk to it
+                self.real_nodes.stop()
+                self.real_nodes = None
             # Clients first, all at once; etcd last so the apiserver does not log its loss.
             processes = [p for p in self._domain_processes() if p is not None]
             processes += [p for name, p in self.processes.items() if name != "etcd"]
@@ -236,6 +248,8 @@ class Cluster:
         """Raise :class:`ClusterError` if a control-plane component died (killed domains aside)."""
         for proc in self.processes.values():
             proc.check_alive()
+        if self.real_nodes is not None:
+            self.real_nodes.check()
 
     # ----------------------------------------------------------------------------- clients
     def api_client(self) -> Any:
@@ -622,6 +636,7 @@ class Cluster:
             "domains": {d: (p.pid if p else None) for d, p in self._domains.items()},
             "pools": {name: pool.node_names() for name, pool in self._pools.items()},
             "started_in_s": self.started_in_s,
+            "real_nodes": self.real_nodes.describe() if self.real_nodes else None,
         }
 
     def _write_state(self) -> None:

@@ -63,6 +63,18 @@ def _usage(state: dict[str, Any]) -> str:
         f"Pods need the KWOK toleration to land on the fake GPU nodes:\n"
         f"  tolerations: [{{key: kwok.x-k8s.io/node, operator: Equal, value: fake,"
         f" effect: NoSchedule}}]\n"
+    ) + _real_nodes_usage(state)
+
+
+def _real_nodes_usage(state: dict[str, Any]) -> str:
+    real = state.get("real_nodes")
+    if not real:
+        return ""
+    names = ", ".join(node["name"] for node in real["nodes"])
+    return (
+        f"Real nodes (kubelet + containerd): {names}\n"
+        f'  select them with nodeSelector {{torchkube.dev/real-node: "true"}};'
+        f" images and timings: docs/real-nodes.md\n"
     )
 
 
@@ -79,7 +91,9 @@ def _prepare_state_dir(state_dir: Path) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _serve(state_dir: Path, nodes: int, gpus_per_node: int, domains: int) -> None:
+def _serve(
+    state_dir: Path, nodes: int, gpus_per_node: int, domains: int, real_nodes: int = 0
+) -> None:
     """Start the cluster, publish its state, and hold it until SIGINT/SIGTERM."""
     from torchkube.testing.cluster import Cluster, ClusterConfig
     from torchkube.testing.errors import ClusterError
@@ -92,6 +106,7 @@ def _serve(state_dir: Path, nodes: int, gpus_per_node: int, domains: int) -> Non
     config = ClusterConfig(
         pools=default_pools(nodes=nodes, gpus_per_node=gpus_per_node, domains=domains),
         workdir=state_dir / "cluster",
+        real_nodes=real_nodes,
     )
     cluster = Cluster(config, report=lambda message: click.echo(message, err=True))
     try:
@@ -136,9 +151,17 @@ _state_dir_option = click.option(
 @click.option("--nodes", default=4, show_default=True, help="Number of fake (KWOK) nodes.")
 @click.option("--gpus-per-node", default=8, show_default=True, help="nvidia.com/gpu per node.")
 @click.option("--domains", default=2, show_default=True, help="Failure domains (kwok processes).")
+@click.option(
+    "--real-nodes",
+    default=0,
+    show_default=True,
+    help="Real kubelet + containerd nodes (root; see docs/real-nodes.md).",
+)
 @click.option("--detach", is_flag=True, help="Run in the background; stop with `down`.")
 @_state_dir_option
-def up(nodes: int, gpus_per_node: int, domains: int, detach: bool, state_dir: Path) -> None:
+def up(
+    nodes: int, gpus_per_node: int, domains: int, real_nodes: int, detach: bool, state_dir: Path
+) -> None:
     """Build (if needed) and start the cluster; print the kubeconfig path."""
     from torchkube.testing.binaries import BIN_DIR_ENV, find_binaries
     from torchkube.testing.errors import ClusterError
@@ -150,7 +173,7 @@ def up(nodes: int, gpus_per_node: int, domains: int, detach: bool, state_dir: Pa
         raise click.ClickException(str(exc)) from exc
     if not detach:
         os.environ[BIN_DIR_ENV] = str(binaries.bin_dir)
-        _serve(state_dir, nodes, gpus_per_node, domains)
+        _serve(state_dir, nodes, gpus_per_node, domains, real_nodes)
         return
     log_path = state_dir / "dev-cluster.log"
     with log_path.open("wb") as log:
@@ -163,6 +186,7 @@ def up(nodes: int, gpus_per_node: int, domains: int, detach: bool, state_dir: Pa
                 f"--nodes={nodes}",
                 f"--gpus-per-node={gpus_per_node}",
                 f"--domains={domains}",
+                f"--real-nodes={real_nodes}",
                 f"--state-dir={state_dir}",
             ],
             stdin=subprocess.DEVNULL,
@@ -190,10 +214,11 @@ def up(nodes: int, gpus_per_node: int, domains: int, detach: bool, state_dir: Pa
 @click.option("--nodes", default=4)
 @click.option("--gpus-per-node", default=8)
 @click.option("--domains", default=2)
+@click.option("--real-nodes", default=0)
 @_state_dir_option
-def serve(nodes: int, gpus_per_node: int, domains: int, state_dir: Path) -> None:
+def serve(nodes: int, gpus_per_node: int, domains: int, real_nodes: int, state_dir: Path) -> None:
     """Run the cluster in this process (what ``up --detach`` starts in the background)."""
-    _serve(state_dir, nodes, gpus_per_node, domains)
+    _serve(state_dir, nodes, gpus_per_node, domains, real_nodes)
 
 
 @dev_cluster.command()

@@ -1,0 +1,581 @@
+"""TrainingJobs on real nodes: kubelets with their own containerd, pods as real containers.
+
+The cluster is the harness's (``ClusterConfig.real_nodes``): the same control plane as the
+integration tests plus two kubelet nodes with CNI bridges and CoreDNS. The trainer image is
+built from the Dockerfile on the locally made base and imported into each node's containerd
+once per build. The big test applies a 2-worker CPU job with ``kubectl``, pulls the power on the
+node of one worker (kubelet, containerd, shims and containers SIGKILLed), and checks that the
+job finishes with exactly its steps, resumed from a checkpoint, with the loss on record.
+
+Timings are printed (``[real nodes] ...``); docs/real-nodes.md records measured numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from torchkube.api import GROUP, PLURAL, VERSION
+from torchkube.operator import labels as lbl
+from torchkube.testing.cluster import Cluster, ClusterConfig
+from torchkube.testing.crds import install_crd
+from torchkube.testing.docker import Docker, DockerDaemon, build_image, ensure_base_image
+from torchkube.testing.errors import ClusterError
+from torchkube.testing.operator import OperatorProcess
+from torchkube.testing.realnodes import REAL_NODE_LABEL, LoadedImage
+from torchkube.testing.volumes import delete_volume, prebound_volume
+from torchkube.testing.wait import wait_for
+
+pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER_TAG = "torchkube/trainer:test"
+APP_UID = 10001  # the trainer image's user (Dockerfile APP_UID)
+STEPS = 400
+CHECKPOINT_EVERY = 20
+NODE_LOST_GRACE_S = 5
+NODE_MONITOR_GRACE_S = 20
+
+Say = Callable[[str], None]
+
+
+@pytest.fixture(scope="module")
+def say(request: pytest.FixtureRequest) -> Say:
+    """Print past pytest's capture: image builds and imports run for minutes."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+
+    def emit(message: str) -> None:
+        with capman.global_and_fixture_disabled() if capman else nullcontext():
+            print(f"\n[real nodes] {message}", flush=True)
+
+    return emit
+
+
+@pytest.fixture(scope="module")
+def real_cluster(say: Say) -> Iterator[Cluster]:
+    """Control plane + 2 real nodes (no KWOK pools: nothing here runs on fake nodes)."""
+    config = ClusterConfig(pools=[], real_nodes=2, node_monitor_grace_period_s=NODE_MONITOR_GRACE_S)
+    cluster = Cluster(config, report=say)
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(f"real-node cluster could not start -- {exc}", pytrace=False)
+    assert cluster.real_nodes is not None
+    say(
+        f"cluster with real nodes up in {cluster.started_in_s:.1f} s; nodes "
+        + ", ".join(f"{n.name} {n.started_in_s:.1f} s" for n in cluster.real_nodes.nodes)
+    )
+    failed = False
+    try:
+        yield cluster
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        cluster.stop(failed=failed)
+
+
+@pytest.fixture(scope="module")
+def docker(say: Say) -> Iterator[Docker]:
+    daemon = DockerDaemon(report=say)
+    try:
+        engine = daemon.start()
+    except ClusterError as exc:
+        pytest.fail(f"docker engine could not start -- {exc}", pytrace=False)
+    yield engine
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def base_image(docker: Docker, say: Say) -> str:
+    try:
+        return ensure_base_image(docker, report=say)
+    except ClusterError as exc:
+        pytest.fail(f"base image could not be built -- {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def trainer_image(docker: Docker, base_image: str, real_cluster: Cluster, say: Say) -> LoadedImage:
+    """The Dockerfile's trainer target, on every real node (imported once per image ID)."""
+    assert real_cluster.real_nodes is not None
+    try:
+        build_image(
+            docker,
+            REPO,
+            "trainer",
+            TRAINER_TAG,
+            {"PYTHON_BASE": base_image, "TRAINER_BASE": base_image},
+            report=say,
+        )
+        return real_cluster.real_nodes.load_image(docker, TRAINER_TAG)
+    except ClusterError as exc:
+        pytest.fail(f"trainer image could not be made available -- {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def api(real_cluster: Cluster) -> Iterator[Any]:
+    api_client = real_cluster.api_client()
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture(scope="module")
+def crd(api: Any) -> None:
+    install_crd(api)
+
+
+@pytest.fixture(scope="module")
+def operator(real_cluster: Cluster, crd: None) -> Iterator[OperatorProcess]:
+    """The operator as a process; pod IPs of real nodes are reachable, so progress is read."""
+    proc = OperatorProcess(
+        real_cluster.kubeconfig,
+        real_cluster.log_dir / "operator.log",
+        env={
+            "TORCHKUBE_PROGRESS_URL": "http://{pod_ip}:{port}/progress",
+            "TORCHKUBE_PROGRESS_INTERVAL_SECONDS": "2",
+        },
+    ).start()
+    yield proc
+    proc.stop()
+
+
+def _namespace(api: Any, name: str) -> str:
+    core: Any = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+
+    def has_default_sa() -> bool:
+        try:
+            core.read_namespaced_service_account("default", name)
+        except client.ApiException:
+            return False
+        return True
+
+    wait_for(has_default_sa, 30, what=f"ServiceAccount default in {name}")
+    return name
+
+
+def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(
+        [str(cluster.binaries().path("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def test_real_pod_runs_logs_and_resolves_headless_service(
+    real_cluster: Cluster, docker: Docker, base_image: str, api: Any, say: Say
+) -> None:
+    nodes = real_cluster.real_nodes
+    assert nodes is not None
+    nodes.load_image(docker, base_image)
+    ns = _namespace(api, "realnodes-dns")
+    node = nodes.names[-1]
+    manifests = [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "probe", "namespace": ns},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"app": "probe"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": ns, "labels": {"app": "probe"}},
+            "spec": {
+                "nodeName": node,
+                "hostname": "probe",
+                "subdomain": "probe",
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": base_image,
+                        "imagePullPolicy": "Never",
+                        "command": [
+                            "sh",
+                            "-c",
+                            "echo hello from a real node; sleep 2;"
+                            f" getent hosts probe.{ns}.svc.cluster.local;"
+                            f" getent hosts probe.probe.{ns}.svc.cluster.local",
+                        ],
+                    }
+                ],
+            },
+        },
+    ]
+    started = time.monotonic()
+    _kubectl(
+        real_cluster,
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"kind": "List", "apiVersion": "v1", "items": manifests}),
+    )
+    core: Any = client.CoreV1Api(api)
+
+    def finished() -> str | None:
+        phase = core.read_namespaced_pod("probe", ns).status.phase
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, 120, what="the probe pod to finish")
+    say(f"probe pod on {node}: {phase} {time.monotonic() - started:.1f} s after apply")
+    logs = _kubectl(real_cluster, "logs", "-n", ns, "probe")
+    pod_ip = core.read_namespaced_pod("probe", ns).status.pod_ip
+    assert phase == "Succeeded", logs
+    assert "hello from a real node" in logs
+    resolved = [line.split()[0] for line in logs.splitlines() if "svc.cluster.local" in line]
+    assert resolved == [pod_ip, pod_ip], logs
+
+
+def _progress(directory: Path) -> dict[str, Any]:
+    try:
+        report: dict[str, Any] = json.loads((directory / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return report
+
+
+def _job_manifest(
+    name: str, ns: str, steps: int = STEPS, every: int = CHECKPOINT_EVERY
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "512Mi"}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "image": TRAINER_TAG,
+            "imagePullPolicy": "Never",
+            "replicas": {"min": 1, "max": 2},
+            "nprocPerNode": 1,
+            "resources": resources,
+            "checkpoint": {"intervalSteps": every, "keep": 3},
+            "failurePolicy": {"nodeLostGraceSeconds": NODE_LOST_GRACE_S, "maxRestarts": 5},
+            "scheduling": {
+                "nodeSelector": {REAL_NODE_LABEL: "true"},
+                # One worker per node, so a node loss takes exactly one of them.
+                "affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "podAffinityTerm": {
+                                    "topologyKey": "kubernetes.io/hostname",
+                                    "labelSelector": {
+                                        "matchLabels": {
+                                            lbl.JOB_NAME: name,
+                                            lbl.ROLE: lbl.ROLE_WORKER,
+                                        }
+                                    },
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+            "trainer": {
+                "model": "tiny",
+                "device": "cpu",
+                "steps": steps,
+                "seqLen": 64,
+                "microBatchSize": 2,
+                "globalBatchSize": 4,
+                "warmupSteps": 1,
+                "logIntervalSteps": 5,
+            },
+        },
+    }
+
+
+def _checkpoint_steps(directory: Path) -> list[int]:
+    """Steps of the complete checkpoints in the job's checkpoint folder."""
+    return sorted(
+        int(p.name.removeprefix("step-"))
+        for p in directory.glob("step-*")
+        if p.name.removeprefix("step-").isdigit() and (p / "COMPLETE.json").is_file()
+    )
+
+
+def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """`kubectl delete pod`: SIGTERM -> emergency checkpoint off the interval -> resume there."""
+    steps, every = 600, 100
+    ns = _namespace(api, "realnodes-delete")
+    name = "deleted"
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    os.chown(checkpoints, APP_UID, APP_UID)
+    volume = prebound_volume(api, ns, f"{name}-checkpoints", str(checkpoints))
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+
+    def status() -> dict[str, Any]:
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return dict(body.get("status") or {})
+
+    def workers() -> list[Any]:
+        selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={lbl.ROLE_WORKER}"
+        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
+
+    def describe() -> str:
+        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in workers()]
+        return f"status={status()} pods={listed} progress={_progress(checkpoints)}"
+
+    try:
+        _kubectl(
+            real_cluster,
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps(_job_manifest(name, ns, steps, every)),
+        )
+
+        def past_first_checkpoint() -> bool:
+            report = _progress(checkpoints)
+            return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
+
+        wait_for(past_first_checkpoint, 300, what="training past step 100", describe_last=describe)
+        before = _progress(checkpoints)
+        victim = next(p for p in workers() if p.status.phase == "Running")
+        say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
+        deleted = time.monotonic()
+        _kubectl(real_cluster, "delete", "pod", "-n", ns, victim.metadata.name, "--wait=false")
+
+        def emergency() -> int | None:
+            off_interval = [s for s in _checkpoint_steps(checkpoints) if s % every]
+            return off_interval[-1] if off_interval else None
+
+        emergency_step = wait_for(
+            emergency, 120, what="the emergency checkpoint", describe_last=describe
+        )
+        say(f"emergency checkpoint at step {emergency_step}, {time.monotonic() - deleted:.1f} s")
+
+        def resumed_logs() -> str | None:
+            finished = status().get("phase") in ("Succeeded", "Failed")
+            for pod in workers():
+                if pod.metadata.name == victim.metadata.name or pod.status.phase == "Pending":
+                    continue
+                logs = subprocess.run(
+                    [
+                        str(real_cluster.binaries().path("kubectl")),
+                        "--kubeconfig",
+                        str(real_cluster.kubeconfig),
+                        "logs",
+                        "-n",
+                        ns,
+                        pod.metadata.name,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout
+                if "resumed from" in logs:
+                    return logs
+            # A job that ended with no worker resumed stopped short of its steps: say so now.
+            assert not finished, f"the job finished without resuming after the delete: {describe()}"
+            return None
+
+        logs = wait_for(resumed_logs, 180, what="a worker resumed", describe_last=describe)
+        resumed_line = next(line for line in logs.splitlines() if "resumed from" in line)
+        say(f"{time.monotonic() - deleted:.1f} s after delete: {resumed_line.strip()}")
+        assert f"step-{emergency_step} " in resumed_line + " ", resumed_line
+
+        def finished() -> str | None:
+            phase = status().get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(finished, 600, what="the job to finish", describe_last=describe)
+        report = _progress(checkpoints)
+        assert phase == "Succeeded", describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert int(report.get("restarts") or 0) >= 1, report
+    except BaseException:
+        real_cluster.mark_failed()
+        say(f"operator log:\n{operator.tail(60)}")
+        raise
+    finally:
+        subprocess.run(
+            [
+                str(real_cluster.binaries().path("kubectl")),
+                "--kubeconfig",
+                str(real_cluster.kubeconfig),
+                "delete",
+                "trainingjob",
+                "-n",
+                ns,
+                name,
+                "--wait=false",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        delete_volume(api, volume)
+
+
+def test_training_job_survives_real_node_loss(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    nodes = real_cluster.real_nodes
+    assert nodes is not None
+    say(
+        f"trainer image {trainer_image.size_bytes / 1e9:.2f} GB: docker save"
+        f" {trainer_image.save_s:.1f} s, import {trainer_image.import_s}"
+    )
+    ns = _namespace(api, "realnodes-job")
+    name = "survivor"
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    os.chown(checkpoints, APP_UID, APP_UID)  # hostPath ignores fsGroup
+    volume = prebound_volume(api, ns, f"{name}-checkpoints", str(checkpoints))
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+
+    def status() -> dict[str, Any]:
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return dict(body.get("status") or {})
+
+    def pods(role: str) -> list[Any]:
+        selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={role}"
+        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
+
+    def describe() -> str:
+        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in pods("worker")]
+        return f"status={status()} pods={listed} progress={_progress(checkpoints)}"
+
+    try:
+        applied = time.monotonic()
+        _kubectl(real_cluster, "apply", "-f", "-", stdin=json.dumps(_job_manifest(name, ns)))
+
+        def training_on_two_nodes() -> bool:
+            running = [p for p in pods("worker") if p.status.phase == "Running"]
+            report = _progress(checkpoints)
+            return (
+                len({p.spec.node_name for p in running}) == 2
+                and report.get("worldSize") == 2
+                and int(report.get("step") or 0) >= 1
+            )
+
+        wait_for(training_on_two_nodes, 300, what="2 workers training", describe_last=describe)
+        first_step_s = time.monotonic() - applied
+        say(f"apply -> first training step (world size 2): {first_step_s:.1f} s")
+
+        def checkpointed() -> bool:
+            return int(_progress(checkpoints).get("lastCheckpointStep") or 0) >= CHECKPOINT_EVERY
+
+        wait_for(checkpointed, 300, what="a first checkpoint", describe_last=describe)
+
+        store_nodes = {p.spec.node_name for p in pods(lbl.ROLE_RENDEZVOUS)}
+        workers = [p for p in pods("worker") if p.status.phase == "Running"]
+        # Pull the plug on a worker's node; the rendezvous store's node stays (its loss is a
+        # different scenario: every agent has to re-rendezvous through a new store).
+        victim = next(
+            (p for p in workers if p.spec.node_name not in store_nodes), workers[0]
+        ).spec.node_name
+        before = _progress(checkpoints)
+        latest = max(_checkpoint_steps(checkpoints))
+        say(f"killing node {victim} at step {before.get('step')} (store on {store_nodes})")
+        killed = time.monotonic()
+        nodes.kill_node(victim)
+
+        def resumed() -> bool:
+            report = _progress(checkpoints)
+            # A report written after a resume from a checkpoint, past the step it resumed at.
+            return int(report.get("restarts") or 0) > int(before.get("restarts") or 0) and int(
+                report.get("step") or 0
+            ) > int(report.get("lastCheckpointStep") or 0)
+
+        wait_for(resumed, 300, what="training to resume", describe_last=describe)
+        resume_s = time.monotonic() - killed
+        after = _progress(checkpoints)
+        # Resumed from the newest checkpoint there was when the node died (or a later one).
+        assert int(after.get("lastCheckpointStep") or 0) >= latest, (latest, after)
+        say(f"node loss -> first step after resume: {resume_s:.1f} s ({_progress(checkpoints)})")
+
+        def node_lost_seen() -> bool:
+            failures = status().get("failures") or []
+            return any(f.get("node") == victim for f in failures)
+
+        wait_for(
+            node_lost_seen,
+            NODE_MONITOR_GRACE_S + NODE_LOST_GRACE_S + 60,
+            what=f"the operator to record the loss of {victim}",
+            describe_last=describe,
+        )
+        noticed_s = time.monotonic() - killed
+        say(f"node loss -> failure recorded by the operator: {noticed_s:.1f} s")
+
+        def finished() -> str | None:
+            phase = status().get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(finished, 600, what="the job to finish", describe_last=describe)
+        total_s = time.monotonic() - applied
+        say(f"apply -> job {phase}: {total_s:.1f} s")
+        final = status()
+        report = _progress(checkpoints)
+        assert phase == "Succeeded", describe()
+        assert report.get("finished") is True and report.get("step") == STEPS, report
+        assert report.get("totalSteps") == STEPS, report
+        assert int(report.get("restarts") or 0) >= 1, report
+        assert (checkpoints / f"step-{STEPS}" / "COMPLETE.json").is_file(), sorted(
+            p.name for p in checkpoints.iterdir()
+        )
+        assert int(final.get("restarts") or 0) >= 1, final
+        lost = [f for f in final.get("failures") or [] if f.get("node") == victim]
+        assert lost, final
+        events = core.list_namespaced_event(
+            ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob"
+        ).items
+        assert any(victim in (e.message or "") for e in events), [
+            (e.reason, e.message) for e in events
+        ]
+    except BaseException:
+        real_cluster.mark_failed()
+        say(f"operator log:\n{operator.tail(60)}")
+        raise
+    finally:
+        subprocess.run(
+            [
+                str(real_cluster.binaries().path("kubectl")),
+                "--kubeconfig",
+                str(real_cluster.kubeconfig),
+                "delete",
+                "trainingjob",
+                "-n",
+                ns,
+                name,
+                "--wait=false",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        delete_volume(api, volume)
