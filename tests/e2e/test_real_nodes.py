@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -433,6 +434,109 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
             capture_output=True,
             check=False,
         )
+        delete_volume(api, volume)
+
+
+def _container_init_pid(pod_name: str) -> int:
+    """The host pid of a worker container's first process (the launcher), found by the
+    POD_NAME its environment carries; the test runs as root on the nodes' host."""
+    wanted = f"POD_NAME={pod_name}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ and b"torchkube.elastic.launch" in cmdline:
+            return int(proc.name)
+    raise AssertionError(f"no launcher process of pod {pod_name} on this machine")
+
+
+def test_killed_worker_container_is_replaced_and_resumes(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """A worker container dies with a retryable code (SIGKILL: 137) -> the operator replaces
+    the pod, records the failure, and training resumes from the last periodic checkpoint."""
+    steps, every = 300, 50
+    ns = _namespace(api, "realnodes-kill")
+    name = "killed"
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    os.chown(checkpoints, APP_UID, APP_UID)
+    volume = prebound_volume(api, ns, f"{name}-checkpoints", str(checkpoints))
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+
+    def status() -> dict[str, Any]:
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return dict(body.get("status") or {})
+
+    def workers() -> list[Any]:
+        selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={lbl.ROLE_WORKER}"
+        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
+
+    def describe() -> str:
+        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in workers()]
+        return f"status={status()} pods={listed} progress={_progress(checkpoints)}"
+
+    try:
+        _kubectl(
+            real_cluster,
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps(_job_manifest(name, ns, steps, every)),
+        )
+
+        def past_first_checkpoint() -> bool:
+            report = _progress(checkpoints)
+            return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
+
+        wait_for(
+            past_first_checkpoint, 300, what="training past a checkpoint", describe_last=describe
+        )
+        victim = next(p for p in workers() if p.status.phase == "Running")
+        at_step = _progress(checkpoints)["step"]
+        say(f"SIGKILL the container of {victim.metadata.name} at step {at_step}")
+        os.kill(_container_init_pid(victim.metadata.name), signal.SIGKILL)
+
+        def recorded() -> dict[str, Any] | None:
+            last = status().get("lastFailure") or {}
+            return last if last.get("pod") == victim.metadata.name else None
+
+        failure = wait_for(recorded, 120, what="the failure in the status", describe_last=describe)
+        assert failure["reason"] == "ExitCode" and failure["exitCode"] == 137, failure
+        assert failure["retryable"] is True
+
+        def finished() -> str | None:
+            phase = status().get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(finished, 600, what="the job to finish", describe_last=describe)
+        report = _progress(checkpoints)
+        assert phase == "Succeeded", describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert status()["restarts"] >= 1
+        replacements = [
+            p
+            for p in workers()
+            if p.metadata.labels[lbl.REPLICA_INDEX] == victim.metadata.labels[lbl.REPLICA_INDEX]
+            and p.metadata.name != victim.metadata.name
+        ]
+        assert replacements, "the killed worker's slot got no replacement pod"
+    except BaseException:
+        real_cluster.mark_failed()
+        say(f"operator log:\n{operator.tail(60)}")
+        raise
+    finally:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
         delete_volume(api, volume)
 
 
