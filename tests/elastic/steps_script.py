@@ -1,7 +1,9 @@
 """A minimal elastic workload for launcher/store tests: all-reduce steps, resumable from a file.
 
-Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every step and keeps
-the step count in ``$OUT/step`` so a restarted group continues where the last one stopped.
+Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every step, in one
+``write`` so a worker killed mid-step leaves either the whole line or none; a restarted group
+continues after the last line. (Keeping the count in a second file raced: a worker stopped
+between the two writes lost a step.)
 """
 
 import os
@@ -23,16 +25,16 @@ def main() -> None:
         sys.exit(3)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    step_file = out / "step"
-    step = int(step_file.read_text()) if step_file.exists() else 0
+    log_path = out / "steps.log"
+    lines = log_path.read_text().split() if log_path.exists() else []
+    step = int(lines[-3]) if lines else 0
     while step < total:
         value = torch.ones(1)
         dist.all_reduce(value)
         assert int(value.item()) == world
         step += 1
         if rank == 0:
-            step_file.write_text(str(step))
-            with (out / "steps.log").open("a") as log:
+            with log_path.open("a", buffering=1) as log:
                 log.write(f"{step} {world} {os.environ.get('AGENT', '?')}\n")
         time.sleep(float(os.environ.get("STEP_SECONDS", "0.2")))
     dist.destroy_process_group()
