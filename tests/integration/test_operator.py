@@ -179,6 +179,43 @@ def test_failed_worker_is_replaced_and_counted(
     assert victim.metadata.name in events[0].message
 
 
+@pytest.mark.parametrize("force", [True, False], ids=["force", "graceful"])
+def test_deleted_young_worker_is_replaced_once_and_the_replacement_kept(
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+    api_client: Any,
+    force: bool,
+) -> None:
+    """A worker deleted minutes after the operator created it (kubectl delete pod, an
+    eviction). The operator's memory of that create must not bring the gone pod back and
+    take the replacement for a duplicate — the job would then run a worker short until the
+    memory expired (found by bench/operator_recovery.py: 2 minutes short)."""
+    pool = isolated_pool(nodes=4)
+    job = make_job(f"young-{'force' if force else 'grace'}", pool, replicas={"min": 4, "max": 4})
+    victim = job.wait_running(4)[2].metadata.name
+    faults.delete_pod(api_client, victim, job.namespace, force=force)
+    replacement = job.wait(
+        lambda: [
+            p.metadata.name
+            for p in job.live_workers()
+            if p.metadata.labels[lbl.REPLICA_INDEX] == "2" and p.metadata.name != victim
+        ],
+        30,
+        "a replacement for worker 2",
+    )[0]
+    deadline = time.monotonic() + 8  # more than one resync of the test operator (5 s)
+    while time.monotonic() < deadline:
+        slot = [
+            (p.metadata.name, p.metadata.deletion_timestamp is not None)
+            for p in job.pods()
+            if p.metadata.labels[lbl.REPLICA_INDEX] == "2" and p.metadata.name != victim
+        ]
+        assert slot == [(replacement, False)], f"slot 2: want {replacement} alone, has {slot}"
+        time.sleep(0.5)
+    job.wait_running(4)
+    assert replacement in {p.metadata.name for p in job.running_workers()}
+
+
 def test_permanent_failure_fails_the_job_without_restarting(
     make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
 ) -> None:

@@ -153,9 +153,12 @@ class Controller:
             job = {**job, "status": memory.job.get("status", {})}
         pods = [copy.deepcopy(pod) for pod in (self.pods or {}).get(key, [])]
         seen = {p.name(pod) for pod in pods}
-        for name, (_, body) in memory.created.items():
-            if name not in seen:
-                pods.append(copy.deepcopy(body))
+        # A create the watch has shown is no longer an expectation: were it kept, a pod that
+        # was deleted since (kubectl delete, a force delete) would come back from our memory,
+        # fill its slot, and get its own replacement deleted as a duplicate.
+        memory.created = {k: v for k, v in memory.created.items() if k not in seen}
+        for _, body in memory.created.values():
+            pods.append(copy.deepcopy(body))
         for pod in pods:
             if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp"):
                 pod["metadata"]["deletionTimestamp"] = p.format_time(datetime.now(UTC))
