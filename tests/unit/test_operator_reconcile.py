@@ -8,8 +8,10 @@ import pytest
 
 from torchkube.api import TrainingJob
 from torchkube.elastic import TRAINING_FINISHED
+from torchkube.operator import builders
 from torchkube.operator import labels as lbl
-from torchkube.operator.pods import NodeHealth, format_time
+from torchkube.operator import pods as p
+from torchkube.operator.pods import NodeHealth, format_time, slim
 from torchkube.operator.reconcile import Observed, Plan, plan
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
@@ -106,8 +108,12 @@ def run(
     **kw: Any,
 ) -> Plan:
     suffixes = (f"s{i}" for i in count())
-    observed = Observed(
-        job=job, pods=pods, nodes=nodes or {"n1": READY, "n2": READY}, now=now, **kw
+    observed = Observed(  # the operator plans on slimmed pods (its watch cache keeps no more)
+        job=job,
+        pods=[slim(pod) for pod in pods],
+        nodes=nodes or {"n1": READY, "n2": READY},
+        now=now,
+        **kw,
     )
     return plan(observed, new_suffix=lambda: next(suffixes))
 
@@ -388,3 +394,28 @@ def test_custom_command_exit_0_is_trusted() -> None:
     done = [pod(i, phase="Succeeded", exit_code=0) for i in range(2)]
     job = make_job(running_status(), command=["train.py"], replicas={"min": 2, "max": 2})
     assert run(job, done).status["phase"] == "Succeeded"
+
+
+def test_slim_pod_keeps_every_field_the_operator_reads_and_drops_the_spec() -> None:
+    full = builders.worker_pod(make_job(), 3, "abcde", [])
+    full["metadata"] |= {
+        "creationTimestamp": format_time(NOW),
+        "deletionTimestamp": format_time(NOW),
+        "managedFields": [{"manager": "kube-scheduler"}],
+        "uid": "u-1",
+    }
+    full["spec"]["nodeName"] = "n7"
+    full["status"] = pod(3, phase="Failed", exit_code=137, reason="OOMKilled", message="oom")[
+        "status"
+    ] | {"podIP": "10.0.0.7", "hostIP": "192.0.2.1"}
+    full["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True"})
+    small = slim(full)
+    policy = make_job().spec.failure_policy
+    for read in (p.name, p.role, p.slot, p.node_name, p.created, p.state, p.termination_message):
+        assert read(small) == read(full), read.__name__
+    assert p.classify(small, policy, False) == p.classify(full, policy, False)
+    assert small["status"]["podIP"] == "10.0.0.7" and small["metadata"]["namespace"]
+    assert "containers" not in small["spec"] and "managedFields" not in small["metadata"]
+    small["status"]["conditions"].clear()
+    small["metadata"]["labels"].clear()
+    assert full["status"]["conditions"] and full["metadata"]["labels"], "slim must copy"

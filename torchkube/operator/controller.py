@@ -7,7 +7,6 @@ watch catches up, so a reconcile right after creating pods never creates them tw
 """
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -151,18 +150,22 @@ class Controller:
             return None, []
         if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
             job = {**job, "status": memory.job.get("status", {})}
-        pods = [copy.deepcopy(pod) for pod in (self.pods or {}).get(key, [])]
+        # The cached pods are shared, not copied: the planner only reads them, and copying a
+        # 512-worker job's pods on every reconcile was most of the operator's CPU time.
+        pods = list((self.pods or {}).get(key, []))
         seen = {p.name(pod) for pod in pods}
         # A create the watch has shown is no longer an expectation: were it kept, a pod that
         # was deleted since (kubectl delete, a force delete) would come back from our memory,
         # fill its slot, and get its own replacement deleted as a duplicate.
         memory.created = {k: v for k, v in memory.created.items() if k not in seen}
-        for _, body in memory.created.values():
-            pods.append(copy.deepcopy(body))
-        for pod in pods:
-            if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp"):
-                pod["metadata"]["deletionTimestamp"] = p.format_time(datetime.now(UTC))
-        return job, pods
+        pods += [body for _, body in memory.created.values()]
+        deleting = p.format_time(datetime.now(UTC))
+        return job, [
+            {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": deleting}}
+            if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp")
+            else pod
+            for pod in pods
+        ]
 
     def _nodes(self) -> dict[str, p.NodeHealth]:
         return {name: next(iter(store)) for name, store in list((self.nodes or {}).items())}
@@ -256,7 +259,7 @@ class Controller:
         if decided.create_pods:
             for created in self.kube.create_all(decided.create_pods):
                 if created is not None:
-                    memory.created[created["metadata"]["name"]] = (now, created)
+                    memory.created[created["metadata"]["name"]] = (now, p.slim(created))
         if decided.status != (body.get("status") or {}):
             memory.job = self.kube.patch_status(namespace, name, decided.status)
         for event in decided.events:

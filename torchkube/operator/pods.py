@@ -4,6 +4,7 @@ Bodies are the raw dicts from the watch stream; these helpers keep the dictionar
 one place so the reconciler reads as policy.
 """
 
+import copy
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -27,6 +28,30 @@ def parse_time(value: str | None) -> datetime | None:
 
 def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_KEPT_METADATA = ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
+_KEPT_STATUS = ("phase", "reason", "message", "podIP", "conditions", "containerStatuses")
+
+
+def slim(pod: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a pod holding only the fields read here: what the watch cache keeps.
+
+    A 512-worker job's pods pass through every reconcile; copying whole pod specs (command,
+    env, volumes, managed fields) made copying the operator's main cost and its memory grow
+    with the size of the pod template. The kept fields are copied deeply (the watch's raw
+    dict is not ours to share); the result is never mutated after.
+    """
+    metadata, status = pod.get("metadata", {}), pod.get("status") or {}
+    return {
+        "metadata": {
+            key: dict(value) if key == "labels" else value
+            for key, value in metadata.items()
+            if key in _KEPT_METADATA
+        },
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": copy.deepcopy({key: status[key] for key in _KEPT_STATUS if key in status}),
+    }
 
 
 def name(pod: dict[str, Any]) -> str:
