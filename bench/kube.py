@@ -1,0 +1,523 @@
+"""The real control plane for the operator benchmarks: cluster, operator, jobs, and a stopwatch
+that is a watch.
+
+Times are taken by watching the API, as a user's ``kubectl get pods -w`` would see them: a
+thread holds a raw watch (JSON lines, no model objects, so the watcher costs little CPU on a
+2-core machine) and records, per pod, when it was first seen, first seen ``Running`` and
+deleted; per node, when its ``Ready`` condition was first seen not ``True``. Every instant is
+``time.monotonic()`` in this process, so differences are exact to the watch's latency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.common import log, proc_cpu_seconds, proc_peak_rss_bytes
+from torchkube.api import GROUP, PLURAL, VERSION
+from torchkube.operator import labels as lbl
+from torchkube.testing import kwok
+from torchkube.testing.cluster import Cluster, ClusterConfig
+from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
+from torchkube.testing.operator import OperatorProcess
+from torchkube.testing.volumes import delete_volume, prebound_volume
+from torchkube.testing.wait import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_LABEL = "bench.torchkube.dev/group"
+CLAIM = "bench-checkpoints"
+WATCH_SECONDS = 20
+
+# The harness carves one /24 per node out of 10.244.0.0/16, which caps a cluster at 256 nodes.
+# The 400-node scenario needs more: a /12 of its own (no overlap with the service range
+# 10.96.0.0/16, node IPs 10.243.0.0/16 or the default pod range) gives 4096 node slots.
+WIDE_POD_CIDR = ipaddress.ip_network("10.128.0.0/12")
+
+
+def widen_pod_cidr() -> None:
+    """Let :class:`Cluster` create more than 256 KWOK nodes (see ``WIDE_POD_CIDR``)."""
+    kwok.POD_CIDR = WIDE_POD_CIDR
+
+
+def gpu_pools(
+    nodes: int, domains: int, prefix: str = "gpu", group: str = "scale"
+) -> list[NodePool]:
+    """``nodes`` 8-GPU nodes over ``domains`` kwok processes, all labelled with ``group``."""
+    pools = []
+    for index in range(domains):
+        count = nodes // domains + (1 if index < nodes % domains else 0)
+        name = f"{prefix}-{index}"
+        pools.append(NodePool(name=name, nodes=count, labels={BENCH_LABEL: group}))
+    return pools
+
+
+# ----------------------------------------------------------------------------- metrics
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_metrics(text: str) -> Samples:
+    """Prometheus text → {(sample name, sorted labels): value}."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return samples
+
+
+def metric_delta(
+    before: Samples, after: Samples, name: str
+) -> dict[tuple[tuple[str, str], ...], float]:
+    """How much each labelled series of ``name`` grew between two scrapes."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for (sample, labels), value in after.items():
+        if sample == name:
+            grown = value - before.get((sample, labels), 0.0)
+            if grown:
+                out[labels] = grown
+    return out
+
+
+@dataclass
+class ApiCount:
+    """The operator's own API requests and reconciles over one scenario."""
+
+    requests: dict[str, float]
+    reconciles: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.requests.values())
+
+    @classmethod
+    def between(cls, before: Samples, after: Samples) -> ApiCount:
+        requests = {
+            f"{dict(labels)['verb']} {dict(labels)['resource']}": value
+            for labels, value in metric_delta(before, after, "torchkube_api_requests_total").items()
+        }
+        reconciles = sum(
+            metric_delta(before, after, "torchkube_reconcile_duration_seconds_count").values()
+        )
+        return cls(dict(sorted(requests.items())), reconciles)
+
+
+# ----------------------------------------------------------------------------- watching
+@dataclass
+class PodTimes:
+    name: str
+    labels: dict[str, str]
+    seen: float
+    node: str = ""
+    phase: str = ""
+    running: float | None = None
+    terminated: float | None = None
+    deleted: float | None = None
+
+
+@dataclass
+class NodeTimes:
+    name: str
+    ready: bool | None = None
+    not_ready: float | None = None
+    not_ready_wall: float | None = None
+    transition: str = ""
+
+
+class _RawWatch(threading.Thread):
+    """A watch that resumes where it stopped and hands each event's object to ``handle``."""
+
+    def __init__(
+        self,
+        list_fn: Callable[..., Any],
+        handle: Callable[[str, dict[str, Any]], None],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.list_fn, self.handle, self.kwargs = list_fn, handle, kwargs
+        self.stopped = threading.Event()
+        self.synced = threading.Event()
+        self._response: Any = None
+
+    def run(self) -> None:
+        version = ""
+        while not self.stopped.is_set():
+            try:
+                if not version:
+                    listing = self.list_fn(**self.kwargs, _preload_content=False)
+                    body = json.loads(listing.data)
+                    for item in body.get("items", []):
+                        self.handle("ADDED", item)
+                    version = body["metadata"]["resourceVersion"]
+                    self.synced.set()
+                self._response = self.list_fn(
+                    **self.kwargs,
+                    watch=True,
+                    resource_version=version,
+                    allow_watch_bookmarks=True,
+                    # Short, so a stopped watch notices within this time: closing the response
+                    # from another thread can block until the next event arrives.
+                    timeout_seconds=WATCH_SECONDS,
+                    _preload_content=False,
+                )
+                for line in iter_resp_lines(self._response):
+                    if self.stopped.is_set():
+                        break
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object", {})
+                    if event.get("type") == "ERROR":
+                        version = ""  # 410 Gone: list again
+                        break
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    if event.get("type") != "BOOKMARK":
+                        self.handle(event["type"], obj)
+            except Exception:
+                if self.stopped.is_set():
+                    return
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Ask the thread to end (at its next event or watch timeout); never blocks."""
+        self.stopped.set()
+
+
+class PodWatch:
+    """Every pod of a namespace matching ``selector``, with the instants that matter."""
+
+    def __init__(self, api: Any, namespace: str, selector: str = "") -> None:
+        self.pods: dict[str, PodTimes] = {}
+        self.cond = threading.Condition()
+        core = client.CoreV1Api(api)
+        kwargs: dict[str, Any] = {"namespace": namespace}
+        if selector:
+            kwargs["label_selector"] = selector
+        self._watch = _RawWatch(core.list_namespaced_pod, self._handle, **kwargs)
+
+    def __enter__(self) -> PodWatch:
+        self._watch.start()
+        if not self._watch.synced.wait(30):
+            raise RuntimeError("pod watch did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.stop()
+
+    def _handle(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.monotonic()
+        meta, status = obj["metadata"], obj.get("status") or {}
+        name = meta["name"]
+        with self.cond:
+            pod = self.pods.get(name)
+            if pod is None:
+                pod = self.pods[name] = PodTimes(name, dict(meta.get("labels") or {}), now)
+            pod.labels = dict(meta.get("labels") or {})
+            pod.node = (obj.get("spec") or {}).get("nodeName") or pod.node
+            pod.phase = status.get("phase", "")
+            if pod.phase == "Running" and pod.running is None:
+                pod.running = now
+            if pod.phase in ("Failed", "Succeeded") and pod.terminated is None:
+                pod.terminated = now
+            if (kind == "DELETED" or meta.get("deletionTimestamp")) and pod.deleted is None:
+                pod.deleted = now
+            self.cond.notify_all()
+
+    def wait(
+        self, predicate: Callable[[dict[str, PodTimes]], Any], timeout: float, what: str
+    ) -> Any:
+        """Block until ``predicate(pods)`` is truthy (checked on every event); return it."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                result = predicate(self.pods)
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    states = [
+                        f"{p.name}:{p.phase}{':deleted' if p.deleted else ''}"
+                        f"{':terminated' if p.terminated else ''}"
+                        for p in self.pods.values()
+                    ]
+                    raise TimeoutError(
+                        f"timed out after {timeout:.0f}s waiting for {what}; pods: {states}"
+                    )
+                self.cond.wait(min(left, 1.0))
+
+    def live(self, role: str = lbl.ROLE_WORKER, job: str | None = None) -> list[PodTimes]:
+        return [
+            p
+            for p in self.pods.values()
+            if p.deleted is None
+            and p.terminated is None
+            and p.labels.get(lbl.ROLE) == role
+            and (job is None or p.labels.get(lbl.JOB_NAME) == job)
+        ]
+
+
+class NodeWatch:
+    """Nodes' readiness, with the instant each was first seen not Ready."""
+
+    def __init__(self, api: Any) -> None:
+        self.nodes: dict[str, NodeTimes] = {}
+        self.cond = threading.Condition()
+        self._watch = _RawWatch(client.CoreV1Api(api).list_node, self._handle)
+
+    def __enter__(self) -> NodeWatch:
+        self._watch.start()
+        if not self._watch.synced.wait(30):
+            raise RuntimeError("node watch did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.stop()
+
+    def _handle(self, kind: str, obj: dict[str, Any]) -> None:
+        now, wall = time.monotonic(), time.time()
+        name = obj["metadata"]["name"]
+        ready, transition = None, ""
+        for condition in (obj.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready":
+                ready = condition.get("status") == "True"
+                transition = condition.get("lastTransitionTime", "")
+        with self.cond:
+            node = self.nodes.setdefault(name, NodeTimes(name))
+            if ready is False and node.ready is not False:
+                node.not_ready, node.not_ready_wall, node.transition = now, wall, transition
+            if ready:
+                node.not_ready = node.not_ready_wall = None
+            node.ready = ready
+            self.cond.notify_all()
+
+    def wait_not_ready(self, names: list[str], timeout: float) -> list[NodeTimes]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [self.nodes.get(n) for n in names]
+                if all(n is not None and n.not_ready is not None for n in found):
+                    return [n for n in found if n is not None]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"nodes {names} not NotReady after {timeout:.0f}s")
+                self.cond.wait(min(left, 1.0))
+
+
+# ----------------------------------------------------------------------------- the stack
+@dataclass
+class Stack:
+    """A running cluster plus the operator under test."""
+
+    cluster: Cluster
+    operator: OperatorProcess
+    api: Any
+    volumes: list[str] = field(default_factory=list)
+    scratch: Path = field(default_factory=Path)
+
+    @property
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def custom(self) -> Any:
+        return client.CustomObjectsApi(self.api)
+
+    def metrics(self) -> Samples:
+        return parse_metrics(self.operator.metrics())
+
+    def operator_cpu_seconds(self) -> float:
+        assert self.operator.proc is not None
+        return proc_cpu_seconds(self.operator.proc.pid)
+
+    def operator_peak_rss(self) -> int:
+        assert self.operator.proc is not None
+        return proc_peak_rss_bytes(self.operator.proc.pid)
+
+    def restart_operator(self) -> None:
+        """A fresh operator process (so its peak RSS belongs to the next scenario only)."""
+        self.operator.stop()
+        self.operator = start_operator(self.cluster)
+
+    def namespace(self, prefix: str) -> str:
+        """A new namespace with a bound ReadWriteMany checkpoint claim every job can share.
+
+        The claim exists and is bound before any job: the figures are the operator's and the
+        scheduler's, not the PV controller's (Kubeflow's reference jobs had no volume).
+        """
+        name = f"{prefix}-{secrets.token_hex(3)}"
+        core = self.core
+        core.create_namespace({"metadata": {"name": name}})
+        wait_for(
+            lambda: any(
+                sa.metadata.name == "default"
+                for sa in core.list_namespaced_service_account(name).items
+            ),
+            60,
+            what=f"ServiceAccount {name}/default",
+        )
+        path = self.scratch / name
+        self.volumes.append(prebound_volume(self.api, name, CLAIM, str(path)))
+        core.create_namespaced_persistent_volume_claim(
+            name,
+            {
+                "metadata": {"name": CLAIM},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "resources": {"requests": {"storage": "10Gi"}},
+                },
+            },
+        )
+        wait_for(
+            lambda: (
+                core.read_namespaced_persistent_volume_claim(CLAIM, name).status.phase == "Bound"
+            ),
+            60,
+            what=f"claim {name}/{CLAIM} to be bound",
+        )
+        return name
+
+    def create_job(self, namespace: str, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    def delete_namespace(self, namespace: str, wait: float = 300, force: bool = False) -> None:
+        """Delete the jobs, wait until their pods are gone (capacity back), drop the namespace.
+
+        ``force`` also deletes the pods with grace 0: pods of a killed node would otherwise
+        stay Terminating until pod garbage collection (about a minute) removes them.
+        """
+        for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+            "items"
+        ]:
+            with contextlib.suppress(client.ApiException):
+                self.custom.delete_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    job["metadata"]["name"],
+                    propagation_policy="Background",
+                )
+        core = self.core
+        if force:
+            for pod in core.list_namespaced_pod(namespace).items:
+                with contextlib.suppress(client.ApiException):
+                    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+
+        def no_pods() -> bool:
+            return not core.list_namespaced_pod(namespace, limit=1).items
+
+        try:
+            wait_for(no_pods, wait, interval=1.0, what=f"the pods of {namespace} to be deleted")
+        finally:
+            core.delete_namespace(namespace)
+
+
+def install_crd(api: Any) -> None:
+    body = yaml.safe_load((ROOT / "manifests" / "crd.yaml").read_text())
+    ext = client.ApiextensionsV1Api(api)
+    with contextlib.suppress(client.ApiException):
+        ext.create_custom_resource_definition(body)
+
+    def established() -> bool:
+        found = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(
+            c.type == "Established" and c.status == "True"
+            for c in (found.status.conditions if found.status else None) or []
+        )
+
+    wait_for(established, 60, what="the TrainingJob CRD to be Established")
+
+
+def start_operator(cluster: Cluster, **env: str) -> OperatorProcess:
+    """The operator as shipped (defaults of torchkube/operator/config.py), no progress polls.
+
+    The harness sets a 5 s resync for tests; a benchmark runs the production default (30 s), so
+    idle reconciles do not inflate the request counts.
+    """
+    settings = {"TORCHKUBE_RESYNC_SECONDS": "30", **env}
+    return OperatorProcess(cluster.kubeconfig, cluster.log_dir / "operator.log", settings).start()
+
+
+@contextlib.contextmanager
+def stack(pools: list[NodePool], scratch: Path, **operator_env: str) -> Iterator[Stack]:
+    """Start the cluster with ``pools`` (not timed), the CRD and the operator; stop them all."""
+    widen_pod_cidr()
+    started = time.monotonic()
+    cluster = Cluster(ClusterConfig(pools=pools, start_timeout_s=600))
+    cluster.start()
+    log(f"cluster with {sum(p.nodes for p in pools)} nodes up in {time.monotonic() - started:.0f}s")
+    operator: OperatorProcess | None = None
+    try:
+        api = cluster.api_client()
+        install_crd(api)
+        operator = start_operator(cluster, **operator_env)
+        bench = Stack(cluster, operator, api, scratch=scratch)
+        yield bench
+        for volume in bench.volumes:
+            with contextlib.suppress(Exception):
+                delete_volume(api, volume)
+        operator = bench.operator
+    except BaseException:
+        cluster.mark_failed()
+        raise
+    finally:
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+
+
+def job_body(
+    name: str,
+    workers: int,
+    *,
+    gpus: int = 1,
+    group: str = "scale",
+    min_workers: int | None = None,
+    failure_policy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A TrainingJob of ``workers`` pods, ``gpus`` each, on the nodes labelled ``group``.
+
+    Everything else is the API's default, which is what a user's job gets.
+    """
+    spec: dict[str, Any] = {
+        "replicas": {"min": min_workers or workers, "max": workers},
+        "nprocPerNode": 1,
+        "resources": {"gpus": gpus},
+        "checkpoint": {"claimName": CLAIM},
+        "scheduling": {
+            "tolerations": [kwok_toleration()],
+            "nodeSelector": {BENCH_LABEL: group},
+        },
+    }
+    if failure_policy:
+        spec["failurePolicy"] = failure_policy
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+__all__ = [
+    "POOL_LABEL",
+    "ApiCount",
+    "NodeWatch",
+    "PodWatch",
+    "Stack",
+    "gpu_pools",
+    "job_body",
+    "stack",
+]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
+#   NAME: operator_scale, operator_recovery, recovery_e2e, trainer_throughput, checkpoint_cost,
+#         or all (each of them, one after the other, with ARGS ignored)
+# Then refresh the tables in docs/benchmarks.md and bench/README.md from bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ]; then
+  sed -n '2,4p' "$0"
+  exit 2
+fi
+name=$1
+shift
+VENV=$(hack/bootstrap.sh)
+export PATH="$VENV/bin:$PATH"
+case "$name" in
+  all | operator_scale | operator_recovery)
+    TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
+    export TORCHKUBE_BIN_DIR
+    ;;
+esac
+if [ "$name" = all ]; then
+  for one in operator_scale operator_recovery recovery_e2e trainer_throughput checkpoint_cost; do
+    python -m "bench.$one"
+  done
+else
+  python -m "bench.$name" "$@"
+fi
+python -m bench.report

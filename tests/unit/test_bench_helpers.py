@@ -1,0 +1,149 @@
+"""The benchmarks' pure helpers: statistics, verdicts, tables, log parsing, metric deltas.
+
+No benchmark runs here and nothing is timed: these check that the arithmetic which turns
+trial values into published figures is right.
+"""
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
+
+from bench import report
+from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
+from bench.kube import ApiCount, parse_metrics
+from bench.recovery_e2e import LogLine, line_time, split_recovery
+from bench.trainer_throughput import throughput
+
+
+@pytest.mark.parametrize("values", [[3.0], [1.0, 2.0], [5, 1, 4, 2, 3], [0.3, 0.1, 9.0, 2.5]])
+@pytest.mark.parametrize("q", [0, 50, 95, 100])
+def test_percentile_matches_numpy_linear(values: list[float], q: float) -> None:
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_stats_of_trials() -> None:
+    stats = Stats.of([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (stats.n, stats.median, stats.min, stats.max) == (5, 3.0, 1.0, 5.0)
+    assert stats.p95 == pytest.approx(4.8)
+
+
+def test_verdict_is_judged_on_the_median_and_says_when_p95_misses() -> None:
+    figure = Figure("created", "s", target=Target(5.0))
+    assert figure.verdict() == "not measured"
+    for value in (1.0, 2.0, 9.0):
+        figure.add(value, load=1.0)
+    assert figure.verdict() == "met (p95 missed)"
+    figure.add(6.0, load=1.0)
+    figure.add(7.0, load=1.0)
+    assert figure.verdict() == "missed"
+    higher = Figure("mfu", "%", values=[50.0, 60.0, 70.0], loads=[1, 1, 1])
+    higher.target = Target(45.0, "min")
+    assert higher.verdict() == "met"
+    assert Target(45.0, "min").met(45.0) and not Target(45.0, "min").met(44.9)
+
+
+def test_reference_ratio_says_how_many_times_better() -> None:
+    assert Reference(50.4, "Kubeflow").ratio(5.04) == pytest.approx(10.0)
+    assert Reference(100.0, "bare", higher_is_better=True).ratio(97.0) == pytest.approx(0.97)
+    assert Reference(1.0, "x").ratio(0.0) is None
+
+
+def test_markdown_table_escapes_pipes() -> None:
+    table = markdown_table(["a", "b"], [["x|y", "z"]])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| x\\|y | z |"]
+
+
+def test_results_write_json_and_markdown(tmp_path: Path) -> None:
+    results = Results("demo", "python -m bench.demo")
+    figure = results.figure(
+        "apply → created", "s", target=Target(5.0), reference=Reference(50.4, "Kubeflow 50.4 s")
+    )
+    figure.add(4.0, load=2.0)
+    figure.add(6.0, load=3.0)
+    json_path, md_path = results.write(tmp_path)
+    import json
+
+    body = json.loads(json_path.read_text())
+    (fig,) = body["figures"]
+    assert fig["values"] == [4.0, 6.0] and fig["load_average"] == [2.0, 3.0]
+    assert fig["median"] == 5.0 and fig["verdict"] == "met (p95 missed)"
+    assert fig["ratio"] == pytest.approx(10.08)
+    assert "| apply → created | 2 | 5.00 s |" in md_path.read_text()
+
+
+def test_report_splices_between_markers_only() -> None:
+    doc = f"intro\n{report.BEGIN}\nold\n{report.END}\noutro\n"
+    assert report.splice(doc, "new\n") == f"intro\n{report.BEGIN}\nnew\n{report.END}\noutro\n"
+    with pytest.raises(ValueError):
+        report.splice("no markers", "x")
+
+
+def test_log_times_of_torch_and_python_lines() -> None:
+    torch_line = "I1123 07:14:32.635000 17811 torch/distributed/elastic/agent/server/api.py:941] x"
+    py_line = "2026-11-23 07:14:55,492 INFO torchkube: resumed from /c/step-40 (...) in 0.73s"
+    assert line_time(torch_line, 2026) == dt.datetime(2026, 11, 23, 7, 14, 32, 635000).timestamp()
+    assert line_time(py_line, 1999) == dt.datetime(2026, 11, 23, 7, 14, 55, 492000).timestamp()
+    assert line_time("  continuation line", 2026) is None
+
+
+def test_split_recovery_finds_each_milestone() -> None:
+    t = dt.datetime(2026, 11, 23, 7, 0, 0).timestamp()
+    lines = [
+        LogLine(t - 1, "worker-0.log", "2026 INFO torchkube: step 44/100 | loss"),
+        LogLine(t + 0.8, "worker-1.log", "I.. [default] Worker group FAILED. 3/3 attempts left"),
+        LogLine(t + 9.0, "worker-0.log", "I.. [default] Rendezvous complete for workers. Result:"),
+        LogLine(t + 11.0, "worker-1.log", "I.. [default] Rendezvous complete for workers. Result:"),
+        LogLine(t + 16.0, "worker-1.log", "x INFO torchkube: resumed from /c/step-40 (w) in 0.50s"),
+        LogLine(t + 16.2, "worker-1.log", "x WARNING torchkube [rank 1]: step 41/100 | not rank 0"),
+        LogLine(t + 16.3, "worker-1.log", "x INFO torchkube: step 41/100 | loss 3.1"),
+    ]
+    split = split_recovery(lines, t)
+    assert split.detection == pytest.approx(0.8)
+    assert split.rendezvous == pytest.approx(10.2)  # the surviving agent's own round
+    assert split.worker_start == pytest.approx(4.5)
+    assert split.checkpoint_load == pytest.approx(0.5)
+    assert split.first_step == pytest.approx(0.3)
+    assert split.total == pytest.approx(16.3)
+    assert (split.resumed_step, split.first_new_step) == (40, 41)
+
+
+def test_split_recovery_names_the_missing_milestone() -> None:
+    line = LogLine(1.0, "worker-1.log", "I.. [default] Worker group FAILED. 3/3 attempts left")
+    with pytest.raises(ValueError, match="Rendezvous complete"):
+        split_recovery([line], 0.0)
+
+
+def test_throughput_counts_from_the_warmup_step() -> None:
+    points = [(5, 100.0, 10.0), (10, 101.0, 11.5), (15, 102.0, 13.0)]
+    speed = throughput(points, warmup=5, tokens_per_step=100)
+    assert speed.wall == pytest.approx(1000 / 2.0)
+    assert speed.cpu == pytest.approx(1000 / 3.0)
+    with pytest.raises(ValueError):
+        throughput(points[:1], warmup=5, tokens_per_step=100)
+
+
+def test_api_requests_between_two_scrapes() -> None:
+    before = parse_metrics(
+        'torchkube_api_requests_total{verb="create",resource="pod"} 3.0\n'
+        "torchkube_reconcile_duration_seconds_count 2.0\n"
+    )
+    after = parse_metrics(
+        'torchkube_api_requests_total{verb="create",resource="pod"} 11.0\n'
+        'torchkube_api_requests_total{verb="patch",resource="trainingjobs/status"} 2.0\n'
+        "torchkube_reconcile_duration_seconds_count 6.0\n"
+    )
+    count = ApiCount.between(before, after)
+    assert count.requests == {"create pod": 8.0, "patch trainingjobs/status": 2.0}
+    assert count.reconciles == 4.0 and count.total == 10.0
