@@ -195,6 +195,8 @@ class CheckpointManager:
         self.metrics = metrics
         self.round = ""
         self.last_step: int | None = None
+        self.blocked_seconds = 0.0
+        """Wall time this process spent inside ``save()``: the training it held up."""
         self.last_time: float | None = None
         self._last_save_started = time.monotonic()
         self._pending: _Pending | None = None
@@ -417,9 +419,20 @@ class CheckpointManager:
         return bool(self.interval_seconds) and elapsed >= self.interval_seconds
 
     def save(self, step: int, *, blocking: bool = False) -> None:
-        """Checkpoint the current state as ``step``; ``blocking`` waits until it is committed."""
+        """Checkpoint the current state as ``step``; ``blocking`` waits until it is committed.
+
+        Everything spent in here — waiting for the previous save, staging, a synchronous write
+        and its commit — is added to ``blocked_seconds``, the goodput's ``checkpoint`` share.
+        """
         if self.folder is None:
             return
+        entered = time.monotonic()
+        try:
+            self._save(step, blocking)
+        finally:
+            self.blocked_seconds += time.monotonic() - entered
+
+    def _save(self, step: int, blocking: bool) -> None:
         if self._pending is not None and self._pending.step == step:
             if blocking:
                 self.wait()
@@ -429,6 +442,7 @@ class CheckpointManager:
             return
         started = time.monotonic()
         self._last_save_started = started
+        assert self.folder is not None  # save() returns early without one
         tmp = self.folder / f"{TMP_PREFIX}{STEP_PREFIX}{step}-{self.round}"
         model_sd, optim_sd = self._model_optim_state()
         state = {

@@ -279,6 +279,7 @@ class Reporter:
         self._window_start = time.monotonic()
         self._window_steps = 0
         self._step_time = self._data_wait = 0.0
+        self._data_wait_total = 0.0
         self._lr = 0.0
         self.loss: float | None = None
         self.tokens_per_second = 0.0
@@ -295,6 +296,8 @@ class Reporter:
             "lastCheckpointStep": self.ckpt.last_step,
             "lastCheckpointTime": rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
             "restarts": state.resumes,
+            "checkpointBlockingSeconds": round(self.ckpt.blocked_seconds, 3),
+            "dataWaitSeconds": round(self._data_wait_total, 3),
             "finished": False,
         }
 
@@ -322,6 +325,7 @@ class Reporter:
         self._window_steps += 1
         self._step_time += seconds
         self._data_wait += data_wait
+        self._data_wait_total += data_wait
         self._lr = lr
         self.progress.update(step=state.step)  # written when min_interval has passed
 
