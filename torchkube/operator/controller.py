@@ -31,24 +31,6 @@ from torchkube.operator.reconcile import Observed, Plan, plan
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
 EXPECTATION_TTL = 120.0
-COUNT_WRITE_INTERVAL = 1.0
-"""Seconds between two status writes that only move counts (see ``_status_gist``)."""
-
-
-def _status_gist(status: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What makes a status change worth writing at once: the phase, each condition's type,
-    status and reason, the restart count and the observed generation. Ready counts and the
-    messages quoting them change with every pod that starts; written each time, a 512-worker
-    start cost 52 status patches."""
-    conditions = sorted(
-        (c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions", [])
-    )
-    return (
-        status.get("phase"),
-        tuple(conditions),
-        status.get("restarts"),
-        status.get("observedGeneration"),
-    )
 
 
 @dataclass
@@ -64,8 +46,6 @@ class _Memory:
     startup_observed: bool = False
     failure_at: float | None = None
     goodput: Goodput | None = None
-    status_written_at: float = -COUNT_WRITE_INTERVAL
-    status_retry_at: float = 0.0
 
     def expire(self, now: float) -> None:
         self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
@@ -224,28 +204,15 @@ class Controller:
         )
         if memory.goodput.reported is not None:
             decided.status["goodput"] = memory.goodput.reported
-        hold_status = self._status_hold(body.get("status") or {}, decided, memory)
-        await asyncio.to_thread(self._execute, key, body, job, decided, memory, hold_status > 0)
+        await asyncio.to_thread(self._execute, key, body, job, decided, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after
-        if hold_status > 0 and memory.status_retry_at <= time.monotonic():
-            # One wake-up per hold: every pod event reconciles anyway, and each scheduling
-            # its own retry made the 512-worker start plan twice as often.
-            memory.status_retry_at = time.monotonic() + hold_status
-            delay = hold_status if delay is None else min(delay, hold_status)
         if self._polls_progress(job, decided):
             interval = self.settings.progress_interval_seconds
             delay = interval if delay is None else min(delay, interval)
         if delay is not None:
             self.enqueue(key, delay=delay)
-
-    @staticmethod
-    def _status_hold(current: Mapping[str, Any], decided: Plan, memory: _Memory) -> float:
-        """Seconds to hold back a status write that only moves counts; 0 to write now."""
-        if decided.status == current or _status_gist(decided.status) != _status_gist(current):
-            return 0.0
-        return max(0.0, memory.status_written_at + COUNT_WRITE_INTERVAL - time.monotonic())
 
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
         """Running jobs are revisited every progress interval so their status stays fresh."""
@@ -275,13 +242,7 @@ class Controller:
             memory.progress = report
 
     def _execute(
-        self,
-        key: Key,
-        body: dict[str, Any],
-        job: TrainingJob,
-        decided: Plan,
-        memory: _Memory,
-        hold_status: bool,
+        self, key: Key, body: dict[str, Any], job: TrainingJob, decided: Plan, memory: _Memory
     ) -> None:
         namespace, name = key
         if decided.ensure_children:
@@ -299,9 +260,8 @@ class Controller:
             for created in self.kube.create_all(decided.create_pods):
                 if created is not None:
                     memory.created[created["metadata"]["name"]] = (now, p.slim(created))
-        if decided.status != (body.get("status") or {}) and not hold_status:
+        if decided.status != (body.get("status") or {}):
             memory.job = self.kube.patch_status(namespace, name, decided.status)
-            memory.status_written_at = time.monotonic()
         for event in decided.events:
             self.kube.event(body, event.type, event.reason, event.message)
         if decided.delete_job:
