@@ -58,6 +58,14 @@ class Job:
             if p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None
         ]
 
+    def replacements(self, slot: int, victim: str) -> list[Any]:
+        """Live workers in ``slot`` other than ``victim``: what replaced it."""
+        return [
+            p
+            for p in self.live_workers()
+            if p.metadata.labels[lbl.REPLICA_INDEX] == str(slot) and p.metadata.name != victim
+        ]
+
     def running_workers(self) -> list[Any]:
         return [p for p in self.live_workers() if p.status.phase == "Running"]
 
@@ -156,14 +164,7 @@ def test_failed_worker_is_replaced_and_counted(
     faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=137)
     failed_at = time.monotonic()
     replacement = job.wait(
-        lambda: [
-            p
-            for p in job.live_workers()
-            if p.metadata.labels[lbl.REPLICA_INDEX] == "1"
-            and p.metadata.name != victim.metadata.name
-        ],
-        30,
-        "a replacement for worker 1",
+        lambda: job.replacements(1, victim.metadata.name), 30, "a replacement for worker 1"
     )
     print(f"replacement created {time.monotonic() - failed_at:.2f}s after the failure")
     job.wait_running(4)
@@ -194,15 +195,8 @@ def test_deleted_young_worker_is_replaced_once_and_the_replacement_kept(
     job = make_job(f"young-{'force' if force else 'grace'}", pool, replicas={"min": 4, "max": 4})
     victim = job.wait_running(4)[2].metadata.name
     faults.delete_pod(api_client, victim, job.namespace, force=force)
-    replacement = job.wait(
-        lambda: [
-            p.metadata.name
-            for p in job.live_workers()
-            if p.metadata.labels[lbl.REPLICA_INDEX] == "2" and p.metadata.name != victim
-        ],
-        30,
-        "a replacement for worker 2",
-    )[0]
+    found = job.wait(lambda: job.replacements(2, victim), 30, "a replacement for worker 2")
+    replacement = found[0].metadata.name
     deadline = time.monotonic() + 8  # more than one resync of the test operator (5 s)
     while time.monotonic() < deadline:
         slot = [
