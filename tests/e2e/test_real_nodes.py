@@ -12,6 +12,7 @@ Timings are printed (``[real nodes] ...``); docs/real-nodes.md records measured 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -315,6 +316,88 @@ def _checkpoint_steps(directory: Path) -> list[int]:
     )
 
 
+class RealJob:
+    """A TrainingJob on the real nodes: its namespace, its checkpoint folder (a hostPath
+    claim bound to it) and the reads the tests' waits and failure messages need."""
+
+    def __init__(self, cluster: Cluster, api: Any, namespace: str, name: str, tmp: Path) -> None:
+        self.cluster, self.api, self.name = cluster, api, name
+        self.namespace = _namespace(api, namespace)
+        self.checkpoints = tmp / "checkpoints"
+        self.checkpoints.mkdir()
+        os.chown(self.checkpoints, APP_UID, APP_UID)  # hostPath ignores fsGroup
+        self.volume = prebound_volume(
+            api, self.namespace, f"{name}-checkpoints", str(self.checkpoints)
+        )
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        _kubectl(self.cluster, "apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def status(self) -> dict[str, Any]:
+        body = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name
+        )
+        return dict(body.get("status") or {})
+
+    def pods(self, role: str = lbl.ROLE_WORKER) -> list[Any]:
+        selector = f"{lbl.JOB_NAME}={self.name},{lbl.ROLE}={role}"
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def progress(self) -> dict[str, Any]:
+        return _progress(self.checkpoints)
+
+    def describe(self) -> str:
+        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]
+        return f"status={self.status()} pods={listed} progress={self.progress()}"
+
+    def wait_finished(self) -> str:
+        """The job's final phase, Succeeded or Failed."""
+
+        def finished() -> str | None:
+            phase = self.status().get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase: str = wait_for(finished, 600, what="the job to finish", describe_last=self.describe)
+        return phase
+
+    def delete(self) -> None:
+        subprocess.run(
+            [
+                str(self.cluster.binaries().path("kubectl")),
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "delete",
+                "trainingjob",
+                "-n",
+                self.namespace,
+                self.name,
+                "--wait=false",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        delete_volume(self.api, self.volume)
+
+
+@contextlib.contextmanager
+def real_job(
+    cluster: Cluster, api: Any, operator: OperatorProcess, say: Say, tmp: Path, **where: str
+) -> Iterator[RealJob]:
+    """A RealJob (``namespace``, ``name``) deleted afterwards; a failure keeps the cluster's
+    logs and prints the operator's."""
+    job = RealJob(cluster, api, where["namespace"], where["name"], tmp)
+    try:
+        yield job
+    except BaseException:
+        cluster.mark_failed()
+        say(f"operator log:\n{operator.tail(60)}")
+        raise
+    finally:
+        job.delete()
+
+
 def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
     real_cluster: Cluster,
     trainer_image: LoadedImage,
@@ -325,59 +408,38 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
 ) -> None:
     """`kubectl delete pod`: SIGTERM -> emergency checkpoint off the interval -> resume there."""
     steps, every = 600, 100
-    ns = _namespace(api, "realnodes-delete")
-    name = "deleted"
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
-    os.chown(checkpoints, APP_UID, APP_UID)
-    volume = prebound_volume(api, ns, f"{name}-checkpoints", str(checkpoints))
-    core: Any = client.CoreV1Api(api)
-    custom: Any = client.CustomObjectsApi(api)
-
-    def status() -> dict[str, Any]:
-        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        return dict(body.get("status") or {})
-
-    def workers() -> list[Any]:
-        selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={lbl.ROLE_WORKER}"
-        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
-
-    def describe() -> str:
-        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in workers()]
-        return f"status={status()} pods={listed} progress={_progress(checkpoints)}"
-
-    try:
-        _kubectl(
-            real_cluster,
-            "apply",
-            "-f",
-            "-",
-            stdin=json.dumps(_job_manifest(name, ns, steps, every)),
-        )
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-delete", name="deleted"
+    ) as job:
+        job.apply(_job_manifest(job.name, job.namespace, steps, every))
 
         def past_first_checkpoint() -> bool:
-            report = _progress(checkpoints)
+            report = job.progress()
             return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
 
-        wait_for(past_first_checkpoint, 300, what="training past step 100", describe_last=describe)
-        before = _progress(checkpoints)
-        victim = next(p for p in workers() if p.status.phase == "Running")
+        wait_for(
+            past_first_checkpoint, 300, what="training past step 100", describe_last=job.describe
+        )
+        before = job.progress()
+        victim = next(p for p in job.pods() if p.status.phase == "Running")
         say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
         deleted = time.monotonic()
-        _kubectl(real_cluster, "delete", "pod", "-n", ns, victim.metadata.name, "--wait=false")
+        _kubectl(
+            real_cluster, "delete", "pod", "-n", job.namespace, victim.metadata.name, "--wait=false"
+        )
 
         def emergency() -> int | None:
-            off_interval = [s for s in _checkpoint_steps(checkpoints) if s % every]
+            off_interval = [s for s in _checkpoint_steps(job.checkpoints) if s % every]
             return off_interval[-1] if off_interval else None
 
         emergency_step = wait_for(
-            emergency, 120, what="the emergency checkpoint", describe_last=describe
+            emergency, 120, what="the emergency checkpoint", describe_last=job.describe
         )
         say(f"emergency checkpoint at step {emergency_step}, {time.monotonic() - deleted:.1f} s")
 
         def resumed_logs() -> str | None:
-            finished = status().get("phase") in ("Succeeded", "Failed")
-            for pod in workers():
+            finished = job.status().get("phase") in ("Succeeded", "Failed")
+            for pod in job.pods():
                 if pod.metadata.name == victim.metadata.name or pod.status.phase == "Pending":
                     continue
                 logs = subprocess.run(
@@ -387,7 +449,7 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
                         str(real_cluster.kubeconfig),
                         "logs",
                         "-n",
-                        ns,
+                        job.namespace,
                         pod.metadata.name,
                     ],
                     capture_output=True,
@@ -397,44 +459,21 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
                 if "resumed from" in logs:
                     return logs
             # A job that ended with no worker resumed stopped short of its steps: say so now.
-            assert not finished, f"the job finished without resuming after the delete: {describe()}"
+            assert not finished, (
+                f"the job finished without resuming after the delete: {job.describe()}"
+            )
             return None
 
-        logs = wait_for(resumed_logs, 180, what="a worker resumed", describe_last=describe)
+        logs = wait_for(resumed_logs, 180, what="a worker resumed", describe_last=job.describe)
         resumed_line = next(line for line in logs.splitlines() if "resumed from" in line)
         say(f"{time.monotonic() - deleted:.1f} s after delete: {resumed_line.strip()}")
         assert f"step-{emergency_step} " in resumed_line + " ", resumed_line
 
-        def finished() -> str | None:
-            phase = status().get("phase")
-            return phase if phase in ("Succeeded", "Failed") else None
-
-        phase = wait_for(finished, 600, what="the job to finish", describe_last=describe)
-        report = _progress(checkpoints)
-        assert phase == "Succeeded", describe()
+        phase = job.wait_finished()
+        report = job.progress()
+        assert phase == "Succeeded", job.describe()
         assert report.get("finished") is True and report.get("step") == steps, report
         assert int(report.get("restarts") or 0) >= 1, report
-    except BaseException:
-        real_cluster.mark_failed()
-        say(f"operator log:\n{operator.tail(60)}")
-        raise
-    finally:
-        subprocess.run(
-            [
-                str(real_cluster.binaries().path("kubectl")),
-                "--kubeconfig",
-                str(real_cluster.kubeconfig),
-                "delete",
-                "trainingjob",
-                "-n",
-                ns,
-                name,
-                "--wait=false",
-            ],
-            capture_output=True,
-            check=False,
-        )
-        delete_volume(api, volume)
 
 
 def _container_init_pid(pod_name: str) -> int:
@@ -465,79 +504,48 @@ def test_killed_worker_container_is_replaced_and_resumes(
     """A worker container dies with a retryable code (SIGKILL: 137) -> the operator replaces
     the pod, records the failure, and training resumes from the last periodic checkpoint."""
     steps, every = 300, 50
-    ns = _namespace(api, "realnodes-kill")
-    name = "killed"
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
-    os.chown(checkpoints, APP_UID, APP_UID)
-    volume = prebound_volume(api, ns, f"{name}-checkpoints", str(checkpoints))
-    core: Any = client.CoreV1Api(api)
-    custom: Any = client.CustomObjectsApi(api)
-
-    def status() -> dict[str, Any]:
-        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        return dict(body.get("status") or {})
-
-    def workers() -> list[Any]:
-        selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={lbl.ROLE_WORKER}"
-        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
-
-    def describe() -> str:
-        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in workers()]
-        return f"status={status()} pods={listed} progress={_progress(checkpoints)}"
-
-    try:
-        _kubectl(
-            real_cluster,
-            "apply",
-            "-f",
-            "-",
-            stdin=json.dumps(_job_manifest(name, ns, steps, every)),
-        )
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-kill", name="killed"
+    ) as job:
+        job.apply(_job_manifest(job.name, job.namespace, steps, every))
 
         def past_first_checkpoint() -> bool:
-            report = _progress(checkpoints)
+            report = job.progress()
             return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
 
         wait_for(
-            past_first_checkpoint, 300, what="training past a checkpoint", describe_last=describe
+            past_first_checkpoint,
+            300,
+            what="training past a checkpoint",
+            describe_last=job.describe,
         )
-        victim = next(p for p in workers() if p.status.phase == "Running")
-        at_step = _progress(checkpoints)["step"]
+        victim = next(p for p in job.pods() if p.status.phase == "Running")
+        at_step = job.progress()["step"]
         say(f"SIGKILL the container of {victim.metadata.name} at step {at_step}")
         os.kill(_container_init_pid(victim.metadata.name), signal.SIGKILL)
 
         def recorded() -> dict[str, Any] | None:
-            last = status().get("lastFailure") or {}
+            last = job.status().get("lastFailure") or {}
             return last if last.get("pod") == victim.metadata.name else None
 
-        failure = wait_for(recorded, 120, what="the failure in the status", describe_last=describe)
+        failure = wait_for(
+            recorded, 120, what="the failure in the status", describe_last=job.describe
+        )
         assert failure["reason"] == "ExitCode" and failure["exitCode"] == 137, failure
         assert failure["retryable"] is True
 
-        def finished() -> str | None:
-            phase = status().get("phase")
-            return phase if phase in ("Succeeded", "Failed") else None
-
-        phase = wait_for(finished, 600, what="the job to finish", describe_last=describe)
-        report = _progress(checkpoints)
-        assert phase == "Succeeded", describe()
+        phase = job.wait_finished()
+        report = job.progress()
+        assert phase == "Succeeded", job.describe()
         assert report.get("finished") is True and report.get("step") == steps, report
-        assert status()["restarts"] >= 1
+        assert job.status()["restarts"] >= 1
         replacements = [
             p
-            for p in workers()
+            for p in job.pods()
             if p.metadata.labels[lbl.REPLICA_INDEX] == victim.metadata.labels[lbl.REPLICA_INDEX]
             and p.metadata.name != victim.metadata.name
         ]
         assert replacements, "the killed worker's slot got no replacement pod"
-    except BaseException:
-        real_cluster.mark_failed()
-        say(f"operator log:\n{operator.tail(60)}")
-        raise
-    finally:
-        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        delete_volume(api, volume)
 
 
 def test_training_job_survives_real_node_loss(
@@ -554,132 +562,92 @@ def test_training_job_survives_real_node_loss(
         f"trainer image {trainer_image.size_bytes / 1e9:.2f} GB: docker save"
         f" {trainer_image.save_s:.1f} s, import {trainer_image.import_s}"
     )
-    ns = _namespace(api, "realnodes-job")
-    name = "survivor"
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
-    os.chown(checkpoints, APP_UID, APP_UID)  # hostPath ignores fsGroup
-    volume = prebound_volume(api, ns, f"{name}-checkpoints", str(checkpoints))
-    core: Any = client.CoreV1Api(api)
-    custom: Any = client.CustomObjectsApi(api)
-
-    def status() -> dict[str, Any]:
-        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        return dict(body.get("status") or {})
-
-    def pods(role: str) -> list[Any]:
-        selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={role}"
-        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
-
-    def describe() -> str:
-        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in pods("worker")]
-        return f"status={status()} pods={listed} progress={_progress(checkpoints)}"
-
-    try:
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-job", name="survivor"
+    ) as job:
         applied = time.monotonic()
-        _kubectl(real_cluster, "apply", "-f", "-", stdin=json.dumps(_job_manifest(name, ns)))
+        job.apply(_job_manifest(job.name, job.namespace))
 
         def training_on_two_nodes() -> bool:
-            running = [p for p in pods("worker") if p.status.phase == "Running"]
-            report = _progress(checkpoints)
+            running = [p for p in job.pods() if p.status.phase == "Running"]
+            report = job.progress()
             return (
                 len({p.spec.node_name for p in running}) == 2
                 and report.get("worldSize") == 2
                 and int(report.get("step") or 0) >= 1
             )
 
-        wait_for(training_on_two_nodes, 300, what="2 workers training", describe_last=describe)
+        wait_for(training_on_two_nodes, 300, what="2 workers training", describe_last=job.describe)
         first_step_s = time.monotonic() - applied
         say(f"apply -> first training step (world size 2): {first_step_s:.1f} s")
 
         def checkpointed() -> bool:
-            return int(_progress(checkpoints).get("lastCheckpointStep") or 0) >= CHECKPOINT_EVERY
+            return int(job.progress().get("lastCheckpointStep") or 0) >= CHECKPOINT_EVERY
 
-        wait_for(checkpointed, 300, what="a first checkpoint", describe_last=describe)
+        wait_for(checkpointed, 300, what="a first checkpoint", describe_last=job.describe)
 
-        store_nodes = {p.spec.node_name for p in pods(lbl.ROLE_RENDEZVOUS)}
-        workers = [p for p in pods("worker") if p.status.phase == "Running"]
+        store_nodes = {p.spec.node_name for p in job.pods(lbl.ROLE_RENDEZVOUS)}
+        workers = [p for p in job.pods() if p.status.phase == "Running"]
         # Pull the plug on a worker's node; the rendezvous store's node stays (its loss is a
         # different scenario: every agent has to re-rendezvous through a new store).
         victim = next(
             (p for p in workers if p.spec.node_name not in store_nodes), workers[0]
         ).spec.node_name
-        before = _progress(checkpoints)
-        latest = max(_checkpoint_steps(checkpoints))
+        before = job.progress()
+        latest = max(_checkpoint_steps(job.checkpoints))
         say(f"killing node {victim} at step {before.get('step')} (store on {store_nodes})")
         killed = time.monotonic()
         nodes.kill_node(victim)
 
         def resumed() -> bool:
-            report = _progress(checkpoints)
-            # A report written after a resume from a checkpoint, past the step it resumed at.
-            return int(report.get("restarts") or 0) > int(before.get("restarts") or 0) and int(
-                report.get("step") or 0
-            ) > int(report.get("lastCheckpointStep") or 0)
+            report = job.progress()
+            # A report written after a resume from a checkpoint, past the step it resumed at —
+            # or, when the rest of the run took less than a poll, the final report (its step is
+            # its own last checkpoint's, so "past" cannot show).
+            return int(report.get("restarts") or 0) > int(before.get("restarts") or 0) and (
+                int(report.get("step") or 0) > int(report.get("lastCheckpointStep") or 0)
+                or report.get("finished") is True
+            )
 
-        wait_for(resumed, 300, what="training to resume", describe_last=describe)
+        wait_for(resumed, 300, what="training to resume", describe_last=job.describe)
         resume_s = time.monotonic() - killed
-        after = _progress(checkpoints)
+        after = job.progress()
         # Resumed from the newest checkpoint there was when the node died (or a later one).
         assert int(after.get("lastCheckpointStep") or 0) >= latest, (latest, after)
-        say(f"node loss -> first step after resume: {resume_s:.1f} s ({_progress(checkpoints)})")
+        say(f"node loss -> first step after resume: {resume_s:.1f} s ({job.progress()})")
 
         def node_lost_seen() -> bool:
-            failures = status().get("failures") or []
+            failures = job.status().get("failures") or []
             return any(f.get("node") == victim for f in failures)
 
         wait_for(
             node_lost_seen,
             NODE_MONITOR_GRACE_S + NODE_LOST_GRACE_S + 60,
             what=f"the operator to record the loss of {victim}",
-            describe_last=describe,
+            describe_last=job.describe,
         )
         noticed_s = time.monotonic() - killed
         say(f"node loss -> failure recorded by the operator: {noticed_s:.1f} s")
 
-        def finished() -> str | None:
-            phase = status().get("phase")
-            return phase if phase in ("Succeeded", "Failed") else None
-
-        phase = wait_for(finished, 600, what="the job to finish", describe_last=describe)
+        phase = job.wait_finished()
         total_s = time.monotonic() - applied
         say(f"apply -> job {phase}: {total_s:.1f} s")
-        final = status()
-        report = _progress(checkpoints)
-        assert phase == "Succeeded", describe()
+        final = job.status()
+        report = job.progress()
+        assert phase == "Succeeded", job.describe()
         assert report.get("finished") is True and report.get("step") == STEPS, report
         assert report.get("totalSteps") == STEPS, report
         assert int(report.get("restarts") or 0) >= 1, report
-        assert (checkpoints / f"step-{STEPS}" / "COMPLETE.json").is_file(), sorted(
-            p.name for p in checkpoints.iterdir()
+        assert (job.checkpoints / f"step-{STEPS}" / "COMPLETE.json").is_file(), sorted(
+            p.name for p in job.checkpoints.iterdir()
         )
         assert int(final.get("restarts") or 0) >= 1, final
         lost = [f for f in final.get("failures") or [] if f.get("node") == victim]
         assert lost, final
-        events = core.list_namespaced_event(
-            ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob"
+        events = job.core.list_namespaced_event(
+            job.namespace,
+            field_selector=f"involvedObject.name={job.name},involvedObject.kind=TrainingJob",
         ).items
         assert any(victim in (e.message or "") for e in events), [
             (e.reason, e.message) for e in events
         ]
-    except BaseException:
-        real_cluster.mark_failed()
-        say(f"operator log:\n{operator.tail(60)}")
-        raise
-    finally:
-        subprocess.run(
-            [
-                str(real_cluster.binaries().path("kubectl")),
-                "--kubeconfig",
-                str(real_cluster.kubeconfig),
-                "delete",
-                "trainingjob",
-                "-n",
-                ns,
-                name,
-                "--wait=false",
-            ],
-            capture_output=True,
-            check=False,
-        )
-        delete_volume(api, volume)
