@@ -189,10 +189,38 @@ def test_succeeded_pod(api_client: Any, namespace: str) -> None:
     assert pod.status.container_statuses[0].state.terminated.exit_code == 0
 
 
-def test_deleted_pod_goes_away(api_client: Any, namespace: str) -> None:
+def _history_until_gone(api: Any, namespace: str, name: str, since: str) -> list[tuple[str, Any]]:
+    """Every (event type, pod) the watch shows from resource version ``since`` until the pod is
+    deleted: the states a kubelet moves a pod through, replayed."""
+    seen: list[tuple[str, Any]] = []
+    stream = watch.Watch().stream(
+        _core(api).list_namespaced_pod,
+        namespace,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=30,
+    )
+    for event in stream:
+        seen.append((event["type"], event["object"]))
+        if event["type"] == "DELETED":
+            break
+    return seen
+
+
+def test_deleted_pod_is_stopped_and_reported_failed_before_it_goes(
+    api_client: Any, namespace: str
+) -> None:
+    """As a kubelet >= 1.27 does (kubernetes/kubernetes#115331): a gracefully deleted pod moves
+    to a terminal phase, its container ended by SIGTERM (143), and only then is removed."""
     _create_pod(api_client, namespace, kwok_pod("bye"))
-    wait_pod_phase(api_client, "bye", namespace, "Running", timeout=60)
+    running = wait_pod_phase(api_client, "bye", namespace, "Running", timeout=60)
     faults.delete_pod(api_client, "bye", namespace)
+    seen = _history_until_gone(api_client, namespace, "bye", running.metadata.resource_version)
+    assert seen[-1][0] == "DELETED"
+    terminal = [pod for _, pod in seen if pod.status.phase == "Failed"]
+    assert terminal, [(kind, pod.status.phase) for kind, pod in seen]
+    assert terminal[0].metadata.deletion_timestamp is not None
+    assert terminal[0].status.container_statuses[0].state.terminated.exit_code == 143
     wait_pod_gone(api_client, "bye", namespace, timeout=30)
 
 
@@ -200,20 +228,13 @@ def test_preempted_pod_carries_disruption_target_then_goes(api_client: Any, name
     _create_pod(api_client, namespace, kwok_pod("victim"))
     running = wait_pod_phase(api_client, "victim", namespace, "Running", timeout=60)
     faults.preempt_pod(api_client, "victim", namespace, preemptor="high-priority")
-    # KWOK (as kubelet) removes the pod at once; replay its history from before the preemption.
-    seen: list[tuple[str, dict[str, str]]] = []
-    stream = watch.Watch().stream(
-        _core(api_client).list_namespaced_pod,
-        namespace,
-        field_selector="metadata.name=victim",
-        resource_version=running.metadata.resource_version,
-        timeout_seconds=30,
+    # KWOK (as kubelet) removes the pod soon; replay its history from before the preemption.
+    history = _history_until_gone(
+        api_client, namespace, "victim", running.metadata.resource_version
     )
-    for event in stream:
-        conditions = {c.type: c.reason for c in event["object"].status.conditions or []}
-        seen.append((event["type"], conditions))
-        if event["type"] == "DELETED":
-            break
+    seen = [
+        (kind, {c.type: c.reason for c in pod.status.conditions or []}) for kind, pod in history
+    ]
     assert seen[-1][0] == "DELETED"
     assert any(c.get("DisruptionTarget") == faults.PREEMPTION_REASON for _, c in seen)
     reasons = {e.reason for e in _events_for(api_client, namespace, "victim")}

@@ -472,7 +472,8 @@ class Cluster:
 
     def _start_domain(self, domain: str) -> Process:
         home = self.workdir / "kwok-home" / domain
-        home.mkdir(parents=True, exist_ok=True)
+        (home / ".kwok").mkdir(parents=True, exist_ok=True)
+        (home / ".kwok" / "kwok.yaml").write_text(kwok.kubelet_stages_config())
         name = f"kwok-{domain}"
         argv = kwok.kwok_argv(
             self.binaries().path("kwok"), self.kubeconfig, domain, self.config.node_lease_duration_s

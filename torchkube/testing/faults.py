@@ -7,8 +7,10 @@ fields and conditions a kubelet, the scheduler or a node loss would produce:
   channel) with a terminated container state, exit code and reason. KWOK does not undo this: its
   ``pod-ready`` stage only matches pods without a ``podIP``, and the helpers wait for ``Running``
   (KWOK has assigned the IP) before writing.
-- :func:`delete_pod` is a user or controller delete (graceful; KWOK plays the kubelet and removes
-  the pod), ``force=True`` the ``--grace-period=0 --force`` kind.
+- :func:`delete_pod` is a user or controller delete (graceful; KWOK plays a kubelet >= 1.27: the
+  pod turns ``Failed`` with exit code 143, then goes), ``force=True`` the
+  ``--grace-period=0 --force`` kind. :func:`stop_deleted_pod` does the kubelet's part by hand on a
+  node whose KWOK is paused.
 - :func:`evict_pod` goes through the Eviction API (``kubectl drain``), honouring PDBs.
 - :func:`preempt_pod` does what kube-scheduler's preemption does to a victim (see its docstring).
 - :func:`make_node_not_ready` kills the node's failure domain (its kwok process): leases stop and
@@ -170,6 +172,18 @@ def fail_pod(
         message=message,
         container=container,
         pod_reason=pod_reason,
+    )
+
+
+SIGTERM_EXIT_CODE = 143
+
+
+def stop_deleted_pod(api: Any, name: str, namespace: str, timeout: float = 60) -> Any:
+    """What a kubelet >= 1.27 does to a pod being deleted: stop its container (SIGTERM; the
+    launcher exits 143) and report the pod ``Failed`` before it is removed. For nodes whose
+    KWOK is paused (a killed domain), where no stage does it."""
+    return _terminate(
+        api, name, namespace, timeout, phase="Failed", exit_code=SIGTERM_EXIT_CODE, reason="Error"
     )
 
 

@@ -142,6 +142,108 @@ def node_manifest(pool: NodePool, name: str, slot: int) -> dict[str, Any]:
     }
 
 
+POD_STOP_DELAY_MS = (200, 300)
+"""(delay, jitter) from a graceful delete to the terminal phase: a kubelet stopping the
+container (SIGTERM, the launcher exits 143) takes a moment, and the operator must see the
+pod in every state in between."""
+
+KUBELET_POD_STAGES = """\
+# Pod stages for KWOK nodes that behave like a kubelet >= 1.27 (kubernetes/kubernetes#115331):
+# a pod deleted gracefully is stopped (exit code 143, as torchrun's launcher answers SIGTERM)
+# and reported Failed *before* it is removed. KWOK's default stages delete it at once, which
+# hides what a real cluster shows an operator. Written by torchkube.testing.kwok.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-running
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
+    - {key: .status.podIP, operator: DoesNotExist}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      {{ $m := .metadata }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName false $m.uid $m.name $m.namespace | Quote }}
+      conditions:
+      {{ range list "Initialized" "Ready" "ContainersReady" "PodScheduled" }}
+      - {type: {{ . }}, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      {{ end }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: true
+        started: true
+        restartCount: 0
+        state: {running: {startedAt: {{ $now | Quote }}}}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-stopped-on-delete
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .metadata.deletionTimestamp, operator: Exists}
+    - {key: .status.phase, operator: In, values: [Pending, Running]}
+  delay: {durationMilliseconds: DELAY, jitterDurationMilliseconds: JITTER}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      phase: Failed
+      conditions:
+      {{ range list "Ready" "ContainersReady" }}
+      - type: {{ . }}
+        status: "False"
+        reason: PodCompleted
+        lastTransitionTime: {{ $now | Quote }}
+      {{ end }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: false
+        started: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 143
+            reason: Error
+            startedAt: {{ $now | Quote }}
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-removed-once-terminal
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .metadata.deletionTimestamp, operator: Exists}
+    - {key: .status.phase, operator: In, values: [Failed, Succeeded]}
+  delay: {durationMilliseconds: 100, jitterDurationMilliseconds: 100}
+  next:
+    finalizers: {empty: true}
+    delete: true
+""".replace("DELAY", str(POD_STOP_DELAY_MS[0])).replace("JITTER", str(POD_STOP_DELAY_MS[1]))
+
+
+def kubelet_stages_config() -> str:
+    """KWOK configuration (``~/.kwok/kwok.yaml`` of each kwok process) with pod stages that
+    follow a real kubelet's deletion semantics; node stages stay KWOK's defaults."""
+    return KUBELET_POD_STAGES
+
+
 def kwok_argv(binary: Path, kubeconfig: Path, domain: str, lease_duration_s: int) -> list[str]:
     """Command line of the kwok process that manages ``domain``.
 
