@@ -357,6 +357,69 @@ def test_scale_down_and_up_through_the_scale_subresource(
     assert read["spec"]["replicas"] == 4 and read["status"]["replicas"] == 4
 
 
+def _stopped_by_kubelet(job: Job, names: list[str]) -> None:
+    """Play the kubelet of a paused node: the deleted pods turn Failed with exit code 143."""
+    core = job.core
+    job.wait(
+        lambda: all(
+            core.read_namespaced_pod(n, job.namespace).metadata.deletion_timestamp for n in names
+        ),
+        30,
+        "the operator's deletes",
+    )
+    for name in names:
+        faults.stop_deleted_pod(core.api_client, name, job.namespace)
+
+
+def test_scale_down_with_kubelet_semantics_and_an_operator_restart_counts_no_failure(
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+    cluster: Cluster,
+    operator: OperatorProcess,
+) -> None:
+    """The issue's reproducer: 4 workers, kubelets paused, scaled to 1; the three deleted pods
+    turn Failed/143 as a kubelet reports them; the operator is restarted meanwhile (no memory
+    of its deletes). Before the fix: restarts 3, restartsCountTowardsMax 3."""
+    pool = isolated_pool(nodes=4)
+    job = make_job("shrink", pool, replicas={"min": 1, "max": 4})
+    workers = job.wait_running(4)
+    cluster.kill_domain(pool.failure_domain)
+    job.patch({"replicas": {"min": 1, "max": 4, "desired": 1}})
+    doomed = [p.metadata.name for p in workers if p.metadata.labels[lbl.REPLICA_INDEX] != "0"]
+    _stopped_by_kubelet(job, doomed)
+    operator.kill()
+    operator.start()
+    time.sleep(3)
+    status = job.status()
+    assert status.get("restarts", 0) == 0 and status.get("restartsCountTowardsMax", 0) == 0
+    assert status.get("phase") == "Running" and "lastFailure" not in status
+    cluster.restart_domain(pool.failure_domain)
+    job.wait_running(1)
+    assert job.status().get("restarts", 0) == 0
+
+
+def test_suspend_and_quick_resume_with_kubelet_semantics_counts_no_failure(
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+    cluster: Cluster,
+    operator: OperatorProcess,
+) -> None:
+    pool = isolated_pool(nodes=2)
+    job = make_job("pause", pool, replicas={"min": 2, "max": 2})
+    workers = job.wait_running(2)
+    cluster.kill_domain(pool.failure_domain)
+    job.patch({"runPolicy": {"suspend": True}})
+    _stopped_by_kubelet(job, [p.metadata.name for p in workers])
+    job.patch({"runPolicy": {"suspend": False}})
+    operator.kill()
+    operator.start()
+    time.sleep(3)
+    assert job.status().get("restarts", 0) == 0
+    cluster.restart_domain(pool.failure_domain)
+    job.wait_running(2)
+    assert job.status().get("restarts", 0) == 0
+
+
 def test_suspend_and_resume(
     make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
 ) -> None:
@@ -446,8 +509,9 @@ def test_operator_killed_mid_failure_creates_no_duplicates(
     assert job.status()["restarts"] == 1
     assert len([p for p in job.pods("rendezvous") if p.metadata.deletion_timestamp is None]) == 1
 
-    # and again, killed right after it reacted (status written, pods maybe not yet labelled)
-    victim = live[0]
+    # and again, killed right after it reacted (status written, pods maybe not yet labelled);
+    # the victim is the replacement, born after the first incident: a new incident
+    victim = next(p for p in live if p.metadata.labels[lbl.REPLICA_INDEX] == "2")
     faults.fail_pod(api_client, victim.metadata.name, job.namespace, exit_code=1)
     job.wait(lambda: job.status().get("restarts") == 2, 30, "the second failure counted")
     operator.kill()

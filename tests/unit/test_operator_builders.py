@@ -89,11 +89,15 @@ def test_replacements_avoid_lost_nodes_within_every_user_term() -> None:
     }
     job = make_job(scheduling={"affinity": affinity})
     pod = builders.worker_pod(job, 0, "a", avoid_nodes=["n2", "n1"])
-    terms = pod["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"]
+    node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    assert (
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        == (affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"])
+    ), "the user's required terms stay as they are"
     avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
-    assert all(avoid in term["matchExpressions"] for term in terms) and len(terms) == 2
+    assert node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 100, "preference": {"matchExpressions": [avoid]}}
+    ]
     assert job.spec.scheduling.affinity == affinity, "the spec must not be modified"
 
 
@@ -118,7 +122,10 @@ def test_pod_template_override_merges_into_the_worker() -> None:
     pod = builders.worker_pod(job, 0, "a")
     names = [c["name"] for c in pod["spec"]["containers"]]
     assert names == ["trainer", "sidecar"]
-    assert container(pod)["securityContext"] == {"runAsUser": 1000}
+    assert container(pod)["securityContext"] == {
+        **builders.container_security_context(),
+        "runAsUser": 1000,
+    }
     assert container(pod)["command"][0] == "python", "merging must keep our fields"
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints", "dshm", "data"]
     assert pod["metadata"]["labels"]["team"] == "llm"
@@ -140,7 +147,47 @@ def test_rendezvous_store_pod_and_service() -> None:
     svc = builders.headless_service(job)
     assert svc["metadata"]["name"] == "demo" and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {lbl.JOB_NAME: "demo"}
+    assert svc["spec"]["selector"] == {lbl.JOB_NAME: "demo", lbl.JOB_UID: job.uid}
+    assert store["metadata"]["labels"][lbl.JOB_UID] == job.uid
+
+
+def test_pods_meet_the_restricted_pod_security_level() -> None:
+    job = make_job(resources={"gpus": 8})
+    for pod in (builders.worker_pod(job, 0, "a"), builders.rendezvous_pod(job, "b")):
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        for c in spec["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    asked = make_job(scheduling={"podTemplate": {"spec": {"automountServiceAccountToken": True}}})
+    assert builders.worker_pod(asked, 0, "a")["spec"]["automountServiceAccountToken"] is True
+
+
+def test_store_has_its_own_small_template() -> None:
+    job = make_job(
+        resources={"gpus": 8},
+        scheduling={
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+        rendezvous={
+            "store": {
+                "image": "torch-cpu:1",
+                "nodeSelector": {"pool": "cpu"},
+                "tolerations": [],
+                "resources": {"requests": {"cpu": "50m"}},
+            }
+        },
+    )
+    store = builders.rendezvous_pod(job, "s")
+    spec, box = store["spec"], store["spec"]["containers"][0]
+    assert box["image"] == "torch-cpu:1" and box["resources"] == {"requests": {"cpu": "50m"}}
+    assert spec["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in spec
+    assert "nvidia.com/gpu" not in str(box) and "volumes" not in spec
+    default = builders.rendezvous_pod(make_job(scheduling={"nodeSelector": {"pool": "gpu"}}), "s")
+    assert default["spec"]["nodeSelector"] == {"pool": "gpu"}, "unset: where the workers go"
 
 
 def test_checkpoint_claim_is_created_only_when_no_claim_is_named() -> None:

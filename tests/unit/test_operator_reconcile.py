@@ -1,142 +1,32 @@
 """The reconciler's state machine, one observed world at a time (no cluster needed)."""
 
-from datetime import UTC, datetime, timedelta
-from itertools import count
-from typing import Any
+from datetime import timedelta
 
 import pytest
+from planner import (
+    NOW,
+    READY,
+    condition,
+    created_slots,
+    healthy,
+    make_job,
+    pod,
+    run,
+    running_status,
+    store,
+)
 
-from torchkube.api import TrainingJob
 from torchkube.elastic import TRAINING_FINISHED
 from torchkube.operator import builders
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
+from torchkube.operator.failure import classify_pod
 from torchkube.operator.pods import NodeHealth, format_time, slim
-from torchkube.operator.reconcile import Observed, Plan, plan
-
-NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
-READY = NodeHealth(True, NOW - timedelta(hours=1))
-
-
-def make_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
-    spec.setdefault("replicas", {"min": 4, "max": 4})
-    body: dict[str, Any] = {
-        "metadata": {
-            "name": "demo",
-            "namespace": "ns",
-            "uid": "u1",
-            "generation": 1,
-            "creationTimestamp": format_time(NOW - timedelta(minutes=5)),
-        },
-        "spec": spec,
-    }
-    if status is not None:
-        body["status"] = status
-    return TrainingJob.model_validate(body)
-
-
-def running_status(**extra: Any) -> dict[str, Any]:
-    return {
-        "phase": "Running",
-        "startTime": format_time(NOW - timedelta(minutes=4)),
-        "conditions": [
-            {
-                "type": "Created",
-                "status": "True",
-                "reason": "Created",
-                "lastTransitionTime": format_time(NOW - timedelta(minutes=5)),
-            }
-        ],
-        **extra,
-    }
-
-
-_ids = count()
-
-
-def pod(
-    slot: int,
-    phase: str = "Running",
-    node: str | None = "n1",
-    role: str = "worker",
-    exit_code: int | None = None,
-    reason: str | None = None,
-    message: str = "",
-    deleting: bool = False,
-    labels: dict[str, str] | None = None,
-    age: float = 60,
-    conditions: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    name = f"demo-{role}-{slot}-{next(_ids)}"
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "ns",
-        "creationTimestamp": format_time(NOW - timedelta(seconds=age)),
-        "labels": {**lbl.worker_labels("demo", slot), lbl.ROLE: role, **(labels or {})},
-    }
-    if deleting:
-        meta["deletionTimestamp"] = format_time(NOW)
-    status: dict[str, Any] = {"phase": phase, "conditions": conditions or []}
-    if phase == "Running":
-        status["conditions"].append({"type": "Ready", "status": "True"})
-    if exit_code is not None or reason is not None:
-        status["containerStatuses"] = [
-            {
-                "name": "trainer",
-                "state": {
-                    "terminated": {
-                        "exitCode": exit_code or 0,
-                        "reason": reason or "Error",
-                        "message": message,
-                    }
-                },
-            }
-        ]
-    spec = {"nodeName": node} if node else {}
-    return {"metadata": meta, "spec": spec, "status": status}
-
-
-def store(node: str = "n1", phase: str = "Running") -> dict[str, Any]:
-    return pod(0, phase=phase, node=node, role="rendezvous")
-
-
-def run(
-    job: TrainingJob,
-    pods: list[dict[str, Any]],
-    nodes: dict[str, NodeHealth] | None = None,
-    now: datetime = NOW,
-    **kw: Any,
-) -> Plan:
-    suffixes = (f"s{i}" for i in count())
-    observed = Observed(  # the operator plans on slimmed pods (its watch cache keeps no more)
-        job=job,
-        pods=[slim(pod) for pod in pods],
-        nodes=nodes or {"n1": READY, "n2": READY},
-        now=now,
-        **kw,
-    )
-    return plan(observed, new_suffix=lambda: next(suffixes))
-
-
-def created_slots(result: Plan) -> list[int]:
-    return sorted(
-        int(p["metadata"]["labels"][lbl.REPLICA_INDEX])
-        for p in result.create_pods
-        if p["metadata"]["labels"][lbl.ROLE] == "worker"
-    )
-
-
-def condition(result: Plan, kind: str) -> dict[str, Any]:
-    return next(c for c in result.status["conditions"] if c["type"] == kind)
-
-
-def healthy(n: int = 4) -> list[dict[str, Any]]:
-    return [pod(i) for i in range(n)] + [store()]
 
 
 def test_new_job_creates_children_workers_and_store() -> None:
     result = run(make_job(), [])
-    assert result.ensure_children
+    assert [c["kind"] for c in result.create_children] == ["Service", "PersistentVolumeClaim"]
     assert created_slots(result) == [0, 1, 2, 3]
     assert sum(p["metadata"]["labels"][lbl.ROLE] == "rendezvous" for p in result.create_pods) == 1
     assert result.status["phase"] == "Pending"
@@ -148,7 +38,7 @@ def test_all_running_is_running_and_needs_nothing() -> None:
     result = run(make_job(running_status()), healthy())
     assert result.create_pods == [] and result.delete_pods == []
     assert result.status["phase"] == "Running" and result.all_running
-    assert result.status["workers"] == "4/4" and not result.ensure_children
+    assert result.status["workers"] == "4/4" and not result.create_children
 
 
 def test_retryable_failure_is_counted_once_and_replaced() -> None:
@@ -162,7 +52,7 @@ def test_retryable_failure_is_counted_once_and_replaced() -> None:
         137,
         failed["metadata"]["name"],
     )
-    assert result.mark_recorded == [failed["metadata"]["name"]]
+    assert result.mark_recorded == {failed["metadata"]["name"]: "true"}
     assert [e.reason for e in result.events] == ["WorkerFailed"]
     assert result.status["phase"] == "Restarting"
 
@@ -208,10 +98,8 @@ def test_max_restarts_exhausted_fails_the_job() -> None:
 
 
 def test_backoff_delays_the_replacement() -> None:
-    status = running_status(
-        restarts=1,
-        lastFailure={"reason": "ExitCode", "time": format_time(NOW - timedelta(seconds=2))},
-    )
+    record = {"reason": "ExitCode", "time": format_time(NOW - timedelta(seconds=2)), "incident": 1}
+    status = running_status(restarts=1, lastFailure=record, failures=[record])
     job = make_job(status, failurePolicy={"backoff": {"initialSeconds": 10, "maxSeconds": 60}})
     result = run(job, [pod(0), pod(1), pod(2), store()])
     assert created_slots(result) == []
@@ -235,10 +123,13 @@ def test_node_not_ready_within_grace_waits_then_replaces_elsewhere() -> None:
     assert lost.status["restartsCountTowardsMax"] == 0, "infrastructure failures are free"
     assert created_slots(lost) == [1]
     replacement = lost.create_pods[0]
-    terms = replacement["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0]["values"] == ["n2"]
+    affinity = replacement["spec"]["affinity"]["nodeAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity, (
+        "a lost node is avoided by preference only: on an exact-fit pool the replacement must "
+        "be able to go back once the node recovers"
+    )
+    preferred = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[0]["preference"]["matchExpressions"][0]["values"] == ["n2"]
     assert [e.reason for e in lost.events] == ["NodeLost"] and "n2" in lost.events[0].message
 
 
@@ -411,9 +302,22 @@ def test_slim_pod_keeps_every_field_the_operator_reads_and_drops_the_spec() -> N
     full["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True"})
     small = slim(full)
     policy = make_job().spec.failure_policy
-    for read in (p.name, p.role, p.slot, p.node_name, p.created, p.state, p.termination_message):
+    reads = (
+        p.name,
+        p.role,
+        p.slot,
+        p.node_name,
+        p.created,
+        p.state,
+        p.termination_message,
+        p.controller_uid,
+        p.restart_count,
+        p.ended_by_deletion,
+    )
+    for read in reads:
         assert read(small) == read(full), read.__name__
-    assert p.classify(small, policy, False) == p.classify(full, policy, False)
+    assert p.owned_by(small, "u1") and p.owned_by(full, "u1")
+    assert classify_pod(small, policy, False) == classify_pod(full, policy, False)
     assert small["status"]["podIP"] == "10.0.0.7" and small["metadata"]["namespace"]
     assert "containers" not in small["spec"] and "managedFields" not in small["metadata"]
     small["status"]["conditions"].clear()

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from torchkube.api.base import ApiModel
 from torchkube.api.trainer import TrainerSpec
-from torchkube.api.types import DNS_LABEL, EnvVar, FreeForm, NprocPerNode, Quantity
+from torchkube.api.types import DNS_SUBDOMAIN, EnvVar, FreeForm, NprocPerNode, Quantity
 
 BUILTIN_TRAINER_COMMAND = ["-m", "torchkube.trainer"]
 DEFAULT_IMAGE = "torchkube/trainer:0.1.0"
@@ -109,6 +109,38 @@ class ReplicasSpec(ApiModel):
         return self.max if self.desired is None else self.desired
 
 
+class StoreSpec(ApiModel):
+    """The rendezvous store's own pod: a few hundred MB of memory and no GPU, so it can live
+    on a CPU node away from the GPU workers (losing it costs one re-rendezvous, never a
+    failure of the job)."""
+
+    image: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Image of the store pod: any image with torch (a CPU-only build is a "
+        "fraction of the CUDA one). Unset: the job's image.",
+    )
+    resources: FreeForm = Field(
+        default_factory=lambda: {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        description="core/v1 ResourceRequirements of the store container.",
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None,
+        max_length=64,
+        description="Node labels the store needs. Unset: the workers' scheduling.nodeSelector.",
+    )
+    tolerations: list[FreeForm] | None = Field(
+        default=None,
+        max_length=64,
+        description="Tolerations of the store pod. Unset: the workers' scheduling.tolerations.",
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="PriorityClass of the store pod. Unset: the workers' one.",
+    )
+
+
 class RendezvousSpec(ApiModel):
     """torchrun's c10d rendezvous. Defaults are tuned for recovery in seconds, not minutes."""
 
@@ -133,6 +165,10 @@ class RendezvousSpec(ApiModel):
         ge=1,
         le=600,
         description="Agent heartbeat period; a silent agent is dropped after three missed beats.",
+    )
+    store: StoreSpec = Field(
+        default_factory=StoreSpec,
+        description="Image, resources and placement of the rendezvous store pod.",
     )
 
 
@@ -159,7 +195,7 @@ class CheckpointSpec(ApiModel):
     claim_name: str | None = Field(
         default=None,
         max_length=253,
-        pattern=DNS_LABEL,
+        pattern=DNS_SUBDOMAIN,
         description="An existing PersistentVolumeClaim to mount. It must be ReadWriteMany "
         "when workers can land on different nodes.",
         json_schema_extra=immutable("checkpoint.claimName"),
@@ -221,7 +257,16 @@ class CheckpointSpec(ApiModel):
         return self.claim_name is None
 
 
-FailureReason = Literal["ExitCode", "OOMKilled", "NodeLost", "Preempted", "Evicted", "Unknown"]
+FailureReason = Literal[
+    "ExitCode",
+    "OOMKilled",
+    "NodeLost",
+    "Preempted",
+    "Evicted",
+    "Deleted",
+    "RendezvousStoreLost",
+    "Unknown",
+]
 
 
 class BackoffSpec(ApiModel):
@@ -240,6 +285,12 @@ class BackoffSpec(ApiModel):
     max_seconds: float = Field(
         default=300, ge=0, le=86400, description="Upper bound of the doubling delay."
     )
+    reset_after_seconds: float = Field(
+        default=600,
+        ge=0,
+        le=604800,
+        description="After this long without a failure the delay starts again from initialSeconds.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -251,7 +302,7 @@ class BackoffSpec(ApiModel):
         return self
 
     def delay(self, restarts: int) -> float:
-        """Seconds to wait before restart number ``restarts + 1``."""
+        """Seconds to wait after the ``restarts + 1``-th failure in a row."""
         if restarts <= 0 or self.initial_seconds == 0:
             return self.initial_seconds
         return float(min(self.max_seconds, self.initial_seconds * 2 ** min(restarts, 30)))
@@ -332,10 +383,25 @@ class RunPolicySpec(ApiModel):
         "continues from the latest checkpoint. Queues such as Kueue toggle this.",
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the job after running this long."
+        default=None,
+        ge=1,
+        description="Fail the job after running this long, counted from its first start; "
+        "time spent suspended is left out.",
+    )
+    start_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Fail the job if fewer than replicas.min workers are Running this long "
+        "after its creation (time spent suspended left out): an image that cannot be pulled, "
+        "a claim that is never bound or a quota that never frees would otherwise keep it "
+        "Pending for ever. Unset: wait, and say why in the PodsBlocked condition.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the job this long after it finished."
+        default=None,
+        ge=0,
+        description="Delete the job this long after it finished. Its pods, Service and the "
+        "checkpoint claim the operator created go with it (garbage collection); to keep "
+        "checkpoints past the job, mount an existing claim with checkpoint.claimName.",
     )
     clean_pod_policy: Literal["All", "Running", "None"] = Field(
         default="Running",

@@ -17,15 +17,28 @@ DATE_TIME: JsonDict = {"format": "date-time"}
 
 
 class FailureRecord(ApiModel):
-    """The most recent worker failure, so ``kubectl describe`` answers 'what went wrong'."""
+    """One worker (or rendezvous store) failure, so ``kubectl describe`` answers 'what went
+    wrong'."""
 
     reason: FailureReason = Field(description="Failure class the failure policy acted on.")
     message: str = Field(default="", max_length=4096, description="What happened, in a sentence.")
-    pod: str | None = Field(default=None, description="The failed worker pod.")
-    node: str | None = Field(default=None, description="The node it ran on.")
+    pod: str | None = Field(default=None, max_length=253, description="The failed pod.")
+    node: str | None = Field(default=None, max_length=253, description="The node it ran on.")
     exit_code: int | None = Field(default=None, description="Container exit code, if any.")
     retryable: bool = Field(default=True, description="Whether the policy retried it.")
     time: str = Field(description="When the operator saw it.", json_schema_extra=DATE_TIME)
+    incident: int | None = Field(
+        default=None,
+        ge=0,
+        description="The incident (the value of status.restarts it opened or joined): workers "
+        "that fail together share one.",
+    )
+    counted: bool | None = Field(
+        default=None, description="Whether it spends the failurePolicy.maxRestarts budget."
+    )
+    restart_count: int | None = Field(
+        default=None, ge=0, description="For a container restarted in place: which restart."
+    )
 
 
 class CheckpointRecord(ApiModel):
@@ -56,7 +69,7 @@ class TrainingJobStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Latest observations, one per type (Created, Running, Restarting, "
-        "Suspended, Succeeded, Failed, PodsUnschedulable).",
+        "Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, NodesUnreachable).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -73,11 +86,16 @@ class TrainingJobStatus(ApiModel):
     selector: str = Field(
         default="", description="Label selector of the workers, for the scale subresource."
     )
-    restarts: int = Field(default=0, ge=0, description="Worker replacements so far.")
+    restarts: int = Field(
+        default=0,
+        ge=0,
+        description="Failure incidents so far: each restarted training from a checkpoint. "
+        "Workers that fail together (a lost store, a network blip) are one incident.",
+    )
     restarts_count_towards_max: int = Field(
         default=0,
         ge=0,
-        description="Replacements that count against failurePolicy.maxRestarts (infrastructure "
+        description="Incidents that count against failurePolicy.maxRestarts (infrastructure "
         "failures only count when countInfrastructureFailures is set).",
     )
     last_failure: FailureRecord | None = Field(
@@ -101,7 +119,15 @@ class TrainingJobStatus(ApiModel):
         "steps, checkpoint stalls or hangs (docs/metrics.md).",
     )
     start_time: str | None = Field(
-        default=None, description="When the first worker started.", json_schema_extra=DATE_TIME
+        default=None,
+        description="When replicas.min workers first ran.",
+        json_schema_extra=DATE_TIME,
+    )
+    suspended_seconds: float = Field(
+        default=0,
+        ge=0,
+        description="Time spent suspended before the current suspension, left out of the "
+        "job's deadlines.",
     )
     completion_time: str | None = Field(
         default=None, description="When the job finished.", json_schema_extra=DATE_TIME

@@ -82,6 +82,8 @@ NprocPerNode = Annotated[
 ]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An RFC 1123 subdomain: what Kubernetes allows as the name of most objects (claims too)."""
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 

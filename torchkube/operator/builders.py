@@ -161,20 +161,49 @@ def worker_resources(job: TrainingJob) -> dict[str, Any]:
     return out
 
 
+AVOID_WEIGHT = 100
+"""Weight of the preference to stay off nodes that recently lost a worker (the maximum)."""
+
+
 def _avoid_nodes(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str, Any] | None:
-    """Adds ``hostname NotIn nodes`` to every required node-selector term (terms are ORed)."""
+    """Prefers nodes other than ``nodes`` (a preference, never a requirement: on an exact-fit
+    pool the replacement must be able to go back to a node that lost a worker and
+    recovered, or the job could never be whole again)."""
     if not nodes:
         return affinity
     merged: dict[str, Any] = json.loads(json.dumps(affinity or {}))
-    required = merged.setdefault("nodeAffinity", {}).setdefault(
-        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    preferred = merged.setdefault("nodeAffinity", {}).setdefault(
+        "preferredDuringSchedulingIgnoredDuringExecution", []
     )
-    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
     avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(nodes)}
-    for term in terms:
-        term.setdefault("matchExpressions", []).append(avoid)
-    required["nodeSelectorTerms"] = terms
+    preferred.append({"weight": AVOID_WEIGHT, "preference": {"matchExpressions": [avoid]}})
     return merged
+
+
+RUN_AS_USER = 10001
+"""The trainer image's user (Dockerfile ``APP_UID``); also the group that owns the volume."""
+
+
+def pod_security_context() -> dict[str, Any]:
+    """What Pod Security's ``restricted`` level asks of a pod, so jobs run in namespaces that
+    enforce it. ``runAsNonRoot`` without a fixed user: the image's numeric ``USER`` is used,
+    and an image that runs as root is refused by the kubelet with a message naming the
+    setting (override it in ``scheduling.podTemplate.spec.securityContext``). ``fsGroup``
+    makes the checkpoint volume writable by that user."""
+    return {
+        "runAsNonRoot": True,
+        "fsGroup": RUN_AS_USER,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def merge_pod_spec(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +273,7 @@ def worker_pod(
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path},
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
         ],
+        "securityContext": container_security_context(),
     }
     if spec.metrics.enabled:
         container["ports"] = [
@@ -259,6 +289,10 @@ def worker_pod(
         "hostname": name,
         "subdomain": job.name,
         "enableServiceLinks": False,
+        # Workers never call the API; a token in every pod is an attack surface for nothing.
+        # podTemplate.spec.automountServiceAccountToken: true brings it back.
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": spec.checkpoint.termination_grace_period_seconds,
         "containers": [container],
         "volumes": _volumes(job),
@@ -266,7 +300,9 @@ def worker_pod(
     }
     if template.spec:
         pod_spec = merge_pod_spec(pod_spec, template.spec)
-    metadata = _metadata(job, name, {**template.labels, **lbl.worker_labels(job.name, index)})
+    metadata = _metadata(
+        job, name, {**template.labels, **lbl.worker_labels(job.name, index, job.uid)}
+    )
     if template.annotations:
         metadata["annotations"] = dict(template.annotations)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
@@ -275,27 +311,49 @@ def worker_pod(
 def rendezvous_pod(
     job: TrainingJob, suffix: str, avoid_nodes: Iterable[str] = ()
 ) -> dict[str, Any]:
-    """The c10d store pod: tiny, restarted in place on a crash, reached as ``rendezvous.<job>``."""
+    """The c10d store pod: tiny, restarted in place on a crash, reached as ``rendezvous.<job>``.
+
+    It has its own template (``rendezvous.store``): no GPU, no volume, its own placement, so
+    it can sit on a CPU node; unset placement fields follow the workers'."""
     spec = job.spec
+    store = spec.rendezvous.store
     port = spec.rendezvous.port
-    labels = {**lbl.job_labels(job.name), lbl.ROLE: lbl.ROLE_RENDEZVOUS}
+    labels = lbl.pod_labels(job.name, job.uid, lbl.ROLE_RENDEZVOUS)
     container = {
         "name": "store",
-        "image": spec.image,
+        "image": store.image or spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "torchkube.elastic.store", "--port", str(port)],
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "resources": dict(store.resources),
+        "securityContext": container_security_context(),
     }
+    scheduling = _scheduling(job, sorted(set(avoid_nodes)))
+    if store.node_selector is not None:
+        scheduling.pop("nodeSelector", None)
+        if store.node_selector:
+            scheduling["nodeSelector"] = dict(store.node_selector)
+    if store.tolerations is not None:
+        scheduling.pop("tolerations", None)
+        if store.tolerations:
+            scheduling["tolerations"] = [dict(t) for t in store.tolerations]
+    if store.priority_class_name is not None:
+        scheduling["priorityClassName"] = store.priority_class_name
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "hostname": lbl.RENDEZVOUS_HOSTNAME,
         "subdomain": job.name,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            key: value
+            for key, value in pod_security_context().items()
+            if not key.startswith("fsGroup")
+        },
         "terminationGracePeriodSeconds": 5,
         "containers": [container],
-        **_scheduling(job, sorted(set(avoid_nodes))),
+        **scheduling,
     }
     return {
         "apiVersion": "v1",
@@ -318,10 +376,18 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {lbl.JOB_NAME: job.name},
+            "selector": service_selector(job),
             "ports": ports,
         },
     }
+
+
+def service_selector(job: TrainingJob) -> dict[str, str]:
+    """This job's pods only: a namesake's pods still terminating are not its endpoints."""
+    selector = {lbl.JOB_NAME: job.name}
+    if job.uid:
+        selector[lbl.JOB_UID] = job.uid
+    return selector
 
 
 def checkpoint_claim(job: TrainingJob) -> dict[str, Any]:

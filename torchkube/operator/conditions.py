@@ -16,6 +16,13 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PODS_UNSCHEDULABLE = "PodsUnschedulable"
+PODS_BLOCKED = "PodsBlocked"
+"""Pods that cannot start until something changes: an image that cannot be pulled, a missing
+Secret, a claim that is not bound, a create the apiserver refused."""
+INVALID = "Invalid"
+"""The job's spec or status does not validate: the operator cannot act on it."""
+NODES_UNREACHABLE = "NodesUnreachable"
+"""Most nodes went NotReady at once (a partition): workers there are kept, not replaced."""
 
 
 def get(conditions: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:

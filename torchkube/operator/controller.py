@@ -1,12 +1,17 @@
 """A work queue over TrainingJob keys, fed by watch events, drained by a few workers.
 
 kopf supplies the watches and caches (indexes); this module supplies controller-runtime's
-habits that kopf leaves to us: one reconcile per key at a time, coalesced wake-ups, requeue
-after a delay, and *expectations* — our own writes are folded into the cached view until the
-watch catches up, so a reconcile right after creating pods never creates them twice.
+habits that kopf leaves to us: one reconcile per key at a time, coalesced wake-ups, one
+pending delayed requeue per key (the earliest wins), and *expectations* — our own writes are
+folded into the cached view until the watch catches up, so a reconcile right after creating
+pods never creates them twice.
+
+Everything here runs on the event loop except :meth:`Controller._execute`, which does the
+blocking API calls in a thread and touches only the job's own :class:`_Memory`.
 """
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -15,14 +20,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
 from torchkube.api.errors import describe
-from torchkube.operator import builders, goodput, metrics, progress
+from torchkube.operator import conditions as cond
+from torchkube.operator import goodput, metrics, progress
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
+from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
+from torchkube.operator.decision import Refusal
 from torchkube.operator.goodput import Goodput
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection
@@ -31,6 +40,12 @@ from torchkube.operator.reconcile import Observed, Plan, plan
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
 EXPECTATION_TTL = 120.0
+RETRY_SECONDS = 5.0
+CONFLICT_RETRY_SECONDS = 0.5
+
+
+class LostLeadership(RuntimeError):
+    """The Lease went to another replica while this one was about to write."""
 
 
 @dataclass
@@ -42,10 +57,13 @@ class _Memory:
     job: dict[str, Any] | None = None
     progress_at: float = 0.0
     progress: dict[str, Any] | None = None
+    progress_pod: str | None = None
     seen: bool = False
     startup_observed: bool = False
     failure_at: float | None = None
     goodput: Goodput | None = None
+    refused: Refusal | None = None
+    invalid: str | None = None
 
     def expire(self, now: float) -> None:
         self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
@@ -69,31 +87,52 @@ class Controller:
         self.jobs: Mapping[Key, Any] | None = None
         self.pods: Mapping[Key, Any] | None = None
         self.nodes: Mapping[str, Any] | None = None
+        self.children: Mapping[Key, Any] | None = None
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.active: set[Key] = set()
         self.dirty: set[Key] = set()
+        self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.memory: dict[Key, _Memory] = {}
-        self.http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
+        self.http = ThreadPoolExecutor(max_workers=4, thread_name_prefix="progress")
         self.attached = asyncio.Event()
 
     def attach(
-        self, jobs: Mapping[Key, Any], pods: Mapping[Key, Any], nodes: Mapping[str, Any]
+        self,
+        jobs: Mapping[Key, Any],
+        pods: Mapping[Key, Any],
+        nodes: Mapping[str, Any],
+        children: Mapping[Key, Any],
     ) -> None:
         """Hand over kopf's indexes (live, complete before any handler runs)."""
         if self.jobs is None:
-            self.jobs, self.pods, self.nodes = jobs, pods, nodes
+            self.jobs, self.pods, self.nodes, self.children = jobs, pods, nodes, children
             self.attached.set()
 
+    # ------------------------------------------------------------------ the queue
     def enqueue(self, key: Key, delay: float = 0.0) -> None:
+        """Reconcile ``key`` now, or after ``delay`` seconds. Delayed requeues of one key are
+        deduplicated: a single timer per key, and an earlier one wins over a later one, so a
+        burst of events cannot multiply the reconcile rate."""
         if delay > 0:
-            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            loop = asyncio.get_running_loop()
+            when = loop.time() + delay
+            pending = self.timers.get(key)
+            if pending is not None and not pending.cancelled() and pending.when() <= when:
+                return
+            if pending is not None:
+                pending.cancel()
+            self.timers[key] = loop.call_at(when, self._timer_fired, key)
             return
         if key in self.active:
             self.dirty.add(key)
         elif key not in self.queued:
             self.queued.add(key)
             self.queue.put_nowait(key)
+
+    def _timer_fired(self, key: Key) -> None:
+        self.timers.pop(key, None)
+        self.enqueue(key)
 
     def enqueue_all(self) -> None:
         for key in list(self.jobs or {}):
@@ -128,16 +167,26 @@ class Controller:
             self.active.add(key)
             try:
                 await self.reconcile(key)
+            except LostLeadership:
+                self.enqueue(key)
+            except ApiException as error:
+                if error.status == 409:  # the job changed since the cache saw it: re-read
+                    self.enqueue(key, delay=CONFLICT_RETRY_SECONDS)
+                else:
+                    metrics.RECONCILE_ERRORS.inc()
+                    log.warning("reconcile of %s/%s failed: %s; retrying", *key, error.reason)
+                    self.enqueue(key, delay=RETRY_SECONDS)
             except Exception:
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("reconcile of %s/%s failed; retrying in 5 s", *key)
-                self.enqueue(key, delay=5.0)
+                self.enqueue(key, delay=RETRY_SECONDS)
             finally:
                 self.active.discard(key)
                 if key in self.dirty:
                     self.dirty.discard(key)
                     self.enqueue(key)
 
+    # ------------------------------------------------------------------ observing
     def _snapshot(
         self, key: Key, memory: _Memory
     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -149,7 +198,7 @@ class Controller:
         if job is None:
             return None, []
         if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
-            job = {**job, "status": memory.job.get("status", {})}
+            job = memory.job  # our own last write, newer than the watch has shown
         # The cached pods are shared, not copied: the planner only reads them, and copying a
         # 512-worker job's pods on every reconcile was most of the operator's CPU time.
         pods = list((self.pods or {}).get(key, []))
@@ -170,19 +219,27 @@ class Controller:
     def _nodes(self) -> dict[str, p.NodeHealth]:
         return {name: next(iter(store)) for name, store in list((self.nodes or {}).items())}
 
+    def _children(self, key: Key) -> list[dict[str, Any]]:
+        return list((self.children or {}).get(key, []))
+
+    # ------------------------------------------------------------------ reconciling
     async def reconcile(self, key: Key) -> None:
         memory = self.memory.setdefault(key, _Memory())
         body, pods = self._snapshot(key, memory)
         if body is None:
             self.memory.pop(key, None)
+            timer = self.timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
             metrics.job_gone(*key)
             return
         started = time.perf_counter()
         try:
             job = TrainingJob.model_validate(body)
         except ValidationError as error:
-            log.error("%s/%s has an invalid spec:\n%s", *key, describe(error, prefix="  "))
+            await asyncio.to_thread(self._report_invalid, key, body, error, memory)
             return
+        memory.invalid = None
         await self._refresh_progress(job, pods, memory)
         observed = Observed(
             job=job,
@@ -191,6 +248,8 @@ class Controller:
             now=datetime.now(UTC),
             progress=memory.progress,
             self_deleted=frozenset(memory.deleted),
+            children=self._children(key),
+            refused=memory.refused,
         )
         decided = plan(observed)
         memory.goodput = goodput.track(
@@ -204,7 +263,7 @@ class Controller:
         )
         if memory.goodput.reported is not None:
             decided.status["goodput"] = memory.goodput.reported
-        await asyncio.to_thread(self._execute, key, body, job, decided, memory)
+        await asyncio.to_thread(self._execute, key, body, decided, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after
@@ -231,41 +290,102 @@ class Controller:
         ):
             return
         memory.progress_at = now
-        report = await asyncio.to_thread(
+        report, responder = await asyncio.to_thread(
             progress.read_progress,
             self.settings.progress_url,
-            pods,
+            [pod for pod in pods if p.owned_by(pod, job.uid)],
             job.spec.metrics.port,
-            self.http,
+            memory.progress_pod,
         )
         if report is not None:
-            memory.progress = report
+            memory.progress, memory.progress_pod = report, responder
 
-    def _execute(
-        self, key: Key, body: dict[str, Any], job: TrainingJob, decided: Plan, memory: _Memory
+    def _report_invalid(
+        self, key: Key, body: dict[str, Any], error: ValidationError, memory: _Memory
     ) -> None:
+        """A job the model refuses (the CRD's schema let it through, or someone wrote its
+        status by hand): say so on the job, once, instead of only in the operator's log."""
+        text = describe(error, prefix="")
+        if memory.invalid == text:
+            return
+        memory.invalid = text
+        log.error("%s/%s is invalid:\n%s", *key, text)
+        now = datetime.now(UTC)
+        conditions = cond.set_condition(
+            list((body.get("status") or {}).get("conditions") or []),
+            cond.INVALID,
+            True,
+            "ValidationFailed",
+            f"the operator cannot act on this job: {text}"[:4096],
+            now,
+            body.get("metadata", {}).get("generation"),
+        )
+        self._check_leading()
+        self.kube.patch_status(*key, {"conditions": conditions}, None)
+        self.kube.event(body, "Warning", "ValidationFailed", text)
+
+    def _check_leading(self) -> None:
+        if self.leader is not None and not self.leader.leading.is_set():
+            raise LostLeadership()
+
+    def _execute(self, key: Key, body: dict[str, Any], decided: Plan, memory: _Memory) -> None:
+        """Carry out a plan: the status first, so nothing is done that the status does not
+        know about (a failure the status lost would be forgotten, a permanent one retried);
+        then labels, deletions, creations, events."""
         namespace, name = key
-        if decided.ensure_children:
-            children = [builders.headless_service(job)]
-            if job.spec.checkpoint.creates_claim:
-                children.append(builders.checkpoint_claim(job))
-            self.kube.create_all(children)
+        self._check_leading()
+        for kind, child, patch in decided.patch_children:
+            self.kube.patch(kind, namespace, child, patch)
+        if decided.create_children:
+            self._note_refusals(self.kube.create_all(decided.create_children), memory)
+        if st.changed(body.get("status"), decided.status):
+            memory.job = self.kube.patch_status(
+                namespace,
+                name,
+                st.to_wire(decided.status),
+                body.get("metadata", {}).get("resourceVersion"),
+            )
         now = time.monotonic()
-        for pod_name in decided.mark_recorded:
-            self.kube.label_pod(namespace, pod_name, {lbl.FAILURE_RECORDED: "true"})
+        if decided.mark_recorded:
+            recorded = decided.mark_recorded.items()
+            self.kube.label_pods(
+                namespace, {pod: {lbl.FAILURE_RECORDED: value} for pod, value in recorded}
+            )
         if decided.delete_pods:
-            self.kube.delete_pods(namespace, decided.delete_pods)
+            self._check_leading()
+            self.kube.delete_pods(namespace, decided.delete_pods, decided.release)
             memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
         if decided.create_pods:
-            for created in self.kube.create_all(decided.create_pods):
-                if created is not None:
-                    memory.created[created["metadata"]["name"]] = (now, p.slim(created))
-        if decided.status != (body.get("status") or {}):
-            memory.job = self.kube.patch_status(namespace, name, decided.status)
+            self._check_leading()
+            results = self.kube.create_all(decided.create_pods)
+            for result in results:
+                if result.body is not None:
+                    memory.created[result.body["metadata"]["name"]] = (now, p.slim(result.body))
+            self._note_refusals(results, memory)
         for event in decided.events:
             self.kube.event(body, event.type, event.reason, event.message)
         if decided.delete_job:
             self.kube.delete_job(namespace, name)
+
+    @staticmethod
+    def _note_refusals(results: list[Any], memory: _Memory) -> None:
+        """Remember the apiserver's refusal (the planner backs off and reports it) or forget
+        it once a create went through."""
+        refused = [r.refused for r in results if r.refused is not None]
+        if not refused:
+            if any(r.body is not None for r in results):
+                memory.refused = None
+            return
+        error = refused[0]
+        attempts = memory.refused.attempts + 1 if memory.refused is not None else 1
+        memory.refused = Refusal(
+            code=int(error.status or 0),
+            reason=str(error.reason or ""),
+            message=_api_message(error),
+            at=datetime.now(UTC),
+            attempts=attempts,
+        )
+        log.warning("create refused (%s): %s", error.status, memory.refused.message)
 
     def _observe(self, job: TrainingJob, decided: Plan, memory: _Memory) -> None:
         """Feed the metrics that need to remember something between reconciles."""
@@ -312,3 +432,11 @@ class Controller:
                 phase = (body.get("status") or {}).get("phase", "Pending")
                 counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
         return counts
+
+
+def _api_message(error: ApiException) -> str:
+    """The apiserver's own sentence from a refusal (its Status object's message)."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.body or error.reason)

@@ -3,6 +3,11 @@
 Only indexes and event handlers are registered, so kopf puts no finalizer on TrainingJobs:
 a job can be deleted while the operator is down (garbage collection removes its pods), and
 uninstalling the operator never leaves jobs stuck Terminating.
+
+Pods, Services and claims are watched with a server-side label selector (the job-name label):
+the operator never receives the events of the rest of the cluster's pods. The event handlers
+are coroutines, so they run on the event loop like the controller's queue they feed (kopf runs
+plain functions in a thread pool, where touching an asyncio queue is not safe).
 """
 
 import asyncio
@@ -22,9 +27,10 @@ from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection, own_namespace
-from torchkube.operator.pods import node_health, slim
+from torchkube.operator.pods import node_health, slim, slim_child
 
 JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
+CHILD_RESOURCES = ("pods", "services", "persistentvolumeclaims")
 log = logging.getLogger(__name__)
 PHASE_GAUGE_PERIOD = 5.0
 
@@ -53,6 +59,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
+    for resource in CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = lbl.JOB_NAME
     if config.metrics_port:
         start_http_server(config.metrics_port)
     api_client = make_api_client(config)
@@ -100,31 +108,85 @@ def job_pods(
     return {(namespace, labels[lbl.JOB_NAME]): slim(dict(body))}
 
 
+@kopf.index("services", labels=JOB_PODS)
+def job_services(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[Any, Any]:
+    return {(namespace, labels[lbl.JOB_NAME]): slim_child(dict(body))}
+
+
+@kopf.index("persistentvolumeclaims", labels=JOB_PODS)
+def job_claims(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[Any, Any]:
+    return {(namespace, labels[lbl.JOB_NAME]): slim_child(dict(body))}
+
+
 @kopf.index("nodes")
 def nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {name: node_health(dict(body))}
+
+
+class _Children(Mapping[Any, list[Any]]):
+    """The job's Services and claims, both indexes read as one."""
+
+    def __init__(self, *indexes: Mapping[Any, Any]) -> None:
+        self.indexes = indexes
+
+    def __getitem__(self, key: Any) -> list[Any]:
+        found = [body for index in self.indexes for body in index.get(key, [])]
+        if not found:
+            raise KeyError(key)
+        return found
+
+    def __iter__(self) -> Any:
+        return iter({key for index in self.indexes for key in index})
+
+    def __len__(self) -> int:
+        return len({key for index in self.indexes for key in index})
 
 
 def _controller(memo: Any, indexes: dict[str, Any]) -> Controller:
     """The controller, handed kopf's indexes (they come as handler kwargs named like the
     index functions above)."""
     controller: Controller = memo.controller
-    controller.attach(indexes["trainingjobs"], indexes["job_pods"], indexes["nodes"])
+    controller.attach(
+        indexes["trainingjobs"],
+        indexes["job_pods"],
+        indexes["nodes"],
+        _Children(indexes["job_services"], indexes["job_claims"]),
+    )
     return controller
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def job_changed(namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+async def job_changed(namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
     _controller(memo, kwargs).enqueue((str(namespace), name))
 
 
 @kopf.on.event("pods", labels=JOB_PODS)
-def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any) -> None:
+async def pod_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+) -> None:
+    _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
+
+
+@kopf.on.event("services", labels=JOB_PODS)
+async def service_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+) -> None:
+    _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
+
+
+@kopf.on.event("persistentvolumeclaims", labels=JOB_PODS)
+async def claim_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
+) -> None:
     _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
 
 
 @kopf.on.event("nodes")
-def node_changed(name: str, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+async def node_changed(name: str, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
     """Wake the jobs with pods on a node whose readiness flipped or that was deleted.
 
     Node status heartbeats arrive all the time; only a change of readiness matters, so the

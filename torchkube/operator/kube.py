@@ -1,13 +1,18 @@
-"""The operator's writes to the Kubernetes API: idempotent, counted, and parallel where it pays.
+"""The operator's writes to the Kubernetes API: idempotent, counted, bounded in time, and
+parallel where it pays.
 
 Reads come from kopf's watch caches; only writes go through here. Every call is counted in
-``torchkube_api_requests_total`` so a benchmark can check requests per created pod.
+``torchkube_api_requests_total`` so a benchmark can check requests per created pod, and every
+call has a timeout: a hung connection must cost a retry, never a stuck worker.
 """
 
 import logging
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -15,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from torchkube.api.trainingjob import GROUP, KIND, PLURAL, VERSION
+from torchkube.operator import labels as lbl
 from torchkube.operator import metrics
 
 log = logging.getLogger(__name__)
@@ -25,6 +31,31 @@ _CREATE: dict[str, str] = {
     "Service": "create_namespaced_service",
     "PersistentVolumeClaim": "create_namespaced_persistent_volume_claim",
 }
+_PATCH: dict[str, str] = {
+    "Service": "patch_namespaced_service",
+    "PersistentVolumeClaim": "patch_namespaced_persistent_volume_claim",
+}
+
+REQUEST_TIMEOUT = (5.0, 30.0)
+"""(connect, read) seconds for every request."""
+
+EVENT_CACHE_SIZE = 4096
+"""Events remembered for aggregation (a repeat bumps ``count`` instead of a new object)."""
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    """What became of one create: the object, or why the apiserver refused it."""
+
+    body: dict[str, Any] | None = None
+    existed: bool = False
+    refused: ApiException | None = None
+
+
+@dataclass
+class _RecordedEvent:
+    name: str
+    count: int
 
 
 class Kube:
@@ -34,61 +65,107 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        self._events: OrderedDict[tuple[str, ...], _RecordedEvent] = OrderedDict()
+        self._events_lock = threading.Lock()
 
     def _call(self, verb: str, resource: str, fn: Callable[[], T]) -> T:
         metrics.API_REQUESTS.labels(verb, resource).inc()
         return fn()
 
-    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a namespaced object; returns it, or None if it already existed."""
+    def create(self, body: dict[str, Any]) -> CreateResult:
+        """Create a namespaced object; a conflict means it exists already, any other 4xx is a
+        refusal the caller reports (quota, admission, an invalid spec)."""
         kind, ns = body["kind"], body["metadata"]["namespace"]
         method = getattr(self.core, _CREATE[kind])
         try:
-            created = self._call("create", kind.lower(), lambda: method(ns, body))
+            created = self._call(
+                "create",
+                kind.lower(),
+                lambda: method(ns, body, _request_timeout=REQUEST_TIMEOUT),
+            )
         except ApiException as error:
             if error.status == 409:
-                return None
+                return CreateResult(existed=True)
+            if error.status is not None and 400 <= error.status < 500 and error.status != 429:
+                return CreateResult(refused=error)
             raise
         result: dict[str, Any] = self.core.api_client.sanitize_for_serialization(created)
-        return result
+        return CreateResult(body=result)
 
-    def create_all(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[CreateResult]:
         if len(bodies) <= 1:
             return [self.create(body) for body in bodies]
         return list(self.pool.map(self.create, bodies))
 
-    def delete_pod(self, namespace: str, name: str, force: bool) -> None:
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        method = getattr(self.core, _PATCH[kind])
+        self._call(
+            "patch",
+            kind.lower(),
+            lambda: method(name, namespace, patch, _request_timeout=REQUEST_TIMEOUT),
+        )
+
+    def delete_pod(self, namespace: str, name: str, force: bool, why: str | None = None) -> None:
+        """Delete a pod; ``why`` labels it first (see ``labels.RELEASED``)."""
         options = client.V1DeleteOptions(grace_period_seconds=0 if force else None)
         try:
+            if why:
+                self.label_pod(namespace, name, {lbl.RELEASED: why}, missing_ok=False)
             self._call(
                 "delete",
                 "pod",
-                lambda: self.core.delete_namespaced_pod(name, namespace, body=options),
+                lambda: self.core.delete_namespaced_pod(
+                    name, namespace, body=options, _request_timeout=REQUEST_TIMEOUT
+                ),
             )
         except ApiException as error:
             if error.status != 404:
                 raise
 
-    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, bool]]) -> None:
-        list(self.pool.map(lambda item: self.delete_pod(namespace, *item), pods))
+    def delete_pods(
+        self, namespace: str, pods: Iterable[tuple[str, bool]], why: dict[str, str]
+    ) -> None:
+        list(
+            self.pool.map(
+                lambda item: self.delete_pod(namespace, item[0], item[1], why.get(item[0])), pods
+            )
+        )
 
-    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+    def label_pod(
+        self, namespace: str, name: str, labels: dict[str, str], missing_ok: bool = True
+    ) -> None:
         patch = {"metadata": {"labels": labels}}
         try:
             self._call(
-                "patch", "pod", lambda: self.core.patch_namespaced_pod(name, namespace, patch)
+                "patch",
+                "pod",
+                lambda: self.core.patch_namespaced_pod(
+                    name, namespace, patch, _request_timeout=REQUEST_TIMEOUT
+                ),
             )
         except ApiException as error:
-            if error.status != 404:
+            if error.status != 404 or not missing_ok:
                 raise
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Merge-patch the status subresource; returns the updated job."""
+    def label_pods(self, namespace: str, labels: dict[str, dict[str, str]]) -> None:
+        list(self.pool.map(lambda item: self.label_pod(namespace, *item), labels.items()))
+
+    def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource; returns the updated job.
+
+        With ``resource_version`` the patch applies only to that version of the job (409
+        otherwise): an operator that lost its Lease without knowing cannot overwrite what the
+        new leader wrote."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         result = self._call(
             "patch",
             "trainingjobs/status",
             lambda: self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+                GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=REQUEST_TIMEOUT
             ),
         )
         return dict(result)  # type: ignore[call-overload]
@@ -99,7 +176,13 @@ class Kube:
                 "delete",
                 "trainingjobs",
                 lambda: self.custom.delete_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    propagation_policy="Background",
+                    _request_timeout=REQUEST_TIMEOUT,
                 ),
             )
         except ApiException as error:
@@ -107,13 +190,60 @@ class Kube:
                 raise
 
     def event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """Record a core/v1 Event on the job, so ``kubectl describe tj`` shows it."""
+        """Record a core/v1 Event on the job, so ``kubectl describe tj`` shows it.
+
+        A repeat of an event this process recorded (same job, type, reason and message) bumps
+        its ``count`` and ``lastTimestamp``, as the kubelet's recorder does, instead of adding
+        one more object per repeat."""
         meta = job["metadata"]
+        message = message[:1024]
+        key = (str(meta.get("uid")), meta["namespace"], type_, reason, message)
         now = datetime.now(UTC)
+        with self._events_lock:
+            known = self._events.get(key)
+            if known is not None:
+                known.count += 1
+                self._events.move_to_end(key)
+        try:
+            if known is not None and self._bump_event(meta["namespace"], known, now):
+                return
+            name = f"{meta['name']}.{secrets.token_hex(8)}"
+            self._create_event(job, name, type_, reason, message, now)
+            with self._events_lock:
+                self._events[key] = _RecordedEvent(name, 1)
+                while len(self._events) > EVENT_CACHE_SIZE:
+                    self._events.popitem(last=False)
+        except ApiException as error:
+            log.warning("could not record event %s on %s: %s", reason, meta["name"], error.reason)
+
+    def _bump_event(self, namespace: str, known: _RecordedEvent, now: datetime) -> bool:
+        patch = {"count": known.count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        try:
+            self._call(
+                "patch",
+                "event",
+                lambda: self.core.patch_namespaced_event(
+                    known.name, namespace, patch, _request_timeout=REQUEST_TIMEOUT
+                ),
+            )
+        except ApiException as error:
+            if error.status == 404:  # expired (events live an hour): start a new one
+                return False
+            raise
+        return True
+
+    def _create_event(
+        self,
+        job: dict[str, Any],
+        name: str,
+        type_: str,
+        reason: str,
+        message: str,
+        now: datetime,
+    ) -> None:
+        meta = job["metadata"]
         body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                name=f"{meta['name']}.{secrets.token_hex(8)}", namespace=meta["namespace"]
-            ),
+            metadata=client.V1ObjectMeta(name=name, namespace=meta["namespace"]),
             involved_object=client.V1ObjectReference(
                 api_version=f"{GROUP}/{VERSION}",
                 kind=KIND,
@@ -124,7 +254,7 @@ class Kube:
             ),
             type=type_,
             reason=reason,
-            message=message[:1024],
+            message=message,
             first_timestamp=now,
             last_timestamp=now,
             count=1,
@@ -132,11 +262,10 @@ class Kube:
             reporting_component="torchkube.io/operator",
             reporting_instance="torchkube-operator",
         )
-        try:
-            self._call(
-                "create",
-                "event",
-                lambda: self.core.create_namespaced_event(meta["namespace"], body),
-            )
-        except ApiException as error:
-            log.warning("could not record event %s on %s: %s", reason, meta["name"], error.reason)
+        self._call(
+            "create",
+            "event",
+            lambda: self.core.create_namespaced_event(
+                meta["namespace"], body, _request_timeout=REQUEST_TIMEOUT
+            ),
+        )

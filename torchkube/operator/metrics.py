@@ -25,8 +25,15 @@ from torchkube.api.spec import FailureReason
 from torchkube.operator.goodput import CAUSES, Goodput
 
 FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
-JOB_FAILURE_REASONS = ("PermanentFailure", "MaxRestartsExceeded", "DeadlineExceeded")
-"""Condition reasons of a job that ended Failed (torchkube/operator/reconcile.py)."""
+JOB_FAILURE_REASONS = (
+    "PermanentFailure",
+    "MaxRestartsExceeded",
+    "DeadlineExceeded",
+    "StartDeadlineExceeded",
+    "PodCreateRefused",
+    "InvalidImageName",
+)
+"""Condition reasons of a job that ended Failed (the operator's policies)."""
 
 JOBS = Gauge("torchkube_jobs", "TrainingJobs by namespace and phase.", ["namespace", "phase"])
 RESTARTS = Counter(

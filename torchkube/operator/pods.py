@@ -1,7 +1,7 @@
-"""Read what the operator needs from a Pod or Node body, and classify worker failures.
+"""Read what the operator needs from a Pod, Node or other child body.
 
-Bodies are the raw dicts from the watch stream; these helpers keep the dictionary digging in
-one place so the reconciler reads as policy.
+Bodies are the raw dicts from the watch stream (or their slim copies); these helpers keep the
+dictionary digging in one place so the policies read as policy.
 """
 
 import copy
@@ -9,15 +9,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from torchkube.api.spec import FailurePolicySpec, FailureReason
 from torchkube.operator import labels as lbl
 
 PodState = Literal["pending", "running", "succeeded", "failed", "deleting"]
 
-PREEMPTION_REASONS = {"PreemptionByScheduler"}
-EVICTION_REASONS = {"EvictionByEvictionAPI", "TerminationByKubelet"}
-NODE_LOSS_REASONS = {"DeletionByTaintManager", "DeletionByPodGC"}
-INFRASTRUCTURE_REASONS: frozenset[str] = frozenset({"NodeLost", "Preempted", "Evicted"})
+WAITING_BLOCKED = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+"""Container waiting reasons that keep a pod from ever running until something changes."""
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -30,8 +37,22 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_KEPT_METADATA = ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "labels",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
 _KEPT_STATUS = ("phase", "reason", "message", "podIP", "conditions", "containerStatuses")
+
+
+def _slim_owners(metadata: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"uid": ref.get("uid"), "controller": bool(ref.get("controller"))}
+        for ref in metadata.get("ownerReferences") or []
+    ]
 
 
 def slim(pod: dict[str, Any]) -> dict[str, Any]:
@@ -43,19 +64,58 @@ def slim(pod: dict[str, Any]) -> dict[str, Any]:
     dict is not ours to share); the result is never mutated after.
     """
     metadata, status = pod.get("metadata", {}), pod.get("status") or {}
+    kept: dict[str, Any] = {
+        key: dict(value) if key == "labels" else value
+        for key, value in metadata.items()
+        if key in _KEPT_METADATA
+    }
+    kept["ownerReferences"] = _slim_owners(metadata)
     return {
-        "metadata": {
-            key: dict(value) if key == "labels" else value
-            for key, value in metadata.items()
-            if key in _KEPT_METADATA
-        },
+        "metadata": kept,
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
         "status": copy.deepcopy({key: status[key] for key in _KEPT_STATUS if key in status}),
     }
 
 
+def slim_child(body: dict[str, Any]) -> dict[str, Any]:
+    """What the operator reads of a Service or PersistentVolumeClaim it owns."""
+    metadata = body.get("metadata", {})
+    return {
+        "kind": body.get("kind", ""),
+        "metadata": {
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+            "deletionTimestamp": metadata.get("deletionTimestamp"),
+            "creationTimestamp": metadata.get("creationTimestamp"),
+            "ownerReferences": _slim_owners(metadata),
+        },
+        "spec": {"selector": (body.get("spec") or {}).get("selector")},
+        "status": {"phase": (body.get("status") or {}).get("phase")},
+    }
+
+
 def name(pod: dict[str, Any]) -> str:
     return str(pod["metadata"]["name"])
+
+
+def uid(body: dict[str, Any]) -> str:
+    return str(body["metadata"].get("uid") or "")
+
+
+def controller_uid(body: dict[str, Any]) -> str | None:
+    """The UID of the object's controlling owner (``ownerReferences[].controller``)."""
+    for ref in body["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def owned_by(body: dict[str, Any], owner_uid: str) -> bool:
+    """Whether the object is controlled by the owner with ``owner_uid``: a job's pods are
+    told apart from a deleted namesake's (same name, same labels) and from a user's pod that
+    merely carries the job's label."""
+    return bool(owner_uid) and controller_uid(body) == owner_uid
 
 
 def role(pod: dict[str, Any]) -> str:
@@ -74,131 +134,117 @@ def created(pod: dict[str, Any]) -> datetime | None:
     return parse_time(pod["metadata"].get("creationTimestamp"))
 
 
+def deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
 def failure_recorded(pod: dict[str, Any]) -> bool:
     return pod["metadata"].get("labels", {}).get(lbl.FAILURE_RECORDED) == "true"
 
 
+SIGNAL_EXIT_CODES = frozenset({143, 137})
+"""SIGTERM (what a delete sends first; the launcher exits 143) and SIGKILL (at the end of the
+grace period)."""
+
+
+def ended_by_deletion(pod: dict[str, Any]) -> bool:
+    """Whether a terminal pod that is being deleted stopped *because* of the delete.
+
+    Since Kubernetes 1.27 the kubelet moves a gracefully deleted pod to a terminal phase
+    before it is removed (kubernetes/kubernetes#115331): a worker deleted on a scale-down is
+    ``Failed`` with exit code 143 for a moment. Such a pod is a deletion, not a failure. The
+    operator's own deletions carry the ``released`` label; anyone else's show as a container
+    ended by the delete's signal. (The deletion timestamp cannot tell: the kubelet's final
+    delete with no grace rewrites it.) A container that ended with its own code, or OOMKilled,
+    failed on its own before or while it was deleted.
+    """
+    if not deleting(pod):
+        return False
+    if lbl.RELEASED in pod["metadata"].get("labels", {}):
+        return True
+    ended = terminated(pod)
+    if not ended:
+        return True
+    return ended.get("exitCode") in SIGNAL_EXIT_CODES and ended.get("reason") != "OOMKilled"
+
+
 def state(pod: dict[str, Any]) -> PodState:
     phase = pod.get("status", {}).get("phase", "Pending")
+    if deleting(pod) and (phase not in ("Succeeded", "Failed") or ended_by_deletion(pod)):
+        return "deleting"
     if phase == "Succeeded":
         return "succeeded"
     if phase == "Failed":
         return "failed"
-    if pod["metadata"].get("deletionTimestamp"):
-        return "deleting"
     return "running" if phase == "Running" else "pending"
 
 
-def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for condition in pod.get("status", {}).get("conditions", []) or []:
-        if condition.get("type") == kind:
-            return dict(condition)
+def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for entry in pod.get("status", {}).get("conditions", []) or []:
+        if entry.get("type") == kind:
+            return dict(entry)
     return None
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
-    condition = _condition(pod, "Ready")
-    return condition is not None and condition.get("status") == "True"
+    entry = condition(pod, "Ready")
+    return entry is not None and entry.get("status") == "True"
 
 
 def unschedulable_message(pod: dict[str, Any]) -> str | None:
     """The scheduler's explanation when it could not place the pod, else None."""
-    condition = _condition(pod, "PodScheduled")
-    if (
-        condition
-        and condition.get("status") == "False"
-        and condition.get("reason") == ("Unschedulable")
-    ):
-        return str(condition.get("message", "unschedulable"))
+    entry = condition(pod, "PodScheduled")
+    if entry and entry.get("status") == "False" and entry.get("reason") == "Unschedulable":
+        return str(entry.get("message", "unschedulable"))
     return None
+
+
+def _container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
+    for status in pod.get("status", {}).get("containerStatuses", []) or []:
+        if status.get("name") == container:
+            return dict(status)
+    return {}
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
-    for status in pod.get("status", {}).get("containerStatuses", []) or []:
-        if status.get("name") == lbl.TRAINER_CONTAINER:
-            terminated = status.get("state", {}).get("terminated")
-            return dict(terminated) if terminated else None
-    return None
+    status = _container_status(pod, lbl.TRAINER_CONTAINER) or _first_container_status(pod)
+    terminated = status.get("state", {}).get("terminated")
+    return dict(terminated) if terminated else None
+
+
+def _first_container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = pod.get("status", {}).get("containerStatuses", []) or []
+    return dict(statuses[0]) if statuses else {}
+
+
+def terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    """The main container's terminated state (exit code, reason, message), or {}."""
+    return _terminated(pod) or {}
 
 
 def termination_message(pod: dict[str, Any]) -> str:
-    return str((_terminated(pod) or {}).get("message") or "")
+    return str(terminated(pod).get("message") or "")
 
 
-@dataclass(frozen=True)
-class Failure:
-    """One worker failure, classified by the job's failure policy."""
-
-    reason: FailureReason
-    message: str
-    pod: str
-    node: str | None
-    exit_code: int | None
-    retryable: bool
-
-    @property
-    def infrastructure(self) -> bool:
-        return self.reason in INFRASTRUCTURE_REASONS
+def restart_count(pod: dict[str, Any]) -> int:
+    """Restarts of the pod's first container (the store restarts in place)."""
+    return int(_first_container_status(pod).get("restartCount") or 0)
 
 
-def classify(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool) -> Failure:
-    """Why a worker stopped, and whether the policy retries it.
+def last_termination(pod: dict[str, Any]) -> dict[str, Any]:
+    """Why the first container's previous run ended (a container restarted in place)."""
+    state_ = _first_container_status(pod).get("lastState") or {}
+    return dict(state_.get("terminated") or {})
 
-    Disruption conditions come first: a preempted or evicted pod also ends with a non-zero
-    exit code, but the cause is the cluster, not the training code.
-    """
-    pod_name, node = name(pod), node_name(pod)
-    where = f"pod {pod_name}" + (f" on node {node}" if node else "")
-    disruption = _condition(pod, "DisruptionTarget")
-    disruption_reason = (disruption or {}).get("reason", "")
-    terminated = _terminated(pod) or {}
-    exit_code = terminated.get("exitCode")
-    if node_lost or disruption_reason in NODE_LOSS_REASONS:
-        return Failure("NodeLost", f"{where}: node lost", pod_name, node, exit_code, True)
-    if disruption_reason in PREEMPTION_REASONS:
-        return Failure(
-            "Preempted", f"{where}: preempted by the scheduler", pod_name, node, exit_code, True
-        )
-    if disruption_reason in EVICTION_REASONS or pod.get("status", {}).get("reason") == "Evicted":
-        detail = (disruption or {}).get("message") or pod.get("status", {}).get("message", "")
-        return Failure(
-            "Evicted", f"{where}: evicted {detail}".strip(), pod_name, node, exit_code, True
-        )
-    if terminated.get("reason") == "OOMKilled":
-        return Failure(
-            "OOMKilled",
-            f"{where}: killed for exceeding its memory limit (OOMKilled)",
-            pod_name,
-            node,
-            exit_code,
-            policy.on_oom_killed == "Retry",
-        )
-    if exit_code == 0:
-        return Failure(
-            "Unknown",
-            f"{where} exited 0 before the trainer reported the end of training",
-            pod_name,
-            node,
-            0,
-            True,
-        )
-    if exit_code is not None:
-        detail = (terminated.get("message") or "").strip().splitlines()
-        tail = f": {detail[-1]}" if detail else ""
-        permanent = policy.is_permanent_exit(int(exit_code))
-        kind = "permanent" if permanent else "retryable"
-        return Failure(
-            "ExitCode",
-            f"{where} exited with code {exit_code} ({kind}){tail}",
-            pod_name,
-            node,
-            int(exit_code),
-            not permanent,
-        )
-    if pod["metadata"].get("deletionTimestamp"):
-        return Failure("Unknown", f"{where} was deleted", pod_name, node, None, True)
-    message = pod.get("status", {}).get("message") or "failed without an exit code"
-    return Failure("Unknown", f"{where}: {message}", pod_name, node, None, True)
+
+def blocked_reason(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when a container waits for something that will not come by itself:
+    an image that cannot be pulled, a missing Secret or ConfigMap, a refused container."""
+    for status in pod.get("status", {}).get("containerStatuses", []) or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in WAITING_BLOCKED:
+            return str(waiting["reason"]), str(waiting.get("message") or "")
+    return None
 
 
 @dataclass(frozen=True)
@@ -210,10 +256,10 @@ class NodeHealth:
 
 
 def node_health(node: dict[str, Any]) -> NodeHealth:
-    for condition in node.get("status", {}).get("conditions", []) or []:
-        if condition.get("type") == "Ready":
+    for entry in node.get("status", {}).get("conditions", []) or []:
+        if entry.get("type") == "Ready":
             return NodeHealth(
-                condition.get("status") == "True",
-                parse_time(condition.get("lastTransitionTime")),
+                entry.get("status") == "True",
+                parse_time(entry.get("lastTransitionTime")),
             )
     return NodeHealth(False, None)

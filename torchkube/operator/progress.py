@@ -1,19 +1,24 @@
-"""Read training progress from the workers (the trainer's ``GET /progress``, docs/trainer.md).
+"""Read training progress from a worker (the trainer's ``GET /progress``, docs/trainer.md).
 
-Every worker pod's local rank 0 serves the report; the freshest answer wins. A worker that
-does not answer within a second is skipped: progress is informative, never blocking.
+Every worker pod's local rank 0 serves the report, and in a synchronous job they all report
+the same step, so one answer is enough: the pod that answered last time is asked first, then
+the others one by one until one answers. A 512-worker job costs one request per poll, not 512.
+A worker that does not answer within a second is skipped: progress is informative, never
+blocking.
 """
 
 import json
 import logging
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 
 log = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 1.0
+MAX_TRIES = 3
+"""Pods asked per poll before giving up until the next one."""
 
 
 def _fetch(url: str) -> dict[str, Any] | None:
@@ -27,24 +32,27 @@ def _fetch(url: str) -> dict[str, Any] | None:
 
 
 def read_progress(
-    template: str, pods: list[dict[str, Any]], port: int, pool: ThreadPoolExecutor
-) -> dict[str, Any] | None:
-    """The newest report among the running workers, or None if nobody answered."""
+    template: str, pods: list[dict[str, Any]], port: int, preferred: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(report, pod that answered), or (None, None) if nobody answered."""
     if not template:
-        return None
-    urls = [
-        template.format(
+        return None, None
+    candidates = [
+        pod
+        for pod in pods
+        if p.state(pod) == "running"
+        and p.role(pod) == lbl.ROLE_WORKER
+        and pod.get("status", {}).get("podIP")
+    ]
+    candidates.sort(key=lambda pod: p.name(pod) != preferred)
+    for pod in candidates[:MAX_TRIES]:
+        url = template.format(
             pod_ip=pod["status"]["podIP"],
             port=port,
             namespace=pod["metadata"]["namespace"],
             pod=p.name(pod),
         )
-        for pod in pods
-        if p.state(pod) == "running"
-        and p.role(pod) == "worker"
-        and pod.get("status", {}).get("podIP")
-    ]
-    reports = [r for r in pool.map(_fetch, urls) if r]
-    if not reports:
-        return None
-    return max(reports, key=lambda r: (r.get("step", 0), str(r.get("updated", ""))))
+        report = _fetch(url)
+        if report:
+            return report, p.name(pod)
+    return None, None

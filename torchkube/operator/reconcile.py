@@ -1,404 +1,351 @@
-"""The reconciler's brain: from what is observed to what should be done, with no I/O.
+"""The planner: from what is observed to what should be done, with no I/O.
 
-``plan()`` is a pure function of the job, its pods, the nodes' health, the trainer's last
-report and the clock. The handlers feed it from watch caches and carry out the returned
-``Plan``; because it is level-triggered (it looks at the world, not at the event that woke
-it), an operator restart in the middle of a failure simply plans the same thing again.
+``plan()`` is a pure function of the job, its pods and children, the nodes' health, the
+trainer's last report and the clock. The controller feeds it from watch caches and carries out
+the returned ``Plan``; because it is level-triggered (it looks at the world, not at the event
+that woke it), an operator restart in the middle of a failure simply plans the same thing
+again.
 
-Order of the steps, each a small function below:
-  finished job → clean-up and TTL; suspended → no pods; deadline; classify the pods;
-  new failures → permanent? fail : record, back off, replace; success; scale to the desired
-  count; keep the rendezvous store; report unschedulable pods; derive phase and status.
+The decisions live one policy per module; this file only sorts the pods and runs the policies
+in order:
+
+  children (``children``) → finished: clean-up and TTL (``lifecycle``) → suspended
+  (``lifecycle``) → deadlines (``lifecycle``) → sort the job's own pods → new failures
+  (``failure``): permanent or over budget → Failed, else record, back off, replace → success
+  (``lifecycle``) → refused creates → scale to the target (``scaling``) → keep the store →
+  blocked and unschedulable pods, phase and counts (``phase``).
 """
 
-import secrets
-import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from torchkube.api import TrainingJob
-from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
-from torchkube.api.status import MAX_FAILURE_HISTORY, TERMINAL_PHASES
-from torchkube.elastic import TRAINING_FINISHED
-from torchkube.operator import builders
+from torchkube.api.status import MAX_FAILURE_HISTORY
+from torchkube.operator import builders, children, failure, lifecycle, phase, scaling
 from torchkube.operator import conditions as cond
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
+from torchkube.operator.decision import Context, Observed, Plan, random_suffix
+from torchkube.operator.failure import Failure, Ledger
+
+__all__ = ["Observed", "Plan", "plan", "random_suffix"]
 
 KEEP_FAILED_PODS = 5
 """Failed worker pods kept for ``kubectl logs``; older ones are deleted."""
 
-
-def random_suffix() -> str:
-    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Observed:
-    job: TrainingJob
-    pods: list[dict[str, Any]]
-    nodes: dict[str, p.NodeHealth]
-    now: datetime
-    progress: dict[str, Any] | None = None
-    self_deleted: frozenset[str] = frozenset()
-    """Pods this operator process deleted itself (not failures, whatever they look like)."""
-
-
-@dataclass
-class Plan:
-    create_pods: list[dict[str, Any]] = field(default_factory=list)
-    delete_pods: list[tuple[str, bool]] = field(default_factory=list)
-    """(pod name, force): force skips the grace period, for pods on a lost node."""
-    mark_recorded: list[str] = field(default_factory=list)
-    ensure_children: bool = False
-    status: dict[str, Any] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-    delete_job: bool = False
-    failures: list[p.Failure] = field(default_factory=list)
-    all_running: bool = False
-    """Every desired worker is Running (start-up and recovery are timed to this moment)."""
-
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 0.05)
-        self.requeue_after = (
-            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
-        )
-
-    def delete(self, pod: dict[str, Any], force: bool = False) -> None:
-        if all(name != p.name(pod) for name, _ in self.delete_pods):
-            self.delete_pods.append((p.name(pod), force))
+RELEASE_SCALE_DOWN = "scale-down"
+RELEASE_DUPLICATE = "duplicate"
 
 
 @dataclass
 class _Pods:
-    """The job's pods, sorted into what the reconciler acts on."""
+    """The job's own pods, sorted into what the policies act on."""
 
     live_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     live_stores: list[dict[str, Any]] = field(default_factory=list)
     succeeded: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
-    new_failures: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
-    """(pod, on a lost node) for failures not yet counted."""
-    lost_stores: list[dict[str, Any]] = field(default_factory=list)
+    new_failures: list[Failure] = field(default_factory=list)
     deleting: list[dict[str, Any]] = field(default_factory=list)
+    lost_store: bool = False
+
+    @property
+    def workers(self) -> list[dict[str, Any]]:
+        return [pod for pods in self.live_workers.values() for pod in pods]
 
 
-class _Context:
-    def __init__(self, observed: Observed, new_suffix: Callable[[], str]) -> None:
-        self.job = observed.job
-        self.spec = observed.job.spec
-        self.now = observed.now
-        self.nodes = observed.nodes
-        self.generation = observed.job.metadata.get("generation")
-        self.new_suffix = new_suffix
-        status = observed.job.status
-        self.status: dict[str, Any] = status.to_wire() if status else {}
-        self.conditions: list[dict[str, Any]] = list(self.status.get("conditions", []))
-        self.plan = Plan()
-        self.recorded = {f["pod"] for f in self.status.get("failures", []) if f.get("pod")}
+class _Sorter:
+    """Sorts the job's pods and finds the failures not counted yet."""
 
-    def set(self, kind: str, status: bool, reason: str, message: str) -> None:
-        self.conditions = cond.set_condition(
-            self.conditions, kind, status, reason, message, self.now, self.generation
-        )
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.recorded = {failure.record_key(r) for r in ctx.status.get("failures", [])}
+        self.partition = scaling.partition(ctx.nodes)
+        self.policy = ctx.spec.failure_policy
 
-    def clear(self, kind: str, reason: str, message: str = "") -> None:
-        self.conditions = cond.clear(
-            self.conditions, kind, reason, message, self.now, self.generation
-        )
+    def lost_deadline(self, node: str | None) -> float | None:
+        """Seconds until a pod on ``node`` counts as lost (≤ 0: lost now); None: never.
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.plan.events.append(Event(type_, reason, message))
-
-    def node_lost_deadline(self, node: str | None) -> datetime | None:
-        """When a pod on ``node`` counts as lost: now if the node is gone, after the grace
-        once it stopped being Ready, never while it is Ready."""
+        A deleted node loses its pods at once; a NotReady one after the grace; nothing is lost
+        while most of the cluster is NotReady (a partition)."""
         if node is None:
             return None
-        health = self.nodes.get(node)
+        health = self.ctx.nodes.get(node)
         if health is None:
-            return self.now
-        if health.ready:
+            return 0.0
+        if health.ready or self.partition is not None:
             return None
-        grace = timedelta(seconds=self.spec.failure_policy.node_lost_grace_seconds)
-        return (health.since or self.now) + grace
+        grace = timedelta(seconds=self.policy.node_lost_grace_seconds)
+        return ((health.since or self.ctx.now) + grace - self.ctx.now).total_seconds()
 
+    def counted(self, pod: dict[str, Any], restarts: int | None = None) -> bool:
+        if restarts is None:
+            return p.failure_recorded(pod) or (p.name(pod), 0) in self.recorded
+        label = pod["metadata"].get("labels", {}).get(lbl.FAILURE_RECORDED, "")
+        done = int(label) if label.isdigit() else (-1 if label != "true" else restarts)
+        return done >= restarts or (p.name(pod), restarts) in self.recorded
 
-def _sort_pods(ctx: _Context, pods: list[dict[str, Any]], self_deleted: frozenset[str]) -> _Pods:
-    out = _Pods()
-    for pod in pods:
-        state = p.state(pod)
-        deadline = ctx.node_lost_deadline(p.node_name(pod))
-        lost = deadline is not None and deadline <= ctx.now and state != "succeeded"
-        if deadline is not None and not lost:
-            ctx.plan.requeue((deadline - ctx.now).total_seconds())
-        if lost:
-            ctx.plan.delete(pod, force=True)
-        if p.role(pod) == lbl.ROLE_RENDEZVOUS:
-            if lost or state == "failed":
-                out.lost_stores.append(pod)
-            elif state in ("pending", "running"):
-                out.live_stores.append(pod)
-            continue
-        if p.role(pod) != lbl.ROLE_WORKER:
-            continue
-        counted = p.failure_recorded(pod) or p.name(pod) in ctx.recorded
-        if state == "succeeded" and _finished_training(ctx, pod):
+    def _store_failure(self, pod: dict[str, Any], lost: bool) -> Failure | None:
+        """The store's failure if it is new: each in-place restart is one, and its loss
+        (node lost, evicted, deleted by someone) one more."""
+        found = failure.store_failure(pod, lost)
+        return None if self.counted(pod, found.restart_count or 0) else found
+
+    def sort(self, owned: list[dict[str, Any]]) -> _Pods:
+        out = _Pods()
+        for pod in owned:
+            state = p.state(pod)
+            wait = self.lost_deadline(p.node_name(pod))
+            lost = wait is not None and wait <= 0 and state != "succeeded"
+            if wait is not None and not lost:
+                self.ctx.plan.requeue(wait)
+            if lost:
+                self.ctx.plan.delete(pod, force=True)
+            if p.role(pod) == lbl.ROLE_RENDEZVOUS:
+                self._store(out, pod, state, lost)
+            elif p.role(pod) == lbl.ROLE_WORKER:
+                self._worker(out, pod, state, lost)
+        for pod in out.deleting:
+            if not self.counted(pod) and self._deleted_externally(out, pod):
+                out.new_failures.append(failure.classify_pod(pod, self.policy, False))
+        return out
+
+    def _worker(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:
+        if state == "succeeded" and lifecycle.finished_training(self.ctx, pod):
             out.succeeded.append(pod)
-        elif state == "succeeded":
+        elif state in ("succeeded", "failed") or lost:
             out.failed.append(pod)
-            if not counted:
-                out.new_failures.append((pod, False))
-        elif state == "failed" or lost:
-            out.failed.append(pod)
-            if not counted:
-                out.new_failures.append((pod, lost))
+            if not self.counted(pod):
+                out.new_failures.append(failure.classify_pod(pod, self.policy, lost))
         elif state == "deleting":
             out.deleting.append(pod)
         else:
             out.live_workers.setdefault(p.slot(pod), []).append(pod)
-    for pod in out.deleting:
-        counted = p.failure_recorded(pod) or p.name(pod) in ctx.recorded
-        if not counted and p.name(pod) not in self_deleted and _deleted_externally(ctx, out, pod):
-            out.new_failures.append((pod, False))
-    return out
+
+    def _store(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:
+        """A store that restarted in place is one incident per restart; a lost or failed one
+        is replaced (and is one incident) unless the operator itself deleted it."""
+        gone = lost or state in ("failed", "succeeded")
+        deleted_by_someone = state == "deleting" and self._released_by_someone(pod)
+        if gone or deleted_by_someone:
+            out.lost_store = True
+            found = self._store_failure(pod, lost=True) if self._running_job() else None
+            if found is not None:
+                out.new_failures.append(found)
+            if gone and not lost:
+                self.ctx.plan.delete(pod)
+            return
+        if state in ("pending", "running"):
+            out.live_stores.append(pod)
+            found = self._store_failure(pod, lost=False) if p.restart_count(pod) else None
+            if found is not None:
+                out.new_failures.append(found)
+
+    def _running_job(self) -> bool:
+        return not self.ctx.spec.run_policy.suspend and not lifecycle.is_finished(self.ctx)
+
+    def _released_by_someone(self, pod: dict[str, Any]) -> bool:
+        """Deleted, but not by this operator (it labels what it deletes, and remembers)."""
+        return (
+            lbl.RELEASED not in pod["metadata"].get("labels", {})
+            and p.name(pod) not in self.ctx.observed.self_deleted
+        )
+
+    def _deleted_externally(self, out: _Pods, pod: dict[str, Any]) -> bool:
+        """A worker being deleted by someone else while it was the only one in a wanted slot
+        of a running job: preemption, eviction or ``kubectl delete pod``."""
+        index = p.slot(pod)
+        return (
+            self._running_job()
+            and self._released_by_someone(pod)
+            and index < self.ctx.spec.replicas.target
+            and index not in out.live_workers
+        )
 
 
-def _finished_training(ctx: _Context, pod: dict[str, Any]) -> bool:
-    """Whether a worker that exited 0 ended the training, not just its torchrun agent.
-
-    The built-in trainer says so in its termination message; an agent can also exit 0 when
-    its rendezvous closes early, and taking that for success would end a job half-way. A
-    custom command has no such message, so its exit 0 is trusted.
-    """
-    if ctx.spec.command != BUILTIN_TRAINER_COMMAND:
+def _record_failures(ctx: Context, new: list[Failure]) -> bool:
+    """Account for new failures; False when the job must fail."""
+    if not new:
         return True
-    return TRAINING_FINISHED in p.termination_message(pod)
-
-
-def _deleted_externally(ctx: _Context, sorted_pods: _Pods, pod: dict[str, Any]) -> bool:
-    """A worker being deleted while it was the only one in a wanted slot of a running job:
-    preemption, eviction or ``kubectl delete pod``. The operator's own deletions are of
-    pods outside the wanted slots, of spare duplicates, or of a job that is not running."""
-    if ctx.spec.run_policy.suspend or ctx.status.get("phase") in TERMINAL_PHASES:
+    before = Ledger.of(ctx.status)
+    outcome = failure.account(before, new, ctx.spec.failure_policy, ctx.now)
+    ctx.plan.failures.extend(new)
+    history = [*before.history, *outcome.records]
+    ctx.status["failures"] = history[-MAX_FAILURE_HISTORY:]
+    ctx.status["lastFailure"] = outcome.records[-1]
+    ctx.status["restarts"] = outcome.restarts
+    ctx.status["restartsCountTowardsMax"] = outcome.counted
+    for record in outcome.records:
+        value = str(record["restartCount"]) if record.get("restartCount") else "true"
+        ctx.plan.mark_recorded[record["pod"]] = value
+    if outcome.fail_reason is not None:
+        ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
         return False
-    index = p.slot(pod)
-    return index < ctx.spec.replicas.target and index not in sorted_pods.live_workers
-
-
-def _clean_up_finished(ctx: _Context, pods: list[dict[str, Any]]) -> None:
-    policy = ctx.spec.run_policy.clean_pod_policy
-    for pod in pods:
-        state = p.state(pod)
-        if state == "deleting":
-            continue
-        is_store = p.role(pod) == lbl.ROLE_RENDEZVOUS
-        if policy == "All" or is_store or (policy == "Running" and state in ("pending", "running")):
-            ctx.plan.delete(pod)
-    ttl = ctx.spec.run_policy.ttl_seconds_after_finished
-    finished = p.parse_time(ctx.status.get("completionTime"))
-    if ttl is not None and finished is not None:
-        remaining = (finished + timedelta(seconds=ttl) - ctx.now).total_seconds()
-        if remaining <= 0:
-            ctx.plan.delete_job = True
-        else:
-            ctx.plan.requeue(remaining)
-
-
-def _finish(ctx: _Context, phase: str, reason: str, message: str) -> None:
-    ctx.status["phase"] = phase
-    ctx.status["completionTime"] = p.format_time(ctx.now)
-    ctx.set(phase, True, reason, message)
-    ctx.clear(cond.RUNNING, reason, message)
-    ctx.clear(cond.RESTARTING, reason, message)
-    ctx.event("Warning" if phase == "Failed" else "Normal", reason, message)
-
-
-def _record_failures(ctx: _Context, sorted_pods: _Pods) -> bool:
-    """Count new failures; returns False when the job must fail."""
-    policy = ctx.spec.failure_policy
-    history = list(ctx.status.get("failures", []))
-    for pod, lost in sorted_pods.new_failures:
-        failure = p.classify(pod, policy, lost)
-        ctx.plan.failures.append(failure)
-        record = {
-            "reason": failure.reason,
-            "message": failure.message,
-            "pod": failure.pod,
-            "retryable": failure.retryable,
-            "time": p.format_time(ctx.now),
-        }
-        if failure.node:
-            record["node"] = failure.node
-        if failure.exit_code is not None:
-            record["exitCode"] = failure.exit_code
-        history.append(record)
-        ctx.status["lastFailure"] = record
-        ctx.plan.mark_recorded.append(failure.pod)
-        if not failure.retryable:
-            ctx.status["failures"] = history[-MAX_FAILURE_HISTORY:]
-            _finish(ctx, "Failed", "PermanentFailure", f"{failure.message}; not retried")
-            return False
-        ctx.status["restarts"] = ctx.status.get("restarts", 0) + 1
-        if policy.count_infrastructure_failures or not failure.infrastructure:
-            ctx.status["restartsCountTowardsMax"] = ctx.status.get("restartsCountTowardsMax", 0) + 1
-        counted = ctx.status.get("restartsCountTowardsMax", 0)
-        reason = "NodeLost" if failure.reason == "NodeLost" else "WorkerFailed"
+    max_restarts = ctx.spec.failure_policy.max_restarts
+    for incident in range(before.restarts + 1, outcome.restarts + 1):
+        members = [r for r in outcome.records if r["incident"] == incident]
+        first = next(f for f in outcome.new_incidents if f.pod == members[0]["pod"])
+        others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
         ctx.event(
             "Warning",
-            reason,
-            f"{failure.message}; replacing it (restart {counted}/{policy.max_restarts})",
+            first.reason if first.infrastructure else "WorkerFailed",
+            f"{first.message}{others}; restarting from the latest checkpoint "
+            f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
         )
-        if counted > policy.max_restarts:
-            ctx.status["failures"] = history[-MAX_FAILURE_HISTORY:]
-            _finish(
-                ctx,
-                "Failed",
-                "MaxRestartsExceeded",
-                f"{counted} restarts exceed failurePolicy.maxRestarts ({policy.max_restarts}); "
-                f"last failure: {failure.message}",
-            )
-            return False
-    ctx.status["failures"] = history[-MAX_FAILURE_HISTORY:]
     return True
 
 
-def _prune_failed(ctx: _Context, failed: list[dict[str, Any]]) -> None:
+def _prune_failed(ctx: Context, failed: list[dict[str, Any]]) -> None:
     kept = sorted(failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
     for pod in kept[KEEP_FAILED_PODS:]:
         if p.state(pod) != "deleting":
             ctx.plan.delete(pod)
 
 
-def _avoided_nodes(ctx: _Context) -> list[str]:
-    """Nodes the job lost workers on: replacements stay away even if the node comes back.
+def _creates_allowed(ctx: Context) -> bool:
+    """False while the apiserver's last refusal of a pod create is being backed off."""
+    refused = ctx.observed.refused
+    if refused is None:
+        return True
+    wait = (refused.at - ctx.now).total_seconds() + refused.retry_after
+    if wait > 0:
+        ctx.plan.requeue(wait)
+        return False
+    return True
 
-    Nodes that are merely NotReady now are left to the scheduler (their taints keep pods
-    off); pinning them away for good would strand capacity after a short blip."""
-    return sorted(
-        {
-            f["node"]
-            for f in ctx.status.get("failures", [])
-            if f.get("reason") == "NodeLost" and f.get("node")
-        }
+
+def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
+    surplus, missing = scaling.surplus_and_missing(
+        sorted_pods.live_workers, ctx.spec.replicas.target, ctx.now
     )
-
-
-def _backoff_remaining(ctx: _Context) -> float:
-    last = ctx.status.get("lastFailure")
-    if not last:
-        return 0.0
-    delay = ctx.spec.failure_policy.backoff.delay(ctx.status.get("restarts", 1) - 1)
-    failed_at = p.parse_time(last.get("time")) or ctx.now
-    return (failed_at + timedelta(seconds=delay) - ctx.now).total_seconds()
-
-
-def _scale_workers(ctx: _Context, sorted_pods: _Pods) -> None:
     target = ctx.spec.replicas.target
-    for index, pods in sorted_pods.live_workers.items():
-        ordered = sorted(pods, key=lambda pod: p.created(pod) or ctx.now)
-        extras = ordered if index >= target else ordered[1:]
-        for pod in extras:
-            ctx.plan.delete(pod)
-    missing = [i for i in range(target) if i not in sorted_pods.live_workers]
-    if not missing:
+    for pod in surplus:
+        ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= target else RELEASE_DUPLICATE)
+    if not missing or not may_create:
         return
-    wait = _backoff_remaining(ctx) if ctx.status.get("restarts") else 0.0
+    ledger = Ledger.of(ctx.status)
+    wait = failure.backoff_remaining(ledger, ctx.spec.failure_policy, ctx.now)
     if wait > 0:
         ctx.plan.requeue(wait)
         return
-    avoid = _avoided_nodes(ctx)
+    avoid = scaling.avoided_nodes(ledger.history, ctx.now)
     for index in missing:
         ctx.plan.create_pods.append(builders.worker_pod(ctx.job, index, ctx.new_suffix(), avoid))
 
 
-def _keep_store(ctx: _Context, sorted_pods: _Pods) -> None:
-    for pod in sorted_pods.lost_stores:
-        ctx.plan.delete(pod)
-        if pod["metadata"].get("deletionTimestamp") is None:
-            ctx.event(
-                "Warning",
-                "RendezvousStoreLost",
-                f"rendezvous store pod {p.name(pod)} on node {p.node_name(pod)} is gone; "
-                "starting a new one (workers re-rendezvous)",
-            )
-    stores = sorted(sorted_pods.live_stores, key=lambda pod: p.created(pod) or ctx.now)
+def _keep_store(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
+    stores = sorted(
+        sorted_pods.live_stores,
+        key=lambda pod: (p.state(pod) != "running", p.created(pod) or ctx.now),
+    )
     for pod in stores[1:]:
-        ctx.plan.delete(pod)
-    if not stores:
-        ctx.plan.create_pods.append(
-            builders.rendezvous_pod(ctx.job, ctx.new_suffix(), _avoided_nodes(ctx))
-        )
+        ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
+    if not stores and may_create:
+        avoid = scaling.avoided_nodes(ctx.status.get("failures", []), ctx.now)
+        ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))
 
 
-def _report_unschedulable(ctx: _Context, sorted_pods: _Pods) -> None:
-    timeout = timedelta(seconds=ctx.spec.scheduling.pending_timeout_seconds)
-    stuck: list[str] = []
-    for pods in sorted_pods.live_workers.values():
-        for pod in pods:
-            message = p.unschedulable_message(pod)
-            born = p.created(pod) or ctx.now
-            if message is None:
-                continue
-            if born + timeout <= ctx.now:
-                stuck.append(message)
-            else:
-                ctx.plan.requeue((born + timeout - ctx.now).total_seconds())
-    if stuck:
-        text = (
-            f"{len(stuck)} of {ctx.spec.replicas.target} workers cannot be scheduled for "
-            f"{int(timeout.total_seconds())}s or more: {stuck[0]}"
-        )
-        if not cond.is_true(ctx.conditions, cond.PODS_UNSCHEDULABLE):
-            ctx.event("Warning", "PodsUnschedulable", text)
-        ctx.set(cond.PODS_UNSCHEDULABLE, True, "Unschedulable", text)
+def _report_partition(ctx: Context, partition: scaling.Partition | None) -> None:
+    if partition is None:
+        ctx.clear(cond.NODES_UNREACHABLE, "NodesReachable", "the nodes report again")
     else:
-        ctx.clear(cond.PODS_UNSCHEDULABLE, "Scheduled", "all workers are scheduled")
+        ctx.warn_once(cond.NODES_UNREACHABLE, "Partition", partition.message)
 
 
-def _derive_phase(ctx: _Context, sorted_pods: _Pods) -> None:
-    workers = [pod for pods in sorted_pods.live_workers.values() for pod in pods]
-    running = [pod for pod in workers if p.state(pod) == "running"]
-    minimum = ctx.spec.replicas.min
-    ctx.plan.all_running = len(running) == ctx.spec.replicas.target
-    if len(running) >= minimum:
-        if ctx.status.get("phase") != "Running":
-            ctx.event("Normal", "Running", f"{len(running)} workers running")
-        ctx.status["phase"] = "Running"
-        ctx.status.setdefault("startTime", p.format_time(ctx.now))
-        ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
-        ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
-    elif ctx.status.get("startTime"):
-        ctx.status["phase"] = "Restarting"
-        text = f"{len(running)} of at least {minimum} workers running; waiting for replacements"
-        ctx.set(cond.RESTARTING, True, "WaitingForWorkers", text)
-        ctx.set(cond.RUNNING, False, "WaitingForWorkers", text)
-    else:
-        ctx.status["phase"] = "Pending"
+def _refusal(ctx: Context) -> tuple[str, str] | None:
+    refused = ctx.observed.refused
+    if refused is None:
+        return None
+    return (
+        "PodCreateRefused",
+        f"the apiserver refused to create a pod ({refused.code} {refused.reason}): "
+        f"{refused.message}; retrying every {int(refused.retry_after)}s",
+    )
 
 
-def _counts(ctx: _Context, sorted_pods: _Pods) -> None:
-    workers = [pod for pods in sorted_pods.live_workers.values() for pod in pods]
-    ready = sum(1 for pod in workers if p.is_ready(pod))
-    target = ctx.spec.replicas.target
-    ctx.status["replicas"] = len(workers)
-    ctx.status["readyReplicas"] = ready
-    ctx.status["desiredReplicas"] = target
-    ctx.status["workers"] = f"{ready}/{target}"
-    ctx.status["selector"] = lbl.worker_selector(ctx.job.name)
+def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> Plan:
+    """Decide what to do about one TrainingJob now."""
+    ctx = Context(observed, new_suffix)
+    _apply_progress(ctx, observed.progress)
+    ctx.status["observedGeneration"] = ctx.generation
+    ctx.status.setdefault("phase", "Pending")
+    owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
+
+    if lifecycle.is_finished(ctx):
+        lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    children_ready = children.ensure(ctx, observed.children)
+    if lifecycle.suspend(ctx, owned):
+        return ctx.done()
+    if lifecycle.deadlines(ctx):
+        lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+
+    sorter = _Sorter(ctx)
+    sorted_pods = sorter.sort(owned)
+    if not _record_failures(ctx, sorted_pods.new_failures):
+        lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    _prune_failed(ctx, sorted_pods.failed)
+    _report_partition(ctx, sorter.partition)
+
+    if lifecycle.succeed(ctx, sorted_pods.succeeded, sorted_pods.workers):
+        if lifecycle.is_finished(ctx):
+            lifecycle.clean_up_finished(ctx, owned)
+            phase.counts(ctx, [])
+        else:
+            phase.counts(ctx, sorted_pods.workers)
+        return ctx.done()
+
+    refused = observed.refused
+    if refused is not None and refused.permanent:
+        ctx.finish(
+            "Failed",
+            "PodCreateRefused",
+            f"the apiserver refused the worker pod ({refused.code} {refused.reason}): "
+            f"{refused.message}. This pod spec can never be created here; fix "
+            "scheduling.podTemplate or the namespace's policy and create the job again",
+        )
+        lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    may_create = children_ready and _creates_allowed(ctx)
+    _scale_workers(ctx, sorted_pods, may_create)
+    _keep_store(ctx, sorted_pods, may_create)
+    workers = sorted_pods.workers
+    running = any(p.state(pod) == "running" for pod in workers)
+    phase.report_unschedulable(ctx, workers)
+    phase.report_blocked(
+        ctx,
+        _refusal(ctx)
+        or phase.blocked_pods([*workers, *sorted_pods.live_stores])
+        or children.claim_problem(ctx, observed.children, running),
+    )
+    if ctx.status.get("phase") == "Pending" or not ctx.status.get("startTime"):
+        _fail_unstartable(ctx, workers)
+    if lifecycle.is_finished(ctx):
+        lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    phase.derive(ctx, workers)
+    phase.counts(ctx, workers)
+    return ctx.done()
 
 
-def _apply_progress(ctx: _Context, progress: dict[str, Any] | None) -> None:
+def _fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> None:
+    """An image name that can never be pulled fails the job at once (the image is
+    immutable); everything else that blocks a start waits for startDeadlineSeconds."""
+    for pod in workers:
+        blocked = p.blocked_reason(pod)
+        if blocked is not None and blocked[0] == "InvalidImageName":
+            ctx.finish(
+                "Failed",
+                "InvalidImageName",
+                f"image {ctx.spec.image!r} is not a valid image reference: {blocked[1]}",
+            )
+            return
+
+
+def _apply_progress(ctx: Context, progress: dict[str, Any] | None) -> None:
     """Copy the trainer's last report (docs/trainer.md: progress.json) into the status."""
     if not progress:
         return
@@ -414,84 +361,3 @@ def _apply_progress(ctx: _Context, progress: dict[str, Any] | None) -> None:
         if progress.get("lastCheckpointTime"):
             checkpoint["time"] = progress["lastCheckpointTime"]
         ctx.status["latestCheckpoint"] = checkpoint
-
-
-def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> Plan:
-    """Decide what to do about one TrainingJob now."""
-    ctx = _Context(observed, new_suffix)
-    job, spec = ctx.job, ctx.spec
-    if not cond.is_true(ctx.conditions, cond.CREATED):
-        ctx.plan.ensure_children = True
-        ctx.set(cond.CREATED, True, "Created", "service and checkpoint volume created")
-        ctx.event("Normal", "Created", f"created service {job.name} and checkpoint volume")
-    _apply_progress(ctx, observed.progress)
-    ctx.status["observedGeneration"] = ctx.generation
-    ctx.status.setdefault("phase", "Pending")
-
-    if ctx.status["phase"] in TERMINAL_PHASES:
-        _clean_up_finished(ctx, observed.pods)
-        return _done(ctx)
-
-    if spec.run_policy.suspend:
-        for pod in observed.pods:
-            if p.state(pod) in ("pending", "running"):
-                ctx.plan.delete(pod)
-        if ctx.status["phase"] != "Suspended":
-            ctx.event("Normal", "Suspended", "job suspended: workers deleted, checkpoints kept")
-        ctx.status["phase"] = "Suspended"
-        ctx.set(cond.SUSPENDED, True, "Suspended", "spec.runPolicy.suspend is true")
-        ctx.clear(cond.RUNNING, "Suspended", "job is suspended")
-        ctx.status.update(replicas=0, readyReplicas=0, workers=f"0/{spec.replicas.target}")
-        return _done(ctx)
-    if cond.is_true(ctx.conditions, cond.SUSPENDED):
-        ctx.set(
-            cond.SUSPENDED,
-            False,
-            "Resumed",
-            "job resumed; training continues from the latest checkpoint",
-        )
-        ctx.event("Normal", "Resumed", "job resumed from the latest checkpoint")
-
-    deadline = spec.run_policy.active_deadline_seconds
-    started = p.parse_time(ctx.status.get("startTime"))
-    if deadline is not None and started is not None:
-        remaining = (started + timedelta(seconds=deadline) - ctx.now).total_seconds()
-        if remaining <= 0:
-            _finish(ctx, "Failed", "DeadlineExceeded", f"job ran longer than {deadline}s")
-            _clean_up_finished(ctx, observed.pods)
-            return _done(ctx)
-        ctx.plan.requeue(remaining)
-
-    sorted_pods = _sort_pods(ctx, observed.pods, observed.self_deleted)
-    if not _record_failures(ctx, sorted_pods):
-        _clean_up_finished(ctx, observed.pods)
-        return _done(ctx)
-    _prune_failed(ctx, sorted_pods.failed)
-
-    if sorted_pods.succeeded:
-        still_running = [pod for pods in sorted_pods.live_workers.values() for pod in pods]
-        for pod in still_running:
-            if p.state(pod) == "pending":
-                ctx.plan.delete(pod)
-        if not any(p.state(pod) == "running" for pod in still_running):
-            steps = (ctx.status.get("progress") or {}).get("step")
-            detail = f" after {steps} steps" if steps else ""
-            _finish(ctx, "Succeeded", "TrainingCompleted", f"training completed{detail}")
-            _clean_up_finished(ctx, observed.pods)
-            _counts(ctx, _Pods())
-            return _done(ctx)
-        _counts(ctx, sorted_pods)
-        return _done(ctx)
-
-    _scale_workers(ctx, sorted_pods)
-    _keep_store(ctx, sorted_pods)
-    _report_unschedulable(ctx, sorted_pods)
-    _derive_phase(ctx, sorted_pods)
-    _counts(ctx, sorted_pods)
-    return _done(ctx)
-
-
-def _done(ctx: _Context) -> Plan:
-    ctx.status["conditions"] = ctx.conditions
-    ctx.plan.status = ctx.status
-    return ctx.plan

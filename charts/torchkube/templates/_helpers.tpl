@@ -95,13 +95,21 @@ events. kopf reads the jobs and pods through watches; it never patches them (no 
 - apiGroups: [torchkube.io]
   resources: [trainingjobs/status]
   verbs: [patch]
+# Children carry blockOwnerDeletion; with the OwnerReferencesPermissionEnforcement admission
+# plugin that needs update on the owner's finalizers.
+- apiGroups: [torchkube.io]
+  resources: [trainingjobs/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete, patch]
+# Watched (label-selected) so a deleted Service or claim is recreated and a namesake's is
+# never taken for the job's own; patched to repair a Service's selector.
 - apiGroups: [""]
   resources: [services, persistentvolumeclaims]
-  verbs: [create]
+  verbs: [get, list, watch, create, patch]
+# Repeated events are aggregated: a count bump is a patch.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, patch]
 {{- end }}

@@ -1,0 +1,185 @@
+"""A planner's world in a few lines: jobs, pods, children and nodes as the operator's watch
+cache keeps them, and ``run`` to plan on them. Shared by the policy tests in tests/unit."""
+
+from datetime import UTC, datetime, timedelta
+from itertools import count
+from typing import Any
+
+from torchkube.api import TrainingJob
+from torchkube.operator import labels as lbl
+from torchkube.operator import pods as p
+from torchkube.operator.pods import NodeHealth, format_time, slim
+from torchkube.operator.reconcile import Observed, Plan, plan
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+READY = NodeHealth(True, NOW - timedelta(hours=1))
+
+
+def make_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
+    spec.setdefault("replicas", {"min": 4, "max": 4})
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": "demo",
+            "namespace": "ns",
+            "uid": "u1",
+            "generation": 1,
+            "creationTimestamp": format_time(NOW - timedelta(minutes=5)),
+        },
+        "spec": spec,
+    }
+    if status is not None:
+        body["status"] = status
+    return TrainingJob.model_validate(body)
+
+
+def running_status(**extra: Any) -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "startTime": format_time(NOW - timedelta(minutes=4)),
+        "conditions": [
+            {
+                "type": "Created",
+                "status": "True",
+                "reason": "Created",
+                "lastTransitionTime": format_time(NOW - timedelta(minutes=5)),
+            }
+        ],
+        **extra,
+    }
+
+
+_ids = count()
+
+
+def pod(
+    slot: int,
+    phase: str = "Running",
+    node: str | None = "n1",
+    role: str = "worker",
+    exit_code: int | None = None,
+    reason: str | None = None,
+    message: str = "",
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
+    age: float = 60,
+    conditions: list[dict[str, Any]] | None = None,
+    owner: str | None = "u1",
+    deleted_ago: float = 0,
+    grace: int = 30,
+    finished_ago: float | None = None,
+    restarts: int = 0,
+    waiting: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod of job ``demo`` (uid u1) in slot ``slot``.
+
+    ``deleting``: a graceful delete was asked for ``deleted_ago`` seconds ago (``grace``
+    seconds of grace); ``finished_ago``: when its container ended."""
+    name = f"demo-{role}-{slot}-{next(_ids)}"
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "creationTimestamp": format_time(NOW - timedelta(seconds=age)),
+        "labels": {**lbl.worker_labels("demo", slot, "u1"), lbl.ROLE: role, **(labels or {})},
+        "ownerReferences": (
+            [{"uid": owner, "controller": True, "kind": "TrainingJob"}] if owner else []
+        ),
+    }
+    if deleting:
+        meta["deletionTimestamp"] = format_time(NOW - timedelta(seconds=deleted_ago - grace))
+        meta["deletionGracePeriodSeconds"] = grace
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions or []}
+    if phase == "Running":
+        status["conditions"].append({"type": "Ready", "status": "True"})
+    container: dict[str, Any] = {"name": role_container(role), "restartCount": restarts}
+    if exit_code is not None or reason is not None:
+        terminated: dict[str, Any] = {
+            "exitCode": exit_code or 0,
+            "reason": reason or "Error",
+            "message": message,
+        }
+        if finished_ago is not None:
+            terminated["finishedAt"] = format_time(NOW - timedelta(seconds=finished_ago))
+        container["state"] = {"terminated": terminated}
+    elif waiting is not None:
+        container["state"] = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+    if restarts or "state" in container:
+        status["containerStatuses"] = [container]
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def role_container(role: str) -> str:
+    return "store" if role == "rendezvous" else "trainer"
+
+
+def kubelet_stopped(slot: int, released: str | None = None, **kw: Any) -> dict[str, Any]:
+    """A worker deleted gracefully and stopped by a kubelet >= 1.27: Failed with exit code 143
+    (the launcher's answer to SIGTERM) before the pod goes. ``released`` is the operator's
+    label for a deletion of its own."""
+    labels = {lbl.RELEASED: released} if released else None
+    return pod(
+        slot,
+        phase="Failed",
+        exit_code=143,
+        deleting=True,
+        deleted_ago=5,
+        finished_ago=1,
+        labels=labels,
+        **kw,
+    )
+
+
+def store(node: str = "n1", phase: str = "Running", **kw: Any) -> dict[str, Any]:
+    return pod(0, phase=phase, node=node, role="rendezvous", **kw)
+
+
+def child(kind: str, name: str, owner: str | None = "u1", **meta: Any) -> dict[str, Any]:
+    """A Service or claim as the operator's watch cache keeps it."""
+    refs = [{"uid": owner, "controller": True}] if owner else []
+    selector = {lbl.JOB_NAME: "demo", lbl.JOB_UID: "u1"} if kind == "Service" else None
+    body = {
+        "kind": kind,
+        "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs, **meta},
+        "spec": {"selector": selector},
+        "status": {"phase": "Bound" if kind == "PersistentVolumeClaim" else None},
+    }
+    return p.slim_child(body)
+
+
+def own_children() -> list[dict[str, Any]]:
+    return [child("Service", "demo"), child("PersistentVolumeClaim", "demo-checkpoints")]
+
+
+def run(
+    job: TrainingJob,
+    pods: list[dict[str, Any]],
+    nodes: dict[str, NodeHealth] | None = None,
+    now: datetime = NOW,
+    **kw: Any,
+) -> Plan:
+    kw.setdefault("children", own_children() if job.status else [])
+    suffixes = (f"s{i}" for i in count())
+    observed = Observed(  # the operator plans on slimmed pods (its watch cache keeps no more)
+        job=job,
+        pods=[slim(pod) for pod in pods],
+        nodes=nodes or {"n1": READY, "n2": READY},
+        now=now,
+        **kw,
+    )
+    return plan(observed, new_suffix=lambda: next(suffixes))
+
+
+def created_slots(result: Plan) -> list[int]:
+    return sorted(
+        int(p["metadata"]["labels"][lbl.REPLICA_INDEX])
+        for p in result.create_pods
+        if p["metadata"]["labels"][lbl.ROLE] == "worker"
+    )
+
+
+def condition(result: Plan, kind: str) -> dict[str, Any]:
+    return next(c for c in result.status["conditions"] if c["type"] == kind)
+
+
+def healthy(n: int = 4) -> list[dict[str, Any]]:
+    return [pod(i) for i in range(n)] + [store()]

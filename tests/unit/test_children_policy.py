@@ -1,0 +1,90 @@
+"""Children and ownership: the job acts only on what it controls, by owner UID
+(torchkube/operator/children.py, and the planner's filter on pods)."""
+
+from planner import (
+    child,
+    condition,
+    created_slots,
+    make_job,
+    own_children,
+    pod,
+    run,
+    running_status,
+    store,
+)
+from planner import (
+    kubelet_stopped as stopped,
+)
+
+from torchkube.operator import labels as lbl
+
+
+def test_recreated_job_ignores_its_namesakes_terminating_pods_and_waits_for_its_children() -> None:
+    """kubectl delete tj demo && kubectl apply -f demo.yaml: the old job's pods, Service and
+    claim are still being deleted. The new job (uid u1) must not adopt the pods or count them,
+    and must wait for its own Service and claim."""
+    old = [stopped(i, owner="old-uid") for i in range(4)]
+    leftovers = [
+        child("Service", "demo", owner="old-uid", deletionTimestamp="2026-11-23T12:00:00Z"),
+        child(
+            "PersistentVolumeClaim",
+            "demo-checkpoints",
+            owner="old-uid",
+            deletionTimestamp="2026-11-23T12:00:00Z",
+        ),
+    ]
+    result = run(make_job(), old, children=leftovers)
+    assert "restarts" not in result.status and "lastFailure" not in result.status
+    assert result.delete_pods == [], "another job's pods are not ours to delete"
+    assert result.create_children == [] and result.create_pods == []
+    created = condition(result, "Created")
+    assert created["status"] == "False" and created["reason"] == "NameConflict"
+    assert "being deleted" in created["message"]
+    assert "NameConflict" in [e.reason for e in result.events]
+
+
+def test_a_foreign_service_is_reported_not_adopted() -> None:
+    children = [child("Service", "demo", owner="someone"), own_children()[1]]
+    result = run(make_job(), [], children=children)
+    assert condition(result, "Created")["reason"] == "NameConflict"
+    assert "belongs to another object" in condition(result, "Created")["message"]
+
+
+def test_a_claim_left_without_owner_is_used() -> None:
+    children = [own_children()[0], child("PersistentVolumeClaim", "demo-checkpoints", owner=None)]
+    result = run(make_job(), [], children=children)
+    assert condition(result, "Created")["status"] == "True"
+    assert result.create_children == [] and created_slots(result) == [0, 1, 2, 3]
+
+
+def test_children_are_ensured_on_every_reconcile() -> None:
+    """Someone deleted the Service of a running job: it comes back."""
+    result = run(
+        make_job(running_status()),
+        [pod(i) for i in range(4)] + [store()],
+        children=[own_children()[1]],
+    )
+    assert [c["kind"] for c in result.create_children] == ["Service"]
+
+
+def test_a_service_with_an_old_selector_is_repaired() -> None:
+    stale = child("Service", "demo")
+    stale["spec"]["selector"] = {lbl.JOB_NAME: "demo"}
+    result = run(
+        make_job(running_status()),
+        [pod(i) for i in range(4)] + [store()],
+        children=[stale, own_children()[1]],
+    )
+    assert result.patch_children == [
+        ("Service", "demo", {"spec": {"selector": {lbl.JOB_NAME: "demo", lbl.JOB_UID: "u1"}}})
+    ]
+
+
+def test_a_users_pod_with_the_job_label_is_left_alone() -> None:
+    users = pod(0, owner=None)
+    suspended = run(
+        make_job(running_status(), runPolicy={"suspend": True}), [users, pod(1), store()]
+    )
+    assert users["metadata"]["name"] not in {name for name, _ in suspended.delete_pods}
+    running = run(make_job(running_status()), [users, pod(1), pod(2), pod(3), store()])
+    assert created_slots(running) == [0], "a foreign pod fills no slot"

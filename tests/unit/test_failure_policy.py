@@ -1,0 +1,201 @@
+"""Failure policy: what counts as a failure, how failures group into incidents, and what a job
+spends (torchkube/operator/failure.py, through the planner where the pods decide)."""
+
+from datetime import timedelta
+
+from planner import (
+    NOW,
+    condition,
+    created_slots,
+    make_job,
+    pod,
+    run,
+    running_status,
+    store,
+)
+from planner import (
+    kubelet_stopped as stopped,
+)
+
+from torchkube.api.spec import FailurePolicySpec
+from torchkube.operator import failure
+from torchkube.operator.failure import Failure, Ledger, account, classify_exit
+from torchkube.operator.pods import format_time
+
+ELASTIC = {"min": 1, "max": 32}
+
+
+def test_scale_down_under_kubelet_semantics_counts_no_failure() -> None:
+    """32 → 16: the kubelet stops the 16 deleted workers and reports them Failed/143 before
+    they go. With the default maxRestarts (10) counting them ended the job Failed."""
+    job = make_job(running_status(), replicas={**ELASTIC, "desired": 16})
+    pods = [pod(i) for i in range(16)]
+    pods += [stopped(i, released="scale-down") for i in range(16, 32)]
+    result = run(job, [*pods, store()])
+    assert result.status.get("restarts", 0) == 0
+    assert result.status["phase"] == "Running"
+    assert "lastFailure" not in result.status
+
+
+def test_operator_restarted_mid_scale_down_still_counts_no_failure() -> None:
+    """Without the release label a restarted operator has no memory of its deletes: the label
+    (set before each delete) is what tells a released worker from a lost one."""
+    job = make_job(running_status(), replicas={**ELASTIC, "desired": 2})
+    pods = [pod(0), pod(1), stopped(2, released="scale-down"), stopped(3, released="scale-down")]
+    assert run(job, [*pods, store()]).status.get("restarts", 0) == 0
+
+
+def test_suspend_then_quick_resume_counts_no_failure() -> None:
+    suspended = run(make_job(running_status(), runPolicy={"suspend": True}), [pod(0), store()])
+    assert suspended.release == {name: "suspended" for name, _ in suspended.delete_pods}
+    terminating = [stopped(i, released="suspended") for i in range(4)]
+    resumed = run(make_job(suspended.status), terminating)
+    assert resumed.status.get("restarts", 0) == 0
+    assert created_slots(resumed) == [0, 1, 2, 3]
+
+
+def test_scale_down_labels_what_it_deletes() -> None:
+    job = make_job(running_status(), replicas={**ELASTIC, "desired": 2})
+    pods = [pod(i) for i in range(4)]
+    result = run(job, [*pods, store()])
+    assert result.release == {
+        pods[2]["metadata"]["name"]: "scale-down",
+        pods[3]["metadata"]["name"]: "scale-down",
+    }
+
+
+def test_pod_that_failed_with_its_own_code_while_deleted_is_a_failure() -> None:
+    """Exit code 1, not the delete's SIGTERM (143): it crashed; the delete came after."""
+    crashed = pod(1, phase="Failed", exit_code=1, deleting=True, deleted_ago=5, finished_ago=20)
+    result = run(make_job(running_status()), [pod(0), crashed, pod(2), pod(3), store()])
+    assert result.status["lastFailure"]["reason"] == "ExitCode"
+    assert result.status["lastFailure"]["exitCode"] == 1
+
+
+def test_kubectl_delete_pod_is_a_free_deleted_failure() -> None:
+    """The kubelet's final delete (no grace) rewrites the deletion timestamp to after the
+    container's end: only the exit code (143: SIGTERM) tells that the delete ended it."""
+    final = stopped(1)
+    final["metadata"]["deletionTimestamp"] = format_time(NOW)
+    final["metadata"]["deletionGracePeriodSeconds"] = 0
+    result = run(make_job(running_status()), [pod(0), final, pod(2), pod(3), store()])
+    last = result.status["lastFailure"]
+    assert last["reason"] == "Deleted" and last["counted"] is False
+    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 0
+    assert created_slots(result) == [1]
+
+
+def test_workers_failing_together_are_one_incident() -> None:
+    """Every agent exits at once (a network blip): one restart, one count, one event."""
+    job = make_job(running_status(), failurePolicy={"maxRestarts": 2})
+    pods = [pod(i, phase="Failed", exit_code=1) for i in range(4)]
+    result = run(job, [*pods, store()])
+    assert result.status["phase"] != "Failed"
+    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 1
+    assert {r["incident"] for r in result.status["failures"]} == {1}
+    assert [e.reason for e in result.events].count("WorkerFailed") == 1
+    assert "with 3 more failing together" in result.events[0].message
+
+
+def test_failures_seen_in_later_reconciles_join_the_incident() -> None:
+    first = run(make_job(running_status()), [pod(0, phase="Failed", exit_code=1), pod(1), store()])
+    later = NOW + timedelta(seconds=4)
+    second = run(
+        make_job(first.status),
+        [pod(1, phase="Failed", exit_code=1), *first.create_pods, store()],
+        now=later,
+    )
+    assert second.status["restarts"] == 1 and second.status["restartsCountTowardsMax"] == 1
+
+
+def test_a_crashing_replacement_is_a_new_incident() -> None:
+    first = run(make_job(running_status()), [pod(0, phase="Failed", exit_code=1), store()])
+    replacement = pod(0, phase="Failed", exit_code=1, age=-2)  # born after the incident began
+    second = run(make_job(first.status), [replacement, store()], now=NOW + timedelta(seconds=5))
+    assert second.status["restarts"] == 2 and second.status["restartsCountTowardsMax"] == 2
+
+
+def test_store_restart_in_place_is_one_free_incident_with_the_agents_that_failed() -> None:
+    """The store crashed and restarted; every agent lost it and exited 75 (the launcher's
+    'rendezvous store unreachable'). One incident, nothing spent of maxRestarts."""
+    job = make_job(running_status(), failurePolicy={"maxRestarts": 1})
+    agents = [pod(i, phase="Failed", exit_code=failure.RENDEZVOUS_EXIT_CODE) for i in range(4)]
+    restarted = store(restarts=1)
+    result = run(job, [*agents, restarted])
+    assert result.status["phase"] != "Failed"
+    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 0
+    reasons = {r["reason"] for r in result.status["failures"]}
+    assert reasons == {"RendezvousStoreLost"}
+    assert result.mark_recorded[restarted["metadata"]["name"]] == "1"
+    again = run(
+        make_job(result.status),
+        [restarted, *result.create_pods],
+        now=NOW + timedelta(seconds=1),
+    )
+    assert again.status["restarts"] == 1, "the same restart is not counted twice"
+
+
+def test_store_deleted_by_someone_is_replaced_and_recorded_once() -> None:
+    gone = store(phase="Failed", exit_code=143, deleting=True, deleted_ago=1, finished_ago=0)
+    result = run(make_job(running_status()), [pod(i) for i in range(4)] + [gone])
+    stores = [
+        p
+        for p in result.create_pods
+        if p["metadata"]["labels"]["torchkube.io/role"] == "rendezvous"
+    ]
+    assert len(stores) == 1
+    assert result.status["lastFailure"]["reason"] == "RendezvousStoreLost"
+    assert result.status["restartsCountTowardsMax"] == 0
+
+
+def test_max_restarts_counts_incidents() -> None:
+    status = running_status(restarts=2, restartsCountTowardsMax=2)
+    job = make_job(status, failurePolicy={"maxRestarts": 2})
+    result = run(job, [pod(0, phase="Failed", exit_code=1), pod(1), pod(2), pod(3), store()])
+    assert condition(result, "Failed")["reason"] == "MaxRestartsExceeded"
+
+
+def test_long_termination_messages_are_cut_to_their_tail() -> None:
+    message = "x" * 5000 + "\nRuntimeError: the real cause"
+    failed = pod(0, phase="Failed", exit_code=1, message=message)
+    result = run(make_job(running_status()), [failed, pod(1), pod(2), pod(3), store()])
+    text = result.status["lastFailure"]["message"]
+    assert len(text) <= failure.MESSAGE_LIMIT and text.endswith("RuntimeError: the real cause")
+
+
+def _record(seconds_ago: float, incident: int) -> dict[str, object]:
+    return {
+        "reason": "ExitCode",
+        "time": format_time(NOW - timedelta(seconds=seconds_ago)),
+        "incident": incident,
+    }
+
+
+def test_backoff_doubles_within_a_streak_and_resets_after_a_healthy_period() -> None:
+    policy = FailurePolicySpec.model_validate(
+        {"backoff": {"initialSeconds": 10, "maxSeconds": 1000, "resetAfterSeconds": 600}}
+    )
+    streak = Ledger(3, 3, (_record(300, 1), _record(200, 2), _record(1, 3)))
+    assert failure.backoff_remaining(streak, policy, NOW) == 40 - 1
+    healed = Ledger(3, 3, (_record(5000, 1), _record(4000, 2), _record(1, 3)))
+    assert failure.backoff_remaining(healed, policy, NOW) == 10 - 1
+
+
+def test_account_is_what_the_local_runner_uses_too() -> None:
+    policy = FailurePolicySpec(max_restarts=1)
+    crash = classify_exit(1, "boom", policy, "worker 0")
+    assert crash.reason == "ExitCode" and crash.retryable
+    outcome = account(Ledger(), [crash, classify_exit(1, "", policy, "worker 1")], policy, NOW)
+    assert (outcome.restarts, outcome.counted, outcome.fail_reason) == (1, 1, None)
+    later = NOW + timedelta(minutes=5)
+    more = account(Ledger(1, 1, tuple(outcome.records)), [crash], policy, later)
+    assert more.fail_reason == "MaxRestartsExceeded"
+    permanent = classify_exit(3, "bad config", policy, "worker 0")
+    assert account(Ledger(), [permanent], policy, NOW).fail_reason == "PermanentFailure"
+
+
+def test_rendezvous_exit_is_infrastructure() -> None:
+    lost = classify_exit(failure.RENDEZVOUS_EXIT_CODE, "", FailurePolicySpec(), "worker 0")
+    assert lost.reason == "RendezvousStoreLost" and lost.infrastructure
+    assert not lost.counts(FailurePolicySpec())
+    assert isinstance(lost, Failure)

@@ -1,0 +1,61 @@
+"""Life-cycle policy: suspension, deadlines, success and clean-up
+(torchkube/operator/lifecycle.py)."""
+
+from datetime import timedelta
+
+from planner import NOW, condition, created_slots, healthy, make_job, pod, run, running_status
+
+from torchkube.operator.pods import format_time
+
+
+def _suspended_at(ago: timedelta) -> dict[str, object]:
+    return {
+        "type": "Suspended",
+        "status": "True",
+        "reason": "Suspended",
+        "lastTransitionTime": format_time(NOW - ago),
+    }
+
+
+def test_time_suspended_is_not_active_time() -> None:
+    """Started 2 h ago, suspended for the last 90 min: 30 min active, deadline 1 h."""
+    status = running_status(phase="Suspended", conditions=[_suspended_at(timedelta(minutes=90))])
+    status["startTime"] = format_time(NOW - timedelta(hours=2))
+    resumed = run(make_job(status, runPolicy={"activeDeadlineSeconds": 3600}), [])
+    assert resumed.status["phase"] != "Failed"
+    assert resumed.status["suspendedSeconds"] == 5400
+    assert created_slots(resumed) == [0, 1, 2, 3]
+    later = run(
+        make_job(resumed.status, runPolicy={"activeDeadlineSeconds": 3600}),
+        healthy(),
+        now=NOW + timedelta(minutes=31),
+    )
+    assert condition(later, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_start_deadline_fails_a_job_that_never_starts_and_says_why() -> None:
+    pulling = pod(0, phase="Pending", waiting=("ImagePullBackOff", "Back-off pulling image"))
+    job = make_job(replicas={"min": 1, "max": 1}, runPolicy={"startDeadlineSeconds": 600})
+    first = run(job, [pulling])
+    assert condition(first, "PodsBlocked")["reason"] == "ImagePullBackOff"
+    assert first.status["phase"] == "Pending"
+    too_late = run(
+        make_job(
+            first.status, replicas={"min": 1, "max": 1}, runPolicy={"startDeadlineSeconds": 600}
+        ),
+        [pulling],
+        now=NOW + timedelta(minutes=6),
+    )
+    failed = condition(too_late, "Failed")
+    assert failed["reason"] == "StartDeadlineExceeded"
+    assert "ImagePullBackOff" in failed["message"]
+
+
+def test_cleanup_after_success_releases_what_it_deletes() -> None:
+    from torchkube.elastic import TRAINING_FINISHED
+
+    done = pod(0, phase="Succeeded", exit_code=0, message=TRAINING_FINISHED)
+    still_pending = pod(1, phase="Pending")
+    result = run(make_job(running_status(), replicas={"min": 1, "max": 2}), [done, still_pending])
+    assert result.status["phase"] == "Succeeded"
+    assert result.release == {still_pending["metadata"]["name"]: "finished"}

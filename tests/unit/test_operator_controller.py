@@ -1,0 +1,113 @@
+"""The controller's work queue, its expectations and the status it writes (no cluster: the
+queue and the snapshot are logic; the API side is tested against a real apiserver in
+tests/integration)."""
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+
+from torchkube.operator import status as st
+from torchkube.operator.config import OperatorSettings
+from torchkube.operator.controller import Controller, _Memory
+
+KEY = ("ns", "demo")
+
+
+def _controller() -> Controller:
+    return Controller(OperatorSettings(), kube=None)  # type: ignore[arg-type]
+
+
+def test_delayed_requeues_of_a_key_keep_one_timer_and_the_earliest_wins() -> None:
+    async def scenario() -> tuple[int, float]:
+        controller = _controller()
+        loop = asyncio.get_running_loop()
+        for delay in [10.0] * 100 + [3.0, 7.0]:
+            controller.enqueue(KEY, delay=delay)
+        timer = controller.timers[KEY]
+        left = timer.when() - loop.time()
+        for handle in controller.timers.values():
+            handle.cancel()
+        return len(controller.timers), left
+
+    timers, left = asyncio.run(scenario())
+    assert timers == 1
+    assert 2.5 < left <= 3.0
+
+
+def test_a_fired_timer_queues_the_key_once() -> None:
+    async def scenario() -> list[tuple[str, str]]:
+        controller = _controller()
+        controller.enqueue(KEY, delay=0.01)
+        controller.enqueue(KEY)
+        controller.enqueue(KEY)
+        await asyncio.sleep(0.05)
+        queued = []
+        while not controller.queue.empty():
+            queued.append(controller.queue.get_nowait())
+        return queued
+
+    assert asyncio.run(scenario()) == [KEY], "coalesced while queued"
+
+
+def test_a_key_changed_while_reconciling_is_queued_again_after() -> None:
+    controller = _controller()
+    controller.active.add(KEY)
+
+    async def scenario() -> None:
+        controller.enqueue(KEY)
+
+    asyncio.run(scenario())
+    assert KEY in controller.dirty and controller.queue.empty()
+
+
+def _pod(name: str, **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, **meta}, "spec": {}, "status": {"phase": "Running"}}
+
+
+def test_snapshot_folds_in_our_creates_until_the_watch_shows_them_and_our_deletes() -> None:
+    controller = _controller()
+    job = {"metadata": {"name": "demo", "resourceVersion": "5"}, "status": {}}
+    pods: dict[Any, list[dict[str, Any]]] = {KEY: [_pod("a"), _pod("b")]}
+    controller.attach({KEY: [job]}, pods, {}, {})
+    memory = _Memory()
+    memory.created["c"] = (1e18, _pod("c"))
+    memory.deleted["b"] = 1e18
+    _, seen = controller._snapshot(KEY, memory)
+    assert [p["metadata"]["name"] for p in seen] == ["a", "b", "c"]
+    assert seen[1]["metadata"].get("deletionTimestamp"), "our delete shows before the watch's"
+    pods[KEY].append(_pod("c"))
+    pods[KEY].remove(pods[KEY][0])
+    _, seen = controller._snapshot(KEY, memory)
+    assert [p["metadata"]["name"] for p in seen] == ["b", "c"]
+    assert "c" not in memory.created, "an expectation ends when the watch shows the pod"
+
+
+def test_snapshot_prefers_our_newer_write_of_the_job() -> None:
+    controller = _controller()
+    cached = {"metadata": {"name": "demo", "resourceVersion": "5"}, "status": {"restarts": 1}}
+    controller.attach({KEY: [cached]}, {}, {}, {})
+    memory = _Memory(job={"metadata": {"resourceVersion": "9"}, "status": {"restarts": 2}})
+    job, _ = controller._snapshot(KEY, memory)
+    assert job is not None and job["status"]["restarts"] == 2
+
+
+def test_status_to_wire_drops_numbers_json_cannot_carry_and_cuts_long_text() -> None:
+    planned = {
+        "phase": "Running",
+        "progress": {"step": 3, "loss": math.nan, "tokensPerSecond": math.inf},
+        "lastFailure": {
+            "reason": "ExitCode",
+            "time": "2026-11-23T12:00:00Z",
+            "message": "x" * 9000,
+        },
+    }
+    wire = st.to_wire(planned)
+    assert wire["progress"] == {"step": 3}
+    assert len(wire["lastFailure"]["message"]) == 4096
+
+
+def test_status_that_would_be_refused_is_an_error_naming_the_field() -> None:
+    with pytest.raises(st.StatusError, match=r"status\.phase"):
+        st.to_wire({"phase": "Exploded"})

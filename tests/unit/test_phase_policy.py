@@ -1,0 +1,62 @@
+"""Phase policy and pods that cannot start: PodsBlocked, refused creates, invalid images
+(torchkube/operator/phase.py and the planner)."""
+
+from datetime import timedelta
+
+from planner import NOW, child, condition, created_slots, make_job, own_children, pod, run
+
+from torchkube.operator.decision import Refusal
+
+
+def test_image_pull_failure_is_a_condition_and_one_warning() -> None:
+    pulling = pod(0, phase="Pending", waiting=("ErrImagePull", "pull access denied"))
+    job = make_job(replicas={"min": 1, "max": 1})
+    first = run(job, [pulling])
+    blocked = condition(first, "PodsBlocked")
+    assert blocked["status"] == "True" and "pull access denied" in blocked["message"]
+    assert [e.reason for e in first.events].count("ErrImagePull") == 1
+    again = run(make_job(first.status, replicas={"min": 1, "max": 1}), [pulling])
+    assert "ErrImagePull" not in [e.reason for e in again.events], "said once, not per reconcile"
+    healthy = run(make_job(again.status, replicas={"min": 1, "max": 1}), [pod(0)])
+    assert condition(healthy, "PodsBlocked")["status"] == "False"
+
+
+def test_invalid_image_name_fails_at_once() -> None:
+    bad = pod(0, phase="Pending", waiting=("InvalidImageName", 'invalid reference "A B"'))
+    result = run(make_job(replicas={"min": 1, "max": 1}), [bad])
+    assert condition(result, "Failed")["reason"] == "InvalidImageName"
+
+
+def test_create_refused_for_quota_backs_off_and_says_so() -> None:
+    refused = Refusal(403, "Forbidden", "exceeded quota: gpus, requested: nvidia.com/gpu=8", NOW, 3)
+    result = run(make_job(), [], refused=refused)
+    assert result.create_pods == []
+    assert result.requeue_after is not None and 3.9 <= result.requeue_after <= 4.0
+    blocked = condition(result, "PodsBlocked")
+    assert blocked["reason"] == "PodCreateRefused" and "exceeded quota" in blocked["message"]
+    later = run(make_job(result.status), [], refused=refused, now=NOW + timedelta(seconds=5))
+    assert created_slots(later) == [0, 1, 2, 3], "tried again once the backoff passed"
+
+
+def test_create_refused_by_pod_security_fails_fast() -> None:
+    message = 'pods "x" is forbidden: violates PodSecurity "restricted:latest": privileged'
+    result = run(make_job(), [], refused=Refusal(403, "Forbidden", message, NOW))
+    failed = condition(result, "Failed")
+    assert failed["reason"] == "PodCreateRefused" and "violates PodSecurity" in failed["message"]
+
+
+def test_invalid_pod_spec_fails_fast() -> None:
+    refused = Refusal(422, "Unprocessable Entity", "spec.containers[0].image: Required", NOW)
+    assert condition(run(make_job(), [], refused=refused), "Failed")["reason"] == "PodCreateRefused"
+
+
+def test_a_claim_that_is_never_bound_is_reported() -> None:
+    claim = child(
+        "PersistentVolumeClaim", "demo-checkpoints", creationTimestamp="2026-11-23T11:50:00Z"
+    )
+    claim["status"]["phase"] = "Pending"
+    result = run(
+        make_job(), [pod(i, phase="Pending") for i in range(4)], children=[own_children()[0], claim]
+    )
+    blocked = condition(result, "PodsBlocked")
+    assert blocked["reason"] == "ClaimPending" and "demo-checkpoints" in blocked["message"]

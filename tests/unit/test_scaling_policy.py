@@ -1,0 +1,59 @@
+"""Scaling policy: slots, duplicates, nodes to avoid and partitions
+(torchkube/operator/scaling.py)."""
+
+from datetime import timedelta
+
+from planner import NOW, READY, condition, created_slots, make_job, pod, run, running_status, store
+
+from torchkube.operator import scaling
+from torchkube.operator.pods import NodeHealth, format_time
+
+
+def test_of_duplicates_the_running_pod_stays_even_when_younger() -> None:
+    pending = pod(1, phase="Pending", age=100)
+    running = pod(1, age=5)
+    result = run(make_job(running_status()), [pod(0), pending, running, pod(2), pod(3), store()])
+    assert result.delete_pods == [(pending["metadata"]["name"], False)]
+    assert result.release == {pending["metadata"]["name"]: "duplicate"}
+
+
+def test_avoidance_of_a_lost_node_expires() -> None:
+    recent = {"reason": "NodeLost", "node": "n2", "time": format_time(NOW - timedelta(minutes=5))}
+    old = {"reason": "NodeLost", "node": "n3", "time": format_time(NOW - timedelta(hours=2))}
+    assert scaling.avoided_nodes([recent, old], NOW) == ["n2"]
+
+
+def test_replacement_after_a_short_blip_can_go_back_to_an_exact_fit_pool() -> None:
+    """The only node with room lost a worker an hour and a half ago: the replacement may use
+    it (no required anti-affinity is ever written)."""
+    lost = {
+        "reason": "NodeLost",
+        "node": "n1",
+        "time": format_time(NOW - timedelta(minutes=90)),
+        "incident": 1,
+    }
+    job = make_job(running_status(restarts=1, failures=[lost]))
+    result = run(job, [pod(1), pod(2), pod(3), store()])
+    assert created_slots(result) == [0]
+    assert "affinity" not in result.create_pods[0]["spec"]
+
+
+def test_most_nodes_not_ready_at_once_is_a_partition_not_a_loss() -> None:
+    down = NodeHealth(False, NOW - timedelta(minutes=5))
+    nodes = {f"n{i}": down for i in range(1, 5)} | {"n5": READY}
+    pods = [pod(i, node=f"n{i + 1}") for i in range(4)] + [store("n5")]
+    result = run(make_job(running_status()), pods, nodes)
+    assert result.delete_pods == [] and created_slots(result) == []
+    assert "restarts" not in result.status or result.status["restarts"] == 0
+    assert condition(result, "NodesUnreachable")["status"] == "True"
+    assert "NodesUnreachable" not in [e.reason for e in result.events]
+    assert "Partition" in [e.reason for e in result.events]
+
+
+def test_a_minority_of_nodes_lost_is_a_loss() -> None:
+    down = NodeHealth(False, NOW - timedelta(minutes=5))
+    nodes = {"n1": down, "n2": READY, "n3": READY, "n4": READY}
+    pods = [pod(0, node="n1"), pod(1, node="n2"), pod(2, node="n3"), pod(3, node="n4")]
+    result = run(make_job(running_status()), [*pods, store("n2")], nodes)
+    assert result.delete_pods == [(pods[0]["metadata"]["name"], True)]
+    assert scaling.partition(nodes) is None

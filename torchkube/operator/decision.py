@@ -1,0 +1,160 @@
+"""What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), and the scratch
+state the policies share while deciding (:class:`Context`). No I/O and no policy here: the
+policies live one per module (``failure``, ``scaling``, ``lifecycle``, ``phase``,
+``children``) and ``reconcile.plan`` runs them in order.
+"""
+
+import secrets
+import string
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from torchkube.api import TrainingJob
+from torchkube.operator import conditions as cond
+from torchkube.operator import pods as p
+from torchkube.operator.failure import Failure
+
+
+def random_suffix() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The apiserver refused to create a pod of the job (quota, Pod Security admission, a
+    webhook, an invalid pod spec)."""
+
+    code: int
+    reason: str
+    message: str
+    at: datetime
+    attempts: int = 1
+
+    @property
+    def permanent(self) -> bool:
+        """Refusals the same pod spec can never get past: an invalid pod (422) or one the
+        namespace's Pod Security level forbids. Quota and webhooks may let it through later."""
+        return self.code == 422 or (self.code == 403 and "violates PodSecurity" in self.message)
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds between attempts: doubling from 1 s up to 5 minutes."""
+        return float(min(300, 2 ** min(self.attempts - 1, 9)))
+
+
+@dataclass(frozen=True)
+class Observed:
+    job: TrainingJob
+    pods: list[dict[str, Any]]
+    nodes: dict[str, p.NodeHealth]
+    now: datetime
+    progress: dict[str, Any] | None = None
+    self_deleted: frozenset[str] = frozenset()
+    """Pods this operator process deleted itself (not failures, whatever they look like)."""
+    children: list[dict[str, Any]] = field(default_factory=list)
+    """The job's Service and claim as the watch cache shows them (slim), whoever owns them."""
+    refused: Refusal | None = None
+
+
+@dataclass
+class Plan:
+    create_pods: list[dict[str, Any]] = field(default_factory=list)
+    delete_pods: list[tuple[str, bool]] = field(default_factory=list)
+    """(pod name, force): force skips the grace period, for pods on a lost node."""
+    release: dict[str, str] = field(default_factory=dict)
+    """Live pods the operator deletes on purpose (scale-down, suspend, duplicates, clean-up),
+    labelled with why before the delete, so their terminal phase is never taken for a
+    failure, even by an operator that restarted meanwhile."""
+    mark_recorded: dict[str, str] = field(default_factory=dict)
+    """Pod → value of the failure-recorded label once the status holds its failure."""
+    create_children: list[dict[str, Any]] = field(default_factory=list)
+    patch_children: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    """(kind, name, merge patch) for children of ours that drifted from what we build."""
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    delete_job: bool = False
+    failures: list[Failure] = field(default_factory=list)
+    all_running: bool = False
+    """Every desired worker is Running (start-up and recovery are timed to this moment)."""
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.05)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+    def delete(self, pod: dict[str, Any], force: bool = False, why: str | None = None) -> None:
+        """Delete ``pod``; ``why`` marks a deletion of a live pod by the operator's choice."""
+        if all(name != p.name(pod) for name, _ in self.delete_pods):
+            self.delete_pods.append((p.name(pod), force))
+        if why and p.state(pod) in ("pending", "running"):
+            self.release.setdefault(p.name(pod), why)
+
+
+class Context:
+    """One planning pass: the job, a mutable copy of its status, and the plan being built."""
+
+    def __init__(self, observed: Observed, new_suffix: Any) -> None:
+        self.observed = observed
+        self.job = observed.job
+        self.spec = observed.job.spec
+        self.now = observed.now
+        self.nodes = observed.nodes
+        self.generation = observed.job.metadata.get("generation")
+        self.new_suffix = new_suffix
+        status = observed.job.status
+        self.status: dict[str, Any] = status.to_wire() if status else {}
+        self.conditions: list[dict[str, Any]] = list(self.status.get("conditions", []))
+        self.plan = Plan()
+
+    def set(self, kind: str, status: bool, reason: str, message: str) -> None:
+        self.conditions = cond.set_condition(
+            self.conditions, kind, status, reason, message, self.now, self.generation
+        )
+
+    def clear(self, kind: str, reason: str, message: str = "") -> None:
+        self.conditions = cond.clear(
+            self.conditions, kind, reason, message, self.now, self.generation
+        )
+
+    def is_true(self, kind: str) -> bool:
+        return cond.is_true(self.conditions, kind)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.plan.events.append(Event(type_, reason, message))
+
+    def warn_once(self, kind: str, reason: str, message: str) -> None:
+        """Set ``kind`` True and emit a Warning event only when its reason changes."""
+        previous = cond.get(self.conditions, kind)
+        if previous is None or previous.get("status") != "True" or previous["reason"] != reason:
+            self.event("Warning", reason, message)
+        self.set(kind, True, reason, message)
+
+    def seconds_since(self, value: str | None) -> float | None:
+        moment = p.parse_time(value)
+        return None if moment is None else (self.now - moment).total_seconds()
+
+    def at(self, seconds_from_now: float) -> datetime:
+        return self.now + timedelta(seconds=seconds_from_now)
+
+    def finish(self, phase: str, reason: str, message: str) -> None:
+        self.status["phase"] = phase
+        self.status["completionTime"] = p.format_time(self.now)
+        self.set(phase, True, reason, message)
+        self.clear(cond.RUNNING, reason, message)
+        self.clear(cond.RESTARTING, reason, message)
+        self.event("Warning" if phase == "Failed" else "Normal", reason, message)
+
+    def done(self) -> Plan:
+        self.status["conditions"] = self.conditions
+        self.plan.status = self.status
+        return self.plan

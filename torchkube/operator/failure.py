@@ -1,0 +1,337 @@
+"""Failure policy: why a worker stopped, whether a retry can help, and what the job has spent.
+
+One decision in one place: the operator's planner and ``torchkube run`` both classify a stop
+with :func:`classify_exit` (the planner through :func:`classify_pod`) and account for it with
+:func:`account`, so a job fails, or carries on, for the same reasons on a laptop and in a
+cluster.
+
+**Incidents, not pods.** Workers that stop together share one cause seen N times: a lost
+rendezvous store, a network blip, a join that timed out with fewer than ``replicas.min``
+agents. A failure joins the current incident when it is seen within ``INCIDENT_WINDOW`` of the
+incident's first failure and its worker already existed then (a replacement that crashes is a
+new incident, so a crash loop still spends the budget). ``status.restarts`` counts incidents
+(each one restart of training from a checkpoint); ``restartsCountTowardsMax`` counts those
+that involve a failure the policy charges (infrastructure failures are free unless
+``countInfrastructureFailures``).
+
+**What each failure costs** is in docs/operator.md.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from torchkube.api.spec import FailurePolicySpec, FailureReason
+from torchkube.operator import pods as p
+
+INCIDENT_WINDOW = timedelta(seconds=30)
+"""Failures seen this soon after an incident's first failure are part of it."""
+
+MESSAGE_LIMIT = 1024
+"""Failure messages keep their last this many characters (the error is at the end); the
+termination message alone may be 4 KiB, more than a status field may hold."""
+
+RENDEZVOUS_EXIT_CODE = 75
+"""The launcher's exit code when the rendezvous store stayed unreachable (EX_TEMPFAIL)."""
+
+PREEMPTION_REASONS = frozenset({"PreemptionByScheduler"})
+EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
+NODE_LOSS_REASONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+INFRASTRUCTURE_REASONS: frozenset[str] = frozenset(
+    {"NodeLost", "Preempted", "Evicted", "Deleted", "RendezvousStoreLost"}
+)
+"""Causes outside the training code: they restart training but are free by default."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One stop of a worker (or of the rendezvous store), classified by the policy."""
+
+    reason: FailureReason
+    message: str
+    pod: str
+    node: str | None = None
+    exit_code: int | None = None
+    retryable: bool = True
+    started: datetime | None = None
+    """When the stopped worker was created; a worker born after an incident began cannot be
+    part of it."""
+    restart_count: int | None = None
+    """For a container restarted in place (the store): which restart this was."""
+
+    @property
+    def infrastructure(self) -> bool:
+        return self.reason in INFRASTRUCTURE_REASONS
+
+    def counts(self, policy: FailurePolicySpec) -> bool:
+        """Whether this failure spends the job's ``maxRestarts`` budget."""
+        return policy.count_infrastructure_failures or not self.infrastructure
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= MESSAGE_LIMIT else "…" + text[-(MESSAGE_LIMIT - 1) :]
+
+
+def classify_exit(
+    exit_code: int,
+    detail: str,
+    policy: FailurePolicySpec,
+    subject: str,
+    *,
+    node: str | None = None,
+    started: datetime | None = None,
+) -> Failure:
+    """A worker that ended with ``exit_code``; ``detail`` is its termination message."""
+    lines = detail.strip().splitlines()
+    tail = _tail(f": {lines[-1]}") if lines else ""
+    if exit_code == 0:
+        return Failure(
+            "Unknown",
+            f"{subject} exited 0 before the trainer reported the end of training",
+            subject,
+            node,
+            0,
+            True,
+            started,
+        )
+    if exit_code == RENDEZVOUS_EXIT_CODE:
+        return Failure(
+            "RendezvousStoreLost",
+            f"{subject} could not reach the rendezvous store (exit code {exit_code}){tail}",
+            subject,
+            node,
+            exit_code,
+            True,
+            started,
+        )
+    permanent = policy.is_permanent_exit(exit_code)
+    kind = "permanent" if permanent else "retryable"
+    return Failure(
+        "ExitCode",
+        f"{subject} exited with code {exit_code} ({kind}){tail}",
+        subject,
+        node,
+        exit_code,
+        not permanent,
+        started,
+    )
+
+
+def classify_pod(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool) -> Failure:
+    """Why a worker pod stopped, and whether the policy retries it.
+
+    Disruption conditions come first: a preempted or evicted pod also ends with a non-zero
+    exit code (143 once the kubelet has stopped it), but the cause is the cluster, not the
+    training code. A pod deleted by someone else without a disruption condition
+    (``kubectl delete pod``) is ``Deleted``.
+    """
+    pod_name, node = p.name(pod), p.node_name(pod)
+    where = f"pod {pod_name}" + (f" on node {node}" if node else "")
+    started = p.created(pod)
+    disruption = p.condition(pod, "DisruptionTarget") or {}
+    disruption_reason = disruption.get("reason", "")
+    terminated = p.terminated(pod)
+    exit_code = terminated.get("exitCode")
+
+    def infra(reason: FailureReason, text: str) -> Failure:
+        return Failure(reason, _tail(text), pod_name, node, exit_code, True, started)
+
+    if node_lost or disruption_reason in NODE_LOSS_REASONS:
+        return infra("NodeLost", f"{where}: node lost")
+    if disruption_reason in PREEMPTION_REASONS:
+        return infra("Preempted", f"{where}: preempted by the scheduler")
+    if disruption_reason in EVICTION_REASONS or pod.get("status", {}).get("reason") == "Evicted":
+        detail = disruption.get("message") or pod.get("status", {}).get("message", "")
+        return infra("Evicted", f"{where}: evicted {detail}".strip())
+    if p.ended_by_deletion(pod) or (p.deleting(pod) and not terminated):
+        return infra("Deleted", f"{where} was deleted by someone else (kubectl, a controller)")
+    if terminated.get("reason") == "OOMKilled":
+        return Failure(
+            "OOMKilled",
+            f"{where}: killed for exceeding its memory limit (OOMKilled)",
+            pod_name,
+            node,
+            exit_code,
+            policy.on_oom_killed == "Retry",
+            started,
+        )
+    if exit_code is not None:
+        failure = classify_exit(
+            int(exit_code),
+            str(terminated.get("message") or ""),
+            policy,
+            where,
+            node=node,
+            started=started,
+        )
+        return replace(failure, pod=pod_name)
+    message = pod.get("status", {}).get("message") or "failed without an exit code"
+    return Failure("Unknown", _tail(f"{where}: {message}"), pod_name, node, None, True, started)
+
+
+def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
+    """The rendezvous store restarted in place or was lost with its node: always retryable,
+    never the training code's fault. The workers re-rendezvous once (docs/operator.md)."""
+    pod_name, node = p.name(pod), p.node_name(pod)
+    if lost:
+        text = f"rendezvous store pod {pod_name} on node {node} was lost; starting a new one"
+    else:
+        last = p.last_termination(pod) or p.terminated(pod)
+        code = last.get("exitCode")
+        how = f" (exit code {code}, {last.get('reason') or 'Error'})" if code is not None else ""
+        text = f"rendezvous store pod {pod_name} restarted{how}"
+    return Failure(
+        "RendezvousStoreLost",
+        text + "; the workers re-rendezvous and resume from their checkpoint",
+        pod_name,
+        node,
+        None,
+        True,
+        None,
+        p.restart_count(pod) + (1 if lost else 0),
+    )
+
+
+def record_key(record: dict[str, Any]) -> tuple[str, int]:
+    """What identifies a recorded failure: the pod and, for in-place restarts, which one."""
+    return str(record.get("pod") or ""), int(record.get("restartCount") or 0)
+
+
+def failure_key(failure: Failure) -> tuple[str, int]:
+    return failure.pod, failure.restart_count or 0
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What a job has spent so far, as its status records it."""
+
+    restarts: int = 0
+    counted: int = 0
+    history: Sequence[dict[str, Any]] = ()
+
+    @classmethod
+    def of(cls, status: dict[str, Any]) -> "Ledger":
+        return cls(
+            int(status.get("restarts") or 0),
+            int(status.get("restartsCountTowardsMax") or 0),
+            tuple(status.get("failures") or ()),
+        )
+
+
+@dataclass
+class Outcome:
+    """What a batch of new failures does to the job."""
+
+    restarts: int
+    counted: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    new_incidents: list[Failure] = field(default_factory=list)
+    """The first failure of each incident opened by this batch (one event each)."""
+    fail_reason: str | None = None
+    fail_message: str = ""
+
+
+def _incident_of(record: dict[str, Any]) -> int | None:
+    value = record.get("incident")
+    return int(value) if value is not None else None
+
+
+def _current_incident(ledger: Ledger) -> tuple[datetime | None, bool]:
+    """(when the newest incident began, whether it already spends the budget)."""
+    members = [r for r in ledger.history if _incident_of(r) == ledger.restarts]
+    if not members or ledger.restarts == 0:
+        return None, False
+    began = min(p.parse_time(r.get("time")) or datetime.max for r in members)
+    return began, any(r.get("counted", True) for r in members)
+
+
+def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> dict[str, Any]:
+    """A failure as ``status.failures`` stores it."""
+    record: dict[str, Any] = {
+        "reason": failure.reason,
+        "message": failure.message,
+        "pod": failure.pod,
+        "retryable": failure.retryable,
+        "time": p.format_time(now),
+        "incident": incident,
+        "counted": counted,
+    }
+    if failure.node:
+        record["node"] = failure.node
+    if failure.exit_code is not None:
+        record["exitCode"] = failure.exit_code
+    if failure.restart_count:
+        record["restartCount"] = failure.restart_count
+    return record
+
+
+def account(
+    ledger: Ledger, failures: Iterable[Failure], policy: FailurePolicySpec, now: datetime
+) -> Outcome:
+    """Fold new failures into the job's ledger and say whether the job must fail."""
+    began, charged = _current_incident(ledger)
+    out = Outcome(ledger.restarts, ledger.counted)
+    for failure in failures:
+        if not failure.retryable:
+            out.records.append(to_record(failure, now, out.restarts, False))
+            out.fail_reason = "PermanentFailure"
+            out.fail_message = f"{failure.message}; not retried"
+            return out
+        joins = (
+            began is not None
+            and now - began <= INCIDENT_WINDOW
+            and (failure.started is None or failure.started < began)
+        )
+        if not joins:
+            out.restarts += 1
+            began, charged = now, False
+            out.new_incidents.append(failure)
+        counts = failure.counts(policy)
+        if counts and not charged:
+            out.counted += 1
+            charged = True
+        out.records.append(to_record(failure, now, out.restarts, counts))
+        if out.counted > policy.max_restarts:
+            out.fail_reason = "MaxRestartsExceeded"
+            out.fail_message = (
+                f"{out.counted} restarts exceed failurePolicy.maxRestarts "
+                f"({policy.max_restarts}); last failure: {failure.message}"
+            )
+            return out
+    return out
+
+
+def incident_starts(history: Iterable[dict[str, Any]]) -> list[datetime]:
+    """When each recorded incident began, oldest first (records without an incident number,
+    written by older operators, are an incident each)."""
+    starts: dict[Any, datetime] = {}
+    for index, record in enumerate(history):
+        when = p.parse_time(record.get("time"))
+        if when is None:
+            continue
+        incident = _incident_of(record)
+        key: tuple[str, int] = ("record", index) if incident is None else ("incident", incident)
+        starts[key] = min(when, starts.get(key, when))
+    return sorted(starts.values())
+
+
+def backoff_remaining(ledger: Ledger, policy: FailurePolicySpec, now: datetime) -> float:
+    """Seconds until a replacement may be created.
+
+    The delay doubles with each incident of an unbroken run of failures and starts again from
+    ``initialSeconds`` once the job went ``backoff.resetAfterSeconds`` without one: a job that
+    trained for a day is not punished for the failures of its first hour.
+    """
+    starts = incident_starts(ledger.history)
+    if not starts:
+        return 0.0
+    reset = timedelta(seconds=policy.backoff.reset_after_seconds)
+    streak = 1
+    for earlier, later in zip(reversed(starts[:-1]), reversed(starts[1:]), strict=True):
+        if later - earlier > reset:
+            break
+        streak += 1
+    delay = policy.backoff.delay(streak - 1)
+    return (starts[-1] + timedelta(seconds=delay) - now).total_seconds()

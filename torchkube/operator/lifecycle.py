@@ -1,0 +1,142 @@
+"""Life-cycle policy: suspension, deadlines, success, clean-up and time-to-live.
+
+Each function takes the planning :class:`~torchkube.operator.decision.Context` and either
+settles the job (returns True: nothing else is planned this pass) or leaves it to the next
+policy.
+"""
+
+from datetime import timedelta
+from typing import Any
+
+from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
+from torchkube.api.status import TERMINAL_PHASES
+from torchkube.elastic import TRAINING_FINISHED
+from torchkube.operator import conditions as cond
+from torchkube.operator import labels as lbl
+from torchkube.operator import pods as p
+from torchkube.operator.decision import Context
+
+RELEASE_FINISHED = "finished"
+RELEASE_SUSPENDED = "suspended"
+
+
+def is_finished(ctx: Context) -> bool:
+    return ctx.status.get("phase") in TERMINAL_PHASES
+
+
+def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
+    """After the end: delete pods per ``cleanPodPolicy`` (the store always), and the job
+    itself once ``ttlSecondsAfterFinished`` has passed."""
+    policy = ctx.spec.run_policy.clean_pod_policy
+    for pod in owned:
+        state = p.state(pod)
+        if state == "deleting":
+            continue
+        is_store = p.role(pod) == lbl.ROLE_RENDEZVOUS
+        if policy == "All" or is_store or (policy == "Running" and state in ("pending", "running")):
+            ctx.plan.delete(pod, why=RELEASE_FINISHED)
+    ttl = ctx.spec.run_policy.ttl_seconds_after_finished
+    finished = p.parse_time(ctx.status.get("completionTime"))
+    if ttl is not None and finished is not None:
+        remaining = (finished + timedelta(seconds=ttl) - ctx.now).total_seconds()
+        if remaining <= 0:
+            ctx.plan.delete_job = True
+        else:
+            ctx.plan.requeue(remaining)
+
+
+def _suspended_since(ctx: Context) -> float:
+    """Seconds the current suspension has lasted (0 when not suspended)."""
+    condition = cond.get(ctx.conditions, cond.SUSPENDED)
+    if condition is None or condition.get("status") != "True":
+        return 0.0
+    return max(0.0, ctx.seconds_since(condition.get("lastTransitionTime")) or 0.0)
+
+
+def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
+    """``runPolicy.suspend``: no pods, checkpoints kept. On resume the time spent suspended
+    is added to ``status.suspendedSeconds`` so no deadline counts it."""
+    if ctx.spec.run_policy.suspend:
+        for pod in owned:
+            if p.state(pod) in ("pending", "running"):
+                ctx.plan.delete(pod, why=RELEASE_SUSPENDED)
+        if ctx.status.get("phase") != "Suspended":
+            ctx.event("Normal", "Suspended", "job suspended: workers deleted, checkpoints kept")
+        ctx.status["phase"] = "Suspended"
+        ctx.set(cond.SUSPENDED, True, "Suspended", "spec.runPolicy.suspend is true")
+        ctx.clear(cond.RUNNING, "Suspended", "job is suspended")
+        ctx.status.update(replicas=0, readyReplicas=0, workers=f"0/{ctx.spec.replicas.target}")
+        return True
+    if ctx.is_true(cond.SUSPENDED):
+        spent = _suspended_since(ctx)
+        ctx.status["suspendedSeconds"] = round(ctx.status.get("suspendedSeconds", 0) + spent, 3)
+        ctx.set(
+            cond.SUSPENDED,
+            False,
+            "Resumed",
+            "job resumed; training continues from the latest checkpoint",
+        )
+        ctx.event("Normal", "Resumed", "job resumed from the latest checkpoint")
+    return False
+
+
+def deadlines(ctx: Context) -> bool:
+    """``activeDeadlineSeconds`` from the first start, ``startDeadlineSeconds`` from the
+    creation, both without the time spent suspended; True when the job just failed."""
+    policy = ctx.spec.run_policy
+    suspended = float(ctx.status.get("suspendedSeconds") or 0)
+    started = ctx.seconds_since(ctx.status.get("startTime"))
+    if policy.active_deadline_seconds is not None and started is not None:
+        remaining = policy.active_deadline_seconds - (started - suspended)
+        if remaining <= 0:
+            ctx.finish(
+                "Failed",
+                "DeadlineExceeded",
+                f"job ran longer than runPolicy.activeDeadlineSeconds "
+                f"({policy.active_deadline_seconds}s, time suspended not counted)",
+            )
+            return True
+        ctx.plan.requeue(remaining)
+    created = ctx.seconds_since(ctx.job.metadata.get("creationTimestamp"))
+    if policy.start_deadline_seconds is not None and started is None and created is not None:
+        remaining = policy.start_deadline_seconds - (created - suspended)
+        if remaining <= 0:
+            blocked = cond.get(ctx.conditions, cond.PODS_BLOCKED) or cond.get(
+                ctx.conditions, cond.PODS_UNSCHEDULABLE
+            )
+            why = f": {blocked['message']}" if blocked and blocked["status"] == "True" else ""
+            ctx.finish(
+                "Failed",
+                "StartDeadlineExceeded",
+                f"fewer than replicas.min ({ctx.spec.replicas.min}) workers ran within "
+                f"runPolicy.startDeadlineSeconds ({policy.start_deadline_seconds}s){why}",
+            )
+            return True
+        ctx.plan.requeue(remaining)
+    return False
+
+
+def finished_training(ctx: Context, pod: dict[str, Any]) -> bool:
+    """Whether a worker that exited 0 ended the training, not just its torchrun agent.
+
+    The built-in trainer says so in its termination message; an agent can also exit 0 when
+    its rendezvous closes early, and taking that for success would end a job half-way. A
+    custom command has no such message, so its exit 0 is trusted.
+    """
+    if ctx.spec.command != BUILTIN_TRAINER_COMMAND:
+        return True
+    return TRAINING_FINISHED in p.termination_message(pod)
+
+
+def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, Any]]) -> bool:
+    """A worker finished training: pending workers go; the job succeeds once none runs."""
+    if not succeeded:
+        return False
+    for pod in live:
+        if p.state(pod) == "pending":
+            ctx.plan.delete(pod, why=RELEASE_FINISHED)
+    if not any(p.state(pod) == "running" for pod in live):
+        steps = (ctx.status.get("progress") or {}).get("step")
+        detail = f" after {steps} steps" if steps else ""
+        ctx.finish("Succeeded", "TrainingCompleted", f"training completed{detail}")
+    return True

@@ -1,0 +1,84 @@
+"""Phase policy: from the sorted pods to ``status.phase``, the replica counts, and the
+conditions that say why workers are not running (unschedulable, blocked).
+"""
+
+from datetime import timedelta
+from typing import Any
+
+from torchkube.operator import conditions as cond
+from torchkube.operator import labels as lbl
+from torchkube.operator import pods as p
+from torchkube.operator.decision import Context
+
+
+def report_unschedulable(ctx: Context, workers: list[dict[str, Any]]) -> None:
+    timeout = timedelta(seconds=ctx.spec.scheduling.pending_timeout_seconds)
+    stuck: list[str] = []
+    for pod in workers:
+        message = p.unschedulable_message(pod)
+        if message is None:
+            continue
+        born = p.created(pod) or ctx.now
+        if born + timeout <= ctx.now:
+            stuck.append(message)
+        else:
+            ctx.plan.requeue((born + timeout - ctx.now).total_seconds())
+    if stuck:
+        text = (
+            f"{len(stuck)} of {ctx.spec.replicas.target} workers cannot be scheduled for "
+            f"{int(timeout.total_seconds())}s or more: {stuck[0]}"
+        )
+        ctx.warn_once(cond.PODS_UNSCHEDULABLE, "Unschedulable", text)
+    else:
+        ctx.clear(cond.PODS_UNSCHEDULABLE, "Scheduled", "all workers are scheduled")
+
+
+def blocked_pods(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) of the first pod that cannot start by itself, if any."""
+    for pod in pods:
+        blocked = p.blocked_reason(pod)
+        if blocked is not None:
+            reason, message = blocked
+            role = "rendezvous store" if p.role(pod) == lbl.ROLE_RENDEZVOUS else "worker"
+            return reason, f"{role} pod {p.name(pod)}: {reason}: {message}".strip()
+    return None
+
+
+def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
+    """``PodsBlocked``: what keeps pods from starting, so a job that cannot start says so
+    (``kubectl describe`` and a Warning event) instead of sitting Pending in silence."""
+    if problem is None:
+        ctx.clear(cond.PODS_BLOCKED, "NotBlocked", "nothing keeps the pods from starting")
+        return
+    reason, message = problem
+    ctx.warn_once(cond.PODS_BLOCKED, reason, message)
+
+
+def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
+    running = [pod for pod in workers if p.state(pod) == "running"]
+    minimum = ctx.spec.replicas.min
+    ctx.plan.all_running = len(running) == ctx.spec.replicas.target
+    if len(running) >= minimum:
+        if ctx.status.get("phase") != "Running":
+            ctx.event("Normal", "Running", f"{len(running)} workers running")
+        ctx.status["phase"] = "Running"
+        ctx.status.setdefault("startTime", p.format_time(ctx.now))
+        ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
+        ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
+    elif ctx.status.get("startTime"):
+        ctx.status["phase"] = "Restarting"
+        text = f"{len(running)} of at least {minimum} workers running; waiting for replacements"
+        ctx.set(cond.RESTARTING, True, "WaitingForWorkers", text)
+        ctx.set(cond.RUNNING, False, "WaitingForWorkers", text)
+    else:
+        ctx.status["phase"] = "Pending"
+
+
+def counts(ctx: Context, workers: list[dict[str, Any]]) -> None:
+    ready = sum(1 for pod in workers if p.is_ready(pod))
+    target = ctx.spec.replicas.target
+    ctx.status["replicas"] = len(workers)
+    ctx.status["readyReplicas"] = ready
+    ctx.status["desiredReplicas"] = target
+    ctx.status["workers"] = f"{ready}/{target}"
+    ctx.status["selector"] = lbl.worker_selector(ctx.job.name)

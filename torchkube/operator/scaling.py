@@ -1,0 +1,82 @@
+"""Scaling policy: which worker slots should be filled, which pods are one too many, where
+replacements should not go, and when node trouble is a partition rather than lost machines.
+
+A job's workers fill slots ``0 .. target-1`` (``replicas.target``: ``desired`` or ``max``).
+Each slot holds one pod; a replacement gets a new name, so it never waits for a predecessor
+stuck ``Terminating`` on a dead node.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from torchkube.operator import pods as p
+
+AVOID_LOST_NODES_FOR = timedelta(hours=1)
+"""How long replacements prefer other nodes than one that lost a worker."""
+
+PARTITION_SHARE = 0.55
+PARTITION_MIN_NODES = 3
+"""More than this share of the cluster's nodes NotReady at once, and at least this many, is
+taken for a network or control-plane partition: kube-controller-manager's node-lifecycle
+controller stops evicting in the same situation (its ``unhealthy-zone-threshold`` is 0.55)."""
+
+_STATE_RANK = {"running": 0, "pending": 1}
+
+
+def surplus_and_missing(
+    live: dict[int, list[dict[str, Any]]], target: int, now: datetime
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Pods to delete (slots above the target, and all but one pod per slot) and the slots
+    that have no pod.
+
+    Of several pods in one slot (a create whose answer was lost and retried, an operator
+    restarted mid-create) the Running one stays — it may be training — and among equals
+    the oldest."""
+    surplus: list[dict[str, Any]] = []
+    for index, pods in live.items():
+        ordered = sorted(
+            pods, key=lambda pod: (_STATE_RANK.get(p.state(pod), 2), p.created(pod) or now)
+        )
+        surplus += ordered if index >= target else ordered[1:]
+    missing = [index for index in range(target) if index not in live]
+    return surplus, missing
+
+
+def avoided_nodes(history: Iterable[dict[str, Any]], now: datetime) -> list[str]:
+    """Nodes that lost a worker of the job within ``AVOID_LOST_NODES_FOR``."""
+    nodes = set()
+    for record in history:
+        when = p.parse_time(record.get("time"))
+        if (
+            record.get("reason") == "NodeLost"
+            and record.get("node")
+            and when is not None
+            and now - when < AVOID_LOST_NODES_FOR
+        ):
+            nodes.add(str(record["node"]))
+    return sorted(nodes)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Most of the cluster stopped reporting at once."""
+
+    not_ready: int
+    nodes: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"{self.not_ready} of {self.nodes} nodes are NotReady at once: this looks like a "
+            "network or control-plane partition, not lost machines. Workers on them are kept "
+            "(not force-deleted and replaced) until their nodes come back or are deleted."
+        )
+
+
+def partition(nodes: dict[str, p.NodeHealth]) -> Partition | None:
+    not_ready = sum(1 for health in nodes.values() if not health.ready)
+    if not_ready >= PARTITION_MIN_NODES and not_ready > PARTITION_SHARE * len(nodes):
+        return Partition(not_ready, len(nodes))
+    return None
