@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from torchkube.elastic import RENDEZVOUS_EXIT_CODE
 from torchkube.testing.ports import free_port
 
 SCRIPT = Path(__file__).with_name("steps_script.py")
@@ -52,17 +53,45 @@ def launch(args: list[str], out: Path, agent: str, **env: str) -> subprocess.Pop
     )
 
 
+class Store:
+    """The rendezvous store process, killable and restartable on its port like the store
+    pod's container (restartPolicy Always: same name, same address)."""
+
+    def __init__(self, out: Path) -> None:
+        self.port = free_port()
+        self.out = out
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchkube.elastic.store", "--port", str(self.port)],
+            stdout=(self.out / "store.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torchkube.elastic.store", "--port", str(port)],
-        stdout=(tmp_path / "store.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    yield port
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 0
+def store_process(tmp_path: Path) -> Iterator[Store]:
+    process = Store(tmp_path)
+    process.start()
+    yield process
+    if process.proc is not None and process.proc.poll() is None:
+        assert process.stop() == 0
+
+
+@pytest.fixture
+def store(store_process: Store) -> int:
+    return store_process.port
 
 
 def steps(out: Path) -> list[tuple[int, int, str]]:
@@ -147,3 +176,46 @@ def test_permanent_error_stops_at_once(store: int, tmp_path: Path) -> None:
     assert "permanent error, not retrying: bad config: steps < 0" in log
     assert log.count("bad config") <= 3, "torchrun kept restarting a permanent failure"
     print(f"permanent error reported in {time.monotonic() - started:.1f}s")
+
+
+def test_a_restarted_store_costs_one_re_rendezvous_not_the_agents(
+    store_process: Store, tmp_path: Path
+) -> None:
+    """The store pod's container crashed and restarted in place at once: its clients
+    reconnect to a store that has forgotten the rendezvous. The launcher takes that for a
+    lost store and re-joins every agent as one new round; training goes on, every step once.
+    (torch's own agent either exits 1 here, and the pod with it, or carries on unaware, so
+    that the next agent to join forms a second training of its own.)"""
+    args = rdzv_args(store_process.port)
+    agents = {name: launch(args, tmp_path, name, STEPS="80") for name in ("a", "b")}
+    try:
+        wait_for(lambda: len(steps(tmp_path)) >= 10, 120, "two agents training", tmp_path)
+        store_process.kill()
+        lost_at = len(steps(tmp_path))
+        store_process.start()  # at once, as the kubelet restarts a crashed container
+        wait_for(
+            lambda: any(s > lost_at + 5 and w == 2 for s, w, _ in steps(tmp_path)),
+            120,
+            "both agents training together after the store came back",
+            tmp_path,
+        )
+        for proc in agents.values():
+            assert proc.wait(timeout=120) == 0
+    finally:
+        for name in agents:
+            kill_agent(tmp_path, name)
+    numbers = [s for s, _, _ in steps(tmp_path)]
+    assert numbers == list(range(1, 81)), "a step was lost or repeated"
+    logs = (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
+    assert logs.count("re-joining through a new connection to the store") >= 2, "both agents"
+
+
+def test_a_store_gone_for_a_whole_join_timeout_exits_75(
+    store_process: Store, tmp_path: Path
+) -> None:
+    args = [a.replace("join_timeout=90", "join_timeout=8") for a in rdzv_args(store_process.port)]
+    agent = launch(args, tmp_path, "a", STEPS="1000")
+    wait_for(lambda: len(steps(tmp_path)) >= 3, 120, "the agent training", tmp_path)
+    store_process.kill()
+    assert agent.wait(timeout=60) == RENDEZVOUS_EXIT_CODE
+    assert "giving up" in (tmp_path / "a.log").read_text()

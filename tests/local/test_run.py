@@ -6,12 +6,17 @@ restarted like a replacement pod, and training resumes from the newest checkpoin
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from torchkube.local.processes import children_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "quickstart.yaml"
@@ -43,14 +48,76 @@ def run(workdir: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], d
 
 
 def test_chaos_run_finishes_with_the_same_loss(tmp_path: Path) -> None:
+    """A worker SIGKILLed at step 70, the rendezvous store at step 140: both are restarted as
+    their pods would be, and the run ends exactly where a calm one does. (Before the store
+    was restarted, its loss failed every worker again and again until maxRestarts ran out.)"""
     calm, calm_final = run(tmp_path / "calm")
-    chaos, chaos_final = run(tmp_path / "chaos", "--chaos-at-step", "70")
+    chaos, chaos_final = run(
+        tmp_path / "chaos", "--chaos-at-step", "70", "--chaos-store-at-step", "140"
+    )
     print(calm.stdout[-800:], chaos.stdout[-1200:], sep="\n")
     assert calm_final["finished"] and chaos_final["finished"]
     assert chaos_final["step"] == calm_final["step"] == 200
     assert "chaos: SIGKILL worker" in chaos.stdout
-    assert "restarts         1" in chaos.stdout
+    assert "chaos: SIGKILL the rendezvous store" in chaos.stdout
+    assert "worker 0 killed (chaos) at step 7" in chaos.stdout
+    assert "rendezvous store killed (chaos) at step 14" in chaos.stdout
+    logs = "".join(p.read_text() for p in (tmp_path / "chaos" / "logs").glob("worker-*.log"))
+    assert "re-joining through a new connection to the store" in logs
     assert chaos_final["loss"] == calm_final["loss"], "resumed training must be bitwise identical"
+
+
+def _processes_using(workdir: Path) -> list[int]:
+    """Processes whose command line or environment names the work dir: what the run started."""
+    found = []
+    marker = str(workdir).encode()
+    for pid in {p for children in children_of().values() for p in children}:
+        try:
+            blob = Path(f"/proc/{pid}/cmdline").read_bytes()
+            blob += Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in blob and pid != os.getpid():
+            found.append(pid)
+    return found
+
+
+def test_sigterm_stops_the_whole_tree_after_an_emergency_checkpoint(tmp_path: Path) -> None:
+    """As a CI timeout or a supervisor stops it: no store, agent or trainer is left running
+    or writing into the work dir, and training stopped on a checkpoint of its last step."""
+    workdir = tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchkube.cli",
+            "run",
+            str(EXAMPLE),
+            "--fresh",
+            "--workdir",
+            str(workdir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = workdir / "checkpoints" / "progress.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if progress.exists() and json.loads(progress.read_text() or "{}").get("step", 0) >= 30:
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        raise AssertionError("training never reached step 30")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 1, output
+    assert "stopped by SIGTERM" in output
+    time.sleep(1)
+    assert _processes_using(workdir) == [], "processes left behind"
+    final = json.loads(progress.read_text())
+    assert final["lastCheckpointStep"] == final["step"] and not final["finished"]
 
 
 def test_invalid_job_is_refused_with_the_field(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_store_restart_in_place_is_one_free_incident_with_the_agents_that_failed
     assert result.status["phase"] != "Failed"
     assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 0
     reasons = {r["reason"] for r in result.status["failures"]}
-    assert reasons == {"RendezvousStoreLost"}
+    assert reasons == {"RendezvousStoreLost", "RendezvousFailed"}
     assert result.mark_recorded[restarted["metadata"]["name"]] == "1"
     again = run(
         make_job(result.status),
@@ -196,6 +196,6 @@ def test_account_is_what_the_local_runner_uses_too() -> None:
 
 def test_rendezvous_exit_is_infrastructure() -> None:
     lost = classify_exit(failure.RENDEZVOUS_EXIT_CODE, "", FailurePolicySpec(), "worker 0")
-    assert lost.reason == "RendezvousStoreLost" and lost.infrastructure
+    assert lost.reason == "RendezvousFailed" and lost.infrastructure
     assert not lost.counts(FailurePolicySpec())
     assert isinstance(lost, Failure)

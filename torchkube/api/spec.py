@@ -265,6 +265,7 @@ FailureReason = Literal[
     "Evicted",
     "Deleted",
     "RendezvousStoreLost",
+    "RendezvousFailed",
     "Unknown",
 ]
 

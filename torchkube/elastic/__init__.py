@@ -7,3 +7,7 @@ TRAINING_FINISHED = "torchkube: training finished"
 The operator takes a worker that exited 0 as the end of training only with this line (for the
 built-in trainer): torchrun agents can also end with 0 when their rendezvous closes early.
 """
+
+RENDEZVOUS_EXIT_CODE = 75
+"""The launcher's exit code when the rendezvous failed for a reason outside the training code:
+the store stayed unreachable for a whole join timeout, or too few agents came (EX_TEMPFAIL)."""

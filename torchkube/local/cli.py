@@ -30,6 +30,14 @@ import yaml
 @click.option("--chaos-every", type=float, help="SIGKILL a worker every this many seconds.")
 @click.option("--chaos-worker", type=int, help="Which worker chaos kills (default: rotate).")
 @click.option(
+    "--chaos-store-at-step",
+    "chaos_store_steps",
+    type=int,
+    multiple=True,
+    help="SIGKILL the rendezvous store when training reaches this step (repeatable); it is "
+    "restarted in place, as its pod's container would be.",
+)
+@click.option(
     "--chaos-no-restart",
     is_flag=True,
     help="Leave killed workers dead, as a node that never comes back (an elastic job, "
@@ -44,6 +52,7 @@ def run_command(
     chaos_steps: tuple[int, ...],
     chaos_every: float | None,
     chaos_worker: int | None,
+    chaos_store_steps: tuple[int, ...],
     chaos_no_restart: bool,
 ) -> None:
     """Run JOB_FILE here: torchrun agents on loopback stand in for pods, a folder for the PVC.
@@ -69,7 +78,13 @@ def run_command(
     workdir = workdir or Path("torchkube-runs") / job.name
     if fresh and workdir.exists():
         shutil.rmtree(workdir)
-    chaos = Chaos(sorted(chaos_steps), chaos_every, chaos_worker, restart=not chaos_no_restart)
+    chaos = Chaos(
+        sorted(chaos_steps),
+        chaos_every,
+        chaos_worker,
+        restart=not chaos_no_restart,
+        store_at_steps=sorted(chaos_store_steps),
+    )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
     click.echo(
         f"running {job.name}: {run.count} workers × {nproc} process(es), checkpoints and logs "

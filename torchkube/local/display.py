@@ -29,9 +29,11 @@ def progress_line(record: dict[str, Any] | None, restarts: int, elapsed: float) 
 
 @dataclass
 class Failure:
-    """One worker loss and how long training took to get past the step it stopped at."""
+    """One worker (or store) loss and how long training took to get past the step it stopped
+    at."""
 
     worker: int
+    """The worker's index; -1 for the rendezvous store."""
     reason: str
     at: float
     step: int
@@ -41,6 +43,10 @@ class Failure:
     @property
     def lost_seconds(self) -> float | None:
         return None if self.recovered_at is None else self.recovered_at - self.at
+
+    @property
+    def subject(self) -> str:
+        return "rendezvous store" if self.worker < 0 else f"worker {self.worker}"
 
 
 @dataclass
@@ -54,6 +60,8 @@ class Summary:
     tokens_per_second: float | None = None
     wall_seconds: float = 0.0
     failures: list[Failure] = field(default_factory=list)
+    restarts: int = 0
+    """Failure incidents, as the operator counts them (workers failing together are one)."""
 
     @property
     def lost_seconds(self) -> float:
@@ -69,12 +77,12 @@ class Summary:
             f"  final loss       {loss}",
             f"  throughput       {speed}",
             f"  wall time        {self.wall_seconds:.1f}s",
-            f"  restarts         {len(self.failures)}",
+            f"  restarts         {self.restarts}",
             f"  time lost        {self.lost_seconds:.1f}s to failures "
             "(from each loss until training passed the step it stopped at)",
         ]
         for f in self.failures:
             redo = "" if f.checkpoint_step is None else f", resumed from step {f.checkpoint_step}"
             took = "not recovered" if f.lost_seconds is None else f"back in {f.lost_seconds:.1f}s"
-            lines.append(f"    worker {f.worker} {f.reason} at step {f.step}{redo}: {took}")
+            lines.append(f"    {f.subject} {f.reason} at step {f.step}{redo}: {took}")
         return "\n".join(lines)

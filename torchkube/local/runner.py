@@ -3,35 +3,60 @@
 Each local "worker" is what a pod runs: ``torchkube.elastic.launch`` (torchrun) with c10d
 rendezvous against a separate store process, ``is_host=false``, the trainer's environment from
 the same builder the operator uses, and a local folder standing in for the checkpoint volume.
-The supervisor loop plays the operator: a worker that exits with a retryable code is started
-again (a replacement pod), a permanent code or an exhausted ``maxRestarts`` ends the run.
-``chaos`` kills workers with SIGKILL, as a node loss would, so recovery can be watched.
+The supervisor loop plays the operator and the kubelet, with the operator's own failure
+policy (``torchkube.operator.failure``): a worker that exits is classified and accounted for
+exactly as its pod would be — a permanent code or an exhausted ``maxRestarts`` ends the run,
+anything else starts it again after the policy's backoff — and the store is restarted in
+place when it dies, as its pod's ``restartPolicy: Always`` does (one free incident).
+
+SIGTERM or SIGINT to ``torchkube run`` (a CI job's timeout, a supervisor, Ctrl-C) stops the
+whole tree the way a pod deletion would: every agent gets SIGTERM, its workers write their
+emergency checkpoint within the job's ``terminationGracePeriodSeconds``, then whatever is left
+is killed. Nothing keeps running or writing into the work dir after the command returns.
+
+``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, so recovery can be
+watched.
 """
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
 from torchkube.local.display import Failure, Summary, progress_line
-from torchkube.local.processes import kill_tree
+from torchkube.local.processes import descendants, kill_tree
+from torchkube.operator import failure as policy
 from torchkube.operator.builders import torchrun_args, trainer_env
+from torchkube.operator.failure import Ledger
 
 POLL_SECONDS = 0.25
-STORE_START_TIMEOUT = 60.0
+STORE_STOP_SECONDS = 10.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def threads_per_process(cpus: int, processes: int) -> int:
+    """CPU threads for each training process: the machine's cores shared out, at least one.
+
+    Pinning every process to one thread left a 1-worker job on 2 cores at ~60 % of its speed;
+    more threads than cores per process would oversubscribe them."""
+    return max(1, cpus // max(1, processes))
 
 
 @dataclass
@@ -45,6 +70,8 @@ class Chaos:
     restart: bool = True
     """Start a killed worker again, as the operator replaces a lost pod. False leaves it dead
     (a node that never comes back): an elastic job must carry on without it."""
+    store_at_steps: list[int] = field(default_factory=list)
+    """Steps at which the rendezvous store is SIGKILLed (it is restarted like its pod)."""
 
     def due(self, step: int, now: float, last_kill: float, started: float) -> bool:
         if self.at_steps and step >= self.at_steps[0]:
@@ -54,12 +81,19 @@ class Chaos:
             return now - max(last_kill, started) >= self.every_seconds
         return False
 
+    def store_due(self, step: int) -> bool:
+        if self.store_at_steps and step >= self.store_at_steps[0]:
+            self.store_at_steps.pop(0)
+            return True
+        return False
+
 
 @dataclass
 class _Worker:
     index: int
     proc: subprocess.Popen[bytes]
     log: Path
+    started: datetime
     done: bool = False
 
 
@@ -88,12 +122,22 @@ class LocalRun:
         self.store_port = free_port()
         self.metrics_ports = [free_port() for _ in range(self.count)]
         self.failures: list[Failure] = []
-        self.restarts = 0
+        self.ledger = Ledger()
         self.store: subprocess.Popen[bytes] | None = None
+        self.store_restarts = 0
         self.workers: dict[int, _Worker] = {}
+        self.waiting: dict[int, float] = {}
+        """Workers to start again, and when (the failure policy's backoff)."""
         self._kills = 0
+        self._stop: int | None = None
 
     # ------------------------------------------------------------------ processes
+    def _processes(self) -> int:
+        nproc = self.nproc if isinstance(self.nproc, int) else 1
+        if isinstance(self.nproc, str) and self.nproc.isdigit():
+            nproc = int(self.nproc)
+        return self.count * nproc
+
     def _env(self, index: int) -> dict[str, str]:
         env = {**os.environ, **trainer_env(self.job, index)}
         env["TORCHKUBE_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
@@ -101,7 +145,9 @@ class LocalRun:
             str(self.metrics_ports[index]) if self.job.spec.metrics.enabled else "0"
         )
         env["TORCHKUBE_TERMINATION_LOG"] = str(self.log_dir / f"worker-{index}.termination")
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault(
+            "OMP_NUM_THREADS", str(threads_per_process(os.cpu_count() or 1, self._processes()))
+        )
         for variable in self.job.spec.env:
             if variable.value is not None:
                 env[variable.name] = variable.value
@@ -124,6 +170,8 @@ class LocalRun:
         )
         assert args[:3] == ["python", "-m", "torchkube.elastic.launch"]
         log = self.log_dir / f"worker-{index}.log"
+        termination = self.log_dir / f"worker-{index}.termination"
+        termination.unlink(missing_ok=True)
         proc = subprocess.Popen(
             [sys.executable, *args[1:]],
             env=self._env(index),
@@ -131,16 +179,34 @@ class LocalRun:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.workers[index] = _Worker(index, proc, log)
+        self.workers[index] = _Worker(index, proc, log, datetime.now(UTC))
 
-    def _stop_all(self) -> None:
+    def _stop_all(self, grace: float) -> None:
+        """SIGTERM every agent (torchrun passes it to its workers, which write their
+        emergency checkpoint), wait up to ``grace`` seconds, then kill what is left."""
+        live = [w for w in self.workers.values() if w.proc.poll() is None]
+        # Known before the agents go: an agent that dies first would orphan its workers,
+        # which run in sessions of their own and are no longer found below it.
+        trees = {w.proc.pid: descendants(w.proc.pid) for w in live}
+        for worker in live:
+            worker.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for worker in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         for worker in self.workers.values():
-            if worker.proc.poll() is None:
-                kill_tree(worker.proc.pid)
-                worker.proc.wait()
+            kill_tree(worker.proc.pid)
+            for pid in trees.get(worker.proc.pid, []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            worker.proc.wait()
         if self.store is not None and self.store.poll() is None:
             self.store.terminate()
-            self.store.wait(timeout=30)
+            try:
+                self.store.wait(timeout=STORE_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.store.kill()
+                self.store.wait()
 
     # ------------------------------------------------------------------ observation
     def progress(self) -> dict[str, Any] | None:
@@ -157,75 +223,129 @@ class LocalRun:
 
     # ------------------------------------------------------------------ the loop
     def run(self, on_progress: Callable[[str], None] | None = None) -> Summary:
-        """Train until the trainer finishes or the failure policy gives up."""
+        """Train until the trainer finishes, the failure policy gives up, or a signal."""
         show = on_progress or self._print_progress
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        last_kill = 0.0
-        self._start_store()
-        for index in range(self.count):
-            self._start_worker(index)
-        policy = self.job.spec.failure_policy
+        previous = self._catch_signals()
+        grace = float(self.job.spec.checkpoint.termination_grace_period_seconds)
         try:
-            while True:
-                time.sleep(POLL_SECONDS)
-                now = time.monotonic()
-                record = self.progress()
-                step = int((record or {}).get("step", 0))
-                self._note_recoveries(step, now)
-                show(progress_line(record, self.restarts, now - started))
-                if record and record.get("finished"):
-                    return self._finish(True, "training completed", started, record)
-                if record and self.chaos.due(step, now, last_kill, started):
-                    last_kill = now
-                    self._kill_one(record, now)
-                    if not self.workers:
-                        return self._finish(
-                            False, "chaos killed every worker (none restarted)", started, record
-                        )
-                for worker in list(self.workers.values()):
-                    code = worker.proc.poll()
-                    if code is None or worker.done:
-                        continue
-                    if code == 0:
-                        worker.done = True
-                        if all(w.done for w in self.workers.values()):
-                            record = self.progress() or record
-                            return self._finish(True, "training completed", started, record)
-                        continue
-                    if policy.is_permanent_exit(code):
-                        reason = self._termination_message(worker.index) or f"exit code {code}"
-                        return self._finish(
-                            False,
-                            f"worker {worker.index} failed permanently: {reason}",
-                            started,
-                            record,
-                        )
-                    self.restarts += 1
-                    if not any(
-                        f.worker == worker.index and f.recovered_at is None for f in self.failures
-                    ):
-                        self.failures.append(
-                            Failure(
-                                worker.index,
-                                f"exited with {code}",
-                                now,
-                                step,
-                                (record or {}).get("lastCheckpointStep"),
-                            )
-                        )
-                    if self.restarts > policy.max_restarts:
-                        return self._finish(
-                            False,
-                            f"{self.restarts} restarts exceed failurePolicy.maxRestarts "
-                            f"({policy.max_restarts}); see {worker.log}",
-                            started,
-                            record,
-                        )
-                    self._start_worker(worker.index)
+            self._start_store()
+            for index in range(self.count):
+                self._start_worker(index)
+            return self._supervise(show, started)
         finally:
-            self._stop_all()
+            self._stop_all(grace)
+            self._restore_signals(previous)
+
+    def _supervise(self, show: Callable[[str], None], started: float) -> Summary:
+        last_kill = 0.0
+        while True:
+            time.sleep(POLL_SECONDS)
+            now = time.monotonic()
+            record = self.progress()
+            step = int((record or {}).get("step", 0))
+            self._note_recoveries(step, now)
+            show(progress_line(record, self.ledger.restarts, now - started))
+            if self._stop is not None:
+                name = signal.Signals(self._stop).name
+                return self._finish(
+                    False,
+                    f"stopped by {name}: every worker was sent SIGTERM and given "
+                    "terminationGracePeriodSeconds for its emergency checkpoint",
+                    started,
+                    record,
+                )
+            if record and record.get("finished"):
+                return self._finish(True, "training completed", started, record)
+            if record and self.chaos.store_due(step):
+                self._kill_store(record, now)
+            if record and self.chaos.due(step, now, last_kill, started):
+                last_kill = now
+                self._kill_one(record, now)
+                if not self.workers and not self.waiting:
+                    return self._finish(
+                        False, "chaos killed every worker (none restarted)", started, record
+                    )
+            ended = self._check_store(record, now) or self._check_workers(record, now)
+            if ended is not None:
+                ok, message = ended
+                return self._finish(ok, message, started, self.progress() or record)
+            for index, at in list(self.waiting.items()):
+                if now >= at:
+                    del self.waiting[index]
+                    self._start_worker(index)
+
+    def _account(self, found: policy.Failure) -> tuple[bool, str] | None:
+        """The operator's decision on one failure; (False, why) when the run must end."""
+        now = datetime.now(UTC)
+        outcome = policy.account(self.ledger, [found], self.job.spec.failure_policy, now)
+        self.ledger = Ledger(
+            outcome.restarts,
+            outcome.counted,
+            (*self.ledger.history, *outcome.records)[-20:],
+        )
+        if outcome.fail_reason is not None:
+            return False, outcome.fail_message
+        return None
+
+    def _check_store(self, record: dict[str, Any] | None, now: float) -> tuple[bool, str] | None:
+        """A dead store is started again on its port, as the kubelet restarts its pod's
+        container; its loss is one (free) incident."""
+        if self.store is None or self.store.poll() is None:
+            return None
+        self.store_restarts += 1
+        code = self.store.returncode
+        found = policy.Failure(
+            "RendezvousStoreLost",
+            f"rendezvous store exited with code {code}; restarted in place",
+            "store",
+            restart_count=self.store_restarts,
+        )
+        self._start_store()
+        if not any(f.worker == -1 and f.recovered_at is None for f in self.failures):
+            self.failures.append(self._display_failure(-1, "store lost", record, now))
+        return self._account(found)
+
+    def _check_workers(self, record: dict[str, Any] | None, now: float) -> tuple[bool, str] | None:
+        for worker in list(self.workers.values()):
+            code = worker.proc.poll()
+            if code is None or worker.done:
+                continue
+            if code == 0:
+                worker.done = True
+                if all(w.done for w in self.workers.values()) and not self.waiting:
+                    return True, "training completed"
+                continue
+            found = policy.classify_exit(
+                code,
+                self._termination_message(worker.index),
+                self.job.spec.failure_policy,
+                f"worker {worker.index}",
+                started=worker.started,
+            )
+            if not any(f.worker == worker.index and f.recovered_at is None for f in self.failures):
+                self.failures.append(
+                    self._display_failure(worker.index, f"exited with {code}", record, now)
+                )
+            verdict = self._account(found)
+            if verdict is not None:
+                return False, f"{verdict[1]}; see {worker.log}"
+            del self.workers[worker.index]
+            wait = policy.backoff_remaining(
+                self.ledger, self.job.spec.failure_policy, datetime.now(UTC)
+            )
+            self.waiting[worker.index] = now + max(0.0, wait)
+        return None
+
+    def _display_failure(
+        self, worker: int, reason: str, record: dict[str, Any] | None, now: float
+    ) -> Failure:
+        record = record or {}
+        return Failure(
+            worker, reason, now, int(record.get("step", 0)), record.get("lastCheckpointStep")
+        )
 
     def _kill_one(self, record: dict[str, Any], now: float) -> None:
         index = self.chaos.worker if self.chaos.worker is not None else self._kills % self.count
@@ -234,27 +354,46 @@ class LocalRun:
         if worker is None or worker.proc.poll() is not None:
             return
         self.out.write(f"\nchaos: SIGKILL worker {index} at step {record.get('step')}\n")
-        self.failures.append(
-            Failure(
-                index,
-                "killed (chaos)",
-                now,
-                int(record.get("step", 0)),
-                record.get("lastCheckpointStep"),
-            )
-        )
+        self.failures.append(self._display_failure(index, "killed (chaos)", record, now))
         kill_tree(worker.proc.pid)
         worker.proc.wait()
-        if not self.chaos.restart:
-            del self.workers[index]
+        del self.workers[index]
+        found = policy.Failure(
+            "NodeLost", f"worker {index} killed (chaos)", f"worker {index}", started=worker.started
+        )
+        self._account(found)
+        if self.chaos.restart:
+            self._start_worker(index)
+
+    def _kill_store(self, record: dict[str, Any], now: float) -> None:
+        if self.store is None or self.store.poll() is not None:
             return
-        self.restarts += 1
-        self._start_worker(index)
+        self.out.write(f"\nchaos: SIGKILL the rendezvous store at step {record.get('step')}\n")
+        self.failures.append(self._display_failure(-1, "killed (chaos)", record, now))
+        self.store.kill()
+        self.store.wait()
 
     def _note_recoveries(self, step: int, now: float) -> None:
         for failure in self.failures:
             if failure.recovered_at is None and step > failure.step:
                 failure.recovered_at = now
+
+    # ------------------------------------------------------------------ signals
+    def _catch_signals(self) -> dict[int, Any]:
+        """SIGTERM/SIGINT end the run gracefully (checked by the loop), as a pod deletion
+        would; only the main thread may set handlers (tests may run this elsewhere)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def stop(signum: int, _frame: Any) -> None:
+            self._stop = signum
+
+        return {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+
+    @staticmethod
+    def _restore_signals(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
     def _print_progress(self, line: str) -> None:
         if self.out.isatty():
@@ -279,4 +418,5 @@ class LocalRun:
             tokens_per_second=record.get("tokensPerSecond"),
             wall_seconds=time.monotonic() - started,
             failures=self.failures,
+            restarts=self.ledger.restarts,
         )

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api.spec import FailurePolicySpec, FailureReason
+from torchkube.elastic import RENDEZVOUS_EXIT_CODE
 from torchkube.operator import pods as p
 
 INCIDENT_WINDOW = timedelta(seconds=30)
@@ -32,14 +33,12 @@ MESSAGE_LIMIT = 1024
 """Failure messages keep their last this many characters (the error is at the end); the
 termination message alone may be 4 KiB, more than a status field may hold."""
 
-RENDEZVOUS_EXIT_CODE = 75
-"""The launcher's exit code when the rendezvous store stayed unreachable (EX_TEMPFAIL)."""
 
 PREEMPTION_REASONS = frozenset({"PreemptionByScheduler"})
 EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
 NODE_LOSS_REASONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
 INFRASTRUCTURE_REASONS: frozenset[str] = frozenset(
-    {"NodeLost", "Preempted", "Evicted", "Deleted", "RendezvousStoreLost"}
+    {"NodeLost", "Preempted", "Evicted", "Deleted", "RendezvousStoreLost", "RendezvousFailed"}
 )
 """Causes outside the training code: they restart training but are free by default."""
 
@@ -98,8 +97,8 @@ def classify_exit(
         )
     if exit_code == RENDEZVOUS_EXIT_CODE:
         return Failure(
-            "RendezvousStoreLost",
-            f"{subject} could not reach the rendezvous store (exit code {exit_code}){tail}",
+            "RendezvousFailed",
+            f"{subject} lost its rendezvous (exit code {exit_code}){tail}",
             subject,
             node,
             exit_code,
