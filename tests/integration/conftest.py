@@ -2,16 +2,21 @@
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_jobs import Job
+from kubernetes import client
 
+from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.testing.cluster import Cluster
 from torchkube.testing.crds import install_crd
+from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
 from torchkube.testing.operator import OperatorProcess
+from torchkube.testing.volumes import delete_volume, prebound_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,3 +79,31 @@ def operator(
     process = OperatorProcess(cluster.kubeconfig, cluster.log_dir / "operator.log", env).start()
     yield process
     process.stop()
+
+
+@pytest.fixture
+def make_job(
+    api_client: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> Iterator[Callable[..., Job]]:
+    volumes: list[str] = []
+
+    def make(name: str, pool: NodePool, **spec: Any) -> Job:
+        claim = f"{name}-checkpoints"
+        volumes.append(prebound_volume(api_client, namespace, claim, str(tmp_path / claim)))
+        scheduling = spec.pop("scheduling", {})
+        scheduling.setdefault("tolerations", [kwok_toleration()])
+        scheduling.setdefault("nodeSelector", {POOL_LABEL: pool.name})
+        body = {
+            "apiVersion": "torchkube.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": name},
+            "spec": {"resources": {"gpus": 8}, "scheduling": scheduling, **spec},
+        }
+        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body
+        )
+        return Job(api_client, namespace, name)
+
+    yield make
+    for volume in volumes:
+        delete_volume(api_client, volume)

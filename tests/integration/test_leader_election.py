@@ -1,6 +1,8 @@
 """Lease-based leader election against the real apiserver: one leader, and a takeover."""
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -46,3 +48,34 @@ def test_one_leader_and_a_takeover_when_it_stops(api_client: Any, namespace: str
         assert await asyncio.to_thread(takeover.try_acquire_or_renew), "a released lease is free"
 
     asyncio.run(scenario())
+
+
+def test_a_leader_whose_renew_hangs_steps_down_within_the_deadline(
+    api_client: Any, namespace: str
+) -> None:
+    """A renew call that never returns (a half-open connection) must not keep the replica
+    acting: it steps down at the renew deadline, before the lease expires for the others."""
+
+    async def scenario() -> float:
+        elector = LeaderElection(
+            api_client,
+            namespace,
+            "tk-hang",
+            lease_seconds=6,
+            renew_deadline_seconds=2,
+            retry_seconds=0.3,
+        )
+        task = asyncio.create_task(elector.run())
+        await asyncio.wait_for(elector.leading.wait(), timeout=10)
+        hang = threading.Event()
+        elector.try_acquire_or_renew = lambda: hang.wait(30)  # type: ignore[method-assign]
+        stalled = time.monotonic()
+        while elector.leading.is_set():
+            await asyncio.sleep(0.05)
+        stepped_down = time.monotonic() - stalled
+        hang.set()
+        task.cancel()
+        return stepped_down
+
+    stepped_down = asyncio.run(scenario())
+    assert stepped_down <= 2.0 + 0.3 + 0.5, f"still leading {stepped_down:.1f}s after the stall"

@@ -6,126 +6,22 @@ and the test knows what a node loss takes away.
 """
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kube_jobs import Job
 from kubernetes import client
 
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
 from torchkube.testing import faults
 from torchkube.testing.cluster import Cluster
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
+from torchkube.testing.kwok import POOL_LABEL, NodePool
 from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.volumes import delete_volume, prebound_volume
 from torchkube.testing.wait import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-
-class Job:
-    """A TrainingJob under test, with the reads the assertions need."""
-
-    def __init__(self, api: Any, namespace: str, name: str) -> None:
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.namespace, self.name = namespace, name
-
-    def get(self) -> dict[str, Any]:
-        body: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.name
-        )
-        return body
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.get().get("status") or {})
-
-    def patch(self, spec: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": spec}
-        )
-
-    def pods(self, role: str = "worker") -> list[Any]:
-        selector = f"{lbl.JOB_NAME}={self.name},{lbl.ROLE}={role}"
-        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
-
-    def live_workers(self) -> list[Any]:
-        return [
-            p
-            for p in self.pods()
-            if p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None
-        ]
-
-    def replacements(self, slot: int, victim: str) -> list[Any]:
-        """Live workers in ``slot`` other than ``victim``: what replaced it."""
-        return [
-            p
-            for p in self.live_workers()
-            if p.metadata.labels[lbl.REPLICA_INDEX] == str(slot) and p.metadata.name != victim
-        ]
-
-    def running_workers(self) -> list[Any]:
-        return [p for p in self.live_workers() if p.status.phase == "Running"]
-
-    def events(self) -> list[Any]:
-        selector = f"involvedObject.name={self.name},involvedObject.kind=TrainingJob"
-        return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
-
-    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-        return wait_for(
-            predicate,
-            timeout,
-            what=what,
-            describe_last=lambda: (
-                f"status={self.status()} pods="
-                f"{[(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]}"
-            ),
-        )
-
-    def wait_running(self, count: int, timeout: float = 60) -> list[Any]:
-        def ready() -> list[Any] | None:
-            running = self.running_workers()
-            status = self.status()
-            if (
-                len(running) == count
-                and len(self.live_workers()) == count
-                and (status.get("phase") == "Running")
-            ):
-                return running
-            return None
-
-        result: list[Any] = self.wait(ready, timeout, f"{count} running workers")
-        return result
-
-
-@pytest.fixture
-def make_job(
-    api_client: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> Iterator[Callable[..., Job]]:
-    volumes: list[str] = []
-
-    def make(name: str, pool: NodePool, **spec: Any) -> Job:
-        claim = f"{name}-checkpoints"
-        volumes.append(prebound_volume(api_client, namespace, claim, str(tmp_path / claim)))
-        scheduling = spec.pop("scheduling", {})
-        scheduling.setdefault("tolerations", [kwok_toleration()])
-        scheduling.setdefault("nodeSelector", {POOL_LABEL: pool.name})
-        body = {
-            "apiVersion": "torchkube.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {"resources": {"gpus": 8}, "scheduling": scheduling, **spec},
-        }
-        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body
-        )
-        return Job(api_client, namespace, name)
-
-    yield make
-    for volume in volumes:
-        delete_volume(api_client, volume)
 
 
 def test_four_worker_job_gets_its_objects(

@@ -59,13 +59,24 @@ class LeaderElection:
         self._renewed_at = 0.0
 
     async def run(self) -> None:
-        """Acquire, renew, and step down when renewing fails past the deadline."""
+        """Acquire, renew, and step down when renewing fails past the deadline.
+
+        The deadline is kept even while a renew call hangs: the call is given only the time
+        left before it, so a replica cut off from the apiserver stops acting before another
+        one may take the Lease over (lease duration > renew deadline)."""
         while True:
+            held = False
+            budget = self.renew_deadline
+            if self.leading.is_set():
+                budget = max(0.1, self._renewed_at + self.renew_deadline - time.monotonic())
             try:
-                held = await asyncio.to_thread(self.try_acquire_or_renew)
+                held = await asyncio.wait_for(
+                    asyncio.to_thread(self.try_acquire_or_renew), timeout=budget
+                )
+            except TimeoutError:
+                log.warning("leader election: the lease call did not return in %.1fs", budget)
             except Exception as error:  # the apiserver may be briefly unreachable
                 log.warning("leader election: %s", error)
-                held = False
             now = time.monotonic()
             if held:
                 self._renewed_at = now
@@ -74,7 +85,7 @@ class LeaderElection:
                         "became the leader (%s/%s as %s)", self.namespace, self.name, self.identity
                     )
                     self.leading.set()
-            elif self.leading.is_set() and now - self._renewed_at > self.renew_deadline:
+            elif self.leading.is_set() and now - self._renewed_at >= self.renew_deadline:
                 log.warning("lost the leadership: could not renew the lease in time")
                 self.leading.clear()
             await asyncio.sleep(self.retry_seconds)
@@ -82,7 +93,9 @@ class LeaderElection:
     def try_acquire_or_renew(self) -> bool:
         now = datetime.now(UTC)
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout()
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -103,12 +116,18 @@ class LeaderElection:
         spec.renew_time = now
         spec.lease_duration_seconds = int(self.lease_seconds)
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, lease, _request_timeout=self._timeout()
+            )
         except ApiException as error:
             if error.status == 409:  # someone else wrote first
                 return False
             raise
         return True
+
+    def _timeout(self) -> float:
+        """Per-request timeout: a hung connection must not outlive the renew deadline."""
+        return max(1.0, self.renew_deadline / 2)
 
     def release(self) -> None:
         """Hand the Lease over at once on shutdown (client-go's ReleaseOnCancel), so a rolling
@@ -139,7 +158,7 @@ class LeaderElection:
             ),
         )
         try:
-            self.api.create_namespaced_lease(self.namespace, body)
+            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout())
         except ApiException as error:
             if error.status == 409:
                 return False

@@ -178,6 +178,38 @@ def fail_pod(
 SIGTERM_EXIT_CODE = 143
 
 
+def image_pull_failing(
+    api: Any, name: str, namespace: str, reason: str = "ImagePullBackOff"
+) -> Any:
+    """What a kubelet reports for a pod whose image cannot be pulled: still ``Pending``, its
+    containers waiting with ``reason`` (ErrImagePull, then ImagePullBackOff). For a pod bound
+    to a node whose KWOK is paused, so nothing overwrites it."""
+    core = _core(api)
+    pod = api.sanitize_for_serialization(core.read_namespaced_pod_status(name, namespace))
+    waiting = {
+        "reason": reason,
+        "message": f'Back-off pulling image "{pod["spec"]["containers"][0]["image"]}"',
+    }
+    patch = {
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"waiting": waiting},
+                }
+                for c in pod["spec"]["containers"]
+            ],
+        }
+    }
+    return core.patch_namespaced_pod_status(name, namespace, patch, _content_type=MERGE_PATCH)
+
+
 def stop_deleted_pod(api: Any, name: str, namespace: str, timeout: float = 60) -> Any:
     """What a kubelet >= 1.27 does to a pod being deleted: stop its container (SIGTERM; the
     launcher exits 143) and report the pod ``Failed`` before it is removed. For nodes whose
