@@ -75,3 +75,14 @@ def test_describe_names_the_yaml_path() -> None:
     with pytest.raises(ValidationError) as raised:
         TrainingJob.model_validate(job("demo", {"resources": {"gpus": -2}}))
     assert describe(raised.value).startswith("spec.resources.gpus: ")
+
+
+def test_claim_name_may_be_any_valid_object_name_dots_included() -> None:
+    job = TrainingJob.model_validate(
+        {"metadata": {"name": "demo"}, "spec": {"checkpoint": {"claimName": "team.llm-ckpt.v2"}}}
+    )
+    assert job.spec.checkpoint.claim_name == "team.llm-ckpt.v2"
+    with pytest.raises(ValidationError):
+        TrainingJob.model_validate(
+            {"metadata": {"name": "demo"}, "spec": {"checkpoint": {"claimName": "Team..x"}}}
+        )

@@ -111,3 +111,40 @@ def test_status_to_wire_drops_numbers_json_cannot_carry_and_cuts_long_text() -> 
 def test_status_that_would_be_refused_is_an_error_naming_the_field() -> None:
     with pytest.raises(st.StatusError, match=r"status\.phase"):
         st.to_wire({"phase": "Exploded"})
+
+
+class _RecordingKube:
+    """Records the writes the controller asks for (the real ones are tested against the
+    apiserver in tests/integration)."""
+
+    def __init__(self) -> None:
+        self.status: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+
+    def patch_status(self, _ns: str, _name: str, status: dict[str, Any], _rv: Any) -> None:
+        self.status.append(status)
+
+    def event(self, _body: Any, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+
+def test_a_job_the_model_refuses_gets_a_condition_and_one_event() -> None:
+    kube = _RecordingKube()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {
+        "metadata": {"name": "demo", "namespace": "ns", "generation": 3},
+        "spec": {"replicas": {"min": 4, "max": 2}},
+        "status": {"phase": "Running"},
+    }
+    controller.attach({KEY: [body]}, {}, {}, {})
+
+    async def twice() -> None:
+        await controller.reconcile(KEY)
+        await controller.reconcile(KEY)
+
+    asyncio.run(twice())
+    assert len(kube.status) == 1 and len(kube.events) == 1, "reported once, not per reconcile"
+    [condition] = kube.status[0]["conditions"]
+    assert condition["type"] == "Invalid" and condition["status"] == "True"
+    assert "replicas" in condition["message"] and condition["observedGeneration"] == 3
+    assert kube.events[0][:2] == ("Warning", "ValidationFailed")
