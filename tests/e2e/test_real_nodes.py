@@ -651,3 +651,134 @@ def test_training_job_survives_real_node_loss(
         assert any(victim in (e.message or "") for e in events), [
             (e.reason, e.message) for e in events
         ]
+
+
+def _past(job: RealJob, step: int, world: int | None = None) -> Callable[[], bool]:
+    def reached() -> bool:
+        report = job.progress()
+        return int(report.get("step") or 0) > step and (
+            world is None or report.get("worldSize") == world
+        )
+
+    return reached
+
+
+def test_scale_down_on_real_nodes_counts_no_failure(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """kubectl scale 2 -> 1: the kubelet stops the released worker (SIGTERM: its emergency
+    checkpoint, exit 143, phase Failed) before removing it. No failure is counted and
+    training goes on at world size 1 to its exact end."""
+    steps, every = 300, 50
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-scale", name="shrink"
+    ) as job:
+        job.apply(_job_manifest(job.name, job.namespace, steps, every))
+        wait_for(
+            _past(job, every + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        at = int(job.progress()["step"])
+        say(f"kubectl scale tj/{job.name} --replicas=1 at step {at}")
+        _kubectl(real_cluster, "scale", "-n", job.namespace, f"tj/{job.name}", "--replicas=1")
+        wait_for(
+            _past(job, at + 10, world=1),
+            240,
+            what="training on at world size 1",
+            describe_last=job.describe,
+        )
+        status = job.status()
+        assert status.get("restarts", 0) == 0 and "lastFailure" not in status, status
+        phase = job.wait_finished()
+        report = job.progress()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        final = job.status()
+        assert final.get("restarts", 0) == 0 and not final.get("failures"), final
+
+
+def _store_process(pod: Any) -> int:
+    """Host pid of the store container's process, found by the pod's cgroup."""
+    uid = pod.metadata.uid
+    wanted = {f"pod{uid}", f"pod{uid.replace('-', '_')}"}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            cgroup = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if b"torchkube.elastic.store" in cmdline and any(w in cgroup for w in wanted):
+            return int(proc.name)
+    raise AssertionError(f"no store process of pod {pod.metadata.name} on this machine")
+
+
+def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """The rendezvous store's container is SIGKILLed (the kubelet restarts it in place), then
+    its pod is deleted (the operator starts a new one elsewhere): each time the agents
+    re-join through it and training continues from its checkpoint; the job ends Succeeded
+    with its exact steps, nothing spent of maxRestarts."""
+    steps, every = 300, 30
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-store", name="store"
+    ) as job:
+        job.apply(_job_manifest(job.name, job.namespace, steps, every))
+        wait_for(
+            _past(job, every + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        [store] = job.pods(lbl.ROLE_RENDEZVOUS)
+        at = int(job.progress()["step"])
+        say(f"SIGKILL the store container of {store.metadata.name} at step {at}")
+        os.kill(_store_process(store), signal.SIGKILL)
+
+        def restarted_in_place() -> bool:
+            [pod] = job.pods(lbl.ROLE_RENDEZVOUS)
+            statuses = pod.status.container_statuses or []
+            return bool(statuses and statuses[0].restart_count >= 1 and statuses[0].ready)
+
+        wait_for(restarted_in_place, 120, what="the store restarted", describe_last=job.describe)
+        wait_for(
+            _past(job, at + 2 * every, world=2),
+            300,
+            what="training past a checkpoint after the store restarted",
+            describe_last=job.describe,
+        )
+        at = int(job.progress()["step"])
+        say(f"kubectl delete pod {store.metadata.name} at step {at}")
+        _kubectl(
+            real_cluster, "delete", "pod", "-n", job.namespace, store.metadata.name, "--wait=false"
+        )
+        wait_for(
+            _past(job, at + every, world=2),
+            300,
+            what="training on after the store pod was replaced",
+            describe_last=job.describe,
+        )
+
+        phase = job.wait_finished()
+        report = job.progress()
+        final = job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        reasons = [f["reason"] for f in final.get("failures") or []]
+        assert reasons.count("RendezvousStoreLost") >= 2, final
+        assert final.get("restartsCountTowardsMax", 0) == 0, final
+        assert final.get("phase") == "Succeeded"
