@@ -21,20 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import log, proc_cpu_seconds, proc_peak_rss_bytes
+from testbed import kwok
+from testbed.cluster import Cluster, ClusterConfig
+from testbed.crds import install_crd
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.volumes import delete_volume, prebound_volume
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
-from torchkube.testing import kwok
-from torchkube.testing.cluster import Cluster, ClusterConfig
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.volumes import delete_volume, prebound_volume
-from torchkube.testing.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_LABEL = "bench.torchkube.dev/group"
@@ -422,22 +422,6 @@ class Stack:
             wait_for(no_pods, wait, interval=1.0, what=f"the pods of {namespace} to be deleted")
         finally:
             core.delete_namespace(namespace)
-
-
-def install_crd(api: Any) -> None:
-    body = yaml.safe_load((ROOT / "manifests" / "crd.yaml").read_text())
-    ext = client.ApiextensionsV1Api(api)
-    with contextlib.suppress(client.ApiException):
-        ext.create_custom_resource_definition(body)
-
-    def established() -> bool:
-        found = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(
-            c.type == "Established" and c.status == "True"
-            for c in (found.status.conditions if found.status else None) or []
-        )
-
-    wait_for(established, 60, what="the TrainingJob CRD to be Established")
 
 
 def start_operator(cluster: Cluster, **env: str) -> OperatorProcess:

@@ -2,14 +2,14 @@
 # Install the Debian packages the test suite needs beyond Python and Go, once per machine.
 #
 #   docker.io    the Docker engine (dockerd 20.10 + containerd + runc, and a matching docker
-#                client with BuildKit). Never started here: torchkube.testing.docker starts a
+#                client with BuildKit). Never started here: testbed.docker starts a
 #                private dockerd of its own.
 #   debootstrap  builds the local Debian base image (no image registry is reachable, so no
 #                base image can be pulled).
 #   containerd, runc, containernetworking-plugins, iproute2
-#                real kubelet nodes (torchkube.testing.realnodes): one containerd per node,
+#                real kubelet nodes (testbed.realnodes): one containerd per node,
 #                the bridge/host-local/portmap CNI plugins (/usr/lib/cni) and `ip` for bridges.
-#   prometheus   the real Prometheus the observability tests scrape (torchkube.testing.prometheus
+#   prometheus   the real Prometheus the observability tests scrape (testbed.prometheus
 #                runs its own on a random loopback port; with systemd the package also starts
 #                a system service on :9090).
 #

@@ -1,3 +1,3 @@
 """Shared fixtures: the real control plane comes from torchkube's own pytest plugin."""
 
-pytest_plugins = ["torchkube.testing.pytest_plugin"]
+pytest_plugins = ["testbed.pytest_plugin"]

@@ -5,9 +5,9 @@ from typing import Any
 
 from kubernetes import client
 
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
-from torchkube.testing.wait import wait_for
 
 
 class Job:

@@ -6,7 +6,6 @@ from torchkube.client import cli as cluster
 from torchkube.local.cli import run_command
 from torchkube.local.plot import plot_command
 from torchkube.operator.main import operator_command
-from torchkube.testing.devcluster import dev_cluster
 from torchkube.trainer.cli import prepare_data
 
 
@@ -14,9 +13,6 @@ from torchkube.trainer.cli import prepare_data
 @click.version_option(package_name="torchkube")
 def main() -> None:
     """torchkube: elastic, fault-tolerant PyTorch training on Kubernetes."""
-
-
-main.add_command(dev_cluster, name="dev-cluster")
 
 
 main.add_command(operator_command)

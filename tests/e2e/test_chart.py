@@ -33,17 +33,17 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from testbed import faults
+from testbed.binaries import find_binaries
+from testbed.cluster import Cluster, ClusterConfig
+from testbed.errors import ClusterError
+from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.volumes import prebound_volume
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
-from torchkube.testing import faults
-from torchkube.testing.binaries import find_binaries
-from torchkube.testing.cluster import Cluster, ClusterConfig
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.volumes import prebound_volume
-from torchkube.testing.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "torchkube"
@@ -412,7 +412,7 @@ def chart_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     yield cluster
     cluster.stop(failed=request.session.testsfailed > failed_before)
     for line in messages:
-        print(f"[torchkube.testing] {line}")
+        print(f"[testbed] {line}")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The Dockerfile's two images, built on a locally made Debian base and used as a user would.
 
-No registry is reachable, so the engine is Debian's (started by ``torchkube.testing.docker``) and
+No registry is reachable, so the engine is Debian's (started by ``testbed.docker``) and
 the base comes from debootstrap. Cold, the trainer image (torch from PyPI, about 6 GB) takes a few
 minutes to build; warm, the layer cache under ``${TORCHKUBE_CACHE}/docker`` makes it seconds.
 Each build's time and size is printed; docs/images.md records measured numbers.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from torchkube.testing.docker import (
+from testbed.docker import (
     BuiltImage,
     Docker,
     DockerDaemon,
@@ -25,7 +25,7 @@ from torchkube.testing.docker import (
     ensure_base_image,
     run_container,
 )
-from torchkube.testing.errors import ClusterError
+from testbed.errors import ClusterError
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ def say(request: pytest.FixtureRequest) -> Callable[[str], None]:
 
     def emit(message: str) -> None:
         with capman.global_and_fixture_disabled() if capman else nullcontext():
-            print(f"\n[torchkube.testing.docker] {message}", flush=True)
+            print(f"\n[testbed.docker] {message}", flush=True)
 
     return emit
 

@@ -26,16 +26,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from testbed.cluster import Cluster, ClusterConfig
+from testbed.crds import install_crd
+from testbed.docker import Docker, DockerDaemon, build_image, ensure_base_image
+from testbed.errors import ClusterError
+from testbed.operator import OperatorProcess
+from testbed.realnodes import REAL_NODE_LABEL, LoadedImage
+from testbed.volumes import delete_volume, prebound_volume
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
-from torchkube.testing.cluster import Cluster, ClusterConfig
-from torchkube.testing.crds import install_crd
-from torchkube.testing.docker import Docker, DockerDaemon, build_image, ensure_base_image
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.realnodes import REAL_NODE_LABEL, LoadedImage
-from torchkube.testing.volumes import delete_volume, prebound_volume
-from torchkube.testing.wait import wait_for
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.ports import free_port
 from torchkube.elastic import RENDEZVOUS_EXIT_CODE
-from torchkube.testing.ports import free_port
 
 SCRIPT = Path(__file__).with_name("steps_script.py")
 pytestmark = pytest.mark.slow

@@ -11,12 +11,12 @@ import pytest
 from kube_jobs import Job
 from kubernetes import client
 
+from testbed.cluster import Cluster
+from testbed.crds import install_crd
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.volumes import delete_volume, prebound_volume
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.testing.cluster import Cluster
-from torchkube.testing.crds import install_crd
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.volumes import delete_volume, prebound_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 

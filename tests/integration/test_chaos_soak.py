@@ -30,14 +30,14 @@ from kube_jobs import Job
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from testbed import faults
+from testbed.cluster import Cluster
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.volumes import delete_volume, prebound_volume
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
-from torchkube.testing import faults
-from torchkube.testing.cluster import Cluster
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.volumes import delete_volume, prebound_volume
-from torchkube.testing.wait import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

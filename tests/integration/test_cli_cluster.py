@@ -32,15 +32,15 @@ import yaml
 from click.testing import CliRunner, Result
 from kubernetes import client
 
+from testbed import faults
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.ports import free_port
+from testbed.volumes import delete_volume, prebound_volume
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.cli import main
 from torchkube.operator import labels as lbl
-from torchkube.testing import faults
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.ports import free_port
-from torchkube.testing.volumes import delete_volume, prebound_volume
-from torchkube.testing.wait import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -295,7 +295,7 @@ def test_api_errors_are_one_sentence(
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip() == (
         f"Error: kubeconfig {tmp_path / 'nope.kubeconfig'} does not exist; pass --kubeconfig "
-        "PATH or set KUBECONFIG (torchkube dev-cluster up prints the path of a local test "
+        "PATH or set KUBECONFIG (hack/dev-cluster up prints the path of a local test "
         "cluster's)"
     )
 

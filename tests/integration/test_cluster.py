@@ -14,18 +14,18 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from torchkube.testing import faults
-from torchkube.testing.cluster import Cluster
-from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
-from torchkube.testing.kwok import GPU_RESOURCE, POOL_LABEL
-from torchkube.testing.pods import (
+from testbed import faults
+from testbed.cluster import Cluster
+from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
+from testbed.kwok import GPU_RESOURCE, POOL_LABEL
+from testbed.pods import (
     kwok_pod,
     node_condition,
     read_pod_or_none,
     wait_pod_gone,
     wait_pod_phase,
 )
-from torchkube.testing.wait import wait_for
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -30,16 +30,16 @@ import pytest
 import yaml
 from kubernetes import client
 
+from testbed import dashboards as d
+from testbed import faults
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.prometheus import Prometheus, PrometheusError, ScrapeJob
+from testbed.volumes import delete_volume, prebound_volume
+from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.local.plot import read_run, render
 from torchkube.operator import labels as lbl
-from torchkube.testing import dashboards as d
-from torchkube.testing import faults
-from torchkube.testing.kwok import POOL_LABEL, NodePool, kwok_toleration
-from torchkube.testing.operator import OperatorProcess
-from torchkube.testing.prometheus import Prometheus, PrometheusError, ScrapeJob
-from torchkube.testing.volumes import delete_volume, prebound_volume
-from torchkube.testing.wait import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

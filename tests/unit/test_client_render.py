@@ -572,7 +572,7 @@ def test_kubeconfig_problems_are_one_sentence(tmp_path: Path) -> None:
     result = CliRunner().invoke(status, ["--kubeconfig", str(missing)])
     assert result.exit_code == 1 and result.stderr == (
         f"Error: kubeconfig {missing} does not exist; pass --kubeconfig PATH or set KUBECONFIG "
-        "(torchkube dev-cluster up prints the path of a local test cluster's)\n"
+        "(hack/dev-cluster up prints the path of a local test cluster's)\n"
     )
     config = tmp_path / "config"
     config.write_text(

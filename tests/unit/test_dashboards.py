@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
+from testbed import dashboards as d
 from torchkube.operator import goodput, metrics
-from torchkube.testing import dashboards as d
 from torchkube.trainer.metrics import TrainMetrics
 
 ROOT = Path(__file__).resolve().parents[2]

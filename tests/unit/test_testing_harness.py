@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of torchkube.testing: PKI, ports, kubeconfigs, KWOK manifests,
+"""Unit tests for the pure parts of testbed: PKI, ports, kubeconfigs, KWOK manifests,
 fault patches. No cluster, no binaries."""
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from torchkube.testing import kwok, ports
-from torchkube.testing.binaries import Binaries, _failed_component
-from torchkube.testing.certs import (
+from testbed import kwok, ports
+from testbed.binaries import Binaries, _failed_component
+from testbed.certs import (
     apiserver_sans,
     first_service_ip,
     generate_cluster_pki,
 )
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.faults import terminated_status_patch
-from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
-from torchkube.testing.pods import kwok_pod
-from torchkube.testing.process import tail
-from torchkube.testing.pytest_plugin import _namespace_name
-from torchkube.testing.wait import WaitTimeout, wait_for
+from testbed.errors import ClusterError
+from testbed.faults import terminated_status_patch
+from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
+from testbed.pods import kwok_pod
+from testbed.process import tail
+from testbed.pytest_plugin import _namespace_name
+from testbed.wait import WaitTimeout, wait_for
 
 
 def _load(path: Path) -> x509.Certificate:

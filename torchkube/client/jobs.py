@@ -66,7 +66,7 @@ def connect(
             return Connection(client.ApiClient(configuration), target)
         raise ClientError(
             f"kubeconfig {path} does not exist; pass --kubeconfig PATH or set KUBECONFIG "
-            "(torchkube dev-cluster up prints the path of a local test cluster's)"
+            "(hack/dev-cluster up prints the path of a local test cluster's)"
         )
     contexts, current = _read_contexts([f for f in files if f.is_file()], path)
     names = [str(c.get("name")) for c in contexts]

@@ -24,12 +24,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
+from testbed.pods import node_condition, wait_node_condition, wait_pod_phase
+from testbed.wait import wait_for
 from torchkube.elastic import TRAINING_FINISHED
-from torchkube.testing.pods import node_condition, wait_node_condition, wait_pod_phase
-from torchkube.testing.wait import wait_for
 
 if TYPE_CHECKING:
-    from torchkube.testing.cluster import Cluster
+    from testbed.cluster import Cluster
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"

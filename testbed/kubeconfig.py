@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from torchkube.testing.certs import CertPair
+from testbed.certs import CertPair
 
 
 def _b64(path: Path) -> str:

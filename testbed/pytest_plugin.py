@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from torchkube.testing.cluster import Cluster
-    from torchkube.testing.kwok import NodePool
+    from testbed.cluster import Cluster
+    from testbed.kwok import NodePool
 
 
 def _uncaptured(request: pytest.FixtureRequest) -> AbstractContextManager[Any]:
@@ -31,8 +31,8 @@ def _uncaptured(request: pytest.FixtureRequest) -> AbstractContextManager[Any]:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The session's control plane: etcd, kube-apiserver, controller-manager, scheduler, KWOK."""
-    from torchkube.testing.cluster import Cluster
-    from torchkube.testing.errors import ClusterError
+    from testbed.cluster import Cluster
+    from testbed.errors import ClusterError
 
     messages: list[str] = []
     instance = Cluster(report=messages.append)
@@ -49,7 +49,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         pytest.fail(f"test cluster could not start -- {failure}{logs}", pytrace=False)
     with _uncaptured(request):
         print(
-            f"\n[torchkube.testing] cluster up in {instance.started_in_s:.1f}s at {instance.server}"
+            f"\n[testbed] cluster up in {instance.started_in_s:.1f}s at {instance.server}"
             f" (work dir {instance.workdir})",
             flush=True,
         )
@@ -64,7 +64,7 @@ _summary: list[str] = []
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Repeat where the cluster's logs were kept, after the failures they help explain."""
     for line in _summary:
-        terminalreporter.write_line(f"[torchkube.testing] {line}")
+        terminalreporter.write_line(f"[testbed] {line}")
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +93,7 @@ def namespace(cluster: Cluster, api_client: Any, request: pytest.FixtureRequest)
     """A fresh namespace for one test (deleted afterwards; the namespace controller cleans up)."""
     from kubernetes import client
 
-    from torchkube.testing.wait import wait_for
+    from testbed.wait import wait_for
 
     cluster.check()
     core: Any = client.CoreV1Api(api_client)
@@ -118,7 +118,7 @@ def isolated_pool(cluster: Cluster) -> Iterator[Callable[..., NodePool]]:
     Tests that kill, delete or cordon nodes use these, so the session's shared nodes stay healthy:
     ``pool = isolated_pool(nodes=1, gpus_per_node=8)``.
     """
-    from torchkube.testing.kwok import NodePool
+    from testbed.kwok import NodePool
 
     created: list[str] = []
 

@@ -6,9 +6,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from torchkube.testing.wait import wait_for
+from testbed.binaries import repo_root
+from testbed.wait import wait_for
 
-CRD_MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "crd.yaml"
+CRD_MANIFEST = repo_root() / "manifests" / "crd.yaml"
 
 
 def install_crd(api_client: Any, manifest: Path = CRD_MANIFEST) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from torchkube.testing.errors import ClusterError
+from testbed.errors import ClusterError
 
 BIN_DIR_ENV = "TORCHKUBE_BIN_DIR"
 """Environment variable naming a folder of ready binaries; skips the build script entirely."""
@@ -35,12 +35,12 @@ COMPONENT_OF = {
 """Binary name -> the build-script component that produces it."""
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-"""The binaries a :class:`~torchkube.testing.cluster.Cluster` needs."""
+"""The binaries a :class:`~testbed.cluster.Cluster` needs."""
 
 
 def repo_root() -> Path:
-    """The source checkout this package was imported from (editable install or PYTHONPATH)."""
-    return Path(__file__).resolve().parents[2]
+    """The checkout this harness lives in (it is never installed: it is the repository's)."""
+    return Path(__file__).resolve().parents[1]
 
 
 def build_script() -> Path:
@@ -90,7 +90,7 @@ def build(
     if not script.is_file():
         raise ClusterError(
             "hack/build-cluster.sh",
-            f"not found at {script}: torchkube.testing needs a source checkout to build the"
+            f"not found at {script}: testbed needs a source checkout to build the"
             f" control plane, or {BIN_DIR_ENV} pointing at built binaries",
         )
     progress = progress or sys.stderr

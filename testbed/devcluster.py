@@ -1,6 +1,6 @@
-"""``torchkube dev-cluster up|down``: the test suite's control plane, started by hand for demos.
+"""``hack/dev-cluster up|down``: the test suite's control plane, started by hand for demos.
 
-It is the very same :class:`~torchkube.testing.cluster.Cluster` the tests use, so what works in a
+It is the very same :class:`~testbed.cluster.Cluster` the tests use, so what works in a
 demo works in CI. ``up`` runs in the foreground (Ctrl-C stops it) or, with ``--detach``, in a
 background process that ``down`` stops later. State lives in ``--state-dir`` (default
 ``~/.cache/torchkube/dev-cluster``). Heavy imports happen inside the commands: the ``torchkube``
@@ -84,7 +84,7 @@ def _prepare_state_dir(state_dir: Path) -> None:
     if state and _pid_alive(state.get("pid")):
         raise click.ClickException(
             f"a dev cluster is already running (pid {state['pid']}, kubeconfig"
-            f" {state['kubeconfig']}); stop it with `torchkube dev-cluster down`"
+            f" {state['kubeconfig']}); stop it with `hack/dev-cluster down`"
         )
     shutil.rmtree(state_dir / "cluster", ignore_errors=True)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
@@ -95,9 +95,9 @@ def _serve(
     state_dir: Path, nodes: int, gpus_per_node: int, domains: int, real_nodes: int = 0
 ) -> None:
     """Start the cluster, publish its state, and hold it until SIGINT/SIGTERM."""
-    from torchkube.testing.cluster import Cluster, ClusterConfig
-    from torchkube.testing.errors import ClusterError
-    from torchkube.testing.kwok import default_pools
+    from testbed.cluster import Cluster, ClusterConfig
+    from testbed.errors import ClusterError
+    from testbed.kwok import default_pools
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -163,8 +163,8 @@ def up(
     nodes: int, gpus_per_node: int, domains: int, real_nodes: int, detach: bool, state_dir: Path
 ) -> None:
     """Build (if needed) and start the cluster; print the kubeconfig path."""
-    from torchkube.testing.binaries import BIN_DIR_ENV, find_binaries
-    from torchkube.testing.errors import ClusterError
+    from testbed.binaries import BIN_DIR_ENV, find_binaries, repo_root
+    from testbed.errors import ClusterError
 
     _prepare_state_dir(state_dir)
     try:
@@ -181,7 +181,7 @@ def up(
             [
                 sys.executable,
                 "-m",
-                "torchkube.testing.devcluster",
+                "testbed.devcluster",
                 "serve",
                 f"--nodes={nodes}",
                 f"--gpus-per-node={gpus_per_node}",
@@ -193,13 +193,14 @@ def up(
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, BIN_DIR_ENV: str(binaries.bin_dir)},
+            cwd=repo_root(),
             start_new_session=True,
         )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         state = _read_state(state_dir)
         if state and state.get("pid") == child.pid:
-            click.echo(_usage(state) + "\nStop it with: torchkube dev-cluster down")
+            click.echo(_usage(state) + "\nStop it with: hack/dev-cluster down")
             return
         if child.poll() is not None:
             raise click.ClickException(

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from torchkube.testing.errors import ClusterError
+from testbed.errors import ClusterError
 
 _PR_SET_PDEATHSIG = 1
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchkube.testing.kwok import GPU_RESOURCE, kwok_pod_spec
-from torchkube.testing.wait import wait_for
+from testbed.kwok import GPU_RESOURCE, kwok_pod_spec
+from testbed.wait import wait_for
 
 
 def kwok_pod(

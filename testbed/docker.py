@@ -16,7 +16,7 @@ Nothing can be pulled here, so everything an image needs is made on the machine:
   bundle goes to pip as a build secret, never into a layer.
 - ``run_container`` runs one container to completion, on the host network or on none.
 
-Every failure raises :class:`~torchkube.testing.errors.ClusterError` naming what could not be
+Every failure raises :class:`~testbed.errors.ClusterError` naming what could not be
 installed, started, built or run, with the tail of its log -- never a skip.
 """
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.process import Process, tail
+from testbed.errors import ClusterError
+from testbed.process import Process, tail
 
 INSTALL_HINT = "run hack/install-system-deps.sh (installs the docker.io and debootstrap packages)"
 # The client from Debian's docker.io matches its 20.10 daemon and has BuildKit built in. A newer
@@ -77,7 +77,7 @@ DAEMON_CONFIG = {"builder": {"gc": {"enabled": True, "defaultKeepStorage": "20GB
 # A container without a network still gets a hostname that resolves, as every pod has:
 # torchrun's rendezvous connects to its own hostname and waits 300 s when it cannot resolve it.
 CONTAINER_HOSTNAME = "torchkube-test"
-CONTAINER_LABEL = "io.torchkube.testing=1"
+CONTAINER_LABEL = "io.testbed=1"
 
 Report = Callable[[str], None]
 

@@ -6,7 +6,7 @@ domain (it manages only nodes whose ``kwok.x-k8s.io/node`` annotation has that d
 killing one process is a realistic loss of every node in the domain: leases stop, and the real
 node-lifecycle controller marks the nodes ``Ready=Unknown`` and taints them.
 
-Everything here is pure (manifests and argv); :mod:`torchkube.testing.cluster` does the I/O.
+Everything here is pure (manifests and argv); :mod:`testbed.cluster` does the I/O.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ KUBELET_POD_STAGES = """\
 # Pod stages for KWOK nodes that behave like a kubelet >= 1.27 (kubernetes/kubernetes#115331):
 # a pod deleted gracefully is stopped (exit code 143, as torchrun's launcher answers SIGTERM)
 # and reported Failed *before* it is removed. KWOK's default stages delete it at once, which
-# hides what a real cluster shows an operator. Written by torchkube.testing.kwok.
+# hides what a real cluster shows an operator. Written by testbed.kwok.
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:

@@ -13,8 +13,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from torchkube.testing.ports import free_port
-from torchkube.testing.wait import wait_for
+from testbed.ports import free_port
+from testbed.wait import wait_for
 
 
 class OperatorProcess:

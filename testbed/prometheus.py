@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.ports import free_port
-from torchkube.testing.process import Process
-from torchkube.testing.wait import wait_for
+from testbed.errors import ClusterError
+from testbed.ports import free_port
+from testbed.process import Process
+from testbed.wait import wait_for
 
 BINARY_ENV = "TORCHKUBE_PROMETHEUS"
 """Path of a ``prometheus`` binary to use instead of the one on PATH."""

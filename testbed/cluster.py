@@ -6,7 +6,7 @@ Operators break on exactly what fakes leave out (schema and CEL validation, subr
 lifecycle), so the harness runs the real components, built from source by
 ``hack/build-cluster.sh``. Every port is drawn at random so runs never collide; every component
 logs to its own file in the work dir; a component that fails to start raises
-:class:`~torchkube.testing.errors.ClusterError` naming it with the tail of its log, and the work
+:class:`~testbed.errors.ClusterError` naming it with the tail of its log, and the work
 dir is then kept for inspection.
 
 The nodes are KWOK's today. Real kubelet nodes will join the same way: a node is "something that
@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkube.testing import kwok
-from torchkube.testing.binaries import Binaries, find_binaries
-from torchkube.testing.certs import DEFAULT_SERVICE_CIDR, ClusterPki, generate_cluster_pki
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
-from torchkube.testing.ports import free_port
-from torchkube.testing.process import Process, stop_all
-from torchkube.testing.realnodes import RealNodes
-from torchkube.testing.wait import WaitTimeout, wait_for
+from testbed import kwok
+from testbed.binaries import Binaries, find_binaries
+from testbed.certs import DEFAULT_SERVICE_CIDR, ClusterPki, generate_cluster_pki
+from testbed.errors import ClusterError
+from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
+from testbed.ports import free_port
+from testbed.process import Process, stop_all
+from testbed.realnodes import RealNodes
+from testbed.wait import WaitTimeout, wait_for
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -70,11 +70,11 @@ class ClusterConfig:
     """Extra kube-apiserver flags (feature gates, admission plugins) for a test that needs them."""
     real_nodes: int = 0
     """Real kubelet nodes (containerd, CNI bridge, CoreDNS) started beside the KWOK pools; see
-    :mod:`torchkube.testing.realnodes`. Needs root and ``hack/install-system-deps.sh``."""
+    :mod:`testbed.realnodes`. Needs root and ``hack/install-system-deps.sh``."""
 
 
 def _report_to_stderr(message: str) -> None:
-    print(f"[torchkube.testing] {message}", file=sys.stderr, flush=True)
+    print(f"[testbed] {message}", file=sys.stderr, flush=True)
 
 
 _live_clusters: set[Cluster] = set()

@@ -23,277 +23,34 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import io
 import ipaddress
 import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
-import tarfile
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from torchkube.testing.errors import ClusterError
-from torchkube.testing.kubeconfig import render_kubeconfig, write_kubeconfig
-from torchkube.testing.ports import free_port
-from torchkube.testing.process import Process, tail
-from torchkube.testing.wait import WaitTimeout, wait_for
+from testbed import containerd, host, kubelet, network
+from testbed.containerd import LoadedImage
+from testbed.errors import ClusterError
+from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
+from testbed.ports import free_port
+from testbed.process import Process, tail
+from testbed.wait import WaitTimeout, wait_for
 
 if TYPE_CHECKING:
-    from torchkube.testing.cluster import Cluster
-    from torchkube.testing.docker import Docker
+    from testbed.cluster import Cluster
+    from testbed.docker import Docker
 
-CNI_BIN_DIR = Path("/usr/lib/cni")
-CGROUP_V1 = Path("/sys/fs/cgroup")
-INSTALL_HINT = (
-    "run hack/install-system-deps.sh (installs containerd, runc, containernetworking-plugins,"
-    " iproute2)"
-)
-PAUSE_REPOSITORY = "torchkube/pause"
-PAUSE_SOURCE = r"""
-#include <signal.h>
-#include <unistd.h>
-static void done(int sig) { (void)sig; _exit(0); }
-int main(void) {
-    signal(SIGTERM, done);
-    signal(SIGINT, done);
-    for (;;) pause();
-}
-"""
-REAL_NODE_LABEL = "torchkube.dev/real-node"
-CLUSTER_DOMAIN = "cluster.local"
+REAL_NODE_LABEL = kubelet.REAL_NODE_LABEL
+__all__ = ["REAL_NODE_LABEL", "LoadedImage", "RealNode", "RealNodes", "log_tail"]
 
 Report = Callable[[str], None]
-
-
-def _run(
-    argv: Sequence[str], what: str, timeout: float = 60, stdin: IO[bytes] | None = None
-) -> str:
-    """Run a command; ClusterError naming ``what`` with its output when it fails."""
-    try:
-        proc = subprocess.run(
-            list(argv), capture_output=True, timeout=timeout, check=False, stdin=stdin
-        )
-    except FileNotFoundError as exc:
-        raise ClusterError(what, f"cannot execute {argv[0]}: {exc}; {INSTALL_HINT}") from exc
-    except subprocess.TimeoutExpired:
-        raise ClusterError(what, f"`{' '.join(argv)}` did not finish in {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        output = (proc.stderr or proc.stdout).decode(errors="replace")
-        raise ClusterError(what, f"`{' '.join(argv)}` exited {proc.returncode}", log_tail=output)
-    return proc.stdout.decode(errors="replace")
-
-
-def _tool(name: str) -> str:
-    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin:/sbin:/bin")
-    if found is None:
-        raise ClusterError("real nodes", f"{name} not found; {INSTALL_HINT}")
-    return found
-
-
-def require_host() -> None:
-    """Everything real nodes need from the machine, or a ClusterError saying what is missing."""
-    if os.geteuid() != 0:
-        raise ClusterError("real nodes", "need root (bridges, cgroups, containerd)")
-    for name in ("containerd", "runc", "ctr", "ip", "iptables"):
-        _tool(name)
-    for plugin in ("bridge", "host-local", "portmap", "loopback"):
-        if not (CNI_BIN_DIR / plugin).is_file():
-            raise ClusterError(
-                "real nodes", f"CNI plugin {CNI_BIN_DIR / plugin} missing; {INSTALL_HINT}"
-            )
-    if not (CGROUP_V1 / "memory").is_dir() and not (CGROUP_V1 / "cgroup.controllers").exists():
-        raise ClusterError("real nodes", f"no cgroup filesystem at {CGROUP_V1}")
-
-
-# ------------------------------------------------------------------------------- images
-def pause_archive(directory: Path) -> tuple[Path, str]:
-    """A docker-archive of the sandbox image (a static binary waiting for a signal).
-
-    Built with the C compiler, no Docker needed; returns (archive path, image reference).
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(PAUSE_SOURCE.encode()).hexdigest()[:12]
-    ref = f"docker.io/{PAUSE_REPOSITORY}:{digest}"
-    archive = directory / f"pause-{digest}.tar"
-    if archive.is_file():
-        return archive, ref
-    with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "pause.c"
-        source.write_text(PAUSE_SOURCE)
-        binary = Path(tmp) / "pause"
-        _run([_tool("gcc"), "-static", "-Os", "-s", "-o", str(binary), str(source)], "pause image")
-        layer = io.BytesIO()
-        with tarfile.open(fileobj=layer, mode="w") as tar:
-            info = tar.gettarinfo(str(binary), arcname="pause")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            with binary.open("rb") as handle:
-                tar.addfile(info, handle)
-    layer_bytes = layer.getvalue()
-    layer_sha = hashlib.sha256(layer_bytes).hexdigest()
-    config = json.dumps(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_sha}"]},
-        }
-    ).encode()
-    config_sha = hashlib.sha256(config).hexdigest()
-    manifest = json.dumps(
-        [
-            {
-                "Config": f"{config_sha}.json",
-                "RepoTags": [f"{PAUSE_REPOSITORY}:{digest}"],
-                "Layers": [f"{layer_sha}/layer.tar"],
-            }
-        ]
-    ).encode()
-    partial = archive.with_suffix(".tmp")
-    with tarfile.open(partial, mode="w") as tar:
-        for name, data in (
-            (f"{layer_sha}/layer.tar", layer_bytes),
-            (f"{config_sha}.json", config),
-            ("manifest.json", manifest),
-        ):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    partial.rename(archive)
-    return archive, ref
-
-
-@dataclass(frozen=True)
-class LoadedImage:
-    """One image made available on every real node."""
-
-    tag: str
-    image_id: str
-    size_bytes: int
-    save_s: float
-    """``docker save`` time (0 when the archive was cached)."""
-    import_s: dict[str, float]
-    """Per node: ``ctr images import`` time (0 when the node already had this image ID)."""
-
-
-# ------------------------------------------------------------------------------- network
-def _addresses_in_use() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    out = _run(["ip", "-4", "-o", "route", "show", "table", "all"], "ip route")
-    nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-    for line in out.splitlines():
-        word = line.split()[0] if line.split() else ""
-        if word in ("local", "broadcast", "unreachable", "multicast"):
-            word = line.split()[1]
-        with contextlib.suppress(ValueError):
-            nets.append(ipaddress.ip_network(word if word != "default" else "0.0.0.0/32"))
-    return nets
-
-
-def pick_supernet(tries: int = 64) -> ipaddress.IPv4Network:
-    """A free 10.x.0.0/16 for this cluster's pods: no route on the machine overlaps it."""
-    used = _addresses_in_use()
-    for _ in range(tries):
-        candidate = ipaddress.IPv4Network(f"10.{100 + secrets.randbelow(150)}.0.0/16")
-        if not any(candidate.overlaps(net) for net in used if net.prefixlen > 0):
-            return candidate
-    raise ClusterError("real nodes", "no free 10.x.0.0/16 for pod networks")
-
-
-def _create_bridge(name: str, address: str) -> None:
-    _run(["ip", "link", "add", "name", name, "type", "bridge"], f"bridge {name}")
-    _run(["ip", "addr", "add", address, "dev", name], f"bridge {name}")
-    _run(["ip", "link", "set", name, "up"], f"bridge {name}")
-
-
-def _delete_link(name: str) -> None:
-    subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
-
-
-# ------------------------------------------------------------------------------- cleanup helpers
-def _cgroup_hierarchies() -> list[Path]:
-    return sorted(p for p in CGROUP_V1.iterdir() if p.is_dir() and (p / "cgroup.procs").exists())
-
-
-def _cgroup_pids(relative: str) -> set[int]:
-    pids: set[int] = set()
-    for hierarchy in _cgroup_hierarchies():
-        root = hierarchy / relative.lstrip("/")
-        if not root.is_dir():
-            continue
-        for procs in root.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in procs.read_text().split())
-    return pids
-
-
-def _pids_with_arg(needle: str) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if needle.encode() in (entry / "cmdline").read_bytes():
-                found.add(int(entry.name))
-    found.discard(os.getpid())
-    return found
-
-
-def _kill_pids(pids: set[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _unmount_under(prefixes: Sequence[Path]) -> None:
-    """Lazily unmount every mount point under ``prefixes``, deepest first."""
-    texts = [str(p.resolve()) for p in prefixes]
-    mounts = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            point = line.split()[1].replace("\\040", " ")
-            if any(point == t or point.startswith(t + "/") for t in texts):
-                mounts.append(point)
-    for point in sorted(set(mounts), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-def _remove_cgroups(relative: str) -> None:
-    for hierarchy in _cgroup_hierarchies():
-        root = hierarchy / relative.lstrip("/")
-        if not root.is_dir():
-            continue
-        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts))
-        for directory in [*reversed(dirs), root]:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-
-
-def _delete_netns_in(subnet: ipaddress.IPv4Network) -> None:
-    """Delete the named network namespaces whose pod address is in ``subnet``."""
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    for line in out.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if not name.startswith("cni-"):
-            continue
-        addrs = subprocess.run(
-            ["ip", "-n", name, "-4", "-o", "addr"], capture_output=True, text=True, check=False
-        ).stdout
-        for word in addrs.split():
-            if "/" in word:
-                with contextlib.suppress(ValueError):
-                    if ipaddress.ip_interface(word).ip in subnet:
-                        subprocess.run(["ip", "netns", "delete", name], check=False)
-                        break
 
 
 # ------------------------------------------------------------------------------- one node
@@ -353,8 +110,8 @@ class RealNode:
         self._claim_root()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        _create_bridge(self.bridge, f"{self.gateway}/24")
-        self._make_cgroup_root()
+        network.create_bridge(self.bridge, f"{self.gateway}/24")
+        host.make_cgroup_root(self.cgroup_root)
         self._write_cni()
         self._start_containerd()
         self.ensure_archive(self.owner.pause_archive, self.owner.pause_ref)
@@ -362,76 +119,28 @@ class RealNode:
         self._start_kubelet()
         self.started_in_s = time.monotonic() - started
 
-    def _make_cgroup_root(self) -> None:
-        for hierarchy in _cgroup_hierarchies():
-            path = hierarchy / self.cgroup_root.lstrip("/")
-            path.mkdir(exist_ok=True)
-            if hierarchy.name == "cpuset":
-                for knob in ("cpuset.cpus", "cpuset.mems"):
-                    (path / knob).write_text((hierarchy / knob).read_text())
-
     def _write_cni(self) -> None:
         conf_dir = self.dir / "cni"
         conf_dir.mkdir(exist_ok=True)
-        conflist = {
-            "cniVersion": "0.4.0",
-            "name": self.cni_network,
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": self.bridge,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "hairpinMode": True,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": str(self.subnet), "gateway": self.gateway}]],
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": str(self.state_dir / "ipam"),
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ],
-        }
+        conflist = network.cni_conflist(
+            self.cni_network, self.bridge, self.subnet, self.gateway, str(self.state_dir / "ipam")
+        )
         (conf_dir / "10-torchkube.conflist").write_text(json.dumps(conflist, indent=2))
-
-    def _containerd_config(self) -> str:
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        return f"""version = 2
-root = "{self.root_dir}"
-state = "{self.state_dir / "state"}"
-[grpc]
-  address = "{self.socket}"
-[ttrpc]
-  address = "{self.socket}.ttrpc"
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{self.root_dir / "opt"}"
-[{cri}]
-  sandbox_image = "{self.owner.pause_ref}"
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_cdi = false
-  [{cri}.containerd]
-    default_runtime_name = "runc"
-    snapshotter = "overlayfs"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [{cri}.cni]
-    bin_dir = "{CNI_BIN_DIR}"
-    conf_dir = "{self.dir / "cni"}"
-"""
 
     def _start_containerd(self) -> None:
         config = self.dir / "containerd.toml"
-        config.write_text(self._containerd_config())
+        config.write_text(
+            containerd.config_toml(
+                self.root_dir,
+                self.state_dir / "state",
+                self.socket,
+                self.owner.pause_ref,
+                self.dir / "cni",
+            )
+        )
         self.containerd = Process(
             f"containerd-{self.name}",
-            [_tool("containerd"), "--config", str(config), "--log-level", "info"],
+            [host.tool("containerd"), "--config", str(config), "--log-level", "info"],
             self.owner.log_dir / f"containerd-{self.name}.log",
             env={**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"},
         ).start()
@@ -454,11 +163,11 @@ state = "{self.state_dir / "state"}"
 
     def ctr(self, *args: str) -> list[str]:
         """``ctr`` against this node's containerd, in the CRI namespace."""
-        return [_tool("ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args]
+        return containerd.ctr(self.socket, *args)
 
     def _forget_old_containers(self) -> None:
         """Containers a killed run left in the cached root: gone with their node, remove them."""
-        out = _run(self.ctr("containers", "list", "--quiet"), f"containerd of {self.name}")
+        out = host.run(self.ctr("containers", "list", "--quiet"), f"containerd of {self.name}")
         ids = out.split()
         if ids:
             subprocess.run(self.ctr("containers", "delete", *ids), capture_output=True, check=False)
@@ -470,7 +179,7 @@ state = "{self.state_dir / "state"}"
             recorded: dict[str, str] = json.loads(marker.read_text())
         except (OSError, ValueError):
             return {}
-        present = set(_run(self.ctr("images", "list", "--quiet"), self.name).split())
+        present = set(host.run(self.ctr("images", "list", "--quiet"), self.name).split())
         return {ref: digest for ref, digest in recorded.items() if ref in present}
 
     def ensure_archive(self, archive: Path, ref: str, image_id: str = "") -> float:
@@ -483,7 +192,9 @@ state = "{self.state_dir / "state"}"
             return 0.0
         started = time.monotonic()
         with archive.open("rb") as handle:
-            _run(self.ctr("images", "import", "-"), f"image import on {self.name}", 1800, handle)
+            host.run(
+                self.ctr("images", "import", "-"), f"image import on {self.name}", 1800, handle
+            )
         marker = self.root_dir / "torchkube-images.json"
         try:
             recorded = json.loads(marker.read_text())
@@ -512,49 +223,18 @@ state = "{self.state_dir / "state"}"
         assert pki is not None
         resolv = self.dir / "resolv.conf"
         resolv.write_text(f"nameserver {self.owner.dns_ip}\n")
-        lease = self.owner.cluster.config.node_lease_duration_s
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "address": self.gateway,
-            "port": self.kubelet_port,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": self.healthz_port,
-            "authentication": {
-                "x509": {"clientCAFile": str(pki.ca_cert)},
-                "webhook": {"enabled": True},
-                "anonymous": {"enabled": False},
-            },
-            "authorization": {"mode": "Webhook"},
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": self.cgroup_root,
-            "containerRuntimeEndpoint": f"unix://{self.socket}",
-            "failSwapOn": False,
-            "failCgroupV1": False,
-            "podLogsDir": str(self.dir / "pod-logs"),
-            "clusterDNS": [self.owner.dns_ip],
-            "clusterDomain": CLUSTER_DOMAIN,
-            "resolvConf": str(resolv),
-            "evictionHard": {
-                "memory.available": "50Mi",
-                "nodefs.available": "1%",
-                "imagefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-            },
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "enforceNodeAllocatable": [],
-            "nodeLeaseDurationSeconds": lease,
-            "nodeStatusUpdateFrequency": "5s",
-            "nodeStatusReportFrequency": "10s",
-            "serializeImagePulls": False,
-            "volumePluginDir": str(self.dir / "volume-plugins"),
-            "shutdownGracePeriod": "0s",
-            "maxPods": 20,
-            "protectKernelDefaults": False,
-            "makeIPTablesUtilChains": False,
-        }
+        config = kubelet.kubelet_config(
+            address=self.gateway,
+            port=self.kubelet_port,
+            healthz_port=self.healthz_port,
+            client_ca=pki.ca_cert,
+            cgroup_root=self.cgroup_root,
+            socket=self.socket,
+            node_dir=self.dir,
+            dns_ip=self.owner.dns_ip,
+            resolv_conf=resolv,
+            lease_seconds=self.owner.cluster.config.node_lease_duration_s,
+        )
         path = self.dir / "kubelet.yaml"
         path.write_text(json.dumps(config, indent=2))
         return path
@@ -562,13 +242,7 @@ state = "{self.state_dir / "state"}"
     def _start_kubelet(self) -> None:
         kubeconfig = self._kubelet_kubeconfig()
         config = self._kubelet_config()
-        labels = ",".join(
-            [
-                f"{REAL_NODE_LABEL}=true",
-                "type=real",
-                f"topology.kubernetes.io/zone={self.name}",
-            ]
-        )
+        labels = kubelet.node_labels(self.name)
         self.kubelet = Process(
             f"kubelet-{self.name}",
             [
@@ -615,26 +289,28 @@ state = "{self.state_dir / "state"}"
 
     def kill(self) -> None:
         """Power loss: SIGKILL containers, shims, containerd and kubelet, all at once."""
-        victims = _cgroup_pids(self.cgroup_root) | _pids_with_arg(str(self.socket))
+        victims = host.cgroup_pids(self.cgroup_root) | host.pids_with_arg(str(self.socket))
         for proc in (self.kubelet, self.containerd):
             if proc is not None and proc.pid is not None:
                 victims.add(proc.pid)
-        _kill_pids(victims)
+        host.kill_pids(victims)
         for proc in (self.kubelet, self.containerd):
             if proc is not None:
                 proc.kill()
         # Whatever a shim started in the meantime (nothing should, its containerd is gone).
-        _kill_pids(_cgroup_pids(self.cgroup_root) | _pids_with_arg(str(self.socket)))
+        host.kill_pids(host.cgroup_pids(self.cgroup_root) | host.pids_with_arg(str(self.socket)))
 
     def cleanup(self) -> None:
         """After :meth:`kill`: mounts, network namespaces, bridge, cgroups, run state."""
         claimed = [self.root_dir] if self._root_lock is not None else []
-        _unmount_under([self.dir, self.state_dir, *claimed])
-        _delete_netns_in(self.subnet)
-        _delete_link(self.bridge)
+        host.unmount_under([self.dir, self.state_dir, *claimed])
+        network.delete_netns_in(self.subnet)
+        network.delete_link(self.bridge)
         for _ in range(3):
-            _remove_cgroups(self.cgroup_root)
-            if not any((h / self.cgroup_root.lstrip("/")).exists() for h in _cgroup_hierarchies()):
+            host.remove_cgroups(self.cgroup_root)
+            if not any(
+                (h / self.cgroup_root.lstrip("/")).exists() for h in host.cgroup_hierarchies()
+            ):
                 break
             time.sleep(0.3)
         shutil.rmtree(self.state_dir, ignore_errors=True)
@@ -643,8 +319,8 @@ state = "{self.state_dir / "state"}"
     def restart(self, timeout: float = 120) -> None:
         """Power back on: fresh containerd state and kubelet on the same root and identity."""
         self.kill()
-        _unmount_under([self.state_dir])
-        _delete_netns_in(self.subnet)
+        host.unmount_under([self.state_dir])
+        network.delete_netns_in(self.subnet)
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._start_containerd()
@@ -669,10 +345,10 @@ state = "{self.state_dir / "state"}"
 
 # ------------------------------------------------------------------------------- all nodes
 class RealNodes:
-    """The real nodes of one :class:`~torchkube.testing.cluster.Cluster`, plus CoreDNS."""
+    """The real nodes of one :class:`~testbed.cluster.Cluster`, plus CoreDNS."""
 
     def __init__(self, cluster: Cluster, count: int, report: Report | None = None):
-        from torchkube.testing.docker import cache_root
+        from testbed.docker import cache_root
 
         self.cluster = cluster
         self.count = count
@@ -703,15 +379,15 @@ class RealNodes:
 
     def start(self, timeout: float = 120) -> RealNodes:
         """Create bridges, start CoreDNS, containerd and kubelets; wait for every node Ready."""
-        require_host()
+        host.require_host()
         self._require_binaries()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.supernet = pick_supernet()
+        self.supernet = network.pick_supernet()
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
-        self.pause_archive, self.pause_ref = pause_archive(self.cache_dir / "images")
+        self.pause_archive, self.pause_ref = containerd.pause_archive(self.cache_dir / "images")
         # CoreDNS on a bridge of its own (x.x.0.1): a node loss never takes cluster DNS with it.
         self.dns_ip = str(self.supernet.network_address + 1)
-        _create_bridge(self.dns_bridge, f"{self.dns_ip}/32")
+        network.create_bridge(self.dns_bridge, f"{self.dns_ip}/32")
         self._start_coredns()
         self.nodes = [RealNode(self, index + 1) for index in range(self.count)]
         began = time.monotonic()
@@ -731,7 +407,7 @@ class RealNodes:
         made without the opt-in CoreDNS target (``TORCHKUBE_BIN_DIR`` from a default build)
         gets it added; a failed build raises a ClusterError naming the component.
         """
-        from torchkube.testing.binaries import build
+        from testbed.binaries import build
 
         binaries = self.cluster.binaries()
         try:
@@ -755,7 +431,7 @@ class RealNodes:
     bind {self.dns_ip}
     errors
     health 127.0.0.1:{port}
-    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+    kubernetes {kubelet.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {self.cluster.kubeconfig}
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
@@ -815,7 +491,7 @@ class RealNodes:
                 old.unlink()
             started = time.monotonic()
             partial = archive.with_suffix(".partial")
-            _run(docker.argv("save", "--output", str(partial), tag), f"docker save {tag}", 1800)
+            host.run(docker.argv("save", "--output", str(partial), tag), f"docker save {tag}", 1800)
             partial.rename(archive)
             save_s = time.monotonic() - started
         with ThreadPoolExecutor(max_workers=max(1, len(self.nodes))) as pool:
@@ -847,7 +523,7 @@ class RealNodes:
         if self.coredns is not None:
             self.coredns.stop()
             self.coredns = None
-        _delete_link(self.dns_bridge)
+        network.delete_link(self.dns_bridge)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkube.testing.binaries import repo_root
+from testbed.binaries import repo_root
 
 MIN_SCHEMA_VERSION = 36
 """Datasources as ``{type, uid}`` objects (what ``${datasource}`` needs) since schema 36."""
