@@ -6,6 +6,7 @@ from itertools import count
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api.status import TrainingJobStatus
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.pods import NodeHealth, format_time, slim
@@ -15,7 +16,7 @@ NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 READY = NodeHealth(True, NOW - timedelta(hours=1))
 
 
-def make_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
+def make_job(status: TrainingJobStatus | dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
     spec.setdefault("replicas", {"min": 4, "max": 4})
     body: dict[str, Any] = {
         "metadata": {
@@ -28,7 +29,7 @@ def make_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
         "spec": spec,
     }
     if status is not None:
-        body["status"] = status
+        body["status"] = status.to_wire() if isinstance(status, TrainingJobStatus) else status
     return TrainingJob.model_validate(body)
 
 
@@ -178,7 +179,8 @@ def created_slots(result: Plan) -> list[int]:
 
 
 def condition(result: Plan, kind: str) -> dict[str, Any]:
-    return next(c for c in result.status["conditions"] if c["type"] == kind)
+    """The condition as the status stores it (camelCase)."""
+    return next(c.to_wire() for c in result.status.conditions if c.type == kind)
 
 
 def healthy(n: int = 4) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ def test_recreated_job_ignores_its_namesakes_terminating_pods_and_waits_for_its_
         ),
     ]
     result = run(make_job(), old, children=leftovers)
-    assert "restarts" not in result.status and "lastFailure" not in result.status
+    assert result.status.restarts == 0 and result.status.last_failure is None
     assert result.delete_pods == [], "another job's pods are not ours to delete"
     assert result.create_children == [] and result.create_pods == []
     created = condition(result, "Created")

@@ -21,6 +21,7 @@ import yaml
 from click.testing import CliRunner
 from kubernetes.client.exceptions import ApiException
 
+from torchkube.api.status import ProgressRecord, TrainingJobStatus
 from torchkube.client import manifest, render
 from torchkube.client import pods as p
 from torchkube.client.cli import follow_logs, logs, status, submit
@@ -144,16 +145,18 @@ def test_ages_read_like_kubectl(seconds: int, text: str) -> None:
 
 
 def test_cells_show_a_dash_for_what_is_not_reported_yet() -> None:
+    status = TrainingJobStatus.lenient
     assert render.step_cell(None) == "-"
-    assert render.step_cell({"step": 7}) == "7"
-    assert render.step_cell({"step": 7, "totalSteps": 100}) == "7/100 (7%)"
-    assert render.loss_cell({"step": 1}) == "-"
-    assert render.checkpoint_cell({}, NOW) == "-"
-    assert render.checkpoint_cell({"latestCheckpoint": {"step": 5}}, NOW) == "5"
-    assert render.goodput_cell({}) == "-"
-    assert render.goodput_cell({"goodput": 0.9312}) == "93.1%"
-    assert render.goodput_cell({"goodput": {"ratio": 0.5}}) == "50.0%"
-    assert render.goodput_cell({"goodput": True}) == "-"
+    assert render.step_cell(ProgressRecord(step=7)) == "7"
+    assert render.step_cell(ProgressRecord(step=7, total_steps=100)) == "7/100 (7%)"
+    assert render.loss_cell(ProgressRecord(step=1)) == "-"
+    assert render.checkpoint_cell(status({}), NOW) == "-"
+    assert render.checkpoint_cell(status({"latestCheckpoint": {"step": 5}}), NOW) == "5"
+    assert render.goodput_cell(status({})) == "-"
+    assert render.goodput_cell(status({"goodput": 0.9312})) == "93.1%"
+    assert render.goodput_cell(status({"goodput": {"ratio": 0.5}})) == "50.0%", "older operators"
+    assert render.goodput_cell(status({"goodput": "high", "phase": "Running"})) == "-"
+    assert status({"goodput": "high", "phase": "Running"}).phase == "Running", "the rest is read"
     assert render.age(None, NOW) == "-"
 
 

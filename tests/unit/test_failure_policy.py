@@ -18,6 +18,7 @@ from planner import (
 )
 
 from torchkube.api.spec import FailurePolicySpec
+from torchkube.api.status import FailureRecord
 from torchkube.operator import failure
 from torchkube.operator.failure import Failure, Ledger, account, classify_exit
 from torchkube.operator.pods import format_time
@@ -32,9 +33,9 @@ def test_scale_down_under_kubelet_semantics_counts_no_failure() -> None:
     pods = [pod(i) for i in range(16)]
     pods += [stopped(i, released="scale-down") for i in range(16, 32)]
     result = run(job, [*pods, store()])
-    assert result.status.get("restarts", 0) == 0
-    assert result.status["phase"] == "Running"
-    assert "lastFailure" not in result.status
+    assert result.status.restarts == 0
+    assert result.status.phase == "Running"
+    assert result.status.last_failure is None
 
 
 def test_operator_restarted_mid_scale_down_still_counts_no_failure() -> None:
@@ -42,7 +43,7 @@ def test_operator_restarted_mid_scale_down_still_counts_no_failure() -> None:
     (set before each delete) is what tells a released worker from a lost one."""
     job = make_job(running_status(), replicas={**ELASTIC, "desired": 2})
     pods = [pod(0), pod(1), stopped(2, released="scale-down"), stopped(3, released="scale-down")]
-    assert run(job, [*pods, store()]).status.get("restarts", 0) == 0
+    assert run(job, [*pods, store()]).status.restarts == 0
 
 
 def test_suspend_then_quick_resume_counts_no_failure() -> None:
@@ -50,7 +51,7 @@ def test_suspend_then_quick_resume_counts_no_failure() -> None:
     assert suspended.release == {name: "suspended" for name, _ in suspended.delete_pods}
     terminating = [stopped(i, released="suspended") for i in range(4)]
     resumed = run(make_job(suspended.status), terminating)
-    assert resumed.status.get("restarts", 0) == 0
+    assert resumed.status.restarts == 0
     assert created_slots(resumed) == [0, 1, 2, 3]
 
 
@@ -68,8 +69,8 @@ def test_pod_that_failed_with_its_own_code_while_deleted_is_a_failure() -> None:
     """Exit code 1, not the delete's SIGTERM (143): it crashed; the delete came after."""
     crashed = pod(1, phase="Failed", exit_code=1, deleting=True, deleted_ago=5, finished_ago=20)
     result = run(make_job(running_status()), [pod(0), crashed, pod(2), pod(3), store()])
-    assert result.status["lastFailure"]["reason"] == "ExitCode"
-    assert result.status["lastFailure"]["exitCode"] == 1
+    assert result.status.last_failure.reason == "ExitCode"
+    assert result.status.last_failure.exit_code == 1
 
 
 def test_kubectl_delete_pod_is_a_free_deleted_failure() -> None:
@@ -79,9 +80,9 @@ def test_kubectl_delete_pod_is_a_free_deleted_failure() -> None:
     final["metadata"]["deletionTimestamp"] = format_time(NOW)
     final["metadata"]["deletionGracePeriodSeconds"] = 0
     result = run(make_job(running_status()), [pod(0), final, pod(2), pod(3), store()])
-    last = result.status["lastFailure"]
-    assert last["reason"] == "Deleted" and last["counted"] is False
-    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 0
+    last = result.status.last_failure
+    assert last is not None and last.reason == "Deleted" and last.counted is False
+    assert result.status.restarts == 1 and result.status.restarts_count_towards_max == 0
     assert created_slots(result) == [1]
 
 
@@ -90,9 +91,9 @@ def test_workers_failing_together_are_one_incident() -> None:
     job = make_job(running_status(), failurePolicy={"maxRestarts": 2})
     pods = [pod(i, phase="Failed", exit_code=1) for i in range(4)]
     result = run(job, [*pods, store()])
-    assert result.status["phase"] != "Failed"
-    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 1
-    assert {r["incident"] for r in result.status["failures"]} == {1}
+    assert result.status.phase != "Failed"
+    assert result.status.restarts == 1 and result.status.restarts_count_towards_max == 1
+    assert {r.incident for r in result.status.failures} == {1}
     assert [e.reason for e in result.events].count("WorkerFailed") == 1
     assert "with 3 more failing together" in result.events[0].message
 
@@ -105,14 +106,14 @@ def test_failures_seen_in_later_reconciles_join_the_incident() -> None:
         [pod(1, phase="Failed", exit_code=1), *first.create_pods, store()],
         now=later,
     )
-    assert second.status["restarts"] == 1 and second.status["restartsCountTowardsMax"] == 1
+    assert second.status.restarts == 1 and second.status.restarts_count_towards_max == 1
 
 
 def test_a_crashing_replacement_is_a_new_incident() -> None:
     first = run(make_job(running_status()), [pod(0, phase="Failed", exit_code=1), store()])
     replacement = pod(0, phase="Failed", exit_code=1, age=-2)  # born after the incident began
     second = run(make_job(first.status), [replacement, store()], now=NOW + timedelta(seconds=5))
-    assert second.status["restarts"] == 2 and second.status["restartsCountTowardsMax"] == 2
+    assert second.status.restarts == 2 and second.status.restarts_count_towards_max == 2
 
 
 def test_store_restart_in_place_is_one_free_incident_with_the_agents_that_failed() -> None:
@@ -122,9 +123,9 @@ def test_store_restart_in_place_is_one_free_incident_with_the_agents_that_failed
     agents = [pod(i, phase="Failed", exit_code=failure.RENDEZVOUS_EXIT_CODE) for i in range(4)]
     restarted = store(restarts=1)
     result = run(job, [*agents, restarted])
-    assert result.status["phase"] != "Failed"
-    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 0
-    reasons = {r["reason"] for r in result.status["failures"]}
+    assert result.status.phase != "Failed"
+    assert result.status.restarts == 1 and result.status.restarts_count_towards_max == 0
+    reasons = {r.reason for r in result.status.failures}
     assert reasons == {"RendezvousStoreLost", "RendezvousFailed"}
     assert result.mark_recorded[restarted["metadata"]["name"]] == "1"
     again = run(
@@ -132,7 +133,7 @@ def test_store_restart_in_place_is_one_free_incident_with_the_agents_that_failed
         [restarted, *result.create_pods],
         now=NOW + timedelta(seconds=1),
     )
-    assert again.status["restarts"] == 1, "the same restart is not counted twice"
+    assert again.status.restarts == 1, "the same restart is not counted twice"
 
 
 def test_store_deleted_by_someone_is_replaced_and_recorded_once() -> None:
@@ -144,8 +145,8 @@ def test_store_deleted_by_someone_is_replaced_and_recorded_once() -> None:
         if p["metadata"]["labels"]["torchkube.io/role"] == "rendezvous"
     ]
     assert len(stores) == 1
-    assert result.status["lastFailure"]["reason"] == "RendezvousStoreLost"
-    assert result.status["restartsCountTowardsMax"] == 0
+    assert result.status.last_failure.reason == "RendezvousStoreLost"
+    assert result.status.restarts_count_towards_max == 0
 
 
 def test_max_restarts_counts_incidents() -> None:
@@ -159,16 +160,13 @@ def test_long_termination_messages_are_cut_to_their_tail() -> None:
     message = "x" * 5000 + "\nRuntimeError: the real cause"
     failed = pod(0, phase="Failed", exit_code=1, message=message)
     result = run(make_job(running_status()), [failed, pod(1), pod(2), pod(3), store()])
-    text = result.status["lastFailure"]["message"]
+    text = result.status.last_failure.message
     assert len(text) <= failure.MESSAGE_LIMIT and text.endswith("RuntimeError: the real cause")
 
 
-def _record(seconds_ago: float, incident: int) -> dict[str, object]:
-    return {
-        "reason": "ExitCode",
-        "time": format_time(NOW - timedelta(seconds=seconds_ago)),
-        "incident": incident,
-    }
+def _record(seconds_ago: float, incident: int) -> FailureRecord:
+    when = format_time(NOW - timedelta(seconds=seconds_ago))
+    return FailureRecord(reason="ExitCode", time=when, incident=incident)
 
 
 def test_backoff_doubles_within_a_streak_and_resets_after_a_healthy_period() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from torchkube.api import TrainingJob
 from torchkube.operator import goodput as g
+from torchkube.operator import status as st
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -187,25 +188,41 @@ def job(status: dict[str, Any] | None = None, created: datetime = T0) -> Trainin
     return TrainingJob.model_validate(body)
 
 
-def test_track_writes_the_ratio_with_other_changes_or_at_most_every_30_seconds() -> None:
+def test_the_ratio_is_written_with_other_changes_or_at_most_every_30_seconds() -> None:
+    """The goodput bookkeeping (goodput.track) and when status.goodput is written
+    (status.goodput_to_write), as the controller chains them."""
+    written: st.GoodputWrite | None = None
+
+    def reconcile(
+        state: g.Goodput | None,
+        stored: dict[str, Any],
+        planned: dict[str, Any],
+        progress: dict[str, Any] | None,
+        at: datetime,
+    ) -> tuple[g.Goodput, float | None]:
+        nonlocal written
+        state = g.track(state, job(stored or None), stored, planned, progress, at)
+        written = st.goodput_to_write(state.ratio, stored, planned, written, at)
+        return state, written.value
+
     pending = {"phase": "Pending"}
-    state = g.track(None, job(), {}, pending, None, T0 + timedelta(seconds=2))
-    assert state.reported == 0.0  # first value is always written
+    state, value = reconcile(None, {}, pending, None, T0 + timedelta(seconds=2))
+    assert value == 0.0  # first value is always written
     running = {"phase": "Running", "startTime": "2026-01-01T00:00:02Z"}
-    state = g.track(state, job(pending), pending, running, None, T0 + timedelta(seconds=4))
-    assert state.reported == 0.0  # no progress yet: still scheduling/startup
+    state, value = reconcile(state, pending, running, None, T0 + timedelta(seconds=4))
+    assert value == 0.0  # no progress yet: still scheduling/startup
     stored = {**running, "goodput": 0.0}
     for seconds, step in ((10, 5), (20, 10), (30, 20)):
         at = T0 + timedelta(seconds=seconds)
-        state = g.track(state, job(stored), stored, dict(stored), {"step": step}, at)
+        state, value = reconcile(state, stored, dict(stored), {"step": step}, at)
     assert state.ratio == pytest.approx(10 / 30)
-    assert state.reported == 0.0  # nothing else changed, 26 s since it was written: kept
+    assert value == 0.0  # nothing else changed, 26 s since it was written: kept
     at = T0 + timedelta(seconds=40)
-    state = g.track(state, job(stored), stored, dict(stored), {"step": 30}, at)
-    assert state.reported == round(state.ratio, 3) == 0.5
+    state, value = reconcile(state, stored, dict(stored), {"step": 30}, at)
+    assert value == round(state.ratio or 0, 3) == 0.5
     changed = {**stored, "progress": {"step": 21}}
-    state = g.track(state, job(stored), stored, changed, {"step": 21}, T0 + timedelta(seconds=41))
-    assert state.reported == round(state.ratio, 3)  # written with the progress change
+    state, value = reconcile(state, stored, changed, {"step": 21}, T0 + timedelta(seconds=41))
+    assert value == round(state.ratio or 0, 3)  # written with the progress change
 
 
 def test_a_restarted_operator_carries_the_ratio_over() -> None:

@@ -22,8 +22,8 @@ def test_time_suspended_is_not_active_time() -> None:
     status = running_status(phase="Suspended", conditions=[_suspended_at(timedelta(minutes=90))])
     status["startTime"] = format_time(NOW - timedelta(hours=2))
     resumed = run(make_job(status, runPolicy={"activeDeadlineSeconds": 3600}), [])
-    assert resumed.status["phase"] != "Failed"
-    assert resumed.status["suspendedSeconds"] == 5400
+    assert resumed.status.phase != "Failed"
+    assert resumed.status.suspended_seconds == 5400
     assert created_slots(resumed) == [0, 1, 2, 3]
     later = run(
         make_job(resumed.status, runPolicy={"activeDeadlineSeconds": 3600}),
@@ -38,7 +38,7 @@ def test_start_deadline_fails_a_job_that_never_starts_and_says_why() -> None:
     job = make_job(replicas={"min": 1, "max": 1}, runPolicy={"startDeadlineSeconds": 600})
     first = run(job, [pulling])
     assert condition(first, "PodsBlocked")["reason"] == "ImagePullBackOff"
-    assert first.status["phase"] == "Pending"
+    assert first.status.phase == "Pending"
     too_late = run(
         make_job(
             first.status, replicas={"min": 1, "max": 1}, runPolicy={"startDeadlineSeconds": 600}
@@ -57,5 +57,14 @@ def test_cleanup_after_success_releases_what_it_deletes() -> None:
     done = pod(0, phase="Succeeded", exit_code=0, message=TRAINING_FINISHED)
     still_pending = pod(1, phase="Pending")
     result = run(make_job(running_status(), replicas={"min": 1, "max": 2}), [done, still_pending])
-    assert result.status["phase"] == "Succeeded"
+    assert result.status.phase == "Succeeded"
     assert result.release == {still_pending["metadata"]["name"]: "finished"}
+
+
+def test_a_job_being_deleted_creates_nothing() -> None:
+    """Foreground deletion: the garbage collector removes the Service and the pods while the
+    job still exists; recreating them would hold the deletion up for ever."""
+    job = make_job(running_status())
+    job.metadata["deletionTimestamp"] = "2026-11-23T12:00:00Z"
+    result = run(job, [pod(0)], children=[])
+    assert result.create_children == [] and result.create_pods == []

@@ -29,50 +29,51 @@ def test_new_job_creates_children_workers_and_store() -> None:
     assert [c["kind"] for c in result.create_children] == ["Service", "PersistentVolumeClaim"]
     assert created_slots(result) == [0, 1, 2, 3]
     assert sum(p["metadata"]["labels"][lbl.ROLE] == "rendezvous" for p in result.create_pods) == 1
-    assert result.status["phase"] == "Pending"
+    assert result.status.phase == "Pending"
     assert condition(result, "Created")["status"] == "True"
-    assert result.status["selector"] == "torchkube.io/job-name=demo,torchkube.io/role=worker"
+    assert result.status.selector == "torchkube.io/job-name=demo,torchkube.io/role=worker"
 
 
 def test_all_running_is_running_and_needs_nothing() -> None:
     result = run(make_job(running_status()), healthy())
     assert result.create_pods == [] and result.delete_pods == []
-    assert result.status["phase"] == "Running" and result.all_running
-    assert result.status["workers"] == "4/4" and not result.create_children
+    assert result.status.phase == "Running" and result.all_running
+    assert result.status.workers == "4/4" and not result.create_children
 
 
 def test_retryable_failure_is_counted_once_and_replaced() -> None:
     failed = pod(2, phase="Failed", exit_code=137)
     result = run(make_job(running_status()), [pod(0), pod(1), failed, pod(3), store()])
     assert created_slots(result) == [2]
-    assert result.status["restarts"] == 1 and result.status["restartsCountTowardsMax"] == 1
-    last = result.status["lastFailure"]
-    assert (last["reason"], last["exitCode"], last["pod"]) == (
+    assert result.status.restarts == 1 and result.status.restarts_count_towards_max == 1
+    last = result.status.last_failure
+    assert last is not None
+    assert (last.reason, last.exit_code, last.pod) == (
         "ExitCode",
         137,
         failed["metadata"]["name"],
     )
     assert result.mark_recorded == {failed["metadata"]["name"]: "true"}
     assert [e.reason for e in result.events] == ["WorkerFailed"]
-    assert result.status["phase"] == "Restarting"
+    assert result.status.phase == "Restarting"
 
     again = run(
         make_job(result.status), [pod(0), pod(1), failed, pod(3), store(), *result.create_pods]
     )
-    assert again.status["restarts"] == 1, "a recorded failure must not be counted again"
+    assert again.status.restarts == 1, "a recorded failure must not be counted again"
     assert created_slots(again) == []
 
 
 def test_recorded_label_alone_prevents_double_counting() -> None:
     failed = pod(1, phase="Failed", exit_code=1, labels={lbl.FAILURE_RECORDED: "true"})
     result = run(make_job(running_status(restarts=3)), [pod(0), failed, pod(2), pod(3), store()])
-    assert result.status["restarts"] == 3 and created_slots(result) == [1]
+    assert result.status.restarts == 3 and created_slots(result) == [1]
 
 
 def test_permanent_exit_code_fails_the_job_without_restart() -> None:
     pods = [pod(0), pod(1, phase="Failed", exit_code=3), pod(2), pod(3), store()]
     result = run(make_job(running_status()), pods)
-    assert result.status["phase"] == "Failed"
+    assert result.status.phase == "Failed"
     assert condition(result, "Failed")["reason"] == "PermanentFailure"
     assert "exited with code 3 (permanent)" in condition(result, "Failed")["message"]
     assert created_slots(result) == []
@@ -83,16 +84,16 @@ def test_permanent_exit_code_fails_the_job_without_restart() -> None:
 def test_oom_follows_policy() -> None:
     pods = [pod(0, phase="Failed", exit_code=137, reason="OOMKilled"), pod(1), pod(2), pod(3)]
     retry = run(make_job(running_status()), pods)
-    assert retry.status["lastFailure"]["reason"] == "OOMKilled" and created_slots(retry) == [0]
+    assert retry.status.last_failure.reason == "OOMKilled" and created_slots(retry) == [0]
     fail = run(make_job(running_status(), failurePolicy={"onOomKilled": "Fail"}), pods)
-    assert fail.status["phase"] == "Failed"
+    assert fail.status.phase == "Failed"
 
 
 def test_max_restarts_exhausted_fails_the_job() -> None:
     status = running_status(restarts=2, restartsCountTowardsMax=2)
     pods = [pod(0, phase="Failed", exit_code=1), pod(1), pod(2), pod(3), store()]
     result = run(make_job(status, failurePolicy={"maxRestarts": 2}), pods)
-    assert result.status["phase"] == "Failed"
+    assert result.status.phase == "Failed"
     assert condition(result, "Failed")["reason"] == "MaxRestartsExceeded"
     assert created_slots(result) == []
 
@@ -118,9 +119,9 @@ def test_node_not_ready_within_grace_waits_then_replaces_elsewhere() -> None:
 
     lost = run(job, pods, down, now=NOW + timedelta(seconds=21))
     assert lost.delete_pods == [(pods[1]["metadata"]["name"], True)], "force-delete the lost pod"
-    assert lost.status["lastFailure"]["reason"] == "NodeLost"
-    assert lost.status["lastFailure"]["node"] == "n2"
-    assert lost.status["restartsCountTowardsMax"] == 0, "infrastructure failures are free"
+    assert lost.status.last_failure.reason == "NodeLost"
+    assert lost.status.last_failure.node == "n2"
+    assert lost.status.restarts_count_towards_max == 0, "infrastructure failures are free"
     assert created_slots(lost) == [1]
     replacement = lost.create_pods[0]
     affinity = replacement["spec"]["affinity"]["nodeAffinity"]
@@ -136,7 +137,7 @@ def test_node_not_ready_within_grace_waits_then_replaces_elsewhere() -> None:
 def test_deleted_node_loses_its_pods_at_once() -> None:
     pods = [pod(0, node="gone"), pod(1), pod(2), pod(3), store()]
     result = run(make_job(running_status()), pods, {"n1": READY})
-    assert result.status["lastFailure"]["reason"] == "NodeLost"
+    assert result.status.last_failure.reason == "NodeLost"
     assert created_slots(result) == [0]
 
 
@@ -159,8 +160,8 @@ def test_scale_down_deletes_highest_slots_without_counting_failures() -> None:
     }
     terminating = [pod(0), pod(1), pod(2, deleting=True), pod(3, deleting=True), store()]
     after = run(make_job(result.status, replicas={"min": 1, "max": 4, "desired": 2}), terminating)
-    assert after.status.get("restarts", 0) == 0 and created_slots(after) == []
-    assert after.status["workers"] == "2/2"
+    assert after.status.restarts == 0 and created_slots(after) == []
+    assert after.status.workers == "2/2"
 
 
 def test_scale_up_creates_the_missing_slots() -> None:
@@ -177,14 +178,14 @@ def test_external_deletion_is_a_failure_and_is_replaced() -> None:
         ],
     )
     result = run(make_job(running_status()), [pod(0), preempted, pod(2), pod(3), store()])
-    assert result.status["lastFailure"]["reason"] == "Preempted"
+    assert result.status.last_failure.reason == "Preempted"
     assert created_slots(result) == [1]
     own = run(
         make_job(running_status()),
         [pod(0), preempted, pod(2), pod(3), store()],
         self_deleted=frozenset({preempted["metadata"]["name"]}),
     )
-    assert "lastFailure" not in own.status
+    assert own.status.last_failure is None
 
 
 def test_duplicate_pods_in_a_slot_keep_the_oldest() -> None:
@@ -196,7 +197,7 @@ def test_duplicate_pods_in_a_slot_keep_the_oldest() -> None:
 def test_suspend_deletes_pods_and_resume_recreates_them() -> None:
     suspended = run(make_job(running_status(), runPolicy={"suspend": True}), healthy())
     assert len(suspended.delete_pods) == 5
-    assert suspended.status["phase"] == "Suspended"
+    assert suspended.status.phase == "Suspended"
     assert condition(suspended, "Suspended")["status"] == "True"
     resumed = run(make_job(suspended.status), [])
     assert created_slots(resumed) == [0, 1, 2, 3]
@@ -209,7 +210,7 @@ def test_success_finishes_and_cleans_up() -> None:
     done = [pod(i, phase="Succeeded", exit_code=0, message=finished) for i in range(4)]
     done.append(store())
     result = run(make_job(running_status(), runPolicy={"ttlSecondsAfterFinished": 60}), done)
-    assert result.status["phase"] == "Succeeded" and "completionTime" in result.status
+    assert result.status.phase == "Succeeded" and result.status.completion_time is not None
     assert result.delete_pods == [(done[-1]["metadata"]["name"], False)], "only the store goes"
     assert result.requeue_after == pytest.approx(60)
     expired = run(
@@ -222,7 +223,7 @@ def test_success_finishes_and_cleans_up() -> None:
 
 def test_deadline_fails_a_running_job() -> None:
     result = run(make_job(running_status(), runPolicy={"activeDeadlineSeconds": 60}), healthy())
-    assert result.status["phase"] == "Failed"
+    assert result.status.phase == "Failed"
     assert condition(result, "Failed")["reason"] == "DeadlineExceeded"
 
 
@@ -237,13 +238,13 @@ def test_unschedulable_workers_are_reported_after_the_timeout() -> None:
     result = run(make_job(running_status(), replicas={"min": 2, "max": 3}), pods)
     unsched = condition(result, "PodsUnschedulable")
     assert unsched["status"] == "True" and "Insufficient nvidia.com/gpu" in unsched["message"]
-    assert result.status["phase"] == "Running", "elastic: training goes on at min size"
+    assert result.status.phase == "Running", "elastic: training goes on at min size"
 
 
 def test_elastic_job_below_min_is_restarting() -> None:
     job = make_job(running_status(), replicas={"min": 2, "max": 4})
     result = run(job, [pod(0), pod(1, phase="Pending", node=None), store()])
-    assert result.status["phase"] == "Restarting"
+    assert result.status.phase == "Restarting"
     assert condition(result, "Restarting")["status"] == "True"
 
 
@@ -257,26 +258,29 @@ def test_progress_from_the_trainer_lands_in_status() -> None:
         "lastCheckpointTime": "2026-11-23T11:59:00Z",
     }
     result = run(make_job(running_status()), healthy(), progress=report)
-    assert result.status["progress"]["step"] == 120
-    assert result.status["latestCheckpoint"] == {"step": 100, "time": "2026-11-23T11:59:00Z"}
-    assert result.status["worldSize"] == 8
+    assert result.status.progress.step == 120
+    assert result.status.latest_checkpoint is not None
+    assert result.status.latest_checkpoint.to_wire() == {
+        "step": 100,
+        "time": "2026-11-23T11:59:00Z",
+    }
+    assert result.status.world_size == 8
 
 
 def test_unchanged_world_keeps_condition_times() -> None:
     first = run(make_job(running_status()), healthy())
     second = run(make_job(first.status), healthy(), now=NOW + timedelta(minutes=1))
-    assert first.status["conditions"] == second.status["conditions"]
+    assert first.status.conditions == second.status.conditions
 
 
 def test_exit_0_without_the_trainers_word_is_a_failure_not_success() -> None:
     """A torchrun agent can exit 0 when its rendezvous closes early; the job must go on."""
     early = pod(1, phase="Succeeded", exit_code=0, reason="Completed")
     result = run(make_job(running_status()), [pod(0), early, pod(2), pod(3), store()])
-    assert result.status["phase"] != "Succeeded"
-    assert result.status["lastFailure"]["reason"] == "Unknown"
-    assert (
-        "exited 0 before the trainer reported the end of training"
-        in (result.status["lastFailure"]["message"])
+    assert result.status.phase != "Succeeded"
+    assert result.status.last_failure.reason == "Unknown"
+    assert "exited 0 before the trainer reported the end of training" in (
+        result.status.last_failure.message
     )
     assert created_slots(result) == [1]
 
@@ -284,7 +288,7 @@ def test_exit_0_without_the_trainers_word_is_a_failure_not_success() -> None:
 def test_custom_command_exit_0_is_trusted() -> None:
     done = [pod(i, phase="Succeeded", exit_code=0) for i in range(2)]
     job = make_job(running_status(), command=["train.py"], replicas={"min": 2, "max": 2})
-    assert run(job, done).status["phase"] == "Succeeded"
+    assert run(job, done).status.phase == "Succeeded"
 
 
 def test_slim_pod_keeps_every_field_the_operator_reads_and_drops_the_spec() -> None:

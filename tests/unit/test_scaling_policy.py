@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from planner import NOW, READY, condition, created_slots, make_job, pod, run, running_status, store
 
+from torchkube.api.status import FailureRecord
 from torchkube.operator import scaling
 from torchkube.operator.pods import NodeHealth, format_time
 
@@ -18,8 +19,10 @@ def test_of_duplicates_the_running_pod_stays_even_when_younger() -> None:
 
 
 def test_avoidance_of_a_lost_node_expires() -> None:
-    recent = {"reason": "NodeLost", "node": "n2", "time": format_time(NOW - timedelta(minutes=5))}
-    old = {"reason": "NodeLost", "node": "n3", "time": format_time(NOW - timedelta(hours=2))}
+    recent = FailureRecord(
+        reason="NodeLost", node="n2", time=format_time(NOW - timedelta(minutes=5))
+    )
+    old = FailureRecord(reason="NodeLost", node="n3", time=format_time(NOW - timedelta(hours=2)))
     assert scaling.avoided_nodes([recent, old], NOW) == ["n2"]
 
 
@@ -44,7 +47,7 @@ def test_most_nodes_not_ready_at_once_is_a_partition_not_a_loss() -> None:
     pods = [pod(i, node=f"n{i + 1}") for i in range(4)] + [store("n5")]
     result = run(make_job(running_status()), pods, nodes)
     assert result.delete_pods == [] and created_slots(result) == []
-    assert "restarts" not in result.status or result.status["restarts"] == 0
+    assert result.status.restarts == 0 or result.status.restarts == 0
     assert condition(result, "NodesUnreachable")["status"] == "True"
     assert "NodesUnreachable" not in [e.reason for e in result.events]
     assert "Partition" in [e.reason for e in result.events]

@@ -1,8 +1,9 @@
 """The TrainingJob ``status``: what the operator observed, written via the status subresource."""
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic.config import JsonDict
 
 from torchkube.api.base import ApiModel
@@ -132,3 +133,21 @@ class TrainingJobStatus(ApiModel):
     completion_time: str | None = Field(
         default=None, description="When the job finished.", json_schema_extra=DATE_TIME
     )
+
+    @classmethod
+    def lenient(cls, raw: Mapping[str, Any] | None) -> "TrainingJobStatus":
+        """The status as stored, read without failing: what this version cannot read (an
+        older or newer operator wrote it) is left out, field by field. Older operators wrote
+        goodput as ``{ratio: ...}``."""
+        data = dict(raw or {})
+        if isinstance(data.get("goodput"), dict):
+            data["goodput"] = data["goodput"].get("ratio")
+        while True:
+            try:
+                return cls.model_validate(data)
+            except ValidationError as error:
+                bad = {str(e["loc"][0]) for e in error.errors() if e["loc"]} & set(data)
+                if not bad:
+                    return cls()
+                for key in bad:
+                    del data[key]

@@ -1,8 +1,10 @@
-"""What the cluster commands print: pure functions from the API's dicts to text.
+"""What the cluster commands print: pure functions from the API's objects to text.
 
-Everything takes objects as the API returns them (camelCase keys, RFC 3339 times) plus ``now``,
-so a unit test can pin the exact output. A field the operator has not written yet (no status,
-no progress, no goodput) shows as ``-``: a job that just started is not an error.
+Pods and events are taken as the API returns them (camelCase keys, RFC 3339 times); a job's
+status is read through its model (``TrainingJobStatus.lenient``), so the CLI and the operator
+agree on what every field means. Everything takes ``now``, so a unit test can pin the exact
+output. A field the operator has not written yet (no status, no progress, no goodput) shows as
+``-``: a job that just started is not an error.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from torchkube.api.status import FailureRecord, ProgressRecord, TrainingJobStatus
+from torchkube.api.types import Condition
 from torchkube.client import pods as p
 
 NONE = "-"
@@ -66,53 +70,42 @@ def age(timestamp: Any, now: datetime) -> str:
     return human_duration((now - when).total_seconds()) if when else NONE
 
 
-def step_cell(progress: dict[str, Any] | None) -> str:
+def step_cell(progress: ProgressRecord | None) -> str:
     """``1200/20000 (6%)``; just the step when the total is unknown."""
-    if not progress or progress.get("step") is None:
+    if progress is None:
         return NONE
-    step = int(progress["step"])
-    total = progress.get("totalSteps")
-    if not total:
-        return str(step)
-    return f"{step}/{total} ({100 * step // int(total)}%)"
+    if not progress.total_steps:
+        return str(progress.step)
+    return (
+        f"{progress.step}/{progress.total_steps} ({100 * progress.step // progress.total_steps}%)"
+    )
 
 
-def loss_cell(progress: dict[str, Any] | None) -> str:
-    loss = (progress or {}).get("loss")
-    return f"{float(loss):.4f}" if loss is not None else NONE
+def loss_cell(progress: ProgressRecord | None) -> str:
+    return f"{progress.loss:.4f}" if progress and progress.loss is not None else NONE
 
 
-def throughput_cell(progress: dict[str, Any] | None) -> str:
-    rate = (progress or {}).get("tokensPerSecond")
-    return f"{float(rate):,.0f}" if rate is not None else NONE
+def throughput_cell(progress: ProgressRecord | None) -> str:
+    rate = progress.tokens_per_second if progress else None
+    return f"{rate:,.0f}" if rate is not None else NONE
 
 
-def checkpoint_cell(status: dict[str, Any], now: datetime) -> str:
+def checkpoint_cell(status: TrainingJobStatus, now: datetime) -> str:
     """``step 200 (3m ago)``: how much work a failure right now would cost."""
-    checkpoint = status.get("latestCheckpoint") or {}
-    if checkpoint.get("step") is None:
+    checkpoint = status.latest_checkpoint
+    if checkpoint is None:
         return NONE
-    when = checkpoint.get("time")
-    return f"{checkpoint['step']} ({age(when, now)} ago)" if when else str(checkpoint["step"])
+    when = checkpoint.time
+    return f"{checkpoint.step} ({age(when, now)} ago)" if when else str(checkpoint.step)
 
 
-def goodput_ratio(status: dict[str, Any]) -> float | None:
-    """The share of wall time spent on training that was kept, if the operator reports it.
-
-    Accepted as ``status.goodput`` (a 0-1 ratio) or ``status.goodput.ratio``; older operators
-    report neither.
-    """
-    value = status.get("goodput")
-    if isinstance(value, dict):
-        value = value.get("ratio")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
+def goodput_cell(status: TrainingJobStatus) -> str:
+    """The share of wall time spent on training that was kept, if the operator reports it."""
+    return f"{status.goodput:.1%}" if status.goodput is not None else NONE
 
 
-def goodput_cell(status: dict[str, Any]) -> str:
-    ratio = goodput_ratio(status)
-    return f"{ratio:.1%}" if ratio is not None else NONE
+def status_of(job: dict[str, Any]) -> TrainingJobStatus:
+    return TrainingJobStatus.lenient(job.get("status"))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:
@@ -148,19 +141,20 @@ def status_table(
         headers.insert(0, "NAMESPACE")
     rows = []
     for job in jobs:
-        meta, status = job.get("metadata", {}), job.get("status") or {}
-        progress = status.get("progress")
+        meta, status = job.get("metadata", {}), status_of(job)
+        written = job.get("status") is not None
+        progress = status.progress
         row = [
             str(meta.get("name", "")),
-            str(status.get("phase", NONE)),
-            str(status.get("workers", NONE)),
-            str(status.get("restarts", 0)),
+            status.phase if written else NONE,
+            status.workers if written else NONE,
+            str(status.restarts),
             step_cell(progress),
             loss_cell(progress),
             checkpoint_cell(status, now),
         ]
         if wide:
-            row += [throughput_cell(progress), str(status.get("worldSize", NONE))]
+            row += [throughput_cell(progress), str(status.world_size) if written else NONE]
         row += [goodput_cell(status), age(meta.get("creationTimestamp"), now)]
         if all_namespaces:
             row.insert(0, str(meta.get("namespace", "")))
@@ -334,30 +328,24 @@ def events_table(events: Sequence[dict[str, Any]], now: datetime) -> str:
     return table(["TYPE", "REASON", "AGE", "FROM", "MESSAGE"], rows, indent="  ")
 
 
-def conditions_table(conditions: Sequence[dict[str, Any]], now: datetime) -> str:
+def conditions_table(conditions: Sequence[Condition], now: datetime) -> str:
     rows = [
-        [
-            str(c.get("type", "")),
-            str(c.get("status", "")),
-            str(c.get("reason", "")),
-            age(c.get("lastTransitionTime"), now),
-            str(c.get("message", "")),
-        ]
+        [c.type, c.status, c.reason, age(c.last_transition_time, now), c.message]
         for c in conditions
     ]
     return table(["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], rows, indent="  ")
 
 
-def failures_table(failures: Sequence[dict[str, Any]], now: datetime) -> str:
+def failures_table(failures: Sequence[FailureRecord], now: datetime) -> str:
     rows = [
         [
-            age(f.get("time"), now),
-            str(f.get("reason", "")),
-            str(f.get("pod") or NONE),
-            str(f.get("node") or NONE),
-            str(f["exitCode"]) if f.get("exitCode") is not None else NONE,
-            "yes" if f.get("retryable", True) else "no",
-            str(f.get("message", "")),
+            age(f.time, now),
+            f.reason,
+            f.pod or NONE,
+            f.node or NONE,
+            str(f.exit_code) if f.exit_code is not None else NONE,
+            "yes" if f.retryable else "no",
+            f.message,
         ]
         for f in failures
     ]
@@ -371,24 +359,25 @@ def describe(
     now: datetime,
 ) -> str:
     """``torchkube describe``: identity, state, spec, conditions, failures, pods, events."""
-    meta, status = job.get("metadata", {}), job.get("status") or {}
+    meta, status = job.get("metadata", {}), status_of(job)
+    written = job.get("status") is not None
     spec = job.get("spec") or {}
-    progress = status.get("progress")
+    progress = status.progress
     created = meta.get("creationTimestamp")
-    restarts = int(status.get("restarts", 0))
-    counted = int(status.get("restartsCountTowardsMax", 0))
     max_restarts = (spec.get("failurePolicy") or {}).get("maxRestarts", 10)
     workers = (
-        f"{status.get('workers', NONE)} ready (desired {status.get('desiredReplicas', NONE)}), "
-        f"world size {status.get('worldSize', NONE)}"
+        f"{status.workers if written else NONE} ready (desired "
+        f"{status.desired_replicas if written else NONE}), "
+        f"world size {status.world_size if written else NONE}"
     )
+    used = f"{status.restarts_count_towards_max} of maxRestarts {max_restarts} used"
     state = [
         ("Name", str(meta.get("name", ""))),
         ("Namespace", str(meta.get("namespace", ""))),
         ("Created", f"{created} ({age(created, now)} ago)" if created else NONE),
-        ("Phase", str(status.get("phase", NONE))),
+        ("Phase", status.phase if written else NONE),
         ("Workers", workers),
-        ("Restarts", f"{restarts} ({counted} of maxRestarts {max_restarts} used)"),
+        ("Restarts", f"{status.restarts} ({used})"),
         (
             "Progress",
             f"step {step_cell(progress)}, loss {loss_cell(progress)}, "
@@ -399,16 +388,16 @@ def describe(
         ("Checkpoint", checkpoint_cell(status, now)),
         ("Goodput", goodput_cell(status)),
     ]
-    if status.get("startTime"):
-        state.append(("Started", str(status["startTime"])))
-    if status.get("completionTime"):
-        state.append(("Completed", str(status["completionTime"])))
+    if status.start_time:
+        state.append(("Started", status.start_time))
+    if status.completion_time:
+        state.append(("Completed", status.completion_time))
 
     out = _fields(state)
     out += ["Spec:", *_fields(spec_summary(job), indent="  ")]
-    conditions = status.get("conditions") or []
+    conditions = status.conditions
     out += ["Conditions:", conditions_table(conditions, now) if conditions else "  <none>"]
-    failures = status.get("failures") or []
+    failures = status.failures
     title = f"Failures (last {len(failures)}, oldest first):" if failures else "Failures:"
     out += [title, failures_table(failures, now) if failures else "  <none>"]
     out += ["Pods:", pods_table(pods, now) if pods else "  <none>"]

@@ -61,7 +61,7 @@ def ensure(ctx: Context, children: list[dict[str, Any]]) -> bool:
             )
     if problems:
         text = "; ".join(problems)
-        if cond.get(ctx.conditions, cond.CREATED) is None or ctx.is_true(cond.CREATED):
+        if ctx.condition(cond.CREATED) is None or ctx.is_true(cond.CREATED):
             ctx.event("Warning", "NameConflict", text)
         ctx.set(cond.CREATED, False, "NameConflict", text)
         ctx.plan.requeue(5)

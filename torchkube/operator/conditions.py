@@ -5,8 +5,8 @@ the same outcome write nothing (jobset's updateCondition habit).
 """
 
 from datetime import datetime
-from typing import Any
 
+from torchkube.api.types import Condition
 from torchkube.operator.pods import format_time
 
 CREATED = "Created"
@@ -25,54 +25,51 @@ NODES_UNREACHABLE = "NodesUnreachable"
 """Most nodes went NotReady at once (a partition): workers there are kept, not replaced."""
 
 
-def get(conditions: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == kind), None)
+def get(conditions: list[Condition], kind: str) -> Condition | None:
+    return next((c for c in conditions if c.type == kind), None)
 
 
-def is_true(conditions: list[dict[str, Any]], kind: str) -> bool:
+def is_true(conditions: list[Condition], kind: str) -> bool:
     condition = get(conditions, kind)
-    return condition is not None and condition.get("status") == "True"
+    return condition is not None and condition.status == "True"
 
 
 def set_condition(
-    conditions: list[dict[str, Any]],
+    conditions: list[Condition],
     kind: str,
     status: bool,
     reason: str,
     message: str,
     now: datetime,
     generation: int | None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """A new list with ``kind`` set; the transition time moves only when the status flips."""
     value = "True" if status else "False"
     previous = get(conditions, kind)
-    updated: dict[str, Any] = {
-        "type": kind,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": format_time(now),
-    }
-    if generation is not None:
-        updated["observedGeneration"] = generation
-    if previous is not None and previous.get("status") == value:
-        updated["lastTransitionTime"] = previous["lastTransitionTime"]
-    others = [c for c in conditions if c.get("type") != kind]
-    return (
-        [*others, updated]
-        if previous is None
-        else [updated if c.get("type") == kind else c for c in conditions]
+    changed_at = format_time(now)
+    if previous is not None and previous.status == value:
+        changed_at = previous.last_transition_time
+    updated = Condition(
+        type=kind,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=changed_at,
+        observed_generation=generation,
     )
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c.type == kind else c for c in conditions]
 
 
 def clear(
-    conditions: list[dict[str, Any]],
+    conditions: list[Condition],
     kind: str,
     reason: str,
     message: str,
     now: datetime,
     generation: int | None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """Set ``kind`` to False, but only if it exists: absent conditions stay absent."""
     if get(conditions, kind) is None:
         return conditions

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
 from torchkube.api.errors import describe
+from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import goodput, metrics, progress
 from torchkube.operator import labels as lbl
@@ -62,6 +63,7 @@ class _Memory:
     startup_observed: bool = False
     failure_at: float | None = None
     goodput: Goodput | None = None
+    goodput_written: st.GoodputWrite | None = None
     refused: Refusal | None = None
     invalid: str | None = None
 
@@ -252,18 +254,24 @@ class Controller:
             refused=memory.refused,
         )
         decided = plan(observed)
+        stored = body.get("status") or {}
+        planned = st.to_wire(decided.status)
         memory.goodput = goodput.track(
             memory.goodput,
             job,
-            body.get("status") or {},
-            decided.status,
+            stored,
+            planned,
             memory.progress,
             observed.now,
             reporting=job.spec.metrics.enabled and bool(self.settings.progress_url),
         )
-        if memory.goodput.reported is not None:
-            decided.status["goodput"] = memory.goodput.reported
-        await asyncio.to_thread(self._execute, key, body, decided, memory)
+        memory.goodput_written = st.goodput_to_write(
+            memory.goodput.ratio, stored, planned, memory.goodput_written, observed.now
+        )
+        if memory.goodput_written.value is not None:
+            decided.status.goodput = memory.goodput_written.value
+            planned["goodput"] = memory.goodput_written.value
+        await asyncio.to_thread(self._execute, key, body, decided, planned, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after
@@ -278,7 +286,7 @@ class Controller:
         return bool(
             self.settings.progress_url
             and job.spec.metrics.enabled
-            and decided.status.get("phase") in ("Running", "Restarting")
+            and decided.status.phase in ("Running", "Restarting")
         )
 
     async def _refresh_progress(
@@ -311,8 +319,10 @@ class Controller:
         memory.invalid = text
         log.error("%s/%s is invalid:\n%s", *key, text)
         now = datetime.now(UTC)
+        stored = (body.get("status") or {}).get("conditions") or []
+        kept = [Condition.model_validate(c) for c in stored if isinstance(c, dict) and _valid(c)]
         conditions = cond.set_condition(
-            list((body.get("status") or {}).get("conditions") or []),
+            kept,
             cond.INVALID,
             True,
             "ValidationFailed",
@@ -321,14 +331,22 @@ class Controller:
             body.get("metadata", {}).get("generation"),
         )
         self._check_leading()
-        self.kube.patch_status(*key, {"conditions": conditions}, None)
+        wire = [c.to_wire() for c in conditions]
+        self.kube.patch_status(*key, {"conditions": wire}, None)
         self.kube.event(body, "Warning", "ValidationFailed", text)
 
     def _check_leading(self) -> None:
         if self.leader is not None and not self.leader.leading.is_set():
             raise LostLeadership()
 
-    def _execute(self, key: Key, body: dict[str, Any], decided: Plan, memory: _Memory) -> None:
+    def _execute(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        decided: Plan,
+        planned: dict[str, Any],
+        memory: _Memory,
+    ) -> None:
         """Carry out a plan: the status first, so nothing is done that the status does not
         know about (a failure the status lost would be forgotten, a permanent one retried);
         then labels, deletions, creations, events."""
@@ -338,12 +356,9 @@ class Controller:
             self.kube.patch(kind, namespace, child, patch)
         if decided.create_children:
             self._note_refusals(self.kube.create_all(decided.create_children), memory)
-        if st.changed(body.get("status"), decided.status):
+        if st.changed(body.get("status"), planned):
             memory.job = self.kube.patch_status(
-                namespace,
-                name,
-                st.to_wire(decided.status),
-                body.get("metadata", {}).get("resourceVersion"),
+                namespace, name, planned, body.get("metadata", {}).get("resourceVersion")
             )
         now = time.monotonic()
         if decided.mark_recorded:
@@ -408,12 +423,9 @@ class Controller:
         if replacements and job.status and job.status.start_time:
             metrics.POD_REPLACEMENTS.labels(ns).inc(replacements)
         status = decided.status
-        if status.get("phase") == "Failed" and (job.status is None or job.status.phase != "Failed"):
-            reason = next(
-                (c["reason"] for c in status.get("conditions", []) if c["type"] == "Failed"),
-                "Unknown",
-            )
-            metrics.JOB_FAILURES.labels(ns, reason).inc()
+        if status.phase == "Failed" and (job.status is None or job.status.phase != "Failed"):
+            failed = cond.get(status.conditions, cond.FAILED)
+            metrics.JOB_FAILURES.labels(ns, failed.reason if failed else "Unknown").inc()
         if not decided.all_running:
             return
         if not memory.startup_observed:
@@ -432,6 +444,14 @@ class Controller:
                 phase = (body.get("status") or {}).get("phase", "Pending")
                 counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
         return counts
+
+
+def _valid(condition: dict[str, Any]) -> bool:
+    try:
+        Condition.model_validate(condition)
+    except ValidationError:
+        return False
+    return True
 
 
 def _api_message(error: ApiException) -> str:

@@ -7,10 +7,12 @@ policies live one per module (``failure``, ``scaling``, ``lifecycle``, ``phase``
 import secrets
 import string
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api.status import Phase, TrainingJobStatus
+from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator.failure import Failure
@@ -78,7 +80,7 @@ class Plan:
     create_children: list[dict[str, Any]] = field(default_factory=list)
     patch_children: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """(kind, name, merge patch) for children of ours that drifted from what we build."""
-    status: dict[str, Any] = field(default_factory=dict)
+    status: TrainingJobStatus = field(default_factory=TrainingJobStatus)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False
@@ -112,30 +114,32 @@ class Context:
         self.generation = observed.job.metadata.get("generation")
         self.new_suffix = new_suffix
         status = observed.job.status
-        self.status: dict[str, Any] = status.to_wire() if status else {}
-        self.conditions: list[dict[str, Any]] = list(self.status.get("conditions", []))
+        self.status = status.model_copy(deep=True) if status else TrainingJobStatus()
         self.plan = Plan()
 
+    def condition(self, kind: str) -> Condition | None:
+        return cond.get(self.status.conditions, kind)
+
     def set(self, kind: str, status: bool, reason: str, message: str) -> None:
-        self.conditions = cond.set_condition(
-            self.conditions, kind, status, reason, message, self.now, self.generation
+        self.status.conditions = cond.set_condition(
+            self.status.conditions, kind, status, reason, message, self.now, self.generation
         )
 
     def clear(self, kind: str, reason: str, message: str = "") -> None:
-        self.conditions = cond.clear(
-            self.conditions, kind, reason, message, self.now, self.generation
+        self.status.conditions = cond.clear(
+            self.status.conditions, kind, reason, message, self.now, self.generation
         )
 
     def is_true(self, kind: str) -> bool:
-        return cond.is_true(self.conditions, kind)
+        return cond.is_true(self.status.conditions, kind)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.plan.events.append(Event(type_, reason, message))
 
     def warn_once(self, kind: str, reason: str, message: str) -> None:
         """Set ``kind`` True and emit a Warning event only when its reason changes."""
-        previous = cond.get(self.conditions, kind)
-        if previous is None or previous.get("status") != "True" or previous["reason"] != reason:
+        previous = self.condition(kind)
+        if previous is None or previous.status != "True" or previous.reason != reason:
             self.event("Warning", reason, message)
         self.set(kind, True, reason, message)
 
@@ -143,18 +147,14 @@ class Context:
         moment = p.parse_time(value)
         return None if moment is None else (self.now - moment).total_seconds()
 
-    def at(self, seconds_from_now: float) -> datetime:
-        return self.now + timedelta(seconds=seconds_from_now)
-
-    def finish(self, phase: str, reason: str, message: str) -> None:
-        self.status["phase"] = phase
-        self.status["completionTime"] = p.format_time(self.now)
+    def finish(self, phase: Phase, reason: str, message: str) -> None:
+        self.status.phase = phase
+        self.status.completion_time = p.format_time(self.now)
         self.set(phase, True, reason, message)
         self.clear(cond.RUNNING, reason, message)
         self.clear(cond.RESTARTING, reason, message)
         self.event("Warning" if phase == "Failed" else "Normal", reason, message)
 
     def done(self) -> Plan:
-        self.status["conditions"] = self.conditions
         self.plan.status = self.status
         return self.plan

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api.spec import FailurePolicySpec, FailureReason
+from torchkube.api.status import FailureRecord, TrainingJobStatus
 from torchkube.elastic import RENDEZVOUS_EXIT_CODE
 from torchkube.operator import pods as p
 
@@ -193,9 +194,9 @@ def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
     )
 
 
-def record_key(record: dict[str, Any]) -> tuple[str, int]:
+def record_key(record: FailureRecord) -> tuple[str, int]:
     """What identifies a recorded failure: the pod and, for in-place restarts, which one."""
-    return str(record.get("pod") or ""), int(record.get("restartCount") or 0)
+    return record.pod or "", record.restart_count or 0
 
 
 def failure_key(failure: Failure) -> tuple[str, int]:
@@ -208,15 +209,11 @@ class Ledger:
 
     restarts: int = 0
     counted: int = 0
-    history: Sequence[dict[str, Any]] = ()
+    history: Sequence[FailureRecord] = ()
 
     @classmethod
-    def of(cls, status: dict[str, Any]) -> "Ledger":
-        return cls(
-            int(status.get("restarts") or 0),
-            int(status.get("restartsCountTowardsMax") or 0),
-            tuple(status.get("failures") or ()),
-        )
+    def of(cls, status: TrainingJobStatus) -> "Ledger":
+        return cls(status.restarts, status.restarts_count_towards_max, tuple(status.failures))
 
 
 @dataclass
@@ -225,45 +222,36 @@ class Outcome:
 
     restarts: int
     counted: int
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[FailureRecord] = field(default_factory=list)
     new_incidents: list[Failure] = field(default_factory=list)
     """The first failure of each incident opened by this batch (one event each)."""
     fail_reason: str | None = None
     fail_message: str = ""
 
 
-def _incident_of(record: dict[str, Any]) -> int | None:
-    value = record.get("incident")
-    return int(value) if value is not None else None
-
-
 def _current_incident(ledger: Ledger) -> tuple[datetime | None, bool]:
     """(when the newest incident began, whether it already spends the budget)."""
-    members = [r for r in ledger.history if _incident_of(r) == ledger.restarts]
+    members = [r for r in ledger.history if r.incident == ledger.restarts]
     if not members or ledger.restarts == 0:
         return None, False
-    began = min(p.parse_time(r.get("time")) or datetime.max for r in members)
-    return began, any(r.get("counted", True) for r in members)
+    began = min(p.parse_time(r.time) or datetime.max for r in members)
+    return began, any(r.counted is not False for r in members)
 
 
-def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> dict[str, Any]:
+def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> FailureRecord:
     """A failure as ``status.failures`` stores it."""
-    record: dict[str, Any] = {
-        "reason": failure.reason,
-        "message": failure.message,
-        "pod": failure.pod,
-        "retryable": failure.retryable,
-        "time": p.format_time(now),
-        "incident": incident,
-        "counted": counted,
-    }
-    if failure.node:
-        record["node"] = failure.node
-    if failure.exit_code is not None:
-        record["exitCode"] = failure.exit_code
-    if failure.restart_count:
-        record["restartCount"] = failure.restart_count
-    return record
+    return FailureRecord(
+        reason=failure.reason,
+        message=failure.message,
+        pod=failure.pod,
+        node=failure.node,
+        exit_code=failure.exit_code,
+        retryable=failure.retryable,
+        time=p.format_time(now),
+        incident=incident,
+        counted=counted,
+        restart_count=failure.restart_count or None,
+    )
 
 
 def account(
@@ -302,15 +290,15 @@ def account(
     return out
 
 
-def incident_starts(history: Iterable[dict[str, Any]]) -> list[datetime]:
+def incident_starts(history: Iterable[FailureRecord]) -> list[datetime]:
     """When each recorded incident began, oldest first (records without an incident number,
     written by older operators, are an incident each)."""
     starts: dict[Any, datetime] = {}
     for index, record in enumerate(history):
-        when = p.parse_time(record.get("time"))
+        when = p.parse_time(record.time)
         if when is None:
             continue
-        incident = _incident_of(record)
+        incident = record.incident
         key: tuple[str, int] = ("record", index) if incident is None else ("incident", incident)
         starts[key] = min(when, starts.get(key, when))
     return sorted(starts.values())

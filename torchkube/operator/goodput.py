@@ -55,10 +55,6 @@ STALL_MIN_SECONDS = 120.0
 STALL_STEPS = 10.0
 """A step is overdue (``stall``) after max(120 s, 10 step times) without a new step."""
 
-STATUS_MIN_INTERVAL = 30.0
-"""``status.goodput`` alone triggers a status write at most this often (it moves with the
-clock; without a limit a young job's status would be rewritten on every reconcile)."""
-
 Mode = Literal["scheduling", "waiting", "training", "paused", "finished"]
 _EXCLUDED_PHASES = ("Succeeded", "Failed")
 
@@ -152,9 +148,6 @@ class Goodput:
     base: int | None = None
     failed_step: int | None = None
     failed_resumes: int | None = None
-    # --- status.goodput as last written
-    reported: float | None = None
-    reported_at: datetime | None = None
 
     @property
     def badput_total(self) -> float:
@@ -214,8 +207,6 @@ def resume(status: Mapping[str, Any], created: datetime, now: datetime) -> Goodp
         cause="recovery",
         base=checkpoint or 0,
         failed_step=step,
-        reported=None if ratio is None else float(ratio),
-        reported_at=now,
     )
 
 
@@ -449,34 +440,10 @@ def track(
     reporting: bool = True,
 ) -> Goodput:
     """One reconcile's update. ``previous`` is the status as stored, ``status`` the one the
-    plan decided (both without a new goodput), ``progress`` the trainer's last report,
-    ``reporting`` whether reports are expected at all.
-
-    Sets ``reported``, the value ``status.goodput`` should have: the new ratio (rounded to
-    0.001) when the status is written anyway or ``STATUS_MIN_INTERVAL`` has passed since
-    the last change, else the value already there — the ratio moves with the clock, and
-    writing it on every reconcile would wake the next reconcile, forever.
-    """
+    plan decided, ``progress`` the trainer's last report, ``reporting`` whether reports are
+    expected at all. When ``status.goodput`` is written is the status module's business."""
     created = p.parse_time(job.metadata.get("creationTimestamp")) or now
     if state is None or state.created != created:
         under_way = previous.get("startTime") or previous.get("phase") not in (None, "Pending")
         state = resume(previous, created, now) if under_way else start(created)
-    state = advance(state, Sample.of(status, progress, now, reporting))
-    ratio = state.ratio
-    old = previous.get("goodput")
-    if ratio is None:
-        return replace(state, reported=None if old is None else float(old))
-    value = round(ratio, 3)
-    writing = _without_goodput(status) != _without_goodput(previous)
-    due = (
-        state.reported_at is None
-        or (now - state.reported_at).total_seconds() >= STATUS_MIN_INTERVAL
-    )
-    if old is None or value == old or writing or due:
-        changed = old is None or value != old
-        return replace(state, reported=value, reported_at=now if changed else state.reported_at)
-    return replace(state, reported=float(old))
-
-
-def _without_goodput(status: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in status.items() if key != "goodput"}
+    return advance(state, Sample.of(status, progress, now, reporting))

@@ -20,8 +20,15 @@ RELEASE_FINISHED = "finished"
 RELEASE_SUSPENDED = "suspended"
 
 
+def is_being_deleted(ctx: Context) -> bool:
+    """A job being deleted creates nothing: garbage collection is removing its children
+    (with foreground deletion, before the job itself), and recreating them would hold the
+    deletion up for ever."""
+    return bool(ctx.job.metadata.get("deletionTimestamp"))
+
+
 def is_finished(ctx: Context) -> bool:
-    return ctx.status.get("phase") in TERMINAL_PHASES
+    return ctx.status.phase in TERMINAL_PHASES
 
 
 def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
@@ -36,7 +43,7 @@ def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
         if policy == "All" or is_store or (policy == "Running" and state in ("pending", "running")):
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
     ttl = ctx.spec.run_policy.ttl_seconds_after_finished
-    finished = p.parse_time(ctx.status.get("completionTime"))
+    finished = p.parse_time(ctx.status.completion_time)
     if ttl is not None and finished is not None:
         remaining = (finished + timedelta(seconds=ttl) - ctx.now).total_seconds()
         if remaining <= 0:
@@ -47,10 +54,10 @@ def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
 
 def _suspended_since(ctx: Context) -> float:
     """Seconds the current suspension has lasted (0 when not suspended)."""
-    condition = cond.get(ctx.conditions, cond.SUSPENDED)
-    if condition is None or condition.get("status") != "True":
+    condition = ctx.condition(cond.SUSPENDED)
+    if condition is None or condition.status != "True":
         return 0.0
-    return max(0.0, ctx.seconds_since(condition.get("lastTransitionTime")) or 0.0)
+    return max(0.0, ctx.seconds_since(condition.last_transition_time) or 0.0)
 
 
 def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
@@ -60,16 +67,17 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
         for pod in owned:
             if p.state(pod) in ("pending", "running"):
                 ctx.plan.delete(pod, why=RELEASE_SUSPENDED)
-        if ctx.status.get("phase") != "Suspended":
+        if ctx.status.phase != "Suspended":
             ctx.event("Normal", "Suspended", "job suspended: workers deleted, checkpoints kept")
-        ctx.status["phase"] = "Suspended"
+        ctx.status.phase = "Suspended"
         ctx.set(cond.SUSPENDED, True, "Suspended", "spec.runPolicy.suspend is true")
         ctx.clear(cond.RUNNING, "Suspended", "job is suspended")
-        ctx.status.update(replicas=0, readyReplicas=0, workers=f"0/{ctx.spec.replicas.target}")
+        ctx.status.replicas = ctx.status.ready_replicas = 0
+        ctx.status.workers = f"0/{ctx.spec.replicas.target}"
         return True
     if ctx.is_true(cond.SUSPENDED):
         spent = _suspended_since(ctx)
-        ctx.status["suspendedSeconds"] = round(ctx.status.get("suspendedSeconds", 0) + spent, 3)
+        ctx.status.suspended_seconds = round(ctx.status.suspended_seconds + spent, 3)
         ctx.set(
             cond.SUSPENDED,
             False,
@@ -84,8 +92,8 @@ def deadlines(ctx: Context) -> bool:
     """``activeDeadlineSeconds`` from the first start, ``startDeadlineSeconds`` from the
     creation, both without the time spent suspended; True when the job just failed."""
     policy = ctx.spec.run_policy
-    suspended = float(ctx.status.get("suspendedSeconds") or 0)
-    started = ctx.seconds_since(ctx.status.get("startTime"))
+    suspended = ctx.status.suspended_seconds
+    started = ctx.seconds_since(ctx.status.start_time)
     if policy.active_deadline_seconds is not None and started is not None:
         remaining = policy.active_deadline_seconds - (started - suspended)
         if remaining <= 0:
@@ -101,10 +109,8 @@ def deadlines(ctx: Context) -> bool:
     if policy.start_deadline_seconds is not None and started is None and created is not None:
         remaining = policy.start_deadline_seconds - (created - suspended)
         if remaining <= 0:
-            blocked = cond.get(ctx.conditions, cond.PODS_BLOCKED) or cond.get(
-                ctx.conditions, cond.PODS_UNSCHEDULABLE
-            )
-            why = f": {blocked['message']}" if blocked and blocked["status"] == "True" else ""
+            blocked = ctx.condition(cond.PODS_BLOCKED) or ctx.condition(cond.PODS_UNSCHEDULABLE)
+            why = f": {blocked.message}" if blocked and blocked.status == "True" else ""
             ctx.finish(
                 "Failed",
                 "StartDeadlineExceeded",
@@ -136,7 +142,7 @@ def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, 
         if p.state(pod) == "pending":
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
     if not any(p.state(pod) == "running" for pod in live):
-        steps = (ctx.status.get("progress") or {}).get("step")
+        steps = ctx.status.progress.step if ctx.status.progress else None
         detail = f" after {steps} steps" if steps else ""
         ctx.finish("Succeeded", "TrainingCompleted", f"training completed{detail}")
     return True

@@ -59,26 +59,26 @@ def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
     minimum = ctx.spec.replicas.min
     ctx.plan.all_running = len(running) == ctx.spec.replicas.target
     if len(running) >= minimum:
-        if ctx.status.get("phase") != "Running":
+        if ctx.status.phase != "Running":
             ctx.event("Normal", "Running", f"{len(running)} workers running")
-        ctx.status["phase"] = "Running"
-        ctx.status.setdefault("startTime", p.format_time(ctx.now))
+        ctx.status.phase = "Running"
+        ctx.status.start_time = ctx.status.start_time or p.format_time(ctx.now)
         ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
         ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
-    elif ctx.status.get("startTime"):
-        ctx.status["phase"] = "Restarting"
+    elif ctx.status.start_time:
+        ctx.status.phase = "Restarting"
         text = f"{len(running)} of at least {minimum} workers running; waiting for replacements"
         ctx.set(cond.RESTARTING, True, "WaitingForWorkers", text)
         ctx.set(cond.RUNNING, False, "WaitingForWorkers", text)
     else:
-        ctx.status["phase"] = "Pending"
+        ctx.status.phase = "Pending"
 
 
 def counts(ctx: Context, workers: list[dict[str, Any]]) -> None:
     ready = sum(1 for pod in workers if p.is_ready(pod))
     target = ctx.spec.replicas.target
-    ctx.status["replicas"] = len(workers)
-    ctx.status["readyReplicas"] = ready
-    ctx.status["desiredReplicas"] = target
-    ctx.status["workers"] = f"{ready}/{target}"
-    ctx.status["selector"] = lbl.worker_selector(ctx.job.name)
+    ctx.status.replicas = len(workers)
+    ctx.status.ready_replicas = ready
+    ctx.status.desired_replicas = target
+    ctx.status.workers = f"{ready}/{target}"
+    ctx.status.selector = lbl.worker_selector(ctx.job.name)

@@ -9,19 +9,21 @@ again.
 The decisions live one policy per module; this file only sorts the pods and runs the policies
 in order:
 
-  children (``children``) → finished: clean-up and TTL (``lifecycle``) → suspended
+  being deleted: nothing (``lifecycle``) → children (``children``) → finished: clean-up and
+  TTL (``lifecycle``) → suspended
   (``lifecycle``) → deadlines (``lifecycle``) → sort the job's own pods → new failures
   (``failure``): permanent or over budget → Failed, else record, back off, replace → success
   (``lifecycle``) → refused creates → scale to the target (``scaling``) → keep the store →
   blocked and unschedulable pods, phase and counts (``phase``).
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from torchkube.api.status import MAX_FAILURE_HISTORY
+from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
 from torchkube.operator import builders, children, failure, lifecycle, phase, scaling
 from torchkube.operator import conditions as cond
 from torchkube.operator import labels as lbl
@@ -60,7 +62,7 @@ class _Sorter:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.recorded = {failure.record_key(r) for r in ctx.status.get("failures", [])}
+        self.recorded = {failure.record_key(r) for r in ctx.status.failures}
         self.partition = scaling.partition(ctx.nodes)
         self.policy = ctx.spec.failure_policy
 
@@ -172,20 +174,20 @@ def _record_failures(ctx: Context, new: list[Failure]) -> bool:
     outcome = failure.account(before, new, ctx.spec.failure_policy, ctx.now)
     ctx.plan.failures.extend(new)
     history = [*before.history, *outcome.records]
-    ctx.status["failures"] = history[-MAX_FAILURE_HISTORY:]
-    ctx.status["lastFailure"] = outcome.records[-1]
-    ctx.status["restarts"] = outcome.restarts
-    ctx.status["restartsCountTowardsMax"] = outcome.counted
+    ctx.status.failures = history[-MAX_FAILURE_HISTORY:]
+    ctx.status.last_failure = outcome.records[-1]
+    ctx.status.restarts = outcome.restarts
+    ctx.status.restarts_count_towards_max = outcome.counted
     for record in outcome.records:
-        value = str(record["restartCount"]) if record.get("restartCount") else "true"
-        ctx.plan.mark_recorded[record["pod"]] = value
+        value = str(record.restart_count) if record.restart_count else "true"
+        ctx.plan.mark_recorded[record.pod or ""] = value
     if outcome.fail_reason is not None:
         ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
         return False
     max_restarts = ctx.spec.failure_policy.max_restarts
     for incident in range(before.restarts + 1, outcome.restarts + 1):
-        members = [r for r in outcome.records if r["incident"] == incident]
-        first = next(f for f in outcome.new_incidents if f.pod == members[0]["pod"])
+        members = [r for r in outcome.records if r.incident == incident]
+        first = next(f for f in outcome.new_incidents if f.pod == members[0].pod)
         others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
         ctx.event(
             "Warning",
@@ -242,7 +244,7 @@ def _keep_store(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
     for pod in stores[1:]:
         ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
     if not stores and may_create:
-        avoid = scaling.avoided_nodes(ctx.status.get("failures", []), ctx.now)
+        avoid = scaling.avoided_nodes(ctx.status.failures, ctx.now)
         ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))
 
 
@@ -268,10 +270,11 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     """Decide what to do about one TrainingJob now."""
     ctx = Context(observed, new_suffix)
     _apply_progress(ctx, observed.progress)
-    ctx.status["observedGeneration"] = ctx.generation
-    ctx.status.setdefault("phase", "Pending")
+    ctx.status.observed_generation = ctx.generation
     owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
 
+    if lifecycle.is_being_deleted(ctx):
+        return ctx.done()
     if lifecycle.is_finished(ctx):
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
@@ -321,7 +324,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         or phase.blocked_pods([*workers, *sorted_pods.live_stores])
         or children.claim_problem(ctx, observed.children, running),
     )
-    if ctx.status.get("phase") == "Pending" or not ctx.status.get("startTime"):
+    if ctx.status.phase == "Pending" or not ctx.status.start_time:
         _fail_unstartable(ctx, workers)
     if lifecycle.is_finished(ctx):
         lifecycle.clean_up_finished(ctx, owned)
@@ -345,19 +348,28 @@ def _fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> None:
             return
 
 
-def _apply_progress(ctx: Context, progress: dict[str, Any] | None) -> None:
+def _apply_progress(ctx: Context, report: dict[str, Any] | None) -> None:
     """Copy the trainer's last report (docs/trainer.md: progress.json) into the status."""
-    if not progress:
+    if not report:
         return
-    record: dict[str, Any] = {"step": int(progress.get("step", 0))}
-    for key in ("totalSteps", "loss", "tokensPerSecond", "updated"):
-        if progress.get(key) is not None:
-            record[key] = progress[key]
-    ctx.status["progress"] = record
-    if progress.get("worldSize"):
-        ctx.status["worldSize"] = int(progress["worldSize"])
-    if progress.get("lastCheckpointStep") is not None:
-        checkpoint: dict[str, Any] = {"step": int(progress["lastCheckpointStep"])}
-        if progress.get("lastCheckpointTime"):
-            checkpoint["time"] = progress["lastCheckpointTime"]
-        ctx.status["latestCheckpoint"] = checkpoint
+    ctx.status.progress = ProgressRecord(
+        step=int(report.get("step", 0)),
+        total_steps=report.get("totalSteps"),
+        loss=_finite(report.get("loss")),
+        tokens_per_second=_finite(report.get("tokensPerSecond")),
+        updated=report.get("updated"),
+    )
+    if report.get("worldSize"):
+        ctx.status.world_size = int(report["worldSize"])
+    if report.get("lastCheckpointStep") is not None:
+        ctx.status.latest_checkpoint = CheckpointRecord(
+            step=int(report["lastCheckpointStep"]), time=report.get("lastCheckpointTime")
+        )
+
+
+def _finite(value: Any) -> float | None:
+    """A number JSON can carry: a diverged trainer's NaN or inf loss is left out."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None

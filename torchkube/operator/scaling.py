@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from torchkube.api.status import FailureRecord
 from torchkube.operator import pods as p
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
@@ -44,18 +45,18 @@ def surplus_and_missing(
     return surplus, missing
 
 
-def avoided_nodes(history: Iterable[dict[str, Any]], now: datetime) -> list[str]:
+def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
     """Nodes that lost a worker of the job within ``AVOID_LOST_NODES_FOR``."""
     nodes = set()
     for record in history:
-        when = p.parse_time(record.get("time"))
+        when = p.parse_time(record.time)
         if (
-            record.get("reason") == "NodeLost"
-            and record.get("node")
+            record.reason == "NodeLost"
+            and record.node
             and when is not None
             and now - when < AVOID_LOST_NODES_FOR
         ):
-            nodes.add(str(record["node"]))
+            nodes.add(record.node)
     return sorted(nodes)
 
 

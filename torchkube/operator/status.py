@@ -1,4 +1,5 @@
-"""The status the operator writes: made safe to send, checked against the model, diffed.
+"""The status the operator writes: made safe to send, diffed, and how often goodput alone may
+cause a write.
 
 A status the apiserver refuses is worse than a stale one: the write fails, and with it every
 later write of that job (the same bad value is planned again), so the failure it was meant to
@@ -8,8 +9,9 @@ their schema's length, and the whole is validated with the pydantic model the CR
 generated from, so what passes here passes the apiserver.
 """
 
-import logging
 import math
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,7 +19,9 @@ from pydantic import ValidationError
 from torchkube.api.errors import describe
 from torchkube.api.status import TrainingJobStatus
 
-log = logging.getLogger(__name__)
+GOODPUT_MIN_INTERVAL = 30.0
+"""``status.goodput`` alone causes a status write at most this often: it moves with the
+clock, and without a limit a young job's status would be rewritten on every reconcile."""
 
 _MESSAGE_LIMITS = {"message": 4096, "reason": 1024, "pod": 253, "node": 253}
 
@@ -40,9 +44,10 @@ def _clean(value: Any, key: str = "") -> Any:
     return value
 
 
-def to_wire(status: dict[str, Any]) -> dict[str, Any]:
+def to_wire(status: TrainingJobStatus | dict[str, Any]) -> dict[str, Any]:
     """The status as it may be sent: finite numbers, strings within their limits, valid."""
-    cleaned: dict[str, Any] = _clean(status)
+    raw = status.to_wire() if isinstance(status, TrainingJobStatus) else status
+    cleaned: dict[str, Any] = _clean(raw)
     try:
         TrainingJobStatus.model_validate(cleaned)
     except ValidationError as error:
@@ -50,5 +55,40 @@ def to_wire(status: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def changed(previous: dict[str, Any] | None, planned: dict[str, Any]) -> bool:
-    return planned != (previous or {})
+def changed(stored: dict[str, Any] | None, planned: dict[str, Any]) -> bool:
+    """Whether the planned status (wire form) differs from what the job holds."""
+    return planned != (stored or {})
+
+
+@dataclass(frozen=True)
+class GoodputWrite:
+    """The value ``status.goodput`` was last given, and when it last changed."""
+
+    value: float | None = None
+    at: datetime | None = None
+
+
+def goodput_to_write(
+    ratio: float | None,
+    stored: dict[str, Any],
+    planned: dict[str, Any],
+    last: GoodputWrite | None,
+    now: datetime,
+) -> GoodputWrite:
+    """What ``status.goodput`` should say now: the new ratio (to 0.001) when the status is
+    written anyway or ``GOODPUT_MIN_INTERVAL`` passed since it last changed, else the value
+    already there."""
+    old = stored.get("goodput")
+    last = last or GoodputWrite(None if old is None else float(old), now)
+    if ratio is None:
+        return GoodputWrite(None if old is None else float(old), last.at)
+    value = round(ratio, 3)
+    writing = _without_goodput(planned) != _without_goodput(stored)
+    due = last.at is None or (now - last.at).total_seconds() >= GOODPUT_MIN_INTERVAL
+    if old is None or value == old or writing or due:
+        return GoodputWrite(value, now if old is None or value != old else last.at)
+    return GoodputWrite(float(old), last.at)
+
+
+def _without_goodput(status: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in status.items() if key != "goodput"}
