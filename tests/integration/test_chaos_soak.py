@@ -239,14 +239,20 @@ class Soak:
         )
         wait_for(lambda: self.uid(name) is None, 30, what=f"{name} deleted")
 
-        def collected() -> bool:  # garbage collection has taken the old pods in hand
-            return all(
-                p.metadata.deletion_timestamp is not None
+        def left() -> list[str]:  # garbage collection has not taken these in hand yet
+            return [
+                f"{p.metadata.name} ({p.status.phase}, owner "
+                f"{[r.uid for r in p.metadata.owner_references or []]})"
                 for p in self.all_pods()
-                if p.metadata.labels[lbl.JOB_NAME] == name
-            )
+                if p.metadata.labels[lbl.JOB_NAME] == name and p.metadata.deletion_timestamp is None
+            ]
 
-        wait_for(collected, 30, what=f"{name}'s pods collected")
+        wait_for(
+            lambda: not left(),
+            90,
+            what=f"{name}'s pods collected",
+            describe_last=lambda: str(left()),
+        )
         self.create(name)
 
     def permanent_failure(self) -> None:
@@ -298,9 +304,7 @@ def test_chaos_soak_keeps_every_invariant(
     seed = int(os.environ.get("TORCHKUBE_SOAK_SEED") or random.randrange(1 << 30))
     print(f"chaos soak seed {seed}")
     pools = [isolated_pool(nodes=3, domain=f"{ZONE}-{i}") for i in range(4)]
-    soak = Soak(
-        random.Random(seed), seed, cluster, api_client, namespace, operator, pools, tmp_path
-    )
+    soak = Soak(random.Random(seed), seed, cluster, api_client, namespace, operator, pools)
     errors_before = operator.tail(100_000).count("reconcile of")
     volume = prebound_volume(api_client, namespace, CLAIM, str(tmp_path))
     claim = {
