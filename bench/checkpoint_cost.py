@@ -99,7 +99,7 @@ class State:
         torch.manual_seed(self.spec.seed)
         model = workload.build_model(self.spec)
         self.model = parallelize(model, self.spec, self.info, workload.blocks(model))
-        self.optimizer = build_optimizer(self.model, self.spec, self.info.device)
+        self.optimizer = build_optimizer(self.model, self.spec, self.info)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(self.spec))
         self.train_state = TrainState()
         self.loss_fn = workload.loss_fn

@@ -6,7 +6,6 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,20 +19,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import MARKER, OWNER, CheckpointManager, FencedError, TrainState
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
 from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
-
-
-@pytest.fixture(scope="module")
-def info() -> Iterator[DistInfo]:
-    dist_info = distributed.setup(TrainerSpec(device="cpu"))
-    try:
-        yield dist_info
-    finally:
-        distributed.teardown()
 
 
 @dataclass
@@ -84,7 +73,7 @@ def make_job(
     torch.manual_seed(0)
     gpt = GPT(replace(PRESETS["tiny"], vocab_size=64, block_size=16))
     model = parallelize(gpt, spec, info, list(gpt.h))
-    optimizer = build_optimizer(model, spec, info.device)
+    optimizer = build_optimizer(model, spec, info)
     scheduler = LambdaLR(optimizer, lr_lambda(spec))
     state = TrainState()
     ckpt = CheckpointManager(
