@@ -51,8 +51,9 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
 
 
 def test_sigterm_checkpoints_and_resumes_bitwise(token_data: Path, tmp_path: Path) -> None:
-    """SIGTERM during step 13 → all ranks agree to stop after the next step → step-14 is
-    written → exit 143; the resumed run ends bit for bit where an uninterrupted one does."""
+    """SIGTERM during step 13 → a world of one stops right after it (several ranks agree on
+    it in the next step) → step-13 is written → exit 143; the resumed run ends bit for bit
+    where an uninterrupted one does."""
     reference = tmp_path / "reference"
     assert run_tiny(token_data, reference, steps=25) == EXIT_OK
 
@@ -68,7 +69,7 @@ def test_sigterm_checkpoints_and_resumes_bitwise(token_data: Path, tmp_path: Pat
     interrupted = tmp_path / "interrupted"
     workload = Workload(**{**base.__dict__, "loss_fn": loss_then_sigterm})
     assert run_tiny(token_data, interrupted, workload, steps=25) == 128 + signal.SIGTERM
-    assert sorted(p.name for p in interrupted.glob("step-*")) == ["step-10", "step-14"]
+    assert sorted(p.name for p in interrupted.glob("step-*")) == ["step-10", "step-13"]
     assert progress(interrupted)["finished"] is False
 
     assert run_tiny(token_data, interrupted, steps=25) == EXIT_OK

@@ -72,7 +72,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             model = workload.build_model(spec)
         flops_per_token = workload.flops_per_token(model, spec)
         model = parallelize(model, spec, info, workload.blocks(model))
-        optimizer = build_optimizer(model, spec, info.device)
+        optimizer = build_optimizer(model, spec, info)
         scheduler = LambdaLR(optimizer, lr_lambda(spec))
         state = TrainState()
         ckpt = CheckpointManager.for_run(
@@ -88,11 +88,11 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
         report = Reporter(spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token)
         report.started(state)
-        agreement = StepAgreement(info.control_group)
+        agreement = StepAgreement(info.control_group, lambda: stop.requested)
 
         # --- loop
         while state.step < spec.steps:
-            agreement.start(stop=stop.requested, save=info.is_main and ckpt.due(state.step + 1))
+            agreement.start(save=info.is_main and ckpt.due(state.step + 1))
             started = time.monotonic()
             loss, grad_norm, data_wait = train_step(
                 model,
