@@ -181,6 +181,27 @@ def test_keeps_the_last_k(info: DistInfo, tmp_path: Path) -> None:
     assert job.ckpt.due(10) and not job.ckpt.due(11) and not job.ckpt.due(4)
 
 
+def test_retention_counts_only_valid_checkpoints_up_to_the_current_step(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    """A corrupt folder never takes the place of a valid checkpoint, and one of a step beyond
+    the current one (another timeline, e.g. one that failed to load) is not ours to judge."""
+    job = make_job(info, tmp_path, keep=2, async_save=False)
+    for _ in range(2):
+        job.train(2)
+        job.ckpt.save(job.state.step)
+    for corrupt in ("step-5", "step-9"):
+        shutil.copytree(tmp_path / "step-4", tmp_path / corrupt)
+        shard = next((tmp_path / corrupt).glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:-10])
+    job.train(2)
+    job.ckpt.save(6)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-4", "step-6", "step-9"]
+    assert f"deleting unusable checkpoint {tmp_path}/step-5: corrupt" in trainer_log.text
+    fresh = make_job(info, tmp_path)
+    assert fresh.ckpt.load() and fresh.state.step == 6
+
+
 def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:
     job = make_job(info, tmp_path, interval_steps=0, interval_seconds=0.2)
     assert not job.ckpt.due(1)

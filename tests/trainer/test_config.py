@@ -105,7 +105,7 @@ def test_run_env_from_variables_and_flags(tmp_path: Path) -> None:
         ([], {ENV_CONFIG: "{not json"}, "is not valid JSON"),
         ([], {ENV_CONFIG: "[1, 2]"}, "must hold a mapping"),
         ([], {"TORCHKUBE_METRICS_PORT": "http"}, "TORCHKUBE_METRICS_PORT='http'"),
-        ([], {"TORCHKUBE_CHECKPOINT_KEEP": "0"}, "keep must be at least 1"),
+        ([], {"TORCHKUBE_CHECKPOINT_KEEP": "1"}, "keep must be at least 2"),
         (["--config", "/nonexistent/t.yaml"], {}, "cannot read config file"),
     ],
 )

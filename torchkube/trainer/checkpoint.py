@@ -538,8 +538,30 @@ class CheckpointManager:
             shutil.rmtree(stale, ignore_errors=True)
         os.rename(pending.folder, final)
         _fsync_dir(self.folder)
-        for _, old in step_folders(self.folder)[self.keep :]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._purge(pending.step)
+
+    def _purge(self, step: int) -> None:
+        """Rank 0: keep the newest ``keep`` checkpoints that validate, at or below ``step``.
+
+        Only valid ones count, so a corrupt folder never pushes a good checkpoint out; a
+        folder that fails validation at or below ``step`` is deleted (it can never load).
+        Folders above ``step`` belong to a timeline this run did not resume from (say, one
+        that failed to load on some rank): they are neither counted nor deleted.
+        """
+        assert self.folder is not None
+        kept = 0
+        for folder_step, path in step_folders(self.folder):
+            if folder_step > step:
+                continue
+            try:
+                validate(path)
+            except ValueError as e:
+                log.warning("deleting unusable checkpoint %s: %s", path, e)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
         """Finish the save in flight and release the staging buffers."""
