@@ -27,10 +27,12 @@ from trainer_harness import (
     Launch,
     Torchrun,
     assert_bitwise_equal,
+    checkpoint_mib,
     checkpoint_tensors,
     free_port,
     read_progress,
     spec_args,
+    staged_mib,
     wait_for,
 )
 
@@ -64,6 +66,13 @@ def reference(token_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     # The goodput's checkpoint and data-loading shares: every save held training up a little.
     assert record["checkpointBlockingSeconds"] > 0 and record["dataWaitSeconds"] >= 0
     return folder / "ckpt"
+
+
+def test_ddp_stages_one_share_of_the_state_per_rank(reference: Path) -> None:
+    """Every DDP rank holds the whole state, but async checkpoints copy only a half each to
+    host memory at world size 2 (one rank writes each replicated tensor)."""
+    log = (reference.parent / "run-0.log").read_text()
+    assert staged_mib(log) <= 0.6 * checkpoint_mib(reference / f"step-{STEPS}")
 
 
 def test_worker_sigkill_resumes_bitwise(
@@ -137,6 +146,8 @@ def test_strategies_train_and_share_one_checkpoint_format(
         record = read_progress(ckpt)
         assert record["finished"] and record["step"] == steps and record["worldSize"] == nproc
         losses.append(record["loss"])
+        # each rank stages one shard: FSDP2's and ZeRO-1's over 2, HSDP's over its 2-rank groups
+        assert staged_mib(launch.output()) <= 0.6 * checkpoint_mib(ckpt / f"step-{steps}")
         if i:
             previous, size = chain[i - 1][0], chain[i - 1][1]
             assert f"written at world size {size} with {previous}" in launch.output()

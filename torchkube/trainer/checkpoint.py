@@ -7,10 +7,10 @@ Layout of the checkpoint folder::
     step-120/                a committed checkpoint: DCP files + COMPLETE.json
     .tmp-step-140-<round>/   a save in flight; never read
 
-What is saved: model and optimizer through ``get_state_dict`` (DDP, ZeRO-1, FSDP2 and HSDP
-share one FQN-keyed format, so a checkpoint loads into any strategy and any world size — DCP
-reshards), the LR scheduler, the train state (step, consumed samples, resumes, the batch
-layout) and each rank's RNG state.
+What is saved: model and optimizer state keyed by parameter name (``state_dicts``: DDP,
+ZeRO-1, FSDP2 and HSDP share one format, so a checkpoint loads into any strategy and any world
+size — DCP reshards), the LR scheduler, the train state (step, consumed samples, resumes, the
+batch layout) and each rank's RNG state. Replicated state is written by one rank each.
 
 Atomicity: every rank writes into ``.tmp-step-N-<round>``; DCP's final collective means that
 when rank 0's save returns, all ranks' files are written and rank 0 has written DCP's
@@ -18,8 +18,9 @@ when rank 0's save returns, all ranks' files are written and rank 0 has written 
 to ``step-N``. Loading only considers ``step-N`` folders with a marker whose sizes match, so a
 half-written checkpoint is never picked up; broken ones are skipped with a warning naming them.
 
-Async: ``dcp.async_save`` copies the state to host memory (the only blocking part) and writes
-from a background thread, on a gloo process group of its own. One save is in flight at a time.
+Async: ``dcp.async_save`` copies this rank's share of the state to host memory (the only
+blocking part) and writes from a background thread, on a gloo process group of its own. One
+save is in flight at a time.
 
 Fencing: a save is collective over the current process group, so a process left over from an
 earlier rendezvous round (say, behind a network partition) cannot complete one with the
@@ -45,22 +46,20 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim.lr_scheduler import LRScheduler
-from torch.utils._pytree import tree_map_only
 
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.config import RunEnv
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.metrics import TrainMetrics, rfc3339, write_json_atomic
+from torchkube.trainer.state_dicts import OPTIMIZER_KEY, state_dicts, tensor_bytes
 
 log = logging.getLogger("torchkube.trainer")
 
 # State keys: one per component, as torchtitan does.
 MODEL = "model"
-OPTIMIZER = "optim"
+OPTIMIZER = OPTIMIZER_KEY
 LR_SCHEDULER = "lr_scheduler"
 TRAIN_STATE = "train"
 RNG = "rng"
@@ -201,6 +200,8 @@ class CheckpointManager:
         self._last_save_started = time.monotonic()
         self._pending: _Pending | None = None
         self._applied = False  # whether a load attempt reached the live model
+        self.states = state_dicts(model, optimizer)
+        self.staging_bytes: int | None = None  # this rank's async staging buffers, once known
         cuda = info.device.type == "cuda"
         # One stager for the whole run: it keeps its (pinned, on GPU) host buffers between
         # saves, so only the first save pays for allocating them.
@@ -338,41 +339,27 @@ class CheckpointManager:
         if candidates:
             if self.info.is_main:
                 log.warning("no checkpoint could be loaded; starting from scratch")
-            self._state_optimizer().state.clear()  # get_state_dict initialised it for loading
+            self.states.discard_targets()
         return False
 
     def _load_from(self, path: Path) -> None:
-        model_sd, optim_sd = self._model_optim_state()
-        fresh = tree_map_only(
-            torch.Tensor,
-            torch.empty_like,
-            {
-                MODEL: model_sd,
-                OPTIMIZER: {"state": optim_sd["state"]},
-            },
-        )
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        model_sd, optim_state = self.states.targets(saved)
         state: dict[str, Any] = {
-            **fresh,
+            MODEL: model_sd,
+            OPTIMIZER: {"state": optim_state},
             LR_SCHEDULER: self.lr_scheduler.state_dict(),
             TRAIN_STATE: TrainState().state_dict(),
         }
         rng_key = f"rank{self.info.rank}"
-        keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-        if f"{RNG}.{rng_key}.cpu" in keys:  # absent when the world size grew
+        if f"{RNG}.{rng_key}.cpu" in saved:  # absent for a rank the writing world did not have
             state[RNG] = {rng_key: _rng_state(self.info.device)}
         dcp.load(state, checkpoint_id=path, process_group=self.info.checkpoint_group)
         # Hyper-parameters come from the current spec, not the checkpoint: only the state
         # tensors are loaded, with the optimizer's own param groups.
-        self._applied = True
-        set_state_dict(
-            self.model,
-            self._state_optimizer(),
-            model_state_dict=state[MODEL],
-            optim_state_dict={
-                "state": state[OPTIMIZER]["state"],
-                "param_groups": optim_sd["param_groups"],
-            },
-        )
+        optim_sd = self.states.checked(state[OPTIMIZER]["state"])
+        self._applied = True  # from here on the live model and optimizer change
+        self.states.apply(state[MODEL], optim_sd)
         self.lr_scheduler.load_state_dict(state[LR_SCHEDULER])
         for group, lr in zip(
             self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True
@@ -386,28 +373,14 @@ class CheckpointManager:
 
     # --- saving -------------------------------------------------------------------------
 
-    def _state_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer that owns this rank's state: ZeRO-1's local shard, else the optimizer."""
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            return self.optimizer.optim
-        return self.optimizer
-
     def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        model_sd, optim_sd = get_state_dict(self.model, self._state_optimizer())
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            # Each rank holds the state of its own parameters only; the FQN-keyed entries of
-            # all ranks together form the same checkpoint DDP writes. Param groups must be
-            # identical on every rank (DCP writes one copy), so they list every parameter,
-            # named as get_state_dict names it (the first name of a tied parameter).
-            names = {id(p): n.removeprefix("module.") for n, p in self.model.named_parameters()}
-            optim_sd["param_groups"] = [
-                {
-                    **{k: v for k, v in g.items() if k != "params"},
-                    "params": [names[id(p)] for p in g["params"]],
-                }
-                for g in self.optimizer.param_groups
-            ]
-        return model_sd, optim_sd
+        """This rank's part of the model and optimizer state: its share of what is replicated."""
+        model_sd, optim_sd = self.states.save()
+        if self.info.world_size == 1:
+            return model_sd, optim_sd
+        return self.states.replicated_share(
+            model_sd, optim_sd, self.info.rank, self.info.world_size
+        )
 
     def due(self, step: int) -> bool:
         """Whether the interval calls for a checkpoint after ``step`` (rank 0's view)."""
@@ -455,6 +428,7 @@ class CheckpointManager:
         writer = dcp.FileSystemWriter(tmp, thread_count=2)
         group = self.info.checkpoint_group
         if self.async_save and not blocking:
+            self._report_staging(state)
             future = dcp.async_save(
                 state, storage_writer=writer, process_group=group, async_stager=self._stager
             )
@@ -466,6 +440,23 @@ class CheckpointManager:
         self._pending = _Pending(step, tmp, future, started, time.monotonic() - started)
         if blocking or not self.async_save:
             self.wait()
+
+    def _report_staging(self, state: dict[str, Any]) -> None:
+        """Once: the host memory the async staging buffers hold (kept between saves)."""
+        if self.staging_bytes is not None:
+            return
+        self.staging_bytes = tensor_bytes(state)
+        if self.metrics is not None:
+            self.metrics.checkpoint_staging.set(self.staging_bytes)
+        largest = torch.tensor([self.staging_bytes], dtype=torch.int64)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.info.control_group)
+        if self.info.is_main:
+            log.info(
+                "async checkpoints stage %.2f MiB of host memory per rank (the largest share; "
+                "rank 0: %.2f MiB), kept between saves",
+                int(largest) / 2**20,
+                self.staging_bytes / 2**20,
+            )
 
     def poll(self) -> None:
         """Commit a finished background save; cheap, call it every step."""

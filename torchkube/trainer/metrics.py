@@ -156,6 +156,10 @@ class TrainMetrics:
             "Part of a checkpoint save during which training was blocked.",
             seconds,
         )
+        self.checkpoint_staging = gauge(
+            "torchkube_train_checkpoint_staging_bytes",
+            "Host memory this rank's async checkpoint staging buffers hold (kept between saves).",
+        )
         self.checkpoint_load = gauge(
             "torchkube_train_checkpoint_load_duration_seconds", "Time the last resume took to load."
         )
