@@ -79,6 +79,21 @@ def test_sigterm_checkpoints_and_resumes_bitwise(token_data: Path, tmp_path: Pat
     )
 
 
+def test_resuming_onto_other_data_is_refused_unless_asked(token_data: Path, tmp_path: Path) -> None:
+    """The checkpoint names the files it was trained on and their sizes; other data would
+    silently change the sample order, so that takes allowDatasetChange."""
+    assert run_tiny(token_data, tmp_path, steps=10) == EXIT_OK
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.bin").write_bytes((token_data / "val.bin").read_bytes())
+    assert run_tiny(other, tmp_path, steps=20) == EXIT_CONFIG_ERROR
+    error = progress(tmp_path)["error"]
+    assert f"checkpoint {tmp_path}/step-10 was trained on train.bin" in error
+    assert "set allowDatasetChange: true" in error
+    assert run_tiny(other, tmp_path, steps=20, allowDatasetChange=True) == EXIT_OK
+    assert progress(tmp_path)["step"] == 20 and progress(tmp_path)["restarts"] == 1
+
+
 class Regression(Dataset):
     """y = 3x − 1 with noise: a user's own data, nothing to do with tokens."""
 

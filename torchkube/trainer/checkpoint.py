@@ -48,9 +48,11 @@ from torch import nn
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import Dataset
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import RunEnv
+from torchkube.trainer.config import ConfigError, RunEnv
+from torchkube.trainer.data import dataset_identity, describe_dataset
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.metrics import TrainMetrics, rfc3339, write_json_atomic
 from torchkube.trainer.state_dicts import OPTIMIZER_KEY, state_dicts, tensor_bytes
@@ -180,6 +182,8 @@ class CheckpointManager:
         keep: int,
         async_save: bool,
         metrics: TrainMetrics | None = None,
+        dataset: dict[str, Any] | None = None,
+        allow_dataset_change: bool = False,
     ):
         self.folder, self.info = folder, info
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
@@ -192,6 +196,8 @@ class CheckpointManager:
         )
         self.async_save = async_save
         self.metrics = metrics
+        self.dataset = dataset  # data_identity() of the training data, recorded in the marker
+        self.allow_dataset_change = allow_dataset_change
         self.round = ""
         self.last_step: int | None = None
         self.blocked_seconds = 0.0
@@ -229,6 +235,7 @@ class CheckpointManager:
         lr_scheduler: LRScheduler,
         train_state: TrainState,
         metrics: TrainMetrics | None = None,
+        dataset: Dataset | None = None,
     ) -> "CheckpointManager":
         """The manager the pod's environment and the spec ask for."""
         return cls(
@@ -244,6 +251,8 @@ class CheckpointManager:
             keep=run_env.checkpoint_keep,
             async_save=spec.checkpoint_mode == "async",
             metrics=metrics,
+            dataset=dataset_identity(dataset) if dataset is not None else None,
+            allow_dataset_change=spec.allow_dataset_change,
         )
 
     # --- start-up -----------------------------------------------------------------------
@@ -297,6 +306,7 @@ class CheckpointManager:
         candidates: list[Candidate] = listing[0] or []
         partly_applied = False
         for cand in candidates:
+            self._check_dataset(cand)
             started = time.monotonic()
             self._applied = False
             error = ""
@@ -341,6 +351,28 @@ class CheckpointManager:
                 log.warning("no checkpoint could be loaded; starting from scratch")
             self.states.discard_targets()
         return False
+
+    def _check_dataset(self, cand: Candidate) -> None:
+        """Refuse (permanently) to resume onto other training data unless the spec allows it:
+        the sample order depends on the data, so the run would silently go another way."""
+        saved = cand.marker.get("dataset")
+        if saved is None or self.dataset is None or saved == self.dataset:
+            return
+        if self.allow_dataset_change:
+            if self.info.is_main:
+                log.warning(
+                    "resuming %s on other data (allowDatasetChange): trained on %s, now %s",
+                    cand.path,
+                    describe_dataset(saved),
+                    describe_dataset(self.dataset),
+                )
+            return
+        raise ConfigError(
+            f"checkpoint {cand.path} was trained on {describe_dataset(saved)}, but the data now "
+            f"is {describe_dataset(self.dataset)}: point dataPath at the data the job was "
+            "trained on, or set allowDatasetChange: true to go on training with the new data "
+            "(the samples that follow are then those of the new data)"
+        )
 
     def _load_from(self, path: Path) -> None:
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
@@ -516,6 +548,7 @@ class CheckpointManager:
             "round": self.round,
             "time": now,
             "written": rfc3339(now),
+            "dataset": self.dataset,
             "files": files,
         }
         with open(pending.folder / MARKER, "w") as f:

@@ -234,10 +234,6 @@ def preflight(spec: TrainerSpec, run_env: RunEnv) -> None:
         _check_token_files(spec.data_path, "dataPath", spec.seq_len)
     if spec.eval_data_path:
         _check_token_files(spec.eval_data_path, "evalDataPath", spec.seq_len)
-    try:
-        spec.grad_accum_steps(run_env.world_size)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
     if run_env.checkpoint_dir is not None:
         probe = run_env.checkpoint_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
         try:
