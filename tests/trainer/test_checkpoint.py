@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -200,6 +201,28 @@ def test_retention_counts_only_valid_checkpoints_up_to_the_current_step(
     assert f"deleting unusable checkpoint {tmp_path}/step-5: corrupt" in trainer_log.text
     fresh = make_job(info, tmp_path)
     assert fresh.ckpt.load() and fresh.state.step == 6
+
+
+def test_stop_commits_the_save_in_flight_of_the_same_step(
+    info: DistInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop right after an async save of the same step commits that save: one write."""
+    writes = []
+    write_data = FileSystemWriter.write_data
+
+    def counted(self: FileSystemWriter, *args: object, **kwargs: object) -> object:
+        writes.append(self.path.name)
+        return write_data(self, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", counted)
+    job = make_job(info, tmp_path)
+    job.train(3)
+    job.ckpt.save(3)
+    job.ckpt.save_on_stop(3)
+    assert len(writes) == 1 and sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3"]
+    job.train(1)
+    job.ckpt.save_on_stop(4)  # nothing in flight: the current step, written once
+    assert len(writes) == 2 and job.ckpt.last_step == 4
 
 
 def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:

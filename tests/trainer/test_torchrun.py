@@ -106,11 +106,13 @@ def test_agent_sigterm_and_sigkill_resume_bitwise(
     first.wait(60)
     stopped = read_progress(ckpt)
     assert "after the emergency checkpoint" in first.output()
-    assert stopped["lastCheckpointStep"] == stopped["step"] < STEPS and not stopped["finished"]
+    # the stopping step, or the interval save that was still being written when it came
+    assert stopped["step"] - 10 < stopped["lastCheckpointStep"] <= stopped["step"] < STEPS
+    assert not stopped["finished"]
 
     # 2. Started again (the replacement pod), then SIGKILLed with its workers (node loss).
     second = torchrun.start(2, recipe(token_data), checkpoint_dir=ckpt)
-    resumed_at = stopped["step"]
+    resumed_at = stopped["lastCheckpointStep"]
     wait_for(
         lambda: step_at_least(ckpt, resumed_at + 15, checkpoint=resumed_at + 1),
         START_TIMEOUT,
@@ -228,7 +230,9 @@ def test_elastic_shrink_and_grow_keep_the_global_batch(
     final = checkpoint_tensors(ckpt / f"step-{last['lastCheckpointStep']}")
     # every step consumed exactly one global batch, whatever the world size at the time
     assert final["train.consumed_samples"] == final["train.step"] * 16
-    assert final["train.step"] == last["step"]  # the emergency checkpoint on the way out
+    # the emergency checkpoint on the way out: of the last step, or of the interval save that
+    # was still being written when the stop came
+    assert last["step"] - 10 < final["train.step"] <= last["step"]
     print(f"shrink: training again at world size 1 {shrink_seconds:.1f}s after the kill")
 
 

@@ -437,6 +437,36 @@ class CheckpointManager:
         finally:
             self.blocked_seconds += time.monotonic() - entered
 
+    def save_on_stop(self, step: int) -> None:
+        """The emergency checkpoint before stopping (SIGTERM): at most one write, so that it
+        fits the grace period however the stop falls.
+
+        A save still in flight is finished and committed, and nothing more is written: if it
+        is of an older step, the steps since — those trained while it was being written — are
+        trained again after the restart. With none in flight (or if it failed), the current
+        step is written synchronously.
+        """
+        if self.folder is None:
+            return
+        entered = time.monotonic()
+        try:
+            if self._pending is not None:
+                in_flight = self._pending.step
+                self.wait()
+                if self.last_step == in_flight:
+                    if in_flight != step and self.info.is_main:
+                        log.warning(
+                            "stopping at step %d with the checkpoint of step %d, which was being "
+                            "written: %d steps will be trained again after the restart",
+                            step,
+                            in_flight,
+                            step - in_flight,
+                        )
+                    return
+            self._save(step, blocking=True)
+        finally:
+            self.blocked_seconds += time.monotonic() - entered
+
     def _save(self, step: int, blocking: bool) -> None:
         if self._pending is not None and self._pending.step == step:
             if blocking:

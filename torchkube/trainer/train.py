@@ -119,8 +119,12 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
                 report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
             ckpt.poll()
-            if save_now or stop_now or last:
-                ckpt.save(state.step, blocking=stop_now or last)
+            if last:
+                ckpt.save(state.step, blocking=True)
+            elif stop_now:
+                ckpt.save_on_stop(state.step)
+            elif save_now:
+                ckpt.save(state.step)
             report.checkpointed()
             if stop_now:
                 break
@@ -128,7 +132,11 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         # --- teardown
         ckpt.close()
         if state.step < spec.steps:
-            log.warning("stopped at step %d after the emergency checkpoint", state.step)
+            log.warning(
+                "stopped at step %d after the emergency checkpoint (step-%s)",
+                state.step,
+                ckpt.last_step,
+            )
             return 128 + (stop.signum or signal.SIGTERM)
         report.finished(state)
         _write_termination_message(run_env, f"{TRAINING_FINISHED} at step {state.step}")
