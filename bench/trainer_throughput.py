@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         from torchkube.trainer.metrics import peak_flops
 
         device_name = torch.cuda.get_device_name(0)
-        peaks = [peak_flops(device_name) or 0.0]
+        peaks = [peak_flops(device_name, "bf16") or 0.0]
         results.machine["gpu"] = device_name
         peak_text = f"{device_name} dense bf16 peak"
     else:

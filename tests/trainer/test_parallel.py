@@ -10,7 +10,12 @@ from torch.distributed.fsdp import FSDPModule
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
-from torchkube.trainer.parallel import build_optimizer, gradient_sync, parallelize
+from torchkube.trainer.parallel import (
+    build_optimizer,
+    gradient_sync,
+    matmul_precision,
+    parallelize,
+)
 
 
 def tiny_gpt() -> GPT:
@@ -78,3 +83,20 @@ def test_hsdp_skips_only_the_all_reduce_across_replicas(
     micro_step(model, last=False)
     micro_step(model, last=True)
     assert calls == [("set_requires_all_reduce", False), ("set_requires_all_reduce", True)]
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "fp32_setting", "expected"),
+    [
+        ("bf16", "cuda", "high", "bf16"),
+        ("auto", "cuda", "high", "bf16"),
+        ("fp32", "cuda", "high", "tf32"),  # torch.set_float32_matmul_precision("high"): TF32
+        ("fp32", "cuda", "highest", "fp32"),  # deterministic: true keeps true fp32 matmuls
+        ("auto", "cpu", "high", "fp32"),
+    ],
+)
+def test_mfu_counts_against_the_precision_the_matmuls_run_in(
+    precision: str, device: str, fp32_setting: str, expected: str
+) -> None:
+    spec = TrainerSpec(precision=precision)  # type: ignore[arg-type]
+    assert matmul_precision(spec, torch.device(device), fp32_setting) == expected

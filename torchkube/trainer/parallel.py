@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.config import ConfigError
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.metrics import MatmulPrecision
 
 
 def compute_dtype(spec: TrainerSpec, device: torch.device) -> torch.dtype:
@@ -31,6 +32,19 @@ def compute_dtype(spec: TrainerSpec, device: torch.device) -> torch.dtype:
     if spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return torch.float32
+
+
+def matmul_precision(
+    spec: TrainerSpec, device: torch.device, float32_matmul_precision: str
+) -> MatmulPrecision:
+    """The precision the model's matmuls run in, which MFU must be measured against: bf16;
+    TF32 for fp32 on CUDA unless ``torch.set_float32_matmul_precision`` is "highest" (as
+    with ``deterministic: true``); fp32 otherwise."""
+    if compute_dtype(spec, device) == torch.bfloat16:
+        return "bf16"
+    if device.type == "cuda" and float32_matmul_precision != "highest":
+        return "tf32"
+    return "fp32"
 
 
 def build_mesh(spec: TrainerSpec, info: DistInfo) -> DeviceMesh:

@@ -45,8 +45,10 @@ from torchkube.trainer.parallel import (
     build_optimizer,
     gradient_sync,
     lr_lambda,
+    matmul_precision,
     parallelize,
 )
+from torchkube.trainer.timing import StepTimer, step_timer
 from torchkube.trainer.workload import Workload, gpt_workload
 
 log = logging.getLogger("torchkube.trainer")
@@ -90,14 +92,17 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         layout = plan_layout(spec, info, state)
         loader = StepLoader(dataset, spec.seed, layout, info.rank, info.device)
         eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
-        report = Reporter(spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token)
+        timer = step_timer(info.device)
+        report = Reporter(
+            spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token, timer
+        )
         report.started(state)
         agreement = StepAgreement(info.control_group, lambda: stop.requested)
 
         # --- loop
         while state.step < spec.steps:
             agreement.start(save=info.is_main and ckpt.due(state.step + 1))
-            started = time.monotonic()
+            timer.start()
             loss, grad_norm, data_wait = train_step(
                 model,
                 optimizer,
@@ -107,12 +112,11 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 spec,
                 workload.loss_fn,
             )
+            timer.stop()
             state.step += 1
             state.consumed_samples += layout.global_batch_size
             stop_now, save_now = agreement.result()
-            report.step(
-                state, time.monotonic() - started, data_wait, float(scheduler.get_last_lr()[0])
-            )
+            report.step(state, data_wait, float(scheduler.get_last_lr()[0]))
             last = state.step == spec.steps
             if state.step % spec.log_interval_steps == 0 or last or stop_now:
                 report.log(state, loss, grad_norm)
@@ -289,15 +293,18 @@ class Reporter:
         progress: ProgressReporter,
         ckpt: CheckpointManager,
         flops_per_token: float | None,
+        timer: StepTimer,
     ):
         self.spec, self.info, self.layout = spec, info, layout
+        self.timer = timer
         self.metrics, self.progress, self.ckpt = metrics, progress, ckpt
         self.flops_per_token = flops_per_token
         name = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu"
-        self.peak = peak_flops(name)
+        precision = matmul_precision(spec, info.device, torch.get_float32_matmul_precision())
+        self.peak = peak_flops(name, precision)
         self.elastic_restarts = run_env.elastic_restart_count
         self._window_start = time.monotonic()
-        self._window_steps = 0
+        self._window_steps = self._timed_steps = 0
         self._step_time = self._data_wait = 0.0
         self._data_wait_total = 0.0
         self._lr = 0.0
@@ -333,15 +340,21 @@ class Reporter:
         m.mfu.set(float("nan"))
         self.progress.update(force=True, **self._record(state))
 
-    def step(self, state: TrainState, seconds: float, data_wait: float, lr: float) -> None:
+    def _timed(self, wait: bool = False) -> None:
+        """Step times the timer has (on GPU: of the steps the GPU finished)."""
+        for seconds in self.timer.finished(wait):
+            self.metrics.step_duration.observe(seconds)
+            self._step_time += seconds
+            self._timed_steps += 1
+
+    def step(self, state: TrainState, data_wait: float, lr: float) -> None:
         m = self.metrics
         m.step.set(state.step)
-        m.step_duration.observe(seconds)
+        self._timed()
         m.data_wait.inc(data_wait)
         m.tokens.inc(self.layout.samples(self.info.rank) * self.spec.seq_len)
         m.learning_rate.set(lr)
         self._window_steps += 1
-        self._step_time += seconds
         self._data_wait += data_wait
         self._data_wait_total += data_wait
         self._lr = lr
@@ -355,13 +368,16 @@ class Reporter:
             else float("nan")
         )
         n = max(1, self._window_steps)
+        loss_value = loss.item()  # syncs with the GPU, so waiting for the step times is free
+        self._timed(wait=True)
         mean_loss, step_time, data_wait = mean_across_ranks(
-            [loss.item(), self._step_time / n, self._data_wait / n], self.info.control_group
+            [loss_value, self._step_time / max(1, self._timed_steps), self._data_wait / n],
+            self.info.control_group,
         )
         elapsed = time.monotonic() - self._window_start
         self.loss = mean_loss
         self.tokens_per_second = self._window_steps * self.spec.tokens_per_step / max(elapsed, 1e-9)
-        self._window_start, self._window_steps = time.monotonic(), 0
+        self._window_start, self._window_steps, self._timed_steps = time.monotonic(), 0, 0
         self._step_time = self._data_wait = 0.0
         mfu = None
         if self.flops_per_token and self.peak:
