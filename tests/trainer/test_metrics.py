@@ -32,6 +32,7 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "torchkube_train_data_wait_seconds",
         "torchkube_train_checkpoint_save_duration_seconds",
         "torchkube_train_checkpoint_blocking_duration_seconds",
+        "torchkube_train_checkpoint_staging_bytes",
         "torchkube_train_checkpoint_load_duration_seconds",
         "torchkube_train_restarts",
         "torchkube_train_world_size",
