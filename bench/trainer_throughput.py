@@ -21,22 +21,26 @@ nanoGPT does). It is our own code, so the overhead figure is the trainer against
 work and nothing else.
 
 Pairs alternate who goes first, (trainer, reference), (reference, trainer), …, so a drift in
-the machine's load favours neither. Throughput is counted from the end of the warm-up step to
-the end of the last step (the trainer's log records carry their creation time; the reference
-reads the clock after the same sync). **Ratio** = trainer tokens/s ÷ reference tokens/s, pair
-by pair; reported as the median with a distribution-free 95 % confidence interval of the median
-(:func:`median_interval`). **MFU** = FLOPs per token (6·N + 12·L·H·Q·T, the trainer's formula)
-× tokens/s ÷ peak; on CPU the peak is this machine's fp32 GEMM rate measured during the run
-(best of several large matmuls), so MFU is "of what a matmul reaches here".
+the machine's load favours neither. A trial's throughput is the median over its windows of
+``--log-every`` steps after the warm-up (the trainer's log records carry their creation time;
+the reference reads the clock after the same sync), so a moment in which another process
+takes the shared cores does not decide the comparison. **Ratio** = trainer tokens/s ÷
+reference tokens/s, pair by pair; reported as the median with a distribution-free 95 %
+confidence interval of the median (:func:`median_interval`). **MFU** = FLOPs per token
+(6·N + 12·L·H·Q·T, the trainer's formula) × tokens/s ÷ peak; on CPU the peak is this
+machine's fp32 GEMM rate measured during the run (best of several large matmuls), so MFU is
+"of what a matmul reaches here".
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -142,13 +146,20 @@ class Speed:
 
 
 def throughput(points: list[tuple[int, float, float]], warmup: int, tokens_per_step: int) -> Speed:
-    """Speed between the first logged step ≥ ``warmup`` and the last logged step."""
+    """Median speed over the windows between consecutive logged steps from ``warmup`` on.
+
+    The median of the windows rather than their total: on a shared machine another process
+    may take the cores for a moment, and that moment should not decide a 3 % comparison.
+    """
     after = [p for p in points if p[0] >= warmup]
     if len(after) < 2:
         raise ValueError(f"need two logged steps after warm-up step {warmup}, got {after}")
-    (s0, t0, c0), (s1, t1, c1) = after[0], after[-1]
-    tokens = (s1 - s0) * tokens_per_step
-    return Speed(tokens / (t1 - t0), tokens / max(c1 - c0, 1e-9))
+    wall, cpu = [], []
+    for (s0, t0, c0), (s1, t1, c1) in itertools.pairwise(after):
+        tokens = (s1 - s0) * tokens_per_step
+        wall.append(tokens / (t1 - t0))
+        cpu.append(tokens / max(c1 - c0, 1e-9))
+    return Speed(statistics.median(wall), statistics.median(cpu))
 
 
 def trainer_trial(args: argparse.Namespace, variant: Variant) -> Speed:
@@ -279,7 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per trial")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per trial")
     parser.add_argument("--log-every", type=int, default=5)
-    parser.add_argument("--trials", type=int, default=12, help="(trainer, reference) pairs")
+    parser.add_argument("--trials", type=int, default=16, help="(trainer, reference) pairs")
     parser.add_argument(
         "--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads, both"
     )
