@@ -182,7 +182,7 @@ class CheckpointManager:
         keep: int,
         async_save: bool,
         metrics: TrainMetrics | None = None,
-        dataset: dict[str, Any] | None = None,
+        data_identity: dict[str, Any] | None = None,
         allow_dataset_change: bool = False,
     ):
         self.folder, self.info = folder, info
@@ -196,7 +196,7 @@ class CheckpointManager:
         )
         self.async_save = async_save
         self.metrics = metrics
-        self.dataset = dataset  # data_identity() of the training data, recorded in the marker
+        self.data_identity = data_identity  # dataset_identity() of the training data
         self.allow_dataset_change = allow_dataset_change
         self.round = ""
         self.last_step: int | None = None
@@ -251,7 +251,7 @@ class CheckpointManager:
             keep=run_env.checkpoint_keep,
             async_save=spec.checkpoint_mode == "async",
             metrics=metrics,
-            dataset=dataset_identity(dataset) if dataset is not None else None,
+            data_identity=dataset_identity(dataset) if dataset is not None else None,
             allow_dataset_change=spec.allow_dataset_change,
         )
 
@@ -356,7 +356,7 @@ class CheckpointManager:
         """Refuse (permanently) to resume onto other training data unless the spec allows it:
         the sample order depends on the data, so the run would silently go another way."""
         saved = cand.marker.get("dataset")
-        if saved is None or self.dataset is None or saved == self.dataset:
+        if saved is None or self.data_identity is None or saved == self.data_identity:
             return
         if self.allow_dataset_change:
             if self.info.is_main:
@@ -364,12 +364,12 @@ class CheckpointManager:
                     "resuming %s on other data (allowDatasetChange): trained on %s, now %s",
                     cand.path,
                     describe_dataset(saved),
-                    describe_dataset(self.dataset),
+                    describe_dataset(self.data_identity),
                 )
             return
         raise ConfigError(
             f"checkpoint {cand.path} was trained on {describe_dataset(saved)}, but the data now "
-            f"is {describe_dataset(self.dataset)}: point dataPath at the data the job was "
+            f"is {describe_dataset(self.data_identity)}: point dataPath at the data the job was "
             "trained on, or set allowDatasetChange: true to go on training with the new data "
             "(the samples that follow are then those of the new data)"
         )
@@ -578,7 +578,7 @@ class CheckpointManager:
             "round": self.round,
             "time": now,
             "written": rfc3339(now),
-            "dataset": self.dataset,
+            "dataset": self.data_identity,
             "files": files,
         }
         with open(pending.folder / MARKER, "w") as f:

@@ -157,13 +157,6 @@ class Layout:
     def grad_accum_steps(self) -> int:
         return micro_steps(self.global_batch_size, self.micro_batch_size, self.world_size)
 
-    @property
-    def even(self) -> bool:
-        """Whether every micro-batch of every rank is full."""
-        return self.global_batch_size == (
-            self.micro_batch_size * self.grad_accum_steps * self.world_size
-        )
-
     def samples(self, rank: int) -> int:
         """Sequences this rank reads per step."""
         base, extra = divmod(self.global_batch_size, self.world_size)
