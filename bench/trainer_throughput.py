@@ -1,11 +1,12 @@
 """Trainer throughput: tokens/s of the built-in trainer against a plain nanoGPT-style loop over
 the same model, measured in the same run with the same number of threads.
 
-Run on CPU (what this machine has): ``python -m bench.trainer_throughput`` (≈ 12 min on 2
-cores; the command this writes into the results lists every flag). On one GPU:
-``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M), bf16, sequence 1024, the
-trainer with DDP and FSDP2 at world size 1, each with and without ``torch.compile``, MFU
-against the device's dense bf16 peak (``torchkube.trainer.metrics.peak_flops``).
+Run on CPU (what this machine has): ``python -m bench.trainer_throughput`` (≈ 9 min on 2
+cores; the command this writes into the results lists every flag). Many short pairs rather
+than a few long ones: on a shared machine a pair's two trials then mostly see the same load.
+On one GPU: ``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M), bf16,
+sequence 1024, the trainer with DDP and FSDP2 at world size 1, each with and without
+``torch.compile``, MFU against the device's dense bf16 peak (``metrics.peak_flops``).
 
 **The trainer** runs in this process exactly as a pod's single worker would
 (``torchkube.trainer.train.run`` with the built-in GPT workload: its data order, step
@@ -290,7 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per trial")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per trial")
     parser.add_argument("--log-every", type=int, default=5)
-    parser.add_argument("--trials", type=int, default=16, help="(trainer, reference) pairs")
+    parser.add_argument("--trials", type=int, default=40, help="(trainer, reference) pairs")
     parser.add_argument(
         "--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads, both"
     )
@@ -303,7 +304,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.model = args.model or ("gpt2" if gpu else "small")
     args.seq_len = args.seq_len or (1024 if gpu else 128)
     args.micro_batch = args.micro_batch or (16 if gpu else 4)
-    args.steps = args.steps or (50 if gpu else 40)
+    args.steps = args.steps or (50 if gpu else 20)
     args.warmup = args.warmup or (15 if gpu else 5)
     args.strategies = args.strategies or ("ddp,fsdp" if gpu else "ddp")
     args.compile = args.compile or ("both" if gpu else "off")

@@ -35,7 +35,7 @@ def test_recorded_command_spells_out_every_setting() -> None:
     args = parse_args(["--trials", "14"])
     assert command(args) == (
         "python -m bench.trainer_throughput --model small --seq-len 128 --micro-batch 4 "
-        f"--steps 40 --warmup 5 --log-every 5 --trials 14 --threads {args.threads} "
+        f"--steps 20 --warmup 5 --log-every 5 --trials 14 --threads {args.threads} "
         "--strategies ddp --compile off"
     )
     assert parse_args(command(args).split()[3:]) == args
