@@ -10,11 +10,11 @@ accumulation 4, sequence 128, in two variants, alternating, in the same run:
   ``set_requires_gradient_sync(False)`` on non-final micro-steps, so FSDP2 kept a full
   unsharded gradient on every rank until the last one.
 
-Each rank reports its peak resident memory (``VmHWM``) at the end and its resident memory just
-before the first step (model, optimizer and data set up; AdamW's state comes with the first
-step). glibc is told to serve every allocation over 64 KiB with its own mapping
-(``MALLOC_MMAP_THRESHOLD_``), so freed tensors go back to the system and the peak follows the
-live tensors instead of the allocator's caching.
+Each rank reports its peak resident memory (``VmHWM``) at the end. glibc is told to serve
+every allocation over 64 KiB with its own mapping (``MALLOC_MMAP_THRESHOLD_``), so freed
+tensors go back to the system and the peak follows the live tensors instead of the
+allocator's caching; everything else a rank holds (torch itself, the model, AdamW's state,
+activations) is the same in both variants, so the difference is the gradients'.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -53,18 +52,6 @@ def _sync_only_on_the_last_micro_step(model: Any, enabled: bool) -> Iterator[Non
     yield
 
 
-class _BeforeFirstStep(logging.Handler):
-    """Reads the resident memory when the trainer logs its batch layout (just before step 1)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.rss_kib = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("global batch") and not self.rss_kib:
-            self.rss_kib = _status_kib("VmRSS")
-
-
 def worker(args: argparse.Namespace) -> None:
     """One rank: train, then write this rank's memory figures to ``args.out``."""
     from torchkube.api.trainer import TrainerSpec
@@ -80,24 +67,21 @@ def worker(args: argparse.Namespace) -> None:
             "strategy": "fsdp",
             "seqLen": args.seq_len,
             "microBatchSize": args.micro_batch,
-            "globalBatchSize": args.micro_batch * args.accumulation * args.nproc,
+            "globalBatchSize": args.micro_batch * args.accumulation * args.ranks,
             "steps": args.steps,
             "warmupSteps": 1,
             "logIntervalSteps": args.steps,
         }
     )
-    before = _BeforeFirstStep()
-    logging.getLogger("torchkube.trainer").addHandler(before)
     code = train.run(spec, RunEnv(job_name="bench", checkpoint_dir=None))
     if code != 0:
         raise SystemExit(code)
     rank = int(os.environ["RANK"])
-    figures = {"peak_kib": _status_kib("VmHWM"), "before_first_step_kib": before.rss_kib}
-    (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(figures))
+    (Path(args.out) / f"rank{rank}.json").write_text(json.dumps({"peak_kib": _status_kib("VmHWM")}))
 
 
 def trial(args: argparse.Namespace, variant: str) -> list[dict[str, int]]:
-    """One torchrun launch of ``args.nproc`` ranks; each rank's figures."""
+    """One torchrun launch of ``args.ranks`` ranks; each rank's figures."""
     with tempfile.TemporaryDirectory(prefix="torchkube-bench-memory-") as out:
         env = {
             **os.environ,
@@ -110,7 +94,7 @@ def trial(args: argparse.Namespace, variant: str) -> list[dict[str, int]]:
             "-m",
             "torch.distributed.run",
             "--standalone",
-            f"--nproc-per-node={args.nproc}",
+            f"--nproc-per-node={args.ranks}",
             "-m",
             "bench.trainer_memory",
             "--worker",
@@ -121,12 +105,12 @@ def trial(args: argparse.Namespace, variant: str) -> list[dict[str, int]]:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"torchrun failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(args.nproc)]
+        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(args.ranks)]
 
 
 def flags(args: argparse.Namespace) -> list[str]:
     return [
-        f"--nproc={args.nproc}",
+        f"--ranks={args.ranks}",
         f"--micro-batch={args.micro_batch}",
         f"--accumulation={args.accumulation}",
         f"--seq-len={args.seq_len}",
@@ -149,7 +133,7 @@ def gradient_mib() -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.trainer_memory", description=__doc__)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--accumulation", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -169,26 +153,21 @@ def main(argv: list[str] | None = None) -> None:
         v: results.figure(f"FSDP2, {text}: peak RSS per rank", "MiB")
         for v, text in VARIANTS.items()
     }
-    growth = {
-        v: results.figure(f"FSDP2, {text}: peak − RSS before step 1, per rank", "MiB")
-        for v, text in VARIANTS.items()
-    }
     for number in range(args.trials):
         for variant in VARIANTS if number % 2 == 0 else reversed(VARIANTS):
             ranks = trial(args, variant)
             load = load_average()
             for rank in ranks:
                 peaks[variant].add(rank["peak_kib"] / 1024, load)
-                growth[variant].add((rank["peak_kib"] - rank["before_first_step_kib"]) / 1024, load)
             log(f"{variant} trial {number + 1}: peaks {[r['peak_kib'] // 1024 for r in ranks]} MiB")
     full = gradient_mib()
     results.notes += [
         f"small preset (6 layers × 384, vocabulary 320), sequence {args.seq_len}, micro batch "
-        f"{args.micro_batch} × accumulation {args.accumulation} × {args.nproc} ranks, fp32, "
+        f"{args.micro_batch} × accumulation {args.accumulation} × {args.ranks} ranks, fp32, "
         f"CPU, gloo, one thread per rank, {args.steps} steps per launch; every rank of every "
         "launch is one value",
         f"a full fp32 gradient of this model is {full:.1f} MiB; FSDP2's sharded gradient "
-        f"{full / args.nproc:.1f} MiB per rank",
+        f"{full / args.ranks:.1f} MiB per rank",
         "MALLOC_MMAP_THRESHOLD_=65536: allocations over 64 KiB are mapped and unmapped on their "
         "own, so the peak follows the live tensors",
     ]
