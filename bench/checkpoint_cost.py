@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     results = Results(
         "checkpoint_cost",
         "python -m bench.checkpoint_cost",
-        config={**vars(args), "dir": str(base)},
+        config={**vars(args), "dir": str(args.dir) if args.dir else None},
     )
     results.machine["torch"] = torch.__version__
     results.machine["torch_threads"] = torch.get_num_threads()
@@ -364,7 +364,8 @@ def run(args: argparse.Namespace, base: Path, results: Results) -> None:
     results.notes += [
         f"state: {args.model} preset with GPT-2's vocabulary, {state.params / 1e6:.1f}M "
         f"parameters, fp32 on CPU, AdamW after one step: {size / 1e6:.0f} MB on disk",
-        f"disk: the folder {base.parent} (ext4 on a virtual disk); every DCP file is fsynced",
+        "disk: a temporary folder on this machine's local disk (ext4 on a virtual disk; "
+        "--dir picks another); every DCP file is fsynced",
         "blocking = wall time of CheckpointManager.save() in the training thread; for sync it "
         "includes the commit (marker, rename, directory fsync)",
         f"a training step (sequence {args.seq_len}, batch 1) takes {baseline:.2f}s without a "
