@@ -18,6 +18,13 @@ marker and rename commit) into a folder on this machine's disk.
 - **save / load throughput**: checkpoint bytes on disk ÷ sync save time, and ÷ the load time
   (``CheckpointManager.load``) with the checkpoint's pages evicted from the page cache first
   (``posix_fadvise(DONTNEED)`` on its files only) — "cold", as after a node move — and warm.
+- **emergency save** (SIGTERM, ``CheckpointManager.save_on_stop``): from the stop to the
+  committed checkpoint, with no save in flight (one synchronous write of the step) and with
+  an async save of the previous step just started (that save finished and committed, nothing
+  more written). For comparison, the same situation handled as before issue #16: the save in
+  flight waited for, then the step written again synchronously (``save(blocking=True)``,
+  which the last step of a run still uses). Held against Kubernetes' default
+  ``terminationGracePeriodSeconds`` (TrainingJob default 120 s) in docs/trainer.md.
 - **resume**: ``python -m torchkube.trainer`` started on a folder holding a checkpoint →
   its first training step; against the same process started on an empty folder, so the
   difference is what resuming costs. The split (start-up, load, first step) is read from the
@@ -38,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Results, Target, load_average, log, median
+from bench.common import Figure, Results, Target, load_average, log, median
 
 TARGET_BLOCKING_RATIO = 10.0  # async blocking ≤ 10 % of a synchronous save
 GPT2_VOCAB = 50257
@@ -99,7 +106,7 @@ class State:
         torch.manual_seed(self.spec.seed)
         model = workload.build_model(self.spec)
         self.model = parallelize(model, self.spec, self.info, workload.blocks(model))
-        self.optimizer = build_optimizer(self.model, self.spec, self.info.device)
+        self.optimizer = build_optimizer(self.model, self.spec, self.info)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(self.spec))
         self.train_state = TrainState()
         self.loss_fn = workload.loss_fn
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     results = Results(
         "checkpoint_cost",
         "python -m bench.checkpoint_cost",
-        config={**vars(args), "dir": str(base)},
+        config={**vars(args), "dir": str(args.dir) if args.dir else None},
     )
     results.machine["torch"] = torch.__version__
     results.machine["torch_threads"] = torch.get_num_threads()
@@ -208,6 +215,32 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     results.write()
+
+
+def emergency(state: State, manager: Any, idle: Figure, busy: Figure, before: Figure) -> None:
+    """The three emergency-save figures of one trial (see the module docstring)."""
+    load = load_average()
+    started = time.perf_counter()
+    manager.save_on_stop(state.train_state.step)  # nothing in flight: one synchronous write
+    idle.add(time.perf_counter() - started, load)
+    for figure, stop in ((busy, manager.save_on_stop), (before, _save_and_wait(manager))):
+        state.step()
+        manager.save(state.train_state.step)  # the interval save, still being written...
+        state.step()  # ...when the stop comes at the end of the next step
+        started = time.perf_counter()
+        stop(state.train_state.step)
+        figure.add(time.perf_counter() - started, load)
+    log(
+        f"emergency save: {idle.values[-1]:.2f}s with nothing in flight, "
+        f"{busy.values[-1]:.2f}s with a save in flight ({before.values[-1]:.2f}s as before)"
+    )
+
+
+def _save_and_wait(manager: Any) -> Any:
+    def stop(step: int) -> None:
+        manager.save(step, blocking=True)
+
+    return stop
 
 
 def run(args: argparse.Namespace, base: Path, results: Results) -> None:
@@ -227,6 +260,11 @@ def run(args: argparse.Namespace, base: Path, results: Results) -> None:
     )
     background = results.figure("async save: whole save, nothing else running", "s")
     slowdown = results.figure("async save: extra step time while the write runs", "s")
+    stop_idle = results.figure("emergency save, nothing in flight", "s")
+    stop_busy = results.figure("emergency save, an async save of the step before in flight", "s")
+    stop_before = results.figure(
+        "emergency save, same situation, as before issue #16 (wait, then write again)", "s"
+    )
     save_mbps = results.figure("save throughput (sync)", "MB/s")
     load_cold = results.figure("load throughput, evicted from page cache", "MB/s")
     load_warm = results.figure("load throughput, page cache warm", "MB/s")
@@ -279,6 +317,8 @@ def run(args: argparse.Namespace, base: Path, results: Results) -> None:
         sync_block.add(sync_seconds, load)
         save_mbps.add(size / 1e6 / sync_seconds, load)
         state.step()
+        if trial:
+            emergency(state, async_mgr, stop_idle, stop_busy, stop_before)
 
     newest = step_folders(sync_dir)[0][1]
     for trial in range(args.load_trials):
@@ -324,7 +364,8 @@ def run(args: argparse.Namespace, base: Path, results: Results) -> None:
     results.notes += [
         f"state: {args.model} preset with GPT-2's vocabulary, {state.params / 1e6:.1f}M "
         f"parameters, fp32 on CPU, AdamW after one step: {size / 1e6:.0f} MB on disk",
-        f"disk: the folder {base.parent} (ext4 on a virtual disk); every DCP file is fsynced",
+        "disk: a temporary folder on this machine's local disk (ext4 on a virtual disk; "
+        "--dir picks another); every DCP file is fsynced",
         "blocking = wall time of CheckpointManager.save() in the training thread; for sync it "
         "includes the commit (marker, rename, directory fsync)",
         f"a training step (sequence {args.seq_len}, batch 1) takes {baseline:.2f}s without a "

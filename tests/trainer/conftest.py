@@ -3,11 +3,15 @@
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from trainer_harness import Torchrun
 
 from torchkube.trainer.prepare import prepare_sample
+
+if TYPE_CHECKING:
+    from torchkube.trainer.distributed import DistInfo
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +41,16 @@ def trainer_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureF
         yield caplog
     finally:
         logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture(scope="module")
+def info() -> Iterator["DistInfo"]:
+    """A world of one process (gloo), shared by the in-process tests of one module."""
+    from torchkube.api.trainer import TrainerSpec
+    from torchkube.trainer import distributed
+
+    dist_info = distributed.setup(TrainerSpec(device="cpu"))
+    try:
+        yield dist_info
+    finally:
+        distributed.teardown()

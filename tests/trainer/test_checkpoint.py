@@ -6,13 +6,13 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -20,20 +20,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import MARKER, OWNER, CheckpointManager, FencedError, TrainState
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
 from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
-
-
-@pytest.fixture(scope="module")
-def info() -> Iterator[DistInfo]:
-    dist_info = distributed.setup(TrainerSpec(device="cpu"))
-    try:
-        yield dist_info
-    finally:
-        distributed.teardown()
 
 
 @dataclass
@@ -84,7 +74,7 @@ def make_job(
     torch.manual_seed(0)
     gpt = GPT(replace(PRESETS["tiny"], vocab_size=64, block_size=16))
     model = parallelize(gpt, spec, info, list(gpt.h))
-    optimizer = build_optimizer(model, spec, info.device)
+    optimizer = build_optimizer(model, spec, info)
     scheduler = LambdaLR(optimizer, lr_lambda(spec))
     state = TrainState()
     ckpt = CheckpointManager(
@@ -190,6 +180,49 @@ def test_keeps_the_last_k(info: DistInfo, tmp_path: Path) -> None:
     job.ckpt.wait()
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3", "step-4"]
     assert job.ckpt.due(10) and not job.ckpt.due(11) and not job.ckpt.due(4)
+
+
+def test_retention_counts_only_valid_checkpoints_up_to_the_current_step(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    """A corrupt folder never takes the place of a valid checkpoint, and one of a step beyond
+    the current one (another timeline, e.g. one that failed to load) is not ours to judge."""
+    job = make_job(info, tmp_path, keep=2, async_save=False)
+    for _ in range(2):
+        job.train(2)
+        job.ckpt.save(job.state.step)
+    for corrupt in ("step-5", "step-9"):
+        shutil.copytree(tmp_path / "step-4", tmp_path / corrupt)
+        shard = next((tmp_path / corrupt).glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:-10])
+    job.train(2)
+    job.ckpt.save(6)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-4", "step-6", "step-9"]
+    assert f"deleting unusable checkpoint {tmp_path}/step-5: corrupt" in trainer_log.text
+    fresh = make_job(info, tmp_path)
+    assert fresh.ckpt.load() and fresh.state.step == 6
+
+
+def test_stop_commits_the_save_in_flight_of_the_same_step(
+    info: DistInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop right after an async save of the same step commits that save: one write."""
+    writes = []
+    write_data = FileSystemWriter.write_data
+
+    def counted(self: FileSystemWriter, *args: object, **kwargs: object) -> object:
+        writes.append(self.path.name)
+        return write_data(self, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", counted)
+    job = make_job(info, tmp_path)
+    job.train(3)
+    job.ckpt.save(3)
+    job.ckpt.save_on_stop(3)
+    assert len(writes) == 1 and sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3"]
+    job.train(1)
+    job.ckpt.save_on_stop(4)  # nothing in flight: the current step, written once
+    assert len(writes) == 2 and job.ckpt.last_step == 4
 
 
 def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:

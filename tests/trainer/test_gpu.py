@@ -1,6 +1,7 @@
 """The same trainer on a GPU: NCCL, bf16, FSDP2, compile, and a first GPT-2-small throughput
 figure (tokens/s and MFU, written down in docs/trainer.md). Skipped without CUDA."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,17 @@ def test_gpt2_small_throughput(token_data: Path, tmp_path: Path, torchrun: Torch
     lines = [line for line in launch.output().splitlines() if "tok/s" in line]
     print("\n".join(lines[-2:]))  # the figure for docs/trainer.md
     assert read_progress(tmp_path / "ckpt")["tokensPerSecond"] > 10_000
+
+
+def test_step_time_is_the_gpu_time() -> None:
+    """CUDA events see the kernels' time, which the host clock misses while it only enqueues."""
+    from torchkube.trainer.timing import step_timer
+
+    timer = step_timer(torch.device("cuda", 0))
+    timer.start()
+    host = time.monotonic()
+    torch.cuda._sleep(200_000_000)  # ≈ 0.1 s of GPU time on current GPUs, enqueued at once
+    timer.stop()
+    host = time.monotonic() - host
+    [gpu] = timer.finished(wait=True)
+    assert gpu > 10 * host

@@ -32,6 +32,7 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "torchkube_train_data_wait_seconds",
         "torchkube_train_checkpoint_save_duration_seconds",
         "torchkube_train_checkpoint_blocking_duration_seconds",
+        "torchkube_train_checkpoint_staging_bytes",
         "torchkube_train_checkpoint_load_duration_seconds",
         "torchkube_train_restarts",
         "torchkube_train_world_size",
@@ -82,13 +83,35 @@ def test_progress_file_is_rate_limited_unless_forced(tmp_path: Path) -> None:
     assert not (tmp_path / "other").exists()
 
 
-def test_peak_flops_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert peak_flops("cpu") is None
+@pytest.mark.parametrize(
+    ("device", "precision", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+        ("NVIDIA H100 80GB HBM3", "tf32", 494.5e12),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67e12),
+        ("NVIDIA H100 PCIe", "bf16", 756e12),
+        ("NVIDIA H100 NVL", "bf16", 835.5e12),
+        ("NVIDIA H100 NVL", "tf32", 417.5e12),
+        ("NVIDIA H200", "bf16", 989e12),
+        ("NVIDIA H200 NVL", "bf16", 835.5e12),
+        ("NVIDIA B200", "bf16", 2250e12),
+        ("NVIDIA B200", "tf32", 1100e12),
+        ("AMD Instinct MI300X", "bf16", 1307.4e12),
+        ("AMD Instinct MI300X", "fp32", 163.4e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156e12),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),
+        ("cpu", "fp32", None),
+    ],
+)
+def test_peak_flops_of_the_precision_used(device: str, precision: str, peak: float | None) -> None:
+    """Dense peaks (half the datasheets' "with sparsity" figures), per matmul precision."""
+    assert peak_flops(device, precision) == peak
+
+
+def test_peak_flops_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHKUBE_PEAK_FLOPS", "1e12")
-    assert peak_flops("cpu") == 1e12
+    assert peak_flops("cpu", "fp32") == 1e12
 
 
 def test_permanent_error_reaches_operator_and_launcher(

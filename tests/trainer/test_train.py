@@ -6,11 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.utils.data import Dataset
 from trainer_harness import assert_bitwise_equal, checkpoint_tensors, spec_args
 
@@ -50,32 +52,88 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
     assert progress(tmp_path)["finished"] is True and progress(tmp_path)["restarts"] == 1
 
 
-def test_sigterm_checkpoints_and_resumes_bitwise(token_data: Path, tmp_path: Path) -> None:
-    """SIGTERM during step 13 → all ranks agree to stop after the next step → step-14 is
-    written → exit 143; the resumed run ends bit for bit where an uninterrupted one does."""
-    reference = tmp_path / "reference"
-    assert run_tiny(token_data, reference, steps=25) == EXIT_OK
-
+def sigterm_during_step(step: int) -> Workload:
+    """The built-in workload, with a SIGTERM to this process during ``step``."""
     base = gpt_workload()
     calls = {"n": 0}
 
     def loss_then_sigterm(model: nn.Module, batch: object) -> torch.Tensor:
         calls["n"] += 1
-        if calls["n"] == 13 * 4:  # 4 micro-steps per step at world size 1
+        if calls["n"] == step * 4:  # 4 micro-steps per step at world size 1
             os.kill(os.getpid(), signal.SIGTERM)
         return base.loss_fn(model, batch)
 
-    interrupted = tmp_path / "interrupted"
-    workload = Workload(**{**base.__dict__, "loss_fn": loss_then_sigterm})
-    assert run_tiny(token_data, interrupted, workload, steps=25) == 128 + signal.SIGTERM
-    assert sorted(p.name for p in interrupted.glob("step-*")) == ["step-10", "step-14"]
-    assert progress(interrupted)["finished"] is False
+    return Workload(**{**base.__dict__, "loss_fn": loss_then_sigterm})
 
-    assert run_tiny(token_data, interrupted, steps=25) == EXIT_OK
+
+@pytest.fixture
+def reference(token_data: Path, tmp_path: Path) -> Path:
+    """An uninterrupted 25-step run with dropout (so random streams matter to a resume)."""
+    folder = tmp_path / "reference"
+    assert run_tiny(token_data, folder, steps=25, dropout=0.1) == EXIT_OK
+    return folder
+
+
+def assert_resumes_to(reference: Path, token_data: Path, interrupted: Path) -> None:
+    assert run_tiny(token_data, interrupted, steps=25, dropout=0.1) == EXIT_OK
     assert progress(interrupted)["loss"] == progress(reference)["loss"]
     assert_bitwise_equal(
         checkpoint_tensors(interrupted / "step-25"), checkpoint_tensors(reference / "step-25")
     )
+
+
+def test_sigterm_checkpoints_and_resumes_bitwise(
+    reference: Path, token_data: Path, tmp_path: Path
+) -> None:
+    """SIGTERM during step 13 → a world of one stops right after it (several ranks agree on
+    it in the next step) → step-13 is written, once → exit 143; the resumed run ends bit for
+    bit where an uninterrupted one does, dropout included."""
+    interrupted = tmp_path / "interrupted"
+    code = run_tiny(token_data, interrupted, sigterm_during_step(13), steps=25, dropout=0.1)
+    assert code == 128 + signal.SIGTERM
+    assert sorted(p.name for p in interrupted.glob("step-*")) == ["step-10", "step-13"]
+    assert progress(interrupted)["finished"] is False
+    assert_resumes_to(reference, token_data, interrupted)
+
+
+def test_sigterm_during_an_async_save_commits_it_and_writes_nothing_more(
+    reference: Path, token_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grace period must hold one checkpoint write, not two: when the stop comes while
+    step 10's async save is still being written, that save is committed and the process stops;
+    step 11 is trained again after the restart."""
+    writes = []
+    write_data = FileSystemWriter.write_data
+
+    def slow_write(self: FileSystemWriter, *args: object, **kwargs: object) -> object:
+        writes.append(self.path.name)
+        time.sleep(1.0)  # a slow volume: the write outlasts the next step
+        return write_data(self, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", slow_write)
+    interrupted = tmp_path / "interrupted"
+    code = run_tiny(token_data, interrupted, sigterm_during_step(11), steps=25, dropout=0.1)
+    assert code == 128 + signal.SIGTERM
+    assert len(writes) == 1 and sorted(p.name for p in interrupted.glob("step-*")) == ["step-10"]
+    record = progress(interrupted)
+    assert (record["step"], record["lastCheckpointStep"], record["finished"]) == (11, 10, False)
+    monkeypatch.undo()
+    assert_resumes_to(reference, token_data, interrupted)
+
+
+def test_resuming_onto_other_data_is_refused_unless_asked(token_data: Path, tmp_path: Path) -> None:
+    """The checkpoint names the files it was trained on and their sizes; other data would
+    silently change the sample order, so that takes allowDatasetChange."""
+    assert run_tiny(token_data, tmp_path, steps=10) == EXIT_OK
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.bin").write_bytes((token_data / "val.bin").read_bytes())
+    assert run_tiny(other, tmp_path, steps=20) == EXIT_CONFIG_ERROR
+    error = progress(tmp_path)["error"]
+    assert f"checkpoint {tmp_path}/step-10 was trained on train.bin" in error
+    assert "set allowDatasetChange: true" in error
+    assert run_tiny(other, tmp_path, steps=20, allowDatasetChange=True) == EXIT_OK
+    assert progress(tmp_path)["step"] == 20 and progress(tmp_path)["restarts"] == 1
 
 
 class Regression(Dataset):

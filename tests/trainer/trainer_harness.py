@@ -7,6 +7,7 @@ watches ``progress.json`` — the same file the operator reads.
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -207,8 +208,8 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
 
 
-def checkpoint_tensors(folder: Path) -> dict[str, Any]:
-    """A committed checkpoint as one flat dict (via DCP's own converter), for comparisons."""
+def checkpoint_state(folder: Path) -> dict[str, Any]:
+    """A committed checkpoint as the nested dict it was saved from (DCP's own converter)."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -216,6 +217,12 @@ def checkpoint_tensors(folder: Path) -> dict[str, Any]:
     dcp_to_torch_save(folder, out)
     state = torch.load(out, weights_only=False)
     out.unlink()
+    return dict(state)
+
+
+def checkpoint_tensors(folder: Path) -> dict[str, Any]:
+    """A committed checkpoint as one flat dict without the RNG streams, for comparisons."""
+    state = checkpoint_state(folder)
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -227,6 +234,35 @@ def checkpoint_tensors(folder: Path) -> dict[str, Any]:
 
     walk("", {k: v for k, v in state.items() if k != "rng"})
     return flat
+
+
+def logged_losses(log: str, kind: str = "loss") -> dict[int, float]:
+    """Step → loss (or ``eval loss``) from rank 0's progress lines, as printed (4 decimals)."""
+    found = {}
+    for match in re.finditer(rf"torchkube: step (\d+)(?:/\d+)? \| {kind} ([0-9.]+)", log):
+        found[int(match.group(1))] = float(match.group(2))
+    return found
+
+
+def staged_mib(log: str) -> float:
+    """What rank 0 logged as the largest rank's async staging memory."""
+    match = re.search(r"async checkpoints stage ([0-9.]+) MiB of host memory per rank", log)
+    assert match, "no staging line in the log"
+    return float(match.group(1))
+
+
+def checkpoint_mib(folder: Path) -> float:
+    """Tensor bytes of a checkpoint without the per-rank RNG streams: the job's whole state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entries = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    total = sum(
+        m.size.numel() * m.properties.dtype.itemsize
+        for key, m in entries.items()
+        if isinstance(m, TensorStorageMetadata) and not key.startswith("rng.")
+    )
+    return total / 2**20
 
 
 def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:

@@ -126,12 +126,18 @@ def test_split_recovery_names_the_missing_milestone() -> None:
 
 
 def test_throughput_counts_from_the_warmup_step() -> None:
-    points = [(5, 100.0, 10.0), (10, 101.0, 11.5), (15, 102.0, 13.0)]
+    points = [(0, 90.0, 0.0), (5, 100.0, 10.0), (10, 101.0, 11.5), (15, 102.0, 13.0)]
     speed = throughput(points, warmup=5, tokens_per_step=100)
     assert speed.wall == pytest.approx(1000 / 2.0)
     assert speed.cpu == pytest.approx(1000 / 3.0)
     with pytest.raises(ValueError):
-        throughput(points[:1], warmup=5, tokens_per_step=100)
+        throughput(points[:2], warmup=5, tokens_per_step=100)
+
+
+def test_throughput_is_the_median_window() -> None:
+    """A window in which another process took the cores does not move the figure."""
+    points = [(5, 100.0, 10.0), (10, 101.0, 11.0), (15, 105.0, 12.0), (20, 106.0, 13.0)]
+    assert throughput(points, warmup=5, tokens_per_step=100).wall == pytest.approx(500.0)
 
 
 def test_api_requests_between_two_scrapes() -> None:

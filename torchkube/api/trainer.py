@@ -10,6 +10,8 @@ metrics port, torchrun's rank variables) come from the environment instead; see
 Batch sizes count sequences of ``seqLen`` tokens. The optimizer always sees
 ``globalBatchSize`` sequences per step; the trainer derives the gradient-accumulation steps
 from the world size it finds, so an elastic resize changes the accumulation, never the batch.
+Any world size works: when it does not divide the global batch, ranks hold one sequence more
+or less (see :func:`micro_steps`).
 """
 
 from typing import Literal, Self
@@ -24,6 +26,12 @@ Precision = Literal["auto", "bf16", "fp32"]
 Device = Literal["auto", "cuda", "cpu"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 CheckpointMode = Literal["async", "sync"]
+
+
+def micro_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
+    """Micro-steps every worker runs per optimizer step: the fewest that hold the global batch
+    in micro-batches of at most ``micro_batch_size`` sequences, the same on every worker."""
+    return max(1, -(-global_batch_size // (micro_batch_size * world_size)))
 
 
 # Cross-field rules as CEL, so `kubectl apply` rejects what the validator below rejects.
@@ -137,8 +145,8 @@ class TrainerSpec(ApiModel):
         le=16_777_216,
         description=(
             "Sequences per optimizer step over all workers; kept constant across resizes. "
-            "Must be a multiple of microBatchSize × world size for every world size the job "
-            "may run at."
+            "Any world size works: when it does not divide this, workers hold one sequence "
+            "more or less, and each worker's loss counts by its share of the batch."
         ),
     )
     seq_len: int = Field(
@@ -198,13 +206,31 @@ class TrainerSpec(ApiModel):
         default=0, ge=0, le=1_000_000_000, description="Evaluate every N steps; 0 turns it off."
     )
     eval_batches: int = Field(
-        default=20, ge=1, le=1_000_000, description="Micro-batches per worker in one evaluation."
+        default=20,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Size of the evaluation set in micro-batches: the first evalBatches × "
+            "microBatchSize sequences of the evaluation data, split over the workers, the "
+            "same samples at any world size."
+        ),
     )
     seed: int = Field(
         default=1337,
         ge=0,
         le=2**31 - 1,
-        description="Seed of the model initialisation and of the data order.",
+        description=(
+            "Seed of the model initialisation and of the data order; worker N draws dropout "
+            "from seed + N."
+        ),
+    )
+    allow_dataset_change: bool = Field(
+        default=False,
+        description=(
+            "Resume from a checkpoint trained on other data (other files or sizes than "
+            "dataPath now gives). Off: such a resume fails, since it would silently change "
+            "which samples come next."
+        ),
     )
 
     # Logging and checkpoints (where and how often comes from the pod's environment)
@@ -239,19 +265,8 @@ class TrainerSpec(ApiModel):
         return self
 
     def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-steps per optimizer step at ``world_size`` workers, keeping the global batch.
-
-        Raises ValueError naming the fields when the global batch cannot be split evenly.
-        """
-        per_step = self.micro_batch_size * world_size
-        if self.global_batch_size % per_step:
-            raise ValueError(
-                f"globalBatchSize ({self.global_batch_size}) must be a multiple of "
-                f"microBatchSize ({self.micro_batch_size}) × world size ({world_size}) = "
-                f"{per_step}; choose a globalBatchSize divisible by it for every world size "
-                "the job can run at"
-            )
-        return self.global_batch_size // per_step
+        """Micro-steps per optimizer step at ``world_size`` workers (:func:`micro_steps`)."""
+        return micro_steps(self.global_batch_size, self.micro_batch_size, world_size)
 
     @property
     def tokens_per_step(self) -> int:

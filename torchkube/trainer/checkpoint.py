@@ -7,10 +7,10 @@ Layout of the checkpoint folder::
     step-120/                a committed checkpoint: DCP files + COMPLETE.json
     .tmp-step-140-<round>/   a save in flight; never read
 
-What is saved: model and optimizer through ``get_state_dict`` (DDP, ZeRO-1, FSDP2 and HSDP
-share one FQN-keyed format, so a checkpoint loads into any strategy and any world size — DCP
-reshards), the LR scheduler, the train state (step, consumed samples, resumes, the batch
-layout) and each rank's RNG state.
+What is saved: model and optimizer state keyed by parameter name (``state_dicts``: DDP,
+ZeRO-1, FSDP2 and HSDP share one format, so a checkpoint loads into any strategy and any world
+size — DCP reshards), the LR scheduler, the train state (step, consumed samples, resumes, the
+batch layout) and each rank's RNG state. Replicated state is written by one rank each.
 
 Atomicity: every rank writes into ``.tmp-step-N-<round>``; DCP's final collective means that
 when rank 0's save returns, all ranks' files are written and rank 0 has written DCP's
@@ -18,8 +18,9 @@ when rank 0's save returns, all ranks' files are written and rank 0 has written 
 to ``step-N``. Loading only considers ``step-N`` folders with a marker whose sizes match, so a
 half-written checkpoint is never picked up; broken ones are skipped with a warning naming them.
 
-Async: ``dcp.async_save`` copies the state to host memory (the only blocking part) and writes
-from a background thread, on a gloo process group of its own. One save is in flight at a time.
+Async: ``dcp.async_save`` copies this rank's share of the state to host memory (the only
+blocking part) and writes from a background thread, on a gloo process group of its own. One
+save is in flight at a time.
 
 Fencing: a save is collective over the current process group, so a process left over from an
 earlier rendezvous round (say, behind a network partition) cannot complete one with the
@@ -45,22 +46,22 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim.lr_scheduler import LRScheduler
-from torch.utils._pytree import tree_map_only
+from torch.utils.data import Dataset
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import RunEnv
+from torchkube.trainer.config import ConfigError, RunEnv
+from torchkube.trainer.data import dataset_identity, describe_dataset
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.metrics import TrainMetrics, rfc3339, write_json_atomic
+from torchkube.trainer.state_dicts import OPTIMIZER_KEY, state_dicts, tensor_bytes
 
 log = logging.getLogger("torchkube.trainer")
 
 # State keys: one per component, as torchtitan does.
 MODEL = "model"
-OPTIMIZER = "optim"
+OPTIMIZER = OPTIMIZER_KEY
 LR_SCHEDULER = "lr_scheduler"
 TRAIN_STATE = "train"
 RNG = "rng"
@@ -181,6 +182,8 @@ class CheckpointManager:
         keep: int,
         async_save: bool,
         metrics: TrainMetrics | None = None,
+        data_identity: dict[str, Any] | None = None,
+        allow_dataset_change: bool = False,
     ):
         self.folder, self.info = folder, info
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
@@ -193,6 +196,8 @@ class CheckpointManager:
         )
         self.async_save = async_save
         self.metrics = metrics
+        self.data_identity = data_identity  # dataset_identity() of the training data
+        self.allow_dataset_change = allow_dataset_change
         self.round = ""
         self.last_step: int | None = None
         self.blocked_seconds = 0.0
@@ -201,6 +206,8 @@ class CheckpointManager:
         self._last_save_started = time.monotonic()
         self._pending: _Pending | None = None
         self._applied = False  # whether a load attempt reached the live model
+        self.states = state_dicts(model, optimizer)
+        self.staging_bytes: int | None = None  # this rank's async staging buffers, once known
         cuda = info.device.type == "cuda"
         # One stager for the whole run: it keeps its (pinned, on GPU) host buffers between
         # saves, so only the first save pays for allocating them.
@@ -228,6 +235,7 @@ class CheckpointManager:
         lr_scheduler: LRScheduler,
         train_state: TrainState,
         metrics: TrainMetrics | None = None,
+        dataset: Dataset | None = None,
     ) -> "CheckpointManager":
         """The manager the pod's environment and the spec ask for."""
         return cls(
@@ -243,6 +251,8 @@ class CheckpointManager:
             keep=run_env.checkpoint_keep,
             async_save=spec.checkpoint_mode == "async",
             metrics=metrics,
+            data_identity=dataset_identity(dataset) if dataset is not None else None,
+            allow_dataset_change=spec.allow_dataset_change,
         )
 
     # --- start-up -----------------------------------------------------------------------
@@ -296,6 +306,7 @@ class CheckpointManager:
         candidates: list[Candidate] = listing[0] or []
         partly_applied = False
         for cand in candidates:
+            self._check_dataset(cand)
             started = time.monotonic()
             self._applied = False
             error = ""
@@ -338,41 +349,49 @@ class CheckpointManager:
         if candidates:
             if self.info.is_main:
                 log.warning("no checkpoint could be loaded; starting from scratch")
-            self._state_optimizer().state.clear()  # get_state_dict initialised it for loading
+            self.states.discard_targets()
         return False
 
-    def _load_from(self, path: Path) -> None:
-        model_sd, optim_sd = self._model_optim_state()
-        fresh = tree_map_only(
-            torch.Tensor,
-            torch.empty_like,
-            {
-                MODEL: model_sd,
-                OPTIMIZER: {"state": optim_sd["state"]},
-            },
+    def _check_dataset(self, cand: Candidate) -> None:
+        """Refuse (permanently) to resume onto other training data unless the spec allows it:
+        the sample order depends on the data, so the run would silently go another way."""
+        saved = cand.marker.get("dataset")
+        if saved is None or self.data_identity is None or saved == self.data_identity:
+            return
+        if self.allow_dataset_change:
+            if self.info.is_main:
+                log.warning(
+                    "resuming %s on other data (allowDatasetChange): trained on %s, now %s",
+                    cand.path,
+                    describe_dataset(saved),
+                    describe_dataset(self.data_identity),
+                )
+            return
+        raise ConfigError(
+            f"checkpoint {cand.path} was trained on {describe_dataset(saved)}, but the data now "
+            f"is {describe_dataset(self.data_identity)}: point dataPath at the data the job was "
+            "trained on, or set allowDatasetChange: true to go on training with the new data "
+            "(the samples that follow are then those of the new data)"
         )
+
+    def _load_from(self, path: Path) -> None:
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        model_sd, optim_state = self.states.targets(saved)
         state: dict[str, Any] = {
-            **fresh,
+            MODEL: model_sd,
+            OPTIMIZER: {"state": optim_state},
             LR_SCHEDULER: self.lr_scheduler.state_dict(),
             TRAIN_STATE: TrainState().state_dict(),
         }
         rng_key = f"rank{self.info.rank}"
-        keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-        if f"{RNG}.{rng_key}.cpu" in keys:  # absent when the world size grew
+        if f"{RNG}.{rng_key}.cpu" in saved:  # absent for a rank the writing world did not have
             state[RNG] = {rng_key: _rng_state(self.info.device)}
         dcp.load(state, checkpoint_id=path, process_group=self.info.checkpoint_group)
         # Hyper-parameters come from the current spec, not the checkpoint: only the state
         # tensors are loaded, with the optimizer's own param groups.
-        self._applied = True
-        set_state_dict(
-            self.model,
-            self._state_optimizer(),
-            model_state_dict=state[MODEL],
-            optim_state_dict={
-                "state": state[OPTIMIZER]["state"],
-                "param_groups": optim_sd["param_groups"],
-            },
-        )
+        optim_sd = self.states.checked(state[OPTIMIZER]["state"])
+        self._applied = True  # from here on the live model and optimizer change
+        self.states.apply(state[MODEL], optim_sd)
         self.lr_scheduler.load_state_dict(state[LR_SCHEDULER])
         for group, lr in zip(
             self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True
@@ -386,28 +405,14 @@ class CheckpointManager:
 
     # --- saving -------------------------------------------------------------------------
 
-    def _state_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer that owns this rank's state: ZeRO-1's local shard, else the optimizer."""
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            return self.optimizer.optim
-        return self.optimizer
-
     def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        model_sd, optim_sd = get_state_dict(self.model, self._state_optimizer())
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            # Each rank holds the state of its own parameters only; the FQN-keyed entries of
-            # all ranks together form the same checkpoint DDP writes. Param groups must be
-            # identical on every rank (DCP writes one copy), so they list every parameter,
-            # named as get_state_dict names it (the first name of a tied parameter).
-            names = {id(p): n.removeprefix("module.") for n, p in self.model.named_parameters()}
-            optim_sd["param_groups"] = [
-                {
-                    **{k: v for k, v in g.items() if k != "params"},
-                    "params": [names[id(p)] for p in g["params"]],
-                }
-                for g in self.optimizer.param_groups
-            ]
-        return model_sd, optim_sd
+        """This rank's part of the model and optimizer state: its share of what is replicated."""
+        model_sd, optim_sd = self.states.save()
+        if self.info.world_size == 1:
+            return model_sd, optim_sd
+        return self.states.replicated_share(
+            model_sd, optim_sd, self.info.rank, self.info.world_size
+        )
 
     def due(self, step: int) -> bool:
         """Whether the interval calls for a checkpoint after ``step`` (rank 0's view)."""
@@ -429,6 +434,36 @@ class CheckpointManager:
         entered = time.monotonic()
         try:
             self._save(step, blocking)
+        finally:
+            self.blocked_seconds += time.monotonic() - entered
+
+    def save_on_stop(self, step: int) -> None:
+        """The emergency checkpoint before stopping (SIGTERM): at most one write, so that it
+        fits the grace period however the stop falls.
+
+        A save still in flight is finished and committed, and nothing more is written: if it
+        is of an older step, the steps since — those trained while it was being written — are
+        trained again after the restart. With none in flight (or if it failed), the current
+        step is written synchronously.
+        """
+        if self.folder is None:
+            return
+        entered = time.monotonic()
+        try:
+            if self._pending is not None:
+                in_flight = self._pending.step
+                self.wait()
+                if self.last_step == in_flight:
+                    if in_flight != step and self.info.is_main:
+                        log.warning(
+                            "stopping at step %d with the checkpoint of step %d, which was being "
+                            "written: %d steps will be trained again after the restart",
+                            step,
+                            in_flight,
+                            step - in_flight,
+                        )
+                    return
+            self._save(step, blocking=True)
         finally:
             self.blocked_seconds += time.monotonic() - entered
 
@@ -455,6 +490,7 @@ class CheckpointManager:
         writer = dcp.FileSystemWriter(tmp, thread_count=2)
         group = self.info.checkpoint_group
         if self.async_save and not blocking:
+            self._report_staging(state)
             future = dcp.async_save(
                 state, storage_writer=writer, process_group=group, async_stager=self._stager
             )
@@ -466,6 +502,23 @@ class CheckpointManager:
         self._pending = _Pending(step, tmp, future, started, time.monotonic() - started)
         if blocking or not self.async_save:
             self.wait()
+
+    def _report_staging(self, state: dict[str, Any]) -> None:
+        """Once: the host memory the async staging buffers hold (kept between saves)."""
+        if self.staging_bytes is not None:
+            return
+        self.staging_bytes = tensor_bytes(state)
+        if self.metrics is not None:
+            self.metrics.checkpoint_staging.set(self.staging_bytes)
+        largest = torch.tensor([self.staging_bytes], dtype=torch.int64)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.info.control_group)
+        if self.info.is_main:
+            log.info(
+                "async checkpoints stage %.2f MiB of host memory per rank (the largest share; "
+                "rank 0: %.2f MiB), kept between saves",
+                int(largest) / 2**20,
+                self.staging_bytes / 2**20,
+            )
 
     def poll(self) -> None:
         """Commit a finished background save; cheap, call it every step."""
@@ -525,6 +578,7 @@ class CheckpointManager:
             "round": self.round,
             "time": now,
             "written": rfc3339(now),
+            "dataset": self.data_identity,
             "files": files,
         }
         with open(pending.folder / MARKER, "w") as f:
@@ -538,8 +592,30 @@ class CheckpointManager:
             shutil.rmtree(stale, ignore_errors=True)
         os.rename(pending.folder, final)
         _fsync_dir(self.folder)
-        for _, old in step_folders(self.folder)[self.keep :]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._purge(pending.step)
+
+    def _purge(self, step: int) -> None:
+        """Rank 0: keep the newest ``keep`` checkpoints that validate, at or below ``step``.
+
+        Only valid ones count, so a corrupt folder never pushes a good checkpoint out; a
+        folder that fails validation at or below ``step`` is deleted (it can never load).
+        Folders above ``step`` belong to a timeline this run did not resume from (say, one
+        that failed to load on some rank): they are neither counted nor deleted.
+        """
+        assert self.folder is not None
+        kept = 0
+        for folder_step, path in step_folders(self.folder):
+            if folder_step > step:
+                continue
+            try:
+                validate(path)
+            except ValueError as e:
+                log.warning("deleting unusable checkpoint %s: %s", path, e)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
         """Finish the save in flight and release the staging buffers."""

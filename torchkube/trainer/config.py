@@ -43,6 +43,7 @@ ENV_METRICS_PORT = "TORCHKUBE_METRICS_PORT"
 ENV_TERMINATION_LOG = "TORCHKUBE_TERMINATION_LOG"
 ENV_PERMANENT_ERROR_FILE = "TORCHKUBE_PERMANENT_ERROR_FILE"  # set by torchkube.elastic.launch
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' terminationMessagePath
+MIN_CHECKPOINT_KEEP = 2  # the newest checkpoint and a fallback, should the newest not load
 
 
 class ConfigError(Exception):
@@ -57,7 +58,7 @@ class RunEnv:
     checkpoint_dir: Path | None = None
     checkpoint_interval_steps: int = 100  # 0: no step-based checkpoints
     checkpoint_interval_seconds: float = 0.0  # 0: no time-based checkpoints
-    checkpoint_keep: int = 3
+    checkpoint_keep: int = 3  # at least MIN_CHECKPOINT_KEEP
     metrics_port: int = 0  # 0: no metrics server
     termination_log: Path | None = None
     elastic_restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT
@@ -196,8 +197,13 @@ def load_config(
     ):
         if values[field] < 0:
             raise ConfigError(f"{field.replace('_', ' ')} must not be negative ({values[field]})")
-    if values["checkpoint_keep"] < 1:
-        raise ConfigError("checkpoint keep must be at least 1 (the latest checkpoint)")
+    if values["checkpoint_keep"] < MIN_CHECKPOINT_KEEP:
+        raise ConfigError(
+            f"checkpoint keep must be at least {MIN_CHECKPOINT_KEEP}, not "
+            f"{values['checkpoint_keep']}: the newest checkpoint can turn out unloadable "
+            "(a disk error after it was written), and the one before it is then the only way "
+            f"back; set spec.checkpoint.keep ({ENV_CHECKPOINT_KEEP}) to 2 or more"
+        )
     log = environ.get(ENV_TERMINATION_LOG, DEFAULT_TERMINATION_LOG)
     run_env = RunEnv(
         **values,
@@ -228,10 +234,6 @@ def preflight(spec: TrainerSpec, run_env: RunEnv) -> None:
         _check_token_files(spec.data_path, "dataPath", spec.seq_len)
     if spec.eval_data_path:
         _check_token_files(spec.eval_data_path, "evalDataPath", spec.seq_len)
-    try:
-        spec.grad_accum_steps(run_env.world_size)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
     if run_env.checkpoint_dir is not None:
         probe = run_env.checkpoint_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
         try:

@@ -4,8 +4,8 @@ Exactness after a restart rests on one rule: which sample a worker reads is a fu
 (seed, epoch, position) only — never of iterator state, worker count or wall clock. The job's
 position is a single integer, the number of samples consumed so far, which the checkpoint
 stores. The samples of optimizer step ``s`` are the positions ``[s·G, (s+1)·G)`` (``G`` the
-global batch), dealt out to (micro-step, rank) pairs; whatever the world size, the same step
-sees the same set of samples, none twice and none skipped.
+global batch), dealt out to (rank, micro-step) pairs by :class:`Layout`; whatever the world
+size, the same step sees the same set of samples, none twice and none skipped.
 """
 
 from collections.abc import Iterator
@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset, default_collate
 
+from torchkube.api.trainer import micro_steps
 from torchkube.trainer.tokens import HEADER_BYTES, read_header, resolve_token_files
 
 _MASK64 = (1 << 64) - 1
@@ -72,6 +73,7 @@ class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.seq_len = seq_len
         infos = [read_header(p) for p in resolve_token_files(pattern)]
         self.vocab_size = max(info.vocab_size for info in infos)
+        self.file_sizes = [(info.path.name, info.num_tokens) for info in infos]
         self._files: list[tuple[Path, np.memmap | None]] = []
         counts = []
         for info in infos:
@@ -102,22 +104,91 @@ class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return window[:-1], window[1:]
 
 
+def dataset_identity(dataset: Dataset) -> dict[str, Any]:
+    """What a checkpoint records about its training data, to notice a resume onto other data:
+    the sample count, which the order depends on, and for token files their names and sizes
+    (names, not paths, so a volume mounted elsewhere is still the same data)."""
+    identity: dict[str, Any] = {"samples": len(dataset)}  # type: ignore[arg-type]
+    if isinstance(dataset, TokenDataset):
+        identity["files"] = [
+            {"name": name, "tokens": tokens} for name, tokens in dataset.file_sizes
+        ]
+    return identity
+
+
+def describe_dataset(identity: dict[str, Any]) -> str:
+    """A dataset identity in words: "train.bin (85,116 tokens)", or its sample count."""
+    files = identity.get("files")
+    if not files:
+        return f"a dataset of {identity.get('samples')} samples"
+    return ", ".join(f"{f['name']} ({f['tokens']:,} tokens)" for f in files)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-step of one rank: which sample positions it reads, and its loss multiplier.
+
+    ``weight`` is the micro-batch's share of the global batch times the world size, so that
+    the mean over ranks (DDP's and FSDP's gradient averaging) of every rank's weighted losses
+    is the mean loss over the whole global batch. A rank with fewer samples than micro-steps
+    gets empty micro-batches: it computes a filler with weight 0 to keep its collectives in
+    step with the others.
+    """
+
+    positions: range
+    weight: float
+
+
 @dataclass(frozen=True)
 class Layout:
-    """How one optimizer step's global batch is dealt out: G = micro × accum × world."""
+    """How one optimizer step's global batch of ``G`` sequences is dealt out to ``W`` ranks.
 
+    Rank ``r`` holds a contiguous run of ⌊G/W⌋ or ⌈G/W⌉ of the step's positions (the first
+    ``G mod W`` ranks one more), split into :attr:`grad_accum_steps` micro-batches of at most
+    ``micro_batch_size`` — the same number of micro-steps on every rank, as FSDP's per-micro-
+    step reduce-scatter needs, and no rank idle while another computes a micro-batch more.
+    """
+
+    global_batch_size: int
     micro_batch_size: int
-    grad_accum_steps: int
     world_size: int
 
     @property
-    def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.grad_accum_steps * self.world_size
+    def grad_accum_steps(self) -> int:
+        return micro_steps(self.global_batch_size, self.micro_batch_size, self.world_size)
 
-    def positions(self, consumed: int, rank: int, micro_step: int) -> range:
-        """Sample positions of one (rank, micro-step) of the step that starts at ``consumed``."""
-        start = consumed + (micro_step * self.world_size + rank) * self.micro_batch_size
-        return range(start, start + self.micro_batch_size)
+    def samples(self, rank: int) -> int:
+        """Sequences this rank reads per step."""
+        base, extra = divmod(self.global_batch_size, self.world_size)
+        return base + (rank < extra)
+
+    def micro_batches(self, consumed: int, rank: int) -> list[MicroBatch]:
+        """This rank's micro-batches of the step that starts at position ``consumed``."""
+        base, extra = divmod(self.global_batch_size, self.world_size)
+        start = consumed + rank * base + min(rank, extra)
+        size, bigger = divmod(self.samples(rank), self.grad_accum_steps)
+        out = []
+        for micro_step in range(self.grad_accum_steps):
+            n = size + (micro_step < bigger)
+            out.append(
+                MicroBatch(range(start, start + n), n * self.world_size / self.global_batch_size)
+            )
+            start += n
+        return out
+
+    def describe(self) -> str:
+        """The split in words, e.g. "2 ranks hold 3 sequences and 1 rank holds 2, in 2
+        micro-steps of at most 2 sequences"."""
+        steps = (
+            f"in {self.grad_accum_steps} micro-steps of at most {self.micro_batch_size} sequences"
+        )
+        base, extra = divmod(self.global_batch_size, self.world_size)
+        if not extra:
+            return f"{base} sequences per rank {steps}"
+        rest = self.world_size - extra
+        more = f"{extra} rank{'s hold' if extra > 1 else ' holds'} {base + 1} sequences"
+        less = f"{rest} rank{'s hold' if rest > 1 else ' holds'} {base}"
+        return f"{more} and {less}, {steps}"
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -146,11 +217,12 @@ class StepLoader:
         self.rank, self.device = rank, device
         self.n = len(dataset)  # type: ignore[arg-type]
 
-    def micro_batches(self, consumed: int) -> Iterator[Any]:
-        for micro_step in range(self.layout.grad_accum_steps):
-            positions = self.layout.positions(consumed, self.rank, micro_step)
+    def micro_batches(self, consumed: int) -> Iterator[tuple[Any, float]]:
+        """(batch on the device, loss weight) for each micro-step of the step at ``consumed``."""
+        for micro in self.layout.micro_batches(consumed, self.rank):
+            positions = micro.positions or range(consumed, consumed + 1)  # a filler
             items = [self.dataset[sample_at(p, self.n, self.seed)] for p in positions]
-            yield to_device(default_collate(items), self.device)
+            yield to_device(default_collate(items), self.device), micro.weight
 
 
 def eval_batches(
@@ -160,10 +232,13 @@ def eval_batches(
     rank: int,
     world_size: int,
     device: torch.device,
-) -> Iterator[Any]:
-    """A fixed evaluation set: the first ``batches × world × micro`` samples, in file order."""
-    n = len(dataset)  # type: ignore[arg-type]
-    for b in range(batches):
-        start = (b * world_size + rank) * micro_batch_size
-        items = [dataset[(start + j) % n] for j in range(micro_batch_size)]
-        yield to_device(default_collate(items), device)
+) -> Iterator[tuple[Any, float]]:
+    """This rank's part of the fixed evaluation set, with loss weights as in training.
+
+    The set is the first ``batches × micro_batch_size`` samples in file order (all of them if
+    the data holds fewer), the same at every world size, dealt out like a training step.
+    """
+    size = min(batches * micro_batch_size, len(dataset))  # type: ignore[arg-type]
+    for micro in Layout(size, micro_batch_size, world_size).micro_batches(0, rank):
+        items = [dataset[p] for p in micro.positions or range(1)]
+        yield to_device(default_collate(items), device), micro.weight

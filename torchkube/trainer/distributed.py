@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
@@ -138,9 +139,12 @@ def teardown(after_error: bool = False) -> None:
 
 def mean_across_ranks(values: list[float], group: dist.ProcessGroup) -> list[float]:
     """Average a few host-side numbers over all ranks (for logging and metrics)."""
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return list(values)
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, group=group)
-    return (t / dist.get_world_size(group)).tolist()
+    return (t / world_size).tolist()
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -180,22 +184,30 @@ class StepAgreement:
 
     A signal may reach ranks at different moments and only rank 0's clock decides time-based
     checkpoints, so each rank contributes its flags to a MAX all-reduce on the control group.
-    It is started before the step's compute and awaited after it, so it costs no step time.
+    It is started before the step's compute and awaited after it, so it costs no step time; a
+    signal that arrives during a step is therefore agreed on in the next one. A world of one
+    has nobody to agree with: it makes no collective call and reads its stop flag at the end of
+    the step, so it stops right after the step the signal came in.
     """
 
-    def __init__(self, group: dist.ProcessGroup):
+    def __init__(self, group: dist.ProcessGroup, stop_requested: Callable[[], bool]):
         self.group = group
+        self.stop_requested = stop_requested
+        self.alone = dist.get_world_size(group) == 1
         self._flags = torch.zeros(2, dtype=torch.int32)
         self._work: dist.Work | None = None
 
-    def start(self, stop: bool, save: bool) -> None:
-        self._flags = torch.tensor([int(stop), int(save)], dtype=torch.int32)
-        self._work = dist.all_reduce(
-            self._flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True
-        )
+    def start(self, save: bool) -> None:
+        self._flags = torch.tensor([int(self.stop_requested()), int(save)], dtype=torch.int32)
+        if not self.alone:
+            self._work = dist.all_reduce(
+                self._flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True
+            )
 
     def result(self) -> tuple[bool, bool]:
         """(stop, save) as agreed by every rank."""
+        if self.alone:
+            return self.stop_requested(), bool(self._flags[1])
         assert self._work is not None, "start() first"
         self._work.wait()
         return bool(self._flags[0]), bool(self._flags[1])

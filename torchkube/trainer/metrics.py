@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -35,23 +35,32 @@ log = logging.getLogger("torchkube.trainer")
 PROGRESS_FILE = "progress.json"
 ENV_PEAK_FLOPS = "TORCHKUBE_PEAK_FLOPS"
 
-# Dense bf16 tensor-core peaks per device (vendor datasheets, see notes/perf-targets.md §1).
-# Matched as substrings of torch.cuda.get_device_name(), most specific first.
-PEAK_BF16_FLOPS: list[tuple[str, float]] = [
-    ("H100 PCIe", 756e12),
-    ("H200", 989e12),
-    ("H100", 989e12),  # SXM5; the "NVIDIA H100 80GB HBM3" name
-    ("A100", 312e12),
+MatmulPrecision = Literal["bf16", "tf32", "fp32"]
+
+# Dense peak FLOP/s of one device per matmul precision: bf16 and TF32 on the tensor (matrix)
+# cores — half the datasheets' "with sparsity" figures — and fp32 without TF32. Vendor
+# datasheets, cited in docs/trainer.md (MFU). Matched as substrings of
+# torch.cuda.get_device_name(), most specific first.
+PEAK_FLOPS: list[tuple[str, dict[MatmulPrecision, float]]] = [
+    ("H100 NVL", {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    ("H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H200 NVL", {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    ("H200", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),  # SXM
+    ("H100", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),  # SXM: "NVIDIA H100 80GB HBM3"
+    ("B200", {"bf16": 2250e12, "tf32": 1100e12, "fp32": 75e12}),  # HGX B200, 1,000 W
+    ("MI300X", {"bf16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12}),
+    ("A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
 ]
 
 
-def peak_flops(device_name: str) -> float | None:
-    """Peak FLOP/s of one device, ``TORCHKUBE_PEAK_FLOPS`` first; None when unknown (CPU)."""
+def peak_flops(device_name: str, precision: MatmulPrecision) -> float | None:
+    """Peak FLOP/s of one device at the precision its matmuls run in, ``TORCHKUBE_PEAK_FLOPS``
+    first; None when unknown (CPU), so that no made-up MFU is reported."""
     if os.environ.get(ENV_PEAK_FLOPS):
         return float(os.environ[ENV_PEAK_FLOPS])
-    for pattern, flops in PEAK_BF16_FLOPS:
+    for pattern, peaks in PEAK_FLOPS:
         if pattern in device_name:
-            return flops
+            return peaks[precision]
     return None
 
 
@@ -140,8 +149,8 @@ class TrainMetrics:
         )
         self.mfu = gauge(
             "torchkube_train_mfu_ratio",
-            "Model FLOPs utilisation (6N+12LHQT per token over the device's bf16 dense peak); "
-            "NaN when the peak is unknown.",
+            "Model FLOPs utilisation (6N+12LHQT per token over the device's dense peak at the "
+            "precision the matmuls run in: bf16, TF32 or fp32); NaN when the peak is unknown.",
         )
         self.data_wait = counter(
             "torchkube_train_data_wait_seconds_total", "Time the loop waited for input batches."
@@ -155,6 +164,10 @@ class TrainMetrics:
             "torchkube_train_checkpoint_blocking_duration_seconds",
             "Part of a checkpoint save during which training was blocked.",
             seconds,
+        )
+        self.checkpoint_staging = gauge(
+            "torchkube_train_checkpoint_staging_bytes",
+            "Host memory this rank's async checkpoint staging buffers hold (kept between saves).",
         )
         self.checkpoint_load = gauge(
             "torchkube_train_checkpoint_load_duration_seconds", "Time the last resume took to load."

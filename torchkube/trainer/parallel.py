@@ -3,6 +3,10 @@
 The order in :func:`parallelize` is fixed and matters: compile each block first, so FSDP's
 hooks wrap the compiled blocks; then shard (FSDP2/HSDP) or replicate (DDP). ZeRO-1 is DDP plus
 a sharded optimizer and lives in :func:`build_optimizer`.
+
+A world of one process trains the plain module with a plain AdamW for ``ddp`` and ``zero1``:
+DDP's all-reduce and ZeRO's broadcast would only copy memory there. FSDP2 and HSDP stay
+FSDP2 at any size, since their mixed-precision policy changes the numbers.
 """
 
 import contextlib
@@ -20,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.config import ConfigError
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.metrics import MatmulPrecision
 
 
 def compute_dtype(spec: TrainerSpec, device: torch.device) -> torch.dtype:
@@ -27,6 +32,19 @@ def compute_dtype(spec: TrainerSpec, device: torch.device) -> torch.dtype:
     if spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return torch.float32
+
+
+def matmul_precision(
+    spec: TrainerSpec, device: torch.device, float32_matmul_precision: str
+) -> MatmulPrecision:
+    """The precision the model's matmuls run in, which MFU must be measured against: bf16;
+    TF32 for fp32 on CUDA unless ``torch.set_float32_matmul_precision`` is "highest" (as
+    with ``deterministic: true``); fp32 otherwise."""
+    if compute_dtype(spec, device) == torch.bfloat16:
+        return "bf16"
+    if device.type == "cuda" and float32_matmul_precision != "highest":
+        return "tf32"
+    return "fp32"
 
 
 def build_mesh(spec: TrainerSpec, info: DistInfo) -> DeviceMesh:
@@ -80,6 +98,8 @@ def parallelize(
     if spec.strategy in ("fsdp", "hsdp"):
         apply_fsdp(model, blocks, build_mesh(spec, info), compute_dtype(spec, info.device))
         return model
+    if info.world_size == 1:
+        return model
     return apply_ddp(model, info.device, spec.ddp_bucket_size_mb)
 
 
@@ -95,12 +115,20 @@ def autocast(
 
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce / reduce-scatter on non-final accumulation micro-steps."""
+    """What a non-final accumulation micro-step (``enabled`` False) may skip.
+
+    DDP skips its all-reduce: the local gradients are no bigger than the model either way.
+    FSDP2 reduce-scatters every micro-step, because skipping it would keep a full unsharded
+    gradient on every rank until the last micro-step — all of FSDP's gradient-memory saving,
+    and more so after an elastic shrink raises the accumulation (torchtitan does the same).
+    HSDP skips only the all-reduce across replica groups and adds the reduce-scattered
+    shards up until the last micro-step.
+    """
     if isinstance(model, DDP):
         with contextlib.nullcontext() if enabled else model.no_sync():
             yield
     elif isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(enabled)
+        model.set_requires_all_reduce(enabled)
         yield
     else:
         yield
@@ -120,24 +148,37 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(
-    model: nn.Module, spec: TrainerSpec, device: torch.device
-) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA); for zero1 wrapped in ZeroRedundancyOptimizer, which keeps each
-    parameter's optimizer state on one rank and broadcasts the updated parameters."""
+def _adamw_options(spec: TrainerSpec, device: torch.device) -> dict:
+    """AdamW's hyper-parameters from the spec; the fused kernel on CUDA."""
+    return {
+        "lr": spec.learning_rate,
+        "betas": (spec.beta1, spec.beta2),
+        "eps": 1e-8,
+        "fused": device.type == "cuda",
+    }
+
+
+def apply_zero1(
+    groups: list[dict], spec: TrainerSpec, device: torch.device
+) -> ZeroRedundancyOptimizer:
+    """AdamW inside ZeroRedundancyOptimizer: each parameter's optimizer state lives on one
+    rank, which broadcasts the updated parameter. With ``parameters_as_bucket_view`` each
+    rank's parameters are views into one flat buffer, so that is one broadcast per rank rather
+    than one per tensor."""
+    return ZeroRedundancyOptimizer(
+        groups,
+        optimizer_class=torch.optim.AdamW,
+        parameters_as_bucket_view=True,
+        **_adamw_options(spec, device),
+    )
+
+
+def build_optimizer(model: nn.Module, spec: TrainerSpec, info: DistInfo) -> torch.optim.Optimizer:
+    """AdamW with nanoGPT's two groups; ZeRO-1 (:func:`apply_zero1`) over several processes."""
     groups = param_groups(model, spec.weight_decay)
-    betas = (spec.beta1, spec.beta2)
-    fused = device.type == "cuda"
-    if spec.strategy == "zero1":
-        return ZeroRedundancyOptimizer(
-            groups,
-            optimizer_class=torch.optim.AdamW,
-            lr=spec.learning_rate,
-            betas=betas,
-            eps=1e-8,
-            fused=fused,
-        )
-    return torch.optim.AdamW(groups, lr=spec.learning_rate, betas=betas, eps=1e-8, fused=fused)
+    if spec.strategy == "zero1" and info.world_size > 1:
+        return apply_zero1(groups, spec, info.device)
+    return torch.optim.AdamW(groups, **_adamw_options(spec, info.device))
 
 
 def lr_lambda(spec: TrainerSpec) -> Callable[[int], float]:

@@ -45,8 +45,10 @@ from torchkube.trainer.parallel import (
     build_optimizer,
     gradient_sync,
     lr_lambda,
+    matmul_precision,
     parallelize,
 )
+from torchkube.trainer.timing import StepTimer, step_timer
 from torchkube.trainer.workload import Workload, gpt_workload
 
 log = logging.getLogger("torchkube.trainer")
@@ -65,35 +67,42 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         else None
     )
     try:
-        # --- setup: the same seed on every rank gives every rank the same initial weights
+        # --- setup: the same seed on every rank gives every rank the same initial weights;
+        # then each rank draws (dropout) from a stream of its own, seed + rank, as nanoGPT does
         configure_determinism(spec)
         torch.manual_seed(spec.seed)
         with torch.device(info.device):
             model = workload.build_model(spec)
+        torch.manual_seed(spec.seed + info.rank)
         flops_per_token = workload.flops_per_token(model, spec)
         model = parallelize(model, spec, info, workload.blocks(model))
-        optimizer = build_optimizer(model, spec, info.device)
+        optimizer = build_optimizer(model, spec, info)
         scheduler = LambdaLR(optimizer, lr_lambda(spec))
         state = TrainState()
+        dataset = workload.train_dataset(spec)
         ckpt = CheckpointManager.for_run(
-            run_env, spec, info, model, optimizer, scheduler, state, metrics
+            run_env, spec, info, model, optimizer, scheduler, state, metrics, dataset
         )
 
-        # --- resume: the newest loadable checkpoint, whatever world size wrote it
+        # --- resume: the newest loadable checkpoint (with its ranks' random streams), whatever
+        # world size wrote it
         ckpt.claim()
         if ckpt.load():
             state.resumes += 1
         layout = plan_layout(spec, info, state)
-        loader = StepLoader(workload.train_dataset(spec), spec.seed, layout, info.rank, info.device)
+        loader = StepLoader(dataset, spec.seed, layout, info.rank, info.device)
         eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
-        report = Reporter(spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token)
+        timer = step_timer(info.device)
+        report = Reporter(
+            spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token, timer
+        )
         report.started(state)
-        agreement = StepAgreement(info.control_group)
+        agreement = StepAgreement(info.control_group, lambda: stop.requested)
 
         # --- loop
         while state.step < spec.steps:
-            agreement.start(stop=stop.requested, save=info.is_main and ckpt.due(state.step + 1))
-            started = time.monotonic()
+            agreement.start(save=info.is_main and ckpt.due(state.step + 1))
+            timer.start()
             loss, grad_norm, data_wait = train_step(
                 model,
                 optimizer,
@@ -103,20 +112,23 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 spec,
                 workload.loss_fn,
             )
+            timer.stop()
             state.step += 1
             state.consumed_samples += layout.global_batch_size
             stop_now, save_now = agreement.result()
-            report.step(
-                state, time.monotonic() - started, data_wait, float(scheduler.get_last_lr()[0])
-            )
+            report.step(state, data_wait, float(scheduler.get_last_lr()[0]))
             last = state.step == spec.steps
             if state.step % spec.log_interval_steps == 0 or last or stop_now:
                 report.log(state, loss, grad_norm)
             if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
                 report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
             ckpt.poll()
-            if save_now or stop_now or last:
-                ckpt.save(state.step, blocking=stop_now or last)
+            if last:
+                ckpt.save(state.step, blocking=True)
+            elif stop_now:
+                ckpt.save_on_stop(state.step)
+            elif save_now:
+                ckpt.save(state.step)
             report.checkpointed()
             if stop_now:
                 break
@@ -124,7 +136,11 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         # --- teardown
         ckpt.close()
         if state.step < spec.steps:
-            log.warning("stopped at step %d after the emergency checkpoint", state.step)
+            log.warning(
+                "stopped at step %d after the emergency checkpoint (step-%s)",
+                state.step,
+                ckpt.last_step,
+            )
             return 128 + (stop.signum or signal.SIGTERM)
         report.finished(state)
         _write_termination_message(run_env, f"{TRAINING_FINISHED} at step {state.step}")
@@ -165,11 +181,8 @@ def configure_determinism(spec: TrainerSpec) -> None:
 
 def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
     """Split the constant global batch over the current world; say so when it changed."""
-    try:
-        accum = spec.grad_accum_steps(info.world_size)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    layout = Layout(spec.micro_batch_size, accum, info.world_size)
+    layout = Layout(spec.global_batch_size, spec.micro_batch_size, info.world_size)
+    accum = layout.grad_accum_steps
     if state.world_size and state.world_size != info.world_size:
         log.info(
             "world size changed %d → %d: gradient accumulation %d → %d micro-steps, "
@@ -187,16 +200,25 @@ def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
             spec.global_batch_size,
         )
     log.info(
-        "global batch %d sequences = micro batch %d × accumulation %d × world size %d "
-        "(%d tokens per step, strategy %s, device %s)",
-        layout.global_batch_size,
-        spec.micro_batch_size,
-        accum,
+        "global batch %d sequences over world size %d: %s (%d tokens per step, strategy %s, "
+        "device %s)",
+        spec.global_batch_size,
         info.world_size,
+        layout.describe(),
         spec.tokens_per_step,
         spec.strategy,
         info.device,
     )
+    idle = sum(layout.samples(r) < accum for r in range(info.world_size))
+    if idle:
+        log.warning(
+            "%d of %d ranks hold fewer sequences than micro-steps and compute a weightless "
+            "filler micro-batch to stay in step: a globalBatchSize that is a multiple of "
+            "microBatchSize × %d avoids that waste",
+            idle,
+            info.world_size,
+            info.world_size,
+        )
     state.world_size, state.grad_accum_steps = info.world_size, accum
     state.global_batch_size = spec.global_batch_size
     return layout
@@ -206,27 +228,29 @@ def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LambdaLR,
-    batches: Iterator[Any],
+    batches: Iterator[tuple[Any, float]],
     accum_steps: int,
     spec: TrainerSpec,
     loss_fn: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """One optimizer step over ``accum_steps`` micro-batches.
+    """One optimizer step over this rank's micro-batches.
 
-    Gradients are synchronised only on the last micro-step; each micro-loss is divided by
-    the accumulation steps, so the update equals one over the whole global batch.
-    Returns this rank's mean loss, the gradient norm before clipping, and the data wait.
+    Each micro-loss is multiplied by its micro-batch's weight (its share of the global batch
+    times the world size, see ``data.MicroBatch``), so after the gradient averaging over ranks
+    the update equals one over the whole global batch, however unevenly it is split.
+    Returns this rank's weighted loss (its mean over ranks is the global batch's mean loss),
+    the gradient norm before clipping, and the data wait.
     """
     device = next(model.parameters()).device
     total = torch.zeros((), device=device)
     data_wait = 0.0
     for micro_step in range(accum_steps):
         t = time.monotonic()
-        batch = next(batches)
+        batch, weight = next(batches)
         data_wait += time.monotonic() - t
         with gradient_sync(model, micro_step == accum_steps - 1):
             with autocast(spec, model, device):
-                loss = loss_fn(model, batch) / accum_steps
+                loss = loss_fn(model, batch) * weight
             loss.backward()
         total += loss.detach()
     grad_norm = (
@@ -244,16 +268,16 @@ def train_step(
 def evaluate(
     model: nn.Module, dataset: Dataset, spec: TrainerSpec, info: DistInfo, loss_fn: Any
 ) -> float:
-    """Mean loss over the fixed evaluation batches of all ranks."""
+    """Mean loss over the fixed evaluation set (the same samples at every world size)."""
     model.eval()
-    losses = []
-    for batch in eval_batches(
+    weighted = 0.0
+    for batch, weight in eval_batches(
         dataset, spec.micro_batch_size, spec.eval_batches, info.rank, info.world_size, info.device
     ):
         with autocast(spec, model, info.device):
-            losses.append(loss_fn(model, batch).item())
+            weighted += loss_fn(model, batch).item() * weight
     model.train()
-    return mean_across_ranks([sum(losses) / len(losses)], info.control_group)[0]
+    return mean_across_ranks([weighted], info.control_group)[0]
 
 
 class Reporter:
@@ -269,15 +293,18 @@ class Reporter:
         progress: ProgressReporter,
         ckpt: CheckpointManager,
         flops_per_token: float | None,
+        timer: StepTimer,
     ):
         self.spec, self.info, self.layout = spec, info, layout
+        self.timer = timer
         self.metrics, self.progress, self.ckpt = metrics, progress, ckpt
         self.flops_per_token = flops_per_token
         name = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu"
-        self.peak = peak_flops(name)
+        precision = matmul_precision(spec, info.device, torch.get_float32_matmul_precision())
+        self.peak = peak_flops(name, precision)
         self.elastic_restarts = run_env.elastic_restart_count
         self._window_start = time.monotonic()
-        self._window_steps = 0
+        self._window_steps = self._timed_steps = 0
         self._step_time = self._data_wait = 0.0
         self._data_wait_total = 0.0
         self._lr = 0.0
@@ -313,17 +340,21 @@ class Reporter:
         m.mfu.set(float("nan"))
         self.progress.update(force=True, **self._record(state))
 
-    def step(self, state: TrainState, seconds: float, data_wait: float, lr: float) -> None:
+    def _timed(self, wait: bool = False) -> None:
+        """Step times the timer has (on GPU: of the steps the GPU finished)."""
+        for seconds in self.timer.finished(wait):
+            self.metrics.step_duration.observe(seconds)
+            self._step_time += seconds
+            self._timed_steps += 1
+
+    def step(self, state: TrainState, data_wait: float, lr: float) -> None:
         m = self.metrics
         m.step.set(state.step)
-        m.step_duration.observe(seconds)
+        self._timed()
         m.data_wait.inc(data_wait)
-        m.tokens.inc(
-            self.layout.micro_batch_size * self.layout.grad_accum_steps * self.spec.seq_len
-        )
+        m.tokens.inc(self.layout.samples(self.info.rank) * self.spec.seq_len)
         m.learning_rate.set(lr)
         self._window_steps += 1
-        self._step_time += seconds
         self._data_wait += data_wait
         self._data_wait_total += data_wait
         self._lr = lr
@@ -337,13 +368,16 @@ class Reporter:
             else float("nan")
         )
         n = max(1, self._window_steps)
+        loss_value = loss.item()  # syncs with the GPU, so waiting for the step times is free
+        self._timed(wait=True)
         mean_loss, step_time, data_wait = mean_across_ranks(
-            [loss.item(), self._step_time / n, self._data_wait / n], self.info.control_group
+            [loss_value, self._step_time / max(1, self._timed_steps), self._data_wait / n],
+            self.info.control_group,
         )
         elapsed = time.monotonic() - self._window_start
         self.loss = mean_loss
         self.tokens_per_second = self._window_steps * self.spec.tokens_per_step / max(elapsed, 1e-9)
-        self._window_start, self._window_steps = time.monotonic(), 0
+        self._window_start, self._window_steps, self._timed_steps = time.monotonic(), 0, 0
         self._step_time = self._data_wait = 0.0
         mfu = None
         if self.flops_per_token and self.peak:
