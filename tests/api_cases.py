@@ -77,6 +77,7 @@ BAD_SPECS = [
     BadSpec("unknown-field", {"replica": 3}, "replica", "unknown field"),
     BadSpec("rendezvous-port-low", {"rendezvous": {"port": 80}}, "rendezvous.port", "1024"),
     BadSpec("name-too-long", {}, "metadata.name", "at most 40 characters", name="a" + "b" * 45),
+    BadSpec("keep-one-checkpoint", {"checkpoint": {"keep": 1}}, "checkpoint.keep", "2"),
 ]
 
 

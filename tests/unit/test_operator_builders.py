@@ -204,3 +204,9 @@ def test_checkpoint_claim_is_created_only_when_no_claim_is_named() -> None:
     assert builders.worker_pod(named, 0, "a")["spec"]["volumes"][0]["persistentVolumeClaim"] == {
         "claimName": "shared"
     }
+
+
+def test_torchrun_gives_workers_the_pods_grace_for_their_emergency_checkpoint() -> None:
+    """torchrun SIGKILLs its workers 30 s after SIGTERM by default, whatever the pod's grace."""
+    job = make_job(checkpoint={"terminationGracePeriodSeconds": 300})
+    assert "--shutdown-timeout=298" in builders.torchrun_args(job)

@@ -229,7 +229,13 @@ class CheckpointSpec(ApiModel):
     interval_seconds: int | None = Field(
         default=None, ge=10, description="Also checkpoint when this much time passed."
     )
-    keep: int = Field(default=3, ge=1, le=1000, description="How many checkpoints to keep.")
+    keep: int = Field(
+        default=3,
+        ge=2,
+        le=1000,
+        description="How many valid checkpoints to keep (at least 2: while the newest is being "
+        "written, the one before is the only complete one).",
+    )
     termination_grace_period_seconds: int = Field(
         default=120,
         ge=5,

@@ -36,6 +36,7 @@ from typing import Any, TextIO
 from torchkube.api import TrainingJob
 from torchkube.local.display import Failure, Summary, progress_line
 from torchkube.local.processes import descendants, kill_tree
+from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
 from torchkube.operator.builders import torchrun_args, trainer_env
 from torchkube.operator.failure import Ledger
@@ -49,14 +50,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def threads_per_process(cpus: int, processes: int) -> int:
-    """CPU threads for each training process: the machine's cores shared out, at least one.
-
-    Pinning every process to one thread left a 1-worker job on 2 cores at ~60 % of its speed;
-    more threads than cores per process would oversubscribe them."""
-    return max(1, cpus // max(1, processes))
 
 
 @dataclass
@@ -132,12 +125,6 @@ class LocalRun:
         self._stop: int | None = None
 
     # ------------------------------------------------------------------ processes
-    def _processes(self) -> int:
-        nproc = self.nproc if isinstance(self.nproc, int) else 1
-        if isinstance(self.nproc, str) and self.nproc.isdigit():
-            nproc = int(self.nproc)
-        return self.count * nproc
-
     def _env(self, index: int) -> dict[str, str]:
         env = {**os.environ, **trainer_env(self.job, index)}
         env["TORCHKUBE_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
@@ -145,9 +132,8 @@ class LocalRun:
             str(self.metrics_ports[index]) if self.job.spec.metrics.enabled else "0"
         )
         env["TORCHKUBE_TERMINATION_LOG"] = str(self.log_dir / f"worker-{index}.termination")
-        env.setdefault(
-            "OMP_NUM_THREADS", str(threads_per_process(os.cpu_count() or 1, self._processes()))
-        )
+        cpus = len(os.sched_getaffinity(0))
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
         for variable in self.job.spec.env:
             if variable.value is not None:
                 env[variable.name] = variable.value

@@ -70,6 +70,17 @@ def torchrun_max_restarts(job: TrainingJob) -> int:
     return job.spec.failure_policy.max_restarts + 2 * replicas.max + 2
 
 
+SHUTDOWN_MARGIN_SECONDS = 2
+
+
+def shutdown_timeout(job: TrainingJob) -> int:
+    """How long torchrun lets its workers finish after SIGTERM before it SIGKILLs them: the
+    pod's grace period less a moment for the launcher to report. torchrun's own default (30 s)
+    would cut an emergency checkpoint short whatever terminationGracePeriodSeconds says."""
+    grace = job.spec.checkpoint.termination_grace_period_seconds
+    return max(1, grace - SHUTDOWN_MARGIN_SECONDS)
+
+
 def torchrun_args(
     job: TrainingJob,
     endpoint: str | None = None,
@@ -107,6 +118,7 @@ def torchrun_args(
         f"--rdzv-conf={rdzv_conf}",
         f"--max-restarts={torchrun_max_restarts(job)}",
         f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}",
+        f"--shutdown-timeout={shutdown_timeout(job)}",
         f"--local-addr={local_addr}",
         *spec.command,
         *spec.args,
