@@ -8,8 +8,8 @@ CPU, fp32, after one AdamW step: model + two Adam moments ≈ 1.5 GB, written by
 own ``CheckpointManager`` (``torch.distributed.checkpoint``, two writer threads, fsync, the
 marker and rename commit) into a folder on this machine's disk.
 
-- **sync blocking**: ``save()`` with ``checkpointMode: sync`` — training waits for all of it.
-- **async blocking**: ``save()`` with ``checkpointMode: async`` — training waits while the
+- **sync blocking**: ``save()`` with ``checkpoint.mode: sync`` — training waits for all of it.
+- **async blocking**: ``save()`` with ``checkpoint.mode: async`` — training waits while the
   state is copied to host buffers (kept between saves, as in a run; the first save also
   allocates them and is reported apart); the write runs on a background thread. Also
   measured: how much longer the training steps that overlap the background write take than
@@ -46,12 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figure, Results, Target, load_average, log, median
+from torchkube.api.contract import Env
 
 TARGET_BLOCKING_RATIO = 10.0  # async blocking ≤ 10 % of a synchronous save
 GPT2_VOCAB = 50257
 
 
-def spec_for(args: argparse.Namespace, steps: int, mode: str = "async") -> Any:
+def spec_for(args: argparse.Namespace, steps: int) -> Any:
     from torchkube.api.trainer import TrainerSpec
 
     return TrainerSpec.model_validate(
@@ -66,7 +67,6 @@ def spec_for(args: argparse.Namespace, steps: int, mode: str = "async") -> Any:
             "steps": steps,
             "warmupSteps": 0,
             "logIntervalSteps": 1,
-            "checkpointMode": mode,
         }
     )
 
@@ -153,14 +153,14 @@ def resume_trial(args: argparse.Namespace, folder: Path, steps: int) -> dict[str
     """Start the trainer as a pod would; seconds from process start to its milestones."""
     env = {
         **os.environ,
-        "TORCHKUBE_CHECKPOINT_DIR": str(folder),
-        "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS": str(steps),
-        "TORCHKUBE_METRICS_PORT": "0",
+        Env.CHECKPOINT_DIR: str(folder),
+        Env.CHECKPOINT_INTERVAL_STEPS: str(steps),
+        Env.METRICS_PORT: "0",
         "OMP_NUM_THREADS": str(os.cpu_count() or 1),
     }
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env["TORCHKUBE_TRAINER_CONFIG"] = json.dumps(spec_for(args, steps).to_wire())
+    env[Env.TRAINER_CONFIG] = json.dumps(spec_for(args, steps).to_wire())
     started = time.time()
     result = subprocess.run(
         [sys.executable, "-m", "torchkube.trainer"],

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from testbed.pods import node_condition, wait_node_condition, wait_pod_phase
 from testbed.wait import wait_for
-from torchkube.elastic import TRAINING_FINISHED
+from torchkube.api.contract import TRAINING_FINISHED
 
 if TYPE_CHECKING:
     from testbed.cluster import Cluster

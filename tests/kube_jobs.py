@@ -1,13 +1,45 @@
-"""A TrainingJob under test in a real cluster: the one handle the operator tests share."""
+"""TrainingJobs under test in a real cluster: the one manifest builder and the one handle the
+integration and end-to-end tests share."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.operator import labels as lbl
+
+
+def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -> dict[str, Any]:
+    """A TrainingJob whose workers take a whole KWOK node each (8 GPUs) of ``pools``.
+
+    ``spec`` fields replace the defaults; a ``scheduling`` given is merged over the KWOK
+    toleration and pool selection."""
+    chosen = [pools] if isinstance(pools, NodePool) else list(pools)
+    placement: dict[str, Any] = {"tolerations": [kwok_toleration()]}
+    if len(chosen) == 1:
+        placement["nodeSelector"] = {POOL_LABEL: chosen[0].name}
+    else:
+        names = [pool.name for pool in chosen]
+        term = {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": names}]}
+        placement["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "resources": {"gpus": 8},
+            **spec,
+            "scheduling": {**placement, **spec.get("scheduling", {})},
+        },
+    }
 
 
 class Job:
@@ -18,14 +50,30 @@ class Job:
         self.custom = client.CustomObjectsApi(api)
         self.namespace, self.name = namespace, name
 
+    @classmethod
+    def create(cls, api: Any, namespace: str, body: dict[str, Any]) -> "Job":
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body
+        )
+        return cls(api, namespace, body["metadata"]["name"])
+
     def get(self) -> dict[str, Any]:
         body: dict[str, Any] = self.custom.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, self.name
         )
         return body
 
+    def get_or_none(self) -> dict[str, Any] | None:
+        """The job, or None once it is gone."""
+        try:
+            return self.get()
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     def status(self) -> dict[str, Any]:
-        return dict(self.get().get("status") or {})
+        return dict((self.get_or_none() or {}).get("status") or {})
 
     def patch(self, spec: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object(
@@ -37,6 +85,7 @@ class Job:
         return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
     def live_workers(self) -> list[Any]:
+        """Workers that are or will be running (failed ones stay around for diagnosis)."""
         return [
             p
             for p in self.pods()
@@ -62,7 +111,7 @@ class Job:
         return wait_for(
             predicate,
             timeout,
-            what=what,
+            what=f"{what} ({self.namespace}/{self.name})",
             describe_last=lambda: (
                 f"status={self.status()} pods="
                 f"{[(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]}"
@@ -72,11 +121,10 @@ class Job:
     def wait_running(self, count: int, timeout: float = 60) -> list[Any]:
         def ready() -> list[Any] | None:
             running = self.running_workers()
-            status = self.status()
             if (
                 len(running) == count
                 and len(self.live_workers()) == count
-                and (status.get("phase") == "Running")
+                and self.status().get("phase") == "Running"
             ):
                 return running
             return None

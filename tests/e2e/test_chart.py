@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kube_jobs import Job, job_manifest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -38,12 +39,11 @@ from testbed.binaries import find_binaries
 from testbed.cluster import Cluster, ClusterConfig
 from testbed.errors import ClusterError
 from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
-from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
 from testbed.volumes import prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.operator import labels as lbl
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "torchkube"
@@ -546,76 +546,13 @@ def create_namespace(api: Any, name: str, labels: dict[str, str] | None = None) 
     return name
 
 
-class Job:
-    """A TrainingJob on the module's KWOK pool, created and read as an admin (its user)."""
-
-    def __init__(self, api: Any, namespace: str, name: str, workdir: Path, **spec: Any) -> None:
-        self.core: Any = client.CoreV1Api(api)
-        self.custom: Any = client.CustomObjectsApi(api)
-        self.namespace, self.name = namespace, name
-        claim = f"{name}-checkpoints"
-        prebound_volume(api, namespace, claim, str(workdir / f"{namespace}-{claim}"))
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {
-                "resources": {"gpus": 8},
-                "replicas": {"min": 2, "max": 2},
-                "scheduling": {
-                    "tolerations": [kwok_toleration()],
-                    "nodeSelector": {POOL_LABEL: POOL.name},
-                },
-                **spec,
-            },
-        }
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-
-    def get(self) -> dict[str, Any] | None:
-        try:
-            body: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.name
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return body
-
-    def status(self) -> dict[str, Any]:
-        return dict((self.get() or {}).get("status") or {})
-
-    def pods(self, role: str = "worker") -> list[Any]:
-        selector = f"{lbl.JOB_NAME}={self.name},{lbl.ROLE}={role}"
-        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
-
-    def live_workers(self) -> list[Any]:
-        """Workers that are or will be running (failed ones stay around for diagnosis)."""
-        return [
-            p
-            for p in self.pods()
-            if p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None
-        ]
-
-    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-        return wait_for(
-            predicate,
-            timeout,
-            what=f"{what} ({self.namespace}/{self.name})",
-            describe_last=lambda: (
-                f"status={self.status()} pods="
-                f"{[(p.metadata.name, p.status.phase) for p in self.pods()]}"
-            ),
-        )
-
-    def wait_running(self, count: int = 2) -> list[Any]:
-        def running() -> list[Any] | None:
-            workers = self.live_workers()
-            ok = len(workers) == count and all(p.status.phase == "Running" for p in workers)
-            return workers if ok and self.status().get("phase") == "Running" else None
-
-        result: list[Any] = self.wait(running, f"{count} running workers")
-        return result
+def chart_job(api: Any, namespace: str, name: str, workdir: Path, **spec: Any) -> Job:
+    """A 2-worker TrainingJob on the module's KWOK pool, with a volume for its claim, created
+    as an admin (its user)."""
+    claim = f"{name}-checkpoints"
+    prebound_volume(api, namespace, claim, str(workdir / f"{namespace}-{claim}"))
+    spec.setdefault("replicas", {"min": 2, "max": 2})
+    return Job.create(api, namespace, job_manifest(name, POOL, **spec))
 
 
 def assert_no_rbac_trouble(*processes: OperatorProcess) -> None:
@@ -699,7 +636,9 @@ def test_operator_runs_a_whole_job_with_only_the_charts_rbac(
     operators.append(operator)
     namespace = create_namespace(admin, "team-a")
     started = time.monotonic()
-    job = Job(admin, namespace, "lifecycle", tmp_path, runPolicy={"ttlSecondsAfterFinished": 1})
+    job = chart_job(
+        admin, namespace, "lifecycle", tmp_path, runPolicy={"ttlSecondsAfterFinished": 1}
+    )
     workers = job.wait_running(2)
     print(f"2 workers Running {time.monotonic() - started:.1f}s after create")
     core: Any = client.CoreV1Api(admin)
@@ -708,7 +647,7 @@ def test_operator_runs_a_whole_job_with_only_the_charts_rbac(
 
     victim = workers[0].metadata.name
     faults.fail_pod(admin, victim, namespace, exit_code=137)
-    status = job.wait(lambda: job.status().get("restarts") == 1 and job.status(), "restarts=1")
+    status = job.wait(lambda: job.status().get("restarts") == 1 and job.status(), 60, "restarts=1")
     assert status["lastFailure"]["pod"] == victim
     workers = job.wait_running(2)
     assert victim not in {p.metadata.name for p in workers}
@@ -716,13 +655,14 @@ def test_operator_runs_a_whole_job_with_only_the_charts_rbac(
         lambda: any(
             e.reason == "WorkerFailed" for e in core.list_namespaced_event(namespace).items
         ),
+        60,
         "the operator's WorkerFailed event",
     )
 
     # Both workers exit 0: the job succeeds and the operator deletes it after its TTL.
     for pod in workers:
         faults.succeed_pod(admin, pod.metadata.name, namespace)
-    job.wait(lambda: job.get() is None, "the operator to delete the finished job")
+    job.wait(lambda: job.get_or_none() is None, 60, "the operator to delete the finished job")
     # Its pods then go by the controller-manager's garbage collection (about 20 s after the
     # delete on this fresh cluster): not the operator's doing, so not waited for.
     assert_no_rbac_trouble(operator)
@@ -779,8 +719,8 @@ def test_namespaced_mode_runs_jobs_in_its_namespace_only(
 
     # The job outside the watched namespace comes first: by the time the watched one runs,
     # an operator that saw both would have handled it too.
-    ignored = Job(admin, other, "not-mine", tmp_path)
-    job = Job(admin, watched, "mine", tmp_path)
+    ignored = chart_job(admin, other, "not-mine", tmp_path)
+    job = chart_job(admin, watched, "mine", tmp_path)
     job.wait_running(2)
     assert not ignored.pods() and not ignored.status()
     assert_no_rbac_trouble(operator)
@@ -828,7 +768,7 @@ def test_two_replicas_elect_one_leader_and_the_standby_takes_over(
     (standby,) = (process for process in operators if process is not active)
 
     namespace = create_namespace(admin, "team-ha")
-    job = Job(admin, namespace, "elected", tmp_path)
+    job = chart_job(admin, namespace, "elected", tmp_path)
     victim = job.wait_running(2)[0].metadata.name
     time.sleep(2)  # a second operator acting would have created a duplicate meanwhile
     assert len(job.pods()) == 2 and len(job.pods("rendezvous")) == 1
@@ -865,6 +805,7 @@ def test_two_replicas_elect_one_leader_and_the_standby_takes_over(
     assert takeover > 10, "the standby took a Lease that had not expired"
     status = job.wait(
         lambda: job.status().get("restarts") == 1 and job.status(),
+        60,
         "the new leader to count the failure",
     )
     assert status["lastFailure"]["pod"] == victim
@@ -940,7 +881,7 @@ def test_upgrade_then_uninstall_keeps_the_crd_and_the_jobs(
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
 
     namespace = create_namespace(admin, "team-up")
-    job = Job(admin, namespace, "survivor", tmp_path)
+    job = chart_job(admin, namespace, "survivor", tmp_path)
     release.helm_cmd("uninstall", "--wait")
     apps: Any = client.AppsV1Api(admin)
     core: Any = client.CoreV1Api(admin)

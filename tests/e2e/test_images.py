@@ -38,7 +38,7 @@ OPERATOR_SIZE_BUDGET_BYTES = 400_000_000
 TRAIN_COMMAND = (
     "torchrun --standalone --nproc-per-node 2 -m torchkube.trainer"
     " --model=tiny --steps=4 --seqLen=32 --microBatchSize=2 --globalBatchSize=4 --warmupSteps=1"
-    " --logIntervalSteps=1 --checkpointMode=sync --device=cpu"
+    " --logIntervalSteps=1 --checkpoint-mode=sync --device=cpu"
     " --checkpoint-dir /checkpoints --checkpoint-interval-steps 2"
 )
 

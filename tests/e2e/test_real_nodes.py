@@ -473,24 +473,25 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
         report = job.progress()
         assert phase == "Succeeded", job.describe()
         assert report.get("finished") is True and report.get("step") == steps, report
-        assert int(report.get("restarts") or 0) >= 1, report
+        assert int(report.get("resumes") or 0) >= 1, report
 
 
-def _container_init_pid(pod_name: str) -> int:
-    """The host pid of a worker container's first process (the launcher), found by the
-    POD_NAME its environment carries; the test runs as root on the nodes' host."""
-    wanted = f"POD_NAME={pod_name}".encode()
+def _container_pid(pod: Any, command: bytes) -> int:
+    """The host pid of the process in ``pod``'s containers whose command line holds
+    ``command``, found by the pod's cgroup; the test runs as root on the nodes' host."""
+    uid = pod.metadata.uid
+    wanted = {f"pod{uid}", f"pod{uid.replace('-', '_')}"}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
             cmdline = (proc / "cmdline").read_bytes()
+            cgroup = (proc / "cgroup").read_text()
         except OSError:
             continue
-        if wanted in environ and b"torchkube.elastic.launch" in cmdline:
+        if command in cmdline and any(w in cgroup for w in wanted):
             return int(proc.name)
-    raise AssertionError(f"no launcher process of pod {pod_name} on this machine")
+    raise AssertionError(f"no {command.decode()} process of pod {pod.metadata.name} here")
 
 
 def test_killed_worker_container_is_replaced_and_resumes(
@@ -522,7 +523,7 @@ def test_killed_worker_container_is_replaced_and_resumes(
         victim = next(p for p in job.pods() if p.status.phase == "Running")
         at_step = job.progress()["step"]
         say(f"SIGKILL the container of {victim.metadata.name} at step {at_step}")
-        os.kill(_container_init_pid(victim.metadata.name), signal.SIGKILL)
+        os.kill(_container_pid(victim, b"torchkube.elastic.launch"), signal.SIGKILL)
 
         def recorded() -> dict[str, Any] | None:
             last = job.status().get("lastFailure") or {}
@@ -604,7 +605,7 @@ def test_training_job_survives_real_node_loss(
             # A report written after a resume from a checkpoint, past the step it resumed at —
             # or, when the rest of the run took less than a poll, the final report (its step is
             # its own last checkpoint's, so "past" cannot show).
-            return int(report.get("restarts") or 0) > int(before.get("restarts") or 0) and (
+            return int(report.get("resumes") or 0) > int(before.get("resumes") or 0) and (
                 int(report.get("step") or 0) > int(report.get("lastCheckpointStep") or 0)
                 or report.get("finished") is True
             )
@@ -637,7 +638,7 @@ def test_training_job_survives_real_node_loss(
         assert phase == "Succeeded", job.describe()
         assert report.get("finished") is True and report.get("step") == STEPS, report
         assert report.get("totalSteps") == STEPS, report
-        assert int(report.get("restarts") or 0) >= 1, report
+        assert int(report.get("resumes") or 0) >= 1, report
         assert (job.checkpoints / f"step-{STEPS}" / "COMPLETE.json").is_file(), sorted(
             p.name for p in job.checkpoints.iterdir()
         )
@@ -704,23 +705,6 @@ def test_scale_down_on_real_nodes_counts_no_failure(
         assert final.get("restarts", 0) == 0 and not final.get("failures"), final
 
 
-def _store_process(pod: Any) -> int:
-    """Host pid of the store container's process, found by the pod's cgroup."""
-    uid = pod.metadata.uid
-    wanted = {f"pod{uid}", f"pod{uid.replace('-', '_')}"}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            cgroup = (proc / "cgroup").read_text()
-        except OSError:
-            continue
-        if b"torchkube.elastic.store" in cmdline and any(w in cgroup for w in wanted):
-            return int(proc.name)
-    raise AssertionError(f"no store process of pod {pod.metadata.name} on this machine")
-
-
 def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
     real_cluster: Cluster,
     trainer_image: LoadedImage,
@@ -747,7 +731,7 @@ def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
         [store] = job.pods(lbl.ROLE_RENDEZVOUS)
         at = int(job.progress()["step"])
         say(f"SIGKILL the store container of {store.metadata.name} at step {at}")
-        os.kill(_store_process(store), signal.SIGKILL)
+        os.kill(_container_pid(store, b"torchkube.elastic.store"), signal.SIGKILL)
 
         def restarted_in_place() -> bool:
             [pod] = job.pods(lbl.ROLE_RENDEZVOUS)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from testbed.ports import free_port
-from torchkube.elastic import RENDEZVOUS_EXIT_CODE
+from torchkube.api.contract import ExitCode
 
 SCRIPT = Path(__file__).with_name("steps_script.py")
 pytestmark = pytest.mark.slow
@@ -217,5 +217,5 @@ def test_a_store_gone_for_a_whole_join_timeout_exits_75(
     agent = launch(args, tmp_path, "a", STEPS="1000")
     wait_for(lambda: len(steps(tmp_path)) >= 3, 120, "the agent training", tmp_path)
     store_process.kill()
-    assert agent.wait(timeout=60) == RENDEZVOUS_EXIT_CODE
+    assert agent.wait(timeout=60) == ExitCode.RENDEZVOUS_LOST
     assert "giving up" in (tmp_path / "a.log").read_text()

@@ -8,15 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_jobs import Job
-from kubernetes import client
+from kube_jobs import Job, job_manifest
 
 from testbed.cluster import Cluster
 from testbed.crds import install_crd
-from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
 from testbed.volumes import delete_volume, prebound_volume
-from torchkube.api import GROUP, PLURAL, VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,19 +88,7 @@ def make_job(
     def make(name: str, pool: NodePool, **spec: Any) -> Job:
         claim = f"{name}-checkpoints"
         volumes.append(prebound_volume(api_client, namespace, claim, str(tmp_path / claim)))
-        scheduling = spec.pop("scheduling", {})
-        scheduling.setdefault("tolerations", [kwok_toleration()])
-        scheduling.setdefault("nodeSelector", {POOL_LABEL: pool.name})
-        body = {
-            "apiVersion": "torchkube.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {"resources": {"gpus": 8}, "scheduling": scheduling, **spec},
-        }
-        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body
-        )
-        return Job(api_client, namespace, name)
+        return Job.create(api_client, namespace, job_manifest(name, pool, **spec))
 
     yield make
     for volume in volumes:

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_jobs import Job
+from kube_jobs import Job, job_manifest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from testbed import faults
 from testbed.cluster import Cluster
-from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
@@ -80,53 +79,20 @@ class Soak:
         pytest.fail(f"{message}\nseed {self.seed} (TORCHKUBE_SOAK_SEED); steps:\n  {history}")
 
     # ------------------------------------------------------------------ jobs
-    def body(self, name: str) -> dict[str, Any]:
-        low, high = JOBS[name]
-        return {
-            "apiVersion": "torchkube.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {
-                "resources": {"gpus": 8},
-                "replicas": {"min": low, "max": high},
-                "failurePolicy": {"maxRestarts": 100, "nodeLostGraceSeconds": 2},
-                "checkpoint": {"claimName": CLAIM},
-                "scheduling": {
-                    "tolerations": [kwok_toleration()],
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": POOL_LABEL,
-                                                "operator": "In",
-                                                "values": [p.name for p in self.pools],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        }
-                    },
-                },
-            },
-        }
-
     def create(self, name: str) -> None:
-        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.body(name)
+        low, high = JOBS[name]
+        body = job_manifest(
+            name,
+            self.pools,
+            replicas={"min": low, "max": high},
+            failurePolicy={"maxRestarts": 100, "nodeLostGraceSeconds": 2},
+            checkpoint={"claimName": CLAIM},
         )
-        self.jobs[name] = Job(self.api, self.namespace, name)
+        self.jobs[name] = Job.create(self.api, self.namespace, body)
 
     def uid(self, name: str) -> str | None:
-        try:
-            return str(self.jobs[name].get()["metadata"]["uid"])
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        body = self.jobs[name].get_or_none()
+        return None if body is None else str(body["metadata"]["uid"])
 
     # ------------------------------------------------------------------ observations
     def all_pods(self) -> list[Any]:

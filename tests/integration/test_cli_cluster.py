@@ -30,10 +30,11 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
+from kube_jobs import job_manifest
 from kubernetes import client
 
 from testbed import faults
-from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
 from testbed.ports import free_port
 from testbed.volumes import delete_volume, prebound_volume
@@ -101,21 +102,8 @@ def one_sentence(result: Result) -> str:
 
 
 def job_yaml(path: Path, name: str, pool: NodePool, **spec: Any) -> Path:
-    body = {
-        "apiVersion": "torchkube.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "resources": {"gpus": 8},
-            "replicas": {"min": 1, "max": 2},
-            "scheduling": {
-                "tolerations": [kwok_toleration()],
-                "nodeSelector": {POOL_LABEL: pool.name},
-            },
-            **spec,
-        },
-    }
-    path.write_text(yaml.safe_dump(body))
+    spec.setdefault("replicas", {"min": 1, "max": 2})
+    path.write_text(yaml.safe_dump(job_manifest(name, pool, **spec)))
     return path
 
 

@@ -95,7 +95,7 @@ class FakeTrainer:
                 "tokensPerSecond": 4096.0,
                 "worldSize": 2,
                 "lastCheckpointStep": self.checkpoint,
-                "restarts": self.resumes,
+                "resumes": self.resumes,
                 "finished": False,
             }
             for pod in members:

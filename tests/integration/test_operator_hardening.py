@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_jobs import Job
+from kube_jobs import Job, job_manifest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -29,22 +29,6 @@ from torchkube.operator import labels as lbl
 from torchkube.operator.kube import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-
-def _body(name: str, pool: NodePool, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "torchkube.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "resources": {"gpus": 8},
-            "scheduling": {
-                "tolerations": [kwok_toleration()],
-                "nodeSelector": {POOL_LABEL: pool.name},
-            },
-            **spec,
-        },
-    }
 
 
 def _condition(job: Job, kind: str) -> dict[str, Any]:
@@ -72,10 +56,9 @@ def test_recreated_job_never_adopts_its_namesakes_pods_or_children(
     old.wait(lambda: all(p.metadata.deletion_timestamp for p in old.pods()), 60, "GC deletes")
     for pod in old.pods():
         faults.stop_deleted_pod(api_client, pod.metadata.name, old.namespace)
-    old.custom.create_namespaced_custom_object(
-        GROUP, VERSION, old.namespace, PLURAL, _body("again", pool, replicas={"min": 2, "max": 2})
+    new = Job.create(
+        api_client, old.namespace, job_manifest("again", pool, replicas={"min": 2, "max": 2})
     )
-    new = Job(api_client, old.namespace, "again")
     new.wait(lambda: _condition(new, "Created").get("reason") == "NameConflict", 30, "conflict")
     status = new.status()
     assert status.get("restarts", 0) == 0 and "lastFailure" not in status

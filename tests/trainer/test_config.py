@@ -8,14 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from torchkube.api.contract import Env
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import (
-    ENV_CHECKPOINT_DIR,
-    ENV_CONFIG,
-    ConfigError,
-    load_config,
-    preflight,
-)
+from torchkube.trainer.config import ConfigError, load_config, preflight
+
+ENV_CONFIG, ENV_CHECKPOINT_DIR = Env.TRAINER_CONFIG, Env.CHECKPOINT_DIR
 
 
 def test_spec_defaults_and_camel_case_wire_form() -> None:

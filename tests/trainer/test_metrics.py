@@ -51,7 +51,7 @@ def test_server_serves_metrics_and_progress(tmp_path: Path) -> None:
     metrics = TrainMetrics(job="demo", rank=0)
     metrics.step.set(42)
     progress = ProgressReporter(tmp_path, enabled=True)
-    progress.update(force=True, step=42, totalSteps=100, finished=False)
+    progress.update(force=True, step=42, total_steps=100, finished=False)
     port = free_port()
     server = start_metrics_server(port, metrics.registry, progress)
     assert server is not None

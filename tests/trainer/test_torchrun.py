@@ -87,7 +87,7 @@ def test_worker_sigkill_resumes_bitwise(
     assert launch.wait(START_TIMEOUT + 120) == 0, launch.output()[-4000:]
 
     record = read_progress(ckpt)
-    assert "resumed from" in launch.output() and record["restarts"] == 1
+    assert "resumed from" in launch.output() and record["resumes"] == 1
     assert record["loss"] == read_progress(reference)["loss"], f"killed at step {killed_at}"
     assert_bitwise_equal(
         checkpoint_tensors(ckpt / f"step-{STEPS}"), checkpoint_tensors(reference / f"step-{STEPS}")
@@ -127,7 +127,7 @@ def test_agent_sigterm_and_sigkill_resume_bitwise(
     third = torchrun.start(2, recipe(token_data), checkpoint_dir=ckpt)
     assert third.wait(START_TIMEOUT + 120) == 0, third.output()[-4000:]
     assert read_progress(ckpt)["loss"] == read_progress(reference)["loss"]
-    assert read_progress(ckpt)["restarts"] == 2
+    assert read_progress(ckpt)["resumes"] == 2
     assert_bitwise_equal(
         checkpoint_tensors(ckpt / f"step-{STEPS}"), checkpoint_tensors(reference / f"step-{STEPS}")
     )

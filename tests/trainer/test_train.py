@@ -45,11 +45,11 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
     assert record["finished"] is True and record["step"] == record["totalSteps"] == 30
     assert record["loss"] < 3.5  # from ln(320) ≈ 5.8 at initialisation
     assert record["lastCheckpointStep"] == 30 and record["worldSize"] == 1
-    assert record["tokensPerSecond"] > 0 and record["restarts"] == 0
+    assert record["tokensPerSecond"] > 0 and record["resumes"] == 0
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10", "step-20", "step-30"]
     # a finished job that starts again does nothing and stays finished
     assert run_tiny(token_data, tmp_path, steps=30) == EXIT_OK
-    assert progress(tmp_path)["finished"] is True and progress(tmp_path)["restarts"] == 1
+    assert progress(tmp_path)["finished"] is True and progress(tmp_path)["resumes"] == 1
 
 
 def sigterm_during_step(step: int) -> Workload:
@@ -133,7 +133,7 @@ def test_resuming_onto_other_data_is_refused_unless_asked(token_data: Path, tmp_
     assert f"checkpoint {tmp_path}/step-10 was trained on train.bin" in error
     assert "set allowDatasetChange: true" in error
     assert run_tiny(other, tmp_path, steps=20, allowDatasetChange=True) == EXIT_OK
-    assert progress(tmp_path)["step"] == 20 and progress(tmp_path)["restarts"] == 1
+    assert progress(tmp_path)["step"] == 20 and progress(tmp_path)["resumes"] == 1
 
 
 class Regression(Dataset):

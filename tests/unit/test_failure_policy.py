@@ -17,6 +17,7 @@ from planner import (
     kubelet_stopped as stopped,
 )
 
+from torchkube.api.contract import ExitCode
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
 from torchkube.operator import failure
@@ -120,7 +121,7 @@ def test_store_restart_in_place_is_one_free_incident_with_the_agents_that_failed
     """The store crashed and restarted; every agent lost it and exited 75 (the launcher's
     'rendezvous store unreachable'). One incident, nothing spent of maxRestarts."""
     job = make_job(running_status(), failurePolicy={"maxRestarts": 1})
-    agents = [pod(i, phase="Failed", exit_code=failure.RENDEZVOUS_EXIT_CODE) for i in range(4)]
+    agents = [pod(i, phase="Failed", exit_code=ExitCode.RENDEZVOUS_LOST) for i in range(4)]
     restarted = store(restarts=1)
     result = run(job, [*agents, restarted])
     assert result.status.phase != "Failed"
@@ -193,7 +194,7 @@ def test_account_is_what_the_local_runner_uses_too() -> None:
 
 
 def test_rendezvous_exit_is_infrastructure() -> None:
-    lost = classify_exit(failure.RENDEZVOUS_EXIT_CODE, "", FailurePolicySpec(), "worker 0")
+    lost = classify_exit(ExitCode.RENDEZVOUS_LOST, "", FailurePolicySpec(), "worker 0")
     assert lost.reason == "RendezvousFailed" and lost.infrastructure
     assert not lost.counts(FailurePolicySpec())
     assert isinstance(lost, Failure)

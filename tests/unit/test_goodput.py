@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from torchkube.api import TrainingJob
+from torchkube.api.contract import ProgressReport
 from torchkube.operator import goodput as g
 from torchkube.operator import status as st
 
@@ -201,7 +202,8 @@ def test_the_ratio_is_written_with_other_changes_or_at_most_every_30_seconds() -
         at: datetime,
     ) -> tuple[g.Goodput, float | None]:
         nonlocal written
-        state = g.track(state, job(stored or None), stored, planned, progress, at)
+        report = ProgressReport.model_validate(progress) if progress else None
+        state = g.track(state, job(stored or None), stored, planned, report, at)
         written = st.goodput_to_write(state.ratio, stored, planned, written, at)
         return state, written.value
 
@@ -236,7 +238,8 @@ def test_a_restarted_operator_carries_the_ratio_over() -> None:
     state = g.track(None, job(status), status, dict(status), None, now)
     assert state.ratio == pytest.approx(0.8)
     assert state.productive == 0 and state.badput_total == 0  # counters restart at zero
-    state = g.track(state, job(status), status, dict(status), {"step": 600}, now + timedelta(100))
+    report = ProgressReport(step=600)
+    state = g.track(state, job(status), status, dict(status), report, now + timedelta(100))
     assert state.ratio > 0.8  # type: ignore[operator]
 
 

@@ -52,7 +52,7 @@ def test_start_deadline_fails_a_job_that_never_starts_and_says_why() -> None:
 
 
 def test_cleanup_after_success_releases_what_it_deletes() -> None:
-    from torchkube.elastic import TRAINING_FINISHED
+    from torchkube.api.contract import TRAINING_FINISHED
 
     done = pod(0, phase="Succeeded", exit_code=0, message=TRAINING_FINISHED)
     still_pending = pod(1, phase="Pending")

@@ -16,7 +16,7 @@ from planner import (
     store,
 )
 
-from torchkube.elastic import TRAINING_FINISHED
+from torchkube.api.contract import TRAINING_FINISHED, ProgressReport
 from torchkube.operator import builders
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
@@ -257,7 +257,9 @@ def test_progress_from_the_trainer_lands_in_status() -> None:
         "lastCheckpointStep": 100,
         "lastCheckpointTime": "2026-11-23T11:59:00Z",
     }
-    result = run(make_job(running_status()), healthy(), progress=report)
+    result = run(
+        make_job(running_status()), healthy(), progress=ProgressReport.model_validate(report)
+    )
     assert result.status.progress.step == 120
     assert result.status.latest_checkpoint is not None
     assert result.status.latest_checkpoint.to_wire() == {

@@ -11,6 +11,7 @@ from typing import Any, Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from torchkube.api.base import ApiModel
+from torchkube.api.contract import PERMANENT_EXIT_CODES
 from torchkube.api.trainer import TrainerSpec
 from torchkube.api.types import DNS_SUBDOMAIN, EnvVar, FreeForm, NprocPerNode, Quantity
 
@@ -229,6 +230,11 @@ class CheckpointSpec(ApiModel):
     interval_seconds: int | None = Field(
         default=None, ge=10, description="Also checkpoint when this much time passed."
     )
+    mode: Literal["async", "sync"] = Field(
+        default="async",
+        description="async: training blocks only while the state is copied to host memory; "
+        "sync: training waits until the checkpoint is on disk.",
+    )
     keep: int = Field(
         default=3,
         ge=2,
@@ -342,7 +348,7 @@ class FailurePolicySpec(ApiModel):
         description="Delay between a failure and its replacement.",
     )
     permanent_exit_codes: list[int] = Field(
-        default_factory=lambda: [2, 3, 126, 127],
+        default_factory=lambda: [int(code) for code in PERMANENT_EXIT_CODES],
         max_length=256,
         description="Exit codes that fail the job at once, without a restart.",
     )

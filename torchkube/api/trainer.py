@@ -25,7 +25,6 @@ Strategy = Literal["ddp", "zero1", "fsdp", "hsdp"]
 Precision = Literal["auto", "bf16", "fp32"]
 Device = Literal["auto", "cuda", "cpu"]
 LrSchedule = Literal["cosine", "linear", "constant"]
-CheckpointMode = Literal["async", "sync"]
 
 
 def micro_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
@@ -233,16 +232,9 @@ class TrainerSpec(ApiModel):
         ),
     )
 
-    # Logging and checkpoints (where and how often comes from the pod's environment)
+    # Logging (checkpoints are spec.checkpoint's)
     log_interval_steps: int = Field(
         default=10, ge=1, le=1_000_000, description="Log a progress line every N steps."
-    )
-    checkpoint_mode: CheckpointMode = Field(
-        default="async",
-        description=(
-            "async: training blocks only while the state is copied to host memory; sync: "
-            "training waits until the checkpoint is on disk."
-        ),
     )
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ adds:
 * **No restart loop on permanent errors.** A worker that hits a configuration error writes a
   line to ``$TORCHKUBE_PERMANENT_ERROR_FILE`` before exiting (the built-in trainer does; any
   script may). The launcher then stops torchrun at once instead of restarting the workers
-  ``--max-restarts`` times, exits with ``PERMANENT_EXIT_CODE`` and puts the line in the
+  ``--max-restarts`` times, exits with ``ExitCode.CONFIG_ERROR`` (3) and puts the line in the
   container's termination message, which ``kubectl describe`` and the job status show.
 
 * **Re-joins that work.** torchrun (2.15) caches the worker store address of the first
@@ -23,7 +23,7 @@ adds:
   on any SIGTERM) and runs a new agent with a new connection, which waits for the store to be
   back and re-joins; every agent does the same, so the job resumes as one new round. Only if
   the store stays away for a whole ``join_timeout`` does the launcher exit, with
-  ``RENDEZVOUS_EXIT_CODE`` (75), which the operator counts as an infrastructure failure.
+  ``ExitCode.RENDEZVOUS_LOST`` (75), which the operator counts as an infrastructure failure.
 
 Run: ``python -m torchkube.elastic.launch [torchrun arguments] script-or--m-module [args]``.
 """
@@ -39,11 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchkube.elastic import RENDEZVOUS_EXIT_CODE
+from torchkube.api.contract import TERMINATION_LOG, Env, ExitCode
 
-PERMANENT_EXIT_CODE = 3
-PERMANENT_ERROR_ENV = "TORCHKUBE_PERMANENT_ERROR_FILE"
-TERMINATION_LOG = Path("/dev/termination-log")
 POLL_SECONDS = 0.2
 REJOIN_DELAY_SECONDS = 1.0
 DEFAULT_JOIN_TIMEOUT = 600.0
@@ -175,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     marker = Path(tempfile.mkdtemp(prefix="torchkube-")) / "permanent-error"
-    os.environ[PERMANENT_ERROR_ENV] = str(marker)
+    os.environ[Env.PERMANENT_ERROR_FILE] = str(marker)
     done = threading.Event()
     threading.Thread(target=_watch, args=(marker, done), daemon=True).start()
     args = sys.argv[1:] if argv is None else argv
@@ -193,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 if marker.exists():
                     _report(f"permanent error, not retrying: {marker.read_text().strip()}")
-                    return PERMANENT_EXIT_CODE
+                    return ExitCode.CONFIG_ERROR
                 why = _rendezvous_lost(error)
                 if why is None:
                     code = _exit_code(error)
@@ -208,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{why} for {time.monotonic() - lost_since:.0f}s "
                         f"(join_timeout {budget:.0f}s); giving up"
                     )
-                    return RENDEZVOUS_EXIT_CODE
+                    return ExitCode.RENDEZVOUS_LOST
     finally:
         done.set()
 

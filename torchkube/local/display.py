@@ -1,27 +1,28 @@
 """What ``torchkube run`` prints: a progress line while training, a summary at the end."""
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from torchkube.api.contract import ProgressReport
 
 BAR_WIDTH = 24
 
 
-def progress_line(record: dict[str, Any] | None, restarts: int, elapsed: float) -> str:
+def progress_line(report: ProgressReport | None, restarts: int, elapsed: float) -> str:
     """``step 120/400 [#######.........] loss 3.214  12.3k tok/s  world 2  ckpt 100  ...``"""
-    if not record:
+    if report is None:
         return f"starting workers ... {elapsed:4.0f}s"
-    step, total = int(record.get("step", 0)), int(record.get("totalSteps") or 0)
+    step, total = report.step, report.total_steps or 0
     done = min(1.0, step / total) if total else 0.0
     filled = int(done * BAR_WIDTH)
     parts = [f"step {step}/{total or '?'} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"]
-    if record.get("loss") is not None:
-        parts.append(f"loss {float(record['loss']):.3f}")
-    if record.get("tokensPerSecond"):
-        parts.append(f"{float(record['tokensPerSecond']) / 1000:.1f}k tok/s")
-    if record.get("worldSize"):
-        parts.append(f"world {record['worldSize']}")
-    if record.get("lastCheckpointStep") is not None:
-        parts.append(f"ckpt {record['lastCheckpointStep']}")
+    if report.loss is not None:
+        parts.append(f"loss {report.loss:.3f}")
+    if report.tokens_per_second:
+        parts.append(f"{report.tokens_per_second / 1000:.1f}k tok/s")
+    if report.world_size:
+        parts.append(f"world {report.world_size}")
+    if report.last_checkpoint_step is not None:
+        parts.append(f"ckpt {report.last_checkpoint_step}")
     parts.append(f"restarts {restarts}")
     parts.append(f"{elapsed:.0f}s")
     return "  ".join(parts)

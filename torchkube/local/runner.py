@@ -19,7 +19,6 @@ watched.
 """
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
+from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
 from torchkube.local.display import Failure, Summary, progress_line
 from torchkube.local.processes import descendants, kill_tree
 from torchkube.local.threads import threads_per_process
@@ -127,11 +127,11 @@ class LocalRun:
     # ------------------------------------------------------------------ processes
     def _env(self, index: int) -> dict[str, str]:
         env = {**os.environ, **trainer_env(self.job, index)}
-        env["TORCHKUBE_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
-        env["TORCHKUBE_METRICS_PORT"] = (
+        env[Env.CHECKPOINT_DIR] = str(self.checkpoint_dir)
+        env[Env.METRICS_PORT] = (
             str(self.metrics_ports[index]) if self.job.spec.metrics.enabled else "0"
         )
-        env["TORCHKUBE_TERMINATION_LOG"] = str(self.log_dir / f"worker-{index}.termination")
+        env[Env.TERMINATION_LOG] = str(self.log_dir / f"worker-{index}.termination")
         cpus = len(os.sched_getaffinity(0))
         env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
         for variable in self.job.spec.env:
@@ -195,11 +195,12 @@ class LocalRun:
                 self.store.wait()
 
     # ------------------------------------------------------------------ observation
-    def progress(self) -> dict[str, Any] | None:
-        path = self.checkpoint_dir / "progress.json"
+    def progress(self) -> ProgressReport | None:
+        """The trainer's report from the work dir (the contract's ProgressReport)."""
         try:
-            record: dict[str, Any] = json.loads(path.read_text())
-            return record
+            return ProgressReport.model_validate_json(
+                (self.checkpoint_dir / PROGRESS_FILE).read_text()
+            )
         except (OSError, ValueError):
             return None
 
@@ -231,7 +232,7 @@ class LocalRun:
             time.sleep(POLL_SECONDS)
             now = time.monotonic()
             record = self.progress()
-            step = int((record or {}).get("step", 0))
+            step = record.step if record else 0
             self._note_recoveries(step, now)
             show(progress_line(record, self.ledger.restarts, now - started))
             if self._stop is not None:
@@ -243,7 +244,7 @@ class LocalRun:
                     started,
                     record,
                 )
-            if record and record.get("finished"):
+            if record and record.finished:
                 return self._finish(True, "training completed", started, record)
             if record and self.chaos.store_due(step):
                 self._kill_store(record, now)
@@ -276,7 +277,7 @@ class LocalRun:
             return False, outcome.fail_message
         return None
 
-    def _check_store(self, record: dict[str, Any] | None, now: float) -> tuple[bool, str] | None:
+    def _check_store(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         """A dead store is started again on its port, as the kubelet restarts its pod's
         container; its loss is one (free) incident."""
         if self.store is None or self.store.poll() is None:
@@ -294,7 +295,7 @@ class LocalRun:
             self.failures.append(self._display_failure(-1, "store lost", record, now))
         return self._account(found)
 
-    def _check_workers(self, record: dict[str, Any] | None, now: float) -> tuple[bool, str] | None:
+    def _check_workers(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         for worker in list(self.workers.values()):
             code = worker.proc.poll()
             if code is None or worker.done:
@@ -326,20 +327,18 @@ class LocalRun:
         return None
 
     def _display_failure(
-        self, worker: int, reason: str, record: dict[str, Any] | None, now: float
+        self, worker: int, reason: str, record: ProgressReport | None, now: float
     ) -> Failure:
-        record = record or {}
-        return Failure(
-            worker, reason, now, int(record.get("step", 0)), record.get("lastCheckpointStep")
-        )
+        report = record or ProgressReport()
+        return Failure(worker, reason, now, report.step, report.last_checkpoint_step)
 
-    def _kill_one(self, record: dict[str, Any], now: float) -> None:
+    def _kill_one(self, record: ProgressReport, now: float) -> None:
         index = self.chaos.worker if self.chaos.worker is not None else self._kills % self.count
         self._kills += 1
         worker = self.workers.get(index)
         if worker is None or worker.proc.poll() is not None:
             return
-        self.out.write(f"\nchaos: SIGKILL worker {index} at step {record.get('step')}\n")
+        self.out.write(f"\nchaos: SIGKILL worker {index} at step {record.step}\n")
         self.failures.append(self._display_failure(index, "killed (chaos)", record, now))
         kill_tree(worker.proc.pid)
         worker.proc.wait()
@@ -351,10 +350,10 @@ class LocalRun:
         if self.chaos.restart:
             self._start_worker(index)
 
-    def _kill_store(self, record: dict[str, Any], now: float) -> None:
+    def _kill_store(self, record: ProgressReport, now: float) -> None:
         if self.store is None or self.store.poll() is not None:
             return
-        self.out.write(f"\nchaos: SIGKILL the rendezvous store at step {record.get('step')}\n")
+        self.out.write(f"\nchaos: SIGKILL the rendezvous store at step {record.step}\n")
         self.failures.append(self._display_failure(-1, "killed (chaos)", record, now))
         self.store.kill()
         self.store.wait()
@@ -391,17 +390,17 @@ class LocalRun:
         self.out.flush()
 
     def _finish(
-        self, ok: bool, message: str, started: float, record: dict[str, Any] | None
+        self, ok: bool, message: str, started: float, record: ProgressReport | None
     ) -> Summary:
-        record = record or {}
+        report = record or ProgressReport()
         return Summary(
             name=self.job.name,
             succeeded=ok,
             message=message,
-            steps=int(record.get("step", 0)),
-            total_steps=int(record.get("totalSteps") or self.job.spec.trainer.steps),
-            loss=record.get("loss"),
-            tokens_per_second=record.get("tokensPerSecond"),
+            steps=report.step,
+            total_steps=report.total_steps or self.job.spec.trainer.steps,
+            loss=report.loss,
+            tokens_per_second=report.tokens_per_second,
             wall_seconds=time.monotonic() - started,
             failures=self.failures,
             restarts=self.ledger.restarts,

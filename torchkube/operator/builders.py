@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api.contract import Env
 from torchkube.api.trainingjob import API_VERSION, KIND
 from torchkube.operator import labels as lbl
 
@@ -130,20 +131,22 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
-    """The trainer's side of the contract (docs/trainer.md), shared with ``torchkube run``."""
+    """The pod's side of the contract (torchkube/api/contract.py), shared with
+    ``torchkube run``: who the worker is, every checkpoint setting, the trainer's spec."""
     spec = job.spec
     ckpt = spec.checkpoint
     return {
         "PYTHONUNBUFFERED": "1",
-        "TORCHKUBE_JOB_NAME": job.name,
-        "TORCHKUBE_JOB_NAMESPACE": job.namespace,
-        "TORCHKUBE_REPLICA_INDEX": str(index),
-        "TORCHKUBE_CHECKPOINT_DIR": ckpt.mount_path,
-        "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS": str(ckpt.interval_steps),
-        "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS": str(ckpt.interval_seconds or 0),
-        "TORCHKUBE_CHECKPOINT_KEEP": str(ckpt.keep),
-        "TORCHKUBE_METRICS_PORT": str(spec.metrics.port if spec.metrics.enabled else 0),
-        "TORCHKUBE_TRAINER_CONFIG": json.dumps(spec.trainer.to_wire(), sort_keys=True),
+        Env.JOB_NAME: job.name,
+        Env.JOB_NAMESPACE: job.namespace,
+        Env.REPLICA_INDEX: str(index),
+        Env.CHECKPOINT_DIR: ckpt.mount_path,
+        Env.CHECKPOINT_INTERVAL_STEPS: str(ckpt.interval_steps),
+        Env.CHECKPOINT_INTERVAL_SECONDS: str(ckpt.interval_seconds or 0),
+        Env.CHECKPOINT_KEEP: str(ckpt.keep),
+        Env.CHECKPOINT_MODE: ckpt.mode,
+        Env.METRICS_PORT: str(spec.metrics.port if spec.metrics.enabled else 0),
+        Env.TRAINER_CONFIG: json.dumps(spec.trainer.to_wire(), sort_keys=True),
     }
 
 

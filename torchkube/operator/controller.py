@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
+from torchkube.api.contract import ProgressReport
 from torchkube.api.errors import describe
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
@@ -57,7 +58,7 @@ class _Memory:
     deleted: dict[str, float] = field(default_factory=dict)
     job: dict[str, Any] | None = None
     progress_at: float = 0.0
-    progress: dict[str, Any] | None = None
+    progress: ProgressReport | None = None
     progress_pod: str | None = None
     seen: bool = False
     startup_observed: bool = False

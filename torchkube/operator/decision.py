@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api.contract import ProgressReport
 from torchkube.api.status import Phase, TrainingJobStatus
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
@@ -58,7 +59,7 @@ class Observed:
     pods: list[dict[str, Any]]
     nodes: dict[str, p.NodeHealth]
     now: datetime
-    progress: dict[str, Any] | None = None
+    progress: ProgressReport | None = None
     self_deleted: frozenset[str] = frozenset()
     """Pods this operator process deleted itself (not failures, whatever they look like)."""
     children: list[dict[str, Any]] = field(default_factory=list)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from torchkube.api.contract import ExitCode
 from torchkube.api.spec import FailurePolicySpec, FailureReason
 from torchkube.api.status import FailureRecord, TrainingJobStatus
-from torchkube.elastic import RENDEZVOUS_EXIT_CODE
 from torchkube.operator import pods as p
 
 INCIDENT_WINDOW = timedelta(seconds=30)
@@ -96,7 +96,7 @@ def classify_exit(
             True,
             started,
         )
-    if exit_code == RENDEZVOUS_EXIT_CODE:
+    if exit_code == ExitCode.RENDEZVOUS_LOST:
         return Failure(
             "RendezvousFailed",
             f"{subject} lost its rendezvous (exit code {exit_code}){tail}",

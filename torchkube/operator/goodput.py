@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from torchkube.api import TrainingJob
+from torchkube.api.contract import ProgressReport
 from torchkube.operator import pods as p
 
 CAUSES = (
@@ -83,15 +84,16 @@ class Sample:
     def of(
         cls,
         status: Mapping[str, Any],
-        progress: Mapping[str, Any] | None,
+        progress: ProgressReport | None,
         now: datetime,
         reporting: bool = True,
     ) -> Sample:
         """A sample from the status the reconcile decided and the trainer's last report."""
-        report = dict(progress or {})
-        step = report.get("step", (status.get("progress") or {}).get("step"))
-        checkpoint = report.get(
-            "lastCheckpointStep", (status.get("latestCheckpoint") or {}).get("step")
+        step = progress.step if progress else (status.get("progress") or {}).get("step")
+        checkpoint = (
+            progress.last_checkpoint_step
+            if progress and progress.last_checkpoint_step is not None
+            else (status.get("latestCheckpoint") or {}).get("step")
         )
         return cls(
             time=now,
@@ -99,18 +101,11 @@ class Sample:
             restarts=int(status.get("restarts", 0) or 0),
             step=None if step is None else int(step),
             checkpoint_step=None if checkpoint is None else int(checkpoint),
-            resumes=_number(report.get("restarts"), int),
-            checkpoint_blocking_seconds=_number(report.get("checkpointBlockingSeconds"), float),
-            data_wait_seconds=_number(report.get("dataWaitSeconds"), float),
+            resumes=progress.resumes if progress else None,
+            checkpoint_blocking_seconds=progress.checkpoint_blocking_seconds if progress else None,
+            data_wait_seconds=progress.data_wait_seconds if progress else None,
             reporting=reporting,
         )
-
-
-def _number(value: Any, kind: type) -> Any:
-    try:
-        return None if value is None else kind(value)
-    except (TypeError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -435,7 +430,7 @@ def track(
     job: TrainingJob,
     previous: Mapping[str, Any],
     status: Mapping[str, Any],
-    progress: Mapping[str, Any] | None,
+    progress: ProgressReport | None,
     now: datetime,
     reporting: bool = True,
 ) -> Goodput:

@@ -8,9 +8,9 @@ policy.
 from datetime import timedelta
 from typing import Any
 
+from torchkube.api.contract import TRAINING_FINISHED
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.status import TERMINAL_PHASES
-from torchkube.elastic import TRAINING_FINISHED
 from torchkube.operator import conditions as cond
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p

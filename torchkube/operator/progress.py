@@ -12,6 +12,7 @@ import logging
 import urllib.request
 from typing import Any
 
+from torchkube.api.contract import ProgressReport
 from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 
@@ -21,19 +22,18 @@ MAX_TRIES = 3
 """Pods asked per poll before giving up until the next one."""
 
 
-def _fetch(url: str) -> dict[str, Any] | None:
+def _fetch(url: str) -> ProgressReport | None:
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:
-            report: dict[str, Any] = json.loads(response.read())
-            return report
-    except (OSError, ValueError) as error:
+            return ProgressReport.model_validate(json.loads(response.read()))
+    except (OSError, ValueError) as error:  # pydantic's ValidationError is a ValueError
         log.debug("no progress from %s: %s", url, error)
         return None
 
 
 def read_progress(
     template: str, pods: list[dict[str, Any]], port: int, preferred: str | None = None
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[ProgressReport | None, str | None]:
     """(report, pod that answered), or (None, None) if nobody answered."""
     if not template:
         return None, None
@@ -53,6 +53,6 @@ def read_progress(
             pod=p.name(pod),
         )
         report = _fetch(url)
-        if report:
+        if report is not None:
             return report, p.name(pod)
     return None, None

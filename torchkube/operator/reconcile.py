@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from torchkube.api.contract import ProgressReport
 from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
 from torchkube.operator import builders, children, failure, lifecycle, phase, scaling
 from torchkube.operator import conditions as cond
@@ -348,28 +349,25 @@ def _fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> None:
             return
 
 
-def _apply_progress(ctx: Context, report: dict[str, Any] | None) -> None:
-    """Copy the trainer's last report (docs/trainer.md: progress.json) into the status."""
-    if not report:
+def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:
+    """Copy the trainer's last report (the contract's ProgressReport) into the status."""
+    if report is None:
         return
     ctx.status.progress = ProgressRecord(
-        step=int(report.get("step", 0)),
-        total_steps=report.get("totalSteps"),
-        loss=_finite(report.get("loss")),
-        tokens_per_second=_finite(report.get("tokensPerSecond")),
-        updated=report.get("updated"),
+        step=report.step,
+        total_steps=report.total_steps,
+        loss=_finite(report.loss),
+        tokens_per_second=_finite(report.tokens_per_second),
+        updated=report.updated,
     )
-    if report.get("worldSize"):
-        ctx.status.world_size = int(report["worldSize"])
-    if report.get("lastCheckpointStep") is not None:
+    if report.world_size:
+        ctx.status.world_size = report.world_size
+    if report.last_checkpoint_step is not None:
         ctx.status.latest_checkpoint = CheckpointRecord(
-            step=int(report["lastCheckpointStep"]), time=report.get("lastCheckpointTime")
+            step=report.last_checkpoint_step, time=report.last_checkpoint_time
         )
 
 
-def _finite(value: Any) -> float | None:
+def _finite(value: float | None) -> float | None:
     """A number JSON can carry: a diverged trainer's NaN or inf loss is left out."""
-    if value is None:
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+    return value if value is not None and math.isfinite(value) else None

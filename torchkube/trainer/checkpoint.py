@@ -249,7 +249,7 @@ class CheckpointManager:
             interval_steps=run_env.checkpoint_interval_steps,
             interval_seconds=run_env.checkpoint_interval_seconds,
             keep=run_env.checkpoint_keep,
-            async_save=spec.checkpoint_mode == "async",
+            async_save=run_env.checkpoint_mode == "async",
             metrics=metrics,
             data_identity=dataset_identity(dataset) if dataset is not None else None,
             allow_dataset_change=spec.allow_dataset_change,

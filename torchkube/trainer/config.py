@@ -23,27 +23,20 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from torchkube.api.contract import TERMINATION_LOG, Env, ExitCode
+from torchkube.api.spec import CheckpointSpec
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.tokens import read_header, resolve_token_files
 
-# Exit codes: the operator's failure policy keys on these (see docs/trainer.md).
-EXIT_OK = 0
-EXIT_FAILURE = 1  # anything unexpected: worth a restart
-EXIT_CONFIG_ERROR = 3  # permanent: the spec or its inputs must change; do not retry
-EXIT_FENCED = 4  # a newer rendezvous round owns the checkpoint folder; this process is stale
+# Exit codes and environment names are the pod contract's (torchkube/api/contract.py).
+EXIT_OK = ExitCode.OK
+EXIT_FAILURE = ExitCode.FAILURE
+EXIT_CONFIG_ERROR = ExitCode.CONFIG_ERROR
+EXIT_FENCED = ExitCode.FENCED
 # Stopped by SIGTERM/SIGINT after the emergency checkpoint: 128 + signal number (143 / 130).
 
-ENV_CONFIG = "TORCHKUBE_TRAINER_CONFIG"
-ENV_JOB_NAME = "TORCHKUBE_JOB_NAME"
-ENV_CHECKPOINT_DIR = "TORCHKUBE_CHECKPOINT_DIR"
-ENV_CHECKPOINT_INTERVAL_STEPS = "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS"
-ENV_CHECKPOINT_INTERVAL_SECONDS = "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS"
-ENV_CHECKPOINT_KEEP = "TORCHKUBE_CHECKPOINT_KEEP"
-ENV_METRICS_PORT = "TORCHKUBE_METRICS_PORT"
-ENV_TERMINATION_LOG = "TORCHKUBE_TERMINATION_LOG"
-ENV_PERMANENT_ERROR_FILE = "TORCHKUBE_PERMANENT_ERROR_FILE"  # set by torchkube.elastic.launch
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' terminationMessagePath
 MIN_CHECKPOINT_KEEP = 2  # the newest checkpoint and a fallback, should the newest not load
+_CHECKPOINT = CheckpointSpec()
 
 
 class ConfigError(Exception):
@@ -52,13 +45,17 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class RunEnv:
-    """The pod's side of the contract with the operator (one value per ``TORCHKUBE_*`` variable)."""
+    """The pod's side of the contract with the operator (one value per ``TORCHKUBE_*`` variable).
+
+    Checkpoint defaults are ``spec.checkpoint``'s, so a trainer started by hand checkpoints as
+    a job with the default spec would."""
 
     job_name: str = "local"
     checkpoint_dir: Path | None = None
-    checkpoint_interval_steps: int = 100  # 0: no step-based checkpoints
+    checkpoint_interval_steps: int = _CHECKPOINT.interval_steps  # 0: no step-based checkpoints
     checkpoint_interval_seconds: float = 0.0  # 0: no time-based checkpoints
-    checkpoint_keep: int = 3  # at least MIN_CHECKPOINT_KEEP
+    checkpoint_keep: int = _CHECKPOINT.keep  # at least MIN_CHECKPOINT_KEEP
+    checkpoint_mode: str = _CHECKPOINT.mode  # async or sync
     metrics_port: int = 0  # 0: no metrics server
     termination_log: Path | None = None
     elastic_restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT
@@ -68,20 +65,21 @@ class RunEnv:
 
 # Runtime flag → (RunEnv field, environment variable, parser).
 _RUNTIME_FLAGS: dict[str, tuple[str, str, type]] = {
-    "--job-name": ("job_name", ENV_JOB_NAME, str),
-    "--checkpoint-dir": ("checkpoint_dir", ENV_CHECKPOINT_DIR, Path),
+    "--job-name": ("job_name", Env.JOB_NAME, str),
+    "--checkpoint-dir": ("checkpoint_dir", Env.CHECKPOINT_DIR, Path),
     "--checkpoint-interval-steps": (
         "checkpoint_interval_steps",
-        ENV_CHECKPOINT_INTERVAL_STEPS,
+        Env.CHECKPOINT_INTERVAL_STEPS,
         int,
     ),
     "--checkpoint-interval-seconds": (
         "checkpoint_interval_seconds",
-        ENV_CHECKPOINT_INTERVAL_SECONDS,
+        Env.CHECKPOINT_INTERVAL_SECONDS,
         float,
     ),
-    "--checkpoint-keep": ("checkpoint_keep", ENV_CHECKPOINT_KEEP, int),
-    "--metrics-port": ("metrics_port", ENV_METRICS_PORT, int),
+    "--checkpoint-keep": ("checkpoint_keep", Env.CHECKPOINT_KEEP, int),
+    "--checkpoint-mode": ("checkpoint_mode", Env.CHECKPOINT_MODE, str),
+    "--metrics-port": ("metrics_port", Env.METRICS_PORT, int),
 }
 
 
@@ -159,11 +157,11 @@ def load_config(
     args, extra = _arg_parser().parse_known_args(list(argv))
 
     merged: dict[str, Any] = {}
-    if environ.get(ENV_CONFIG):
+    if environ.get(Env.TRAINER_CONFIG):
         try:
-            merged |= _normalise(json.loads(environ[ENV_CONFIG]), f"${ENV_CONFIG}")
+            merged |= _normalise(json.loads(environ[Env.TRAINER_CONFIG]), f"${Env.TRAINER_CONFIG}")
         except json.JSONDecodeError as e:
-            raise ConfigError(f"${ENV_CONFIG} is not valid JSON: {e}") from e
+            raise ConfigError(f"${Env.TRAINER_CONFIG} is not valid JSON: {e}") from e
     if args.config is not None:
         try:
             text = args.config.read_text()
@@ -202,9 +200,14 @@ def load_config(
             f"checkpoint keep must be at least {MIN_CHECKPOINT_KEEP}, not "
             f"{values['checkpoint_keep']}: the newest checkpoint can turn out unloadable "
             "(a disk error after it was written), and the one before it is then the only way "
-            f"back; set spec.checkpoint.keep ({ENV_CHECKPOINT_KEEP}) to 2 or more"
+            f"back; set spec.checkpoint.keep ({Env.CHECKPOINT_KEEP}) to 2 or more"
         )
-    log = environ.get(ENV_TERMINATION_LOG, DEFAULT_TERMINATION_LOG)
+    if values["checkpoint_mode"] not in ("async", "sync"):
+        raise ConfigError(
+            f"checkpoint mode must be async or sync, not {values['checkpoint_mode']!r} "
+            f"(spec.checkpoint.mode, {Env.CHECKPOINT_MODE})"
+        )
+    log = environ.get(Env.TERMINATION_LOG, str(TERMINATION_LOG))
     run_env = RunEnv(
         **values,
         termination_log=Path(log) if log and Path(log).exists() else None,

@@ -21,19 +21,12 @@ from typing import Any, Literal
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from torchkube.trainer.config import (
-    DEFAULT_TERMINATION_LOG,
-    ENV_CHECKPOINT_DIR,
-    ENV_PERMANENT_ERROR_FILE,
-    ENV_TERMINATION_LOG,
-    EXIT_CONFIG_ERROR,
-    RunEnv,
-)
+from torchkube.api.contract import PROGRESS_FILE, TERMINATION_LOG, Env, ProgressReport
+from torchkube.trainer.config import EXIT_CONFIG_ERROR, RunEnv
 
 log = logging.getLogger("torchkube.trainer")
 
-PROGRESS_FILE = "progress.json"
-ENV_PEAK_FLOPS = "TORCHKUBE_PEAK_FLOPS"
+ENV_PEAK_FLOPS = Env.PEAK_FLOPS
 
 MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 
@@ -86,17 +79,17 @@ def report_permanent_error(message: str, run_env: RunEnv | None = None) -> None:
     ``progress.json`` when the checkpoint folder is usable.
     """
     print(f"torchkube-trainer: error: {message}", file=sys.stderr, flush=True)
-    if os.environ.get(ENV_PERMANENT_ERROR_FILE):  # torchkube.elastic.launch stops torchrun
+    if os.environ.get(Env.PERMANENT_ERROR_FILE):  # torchkube.elastic.launch stops torchrun
         with contextlib.suppress(OSError):
-            Path(os.environ[ENV_PERMANENT_ERROR_FILE]).write_text(message + "\n")
+            Path(os.environ[Env.PERMANENT_ERROR_FILE]).write_text(message + "\n")
     env = run_env or RunEnv(
-        checkpoint_dir=Path(os.environ[ENV_CHECKPOINT_DIR])
-        if os.environ.get(ENV_CHECKPOINT_DIR)
+        checkpoint_dir=Path(os.environ[Env.CHECKPOINT_DIR])
+        if os.environ.get(Env.CHECKPOINT_DIR)
         else None,
         rank=int(os.environ.get("RANK", "0") or 0),
     )
     log_path = env.termination_log or Path(
-        os.environ.get(ENV_TERMINATION_LOG, DEFAULT_TERMINATION_LOG)
+        os.environ.get(Env.TERMINATION_LOG, str(TERMINATION_LOG))
     )
     if log_path.exists():
         with contextlib.suppress(OSError):
@@ -104,14 +97,16 @@ def report_permanent_error(message: str, run_env: RunEnv | None = None) -> None:
     if env.rank == 0 and env.checkpoint_dir is not None and env.checkpoint_dir.is_dir():
         path = env.checkpoint_dir / PROGRESS_FILE
         with contextlib.suppress(OSError, ValueError):
-            record = json.loads(path.read_text()) if path.exists() else {}
-            record.update(
-                error=message,
-                permanent=True,
-                exitCode=EXIT_CONFIG_ERROR,
-                updated=rfc3339(time.time()),
+            known = ProgressReport.model_validate_json(path.read_text()) if path.exists() else None
+            report = (known or ProgressReport()).model_copy(
+                update={
+                    "error": message,
+                    "permanent": True,
+                    "exit_code": int(EXIT_CONFIG_ERROR),
+                    "updated": rfc3339(time.time()),
+                }
             )
-            write_json_atomic(path, record)
+            write_json_atomic(path, report.to_wire())
 
 
 class TrainMetrics:
@@ -205,21 +200,26 @@ class ProgressReporter:
         self.path = folder / PROGRESS_FILE if folder is not None else None
         self.enabled = enabled
         self.min_interval = min_interval
-        self._record: dict[str, Any] = {}
+        self._report = ProgressReport()
         self._written = 0.0
         self._lock = threading.Lock()
 
     @property
     def record(self) -> dict[str, Any]:
+        """The report in its wire form (the contract's :class:`ProgressReport`)."""
         with self._lock:
-            return dict(self._record)
+            return self._report.to_wire()
 
     def update(self, force: bool = False, **fields: Any) -> None:
-        """Merge ``fields`` into the record; write it when forced or the interval has passed."""
+        """Merge ``fields`` (ProgressReport's field names) into the report; write it when
+        forced or the interval has passed."""
+        unknown = set(fields) - set(ProgressReport.model_fields)
+        if unknown:
+            raise TypeError(f"not ProgressReport fields: {sorted(unknown)}")
         now = time.time()
         with self._lock:
-            self._record.update(fields, updated=rfc3339(now))
-            record = dict(self._record)
+            self._report = self._report.model_copy(update={**fields, "updated": rfc3339(now)})
+            record = self._report.to_wire()
         if not (self.enabled and self.path is not None):
             return
         if force or now - self._written >= self.min_interval:

@@ -18,8 +18,8 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
+from torchkube.api.contract import TRAINING_FINISHED
 from torchkube.api.trainer import TrainerSpec
-from torchkube.elastic import TRAINING_FINISHED
 from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import CheckpointManager, FencedError, TrainState
 from torchkube.trainer.config import (
@@ -153,7 +153,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
 
 def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) -> int:
     """:func:`train` with the exit-code contract: errors become one line and a code."""
-    code = EXIT_FAILURE
+    code: int = EXIT_FAILURE
     try:
         code = train(spec, run_env, workload)
     except ConfigError as e:
@@ -313,18 +313,18 @@ class Reporter:
         self._published_checkpoint = ckpt.last_step
 
     def _record(self, state: TrainState) -> dict[str, Any]:
-        """The operator's progress record (keys are part of the contract, see docs)."""
+        """The fields of the operator's progress report (the contract's ProgressReport)."""
         return {
             "step": state.step,
-            "totalSteps": self.spec.steps,
+            "total_steps": self.spec.steps,
             "loss": self.loss,
-            "tokensPerSecond": round(self.tokens_per_second, 1),
-            "worldSize": self.info.world_size,
-            "lastCheckpointStep": self.ckpt.last_step,
-            "lastCheckpointTime": rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
-            "restarts": state.resumes,
-            "checkpointBlockingSeconds": round(self.ckpt.blocked_seconds, 3),
-            "dataWaitSeconds": round(self._data_wait_total, 3),
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "world_size": self.info.world_size,
+            "last_checkpoint_step": self.ckpt.last_step,
+            "last_checkpoint_time": rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
+            "resumes": state.resumes,
+            "checkpoint_blocking_seconds": round(self.ckpt.blocked_seconds, 3),
+            "data_wait_seconds": round(self._data_wait_total, 3),
             "finished": False,
         }
 
@@ -413,8 +413,8 @@ class Reporter:
         self._published_checkpoint = self.ckpt.last_step
         self.progress.update(
             force=True,
-            lastCheckpointStep=self.ckpt.last_step,
-            lastCheckpointTime=rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
+            last_checkpoint_step=self.ckpt.last_step,
+            last_checkpoint_time=rfc3339(self.ckpt.last_time) if self.ckpt.last_time else None,
         )
 
     def finished(self, state: TrainState) -> None:

@@ -1,0 +1,118 @@
+"""The contract between the operator (and ``torchkube run``) and what runs in a worker pod.
+
+Every name that crosses the pod boundary lives here, typed, and both sides import it: the
+environment the operator sets and the trainer reads, the exit codes the launcher and the
+trainer end with and the failure policy keys on, the files on the checkpoint volume, the
+termination-message marker, and the progress report. No torch here: the operator image
+imports it too.
+"""
+
+from enum import IntEnum, StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class Env(StrEnum):
+    """Environment variables of a worker container (set by the operator's pod builder and by
+    ``torchkube run``; read by the launcher and the trainer). The user's ``spec.env`` comes
+    after them and may override any."""
+
+    JOB_NAME = "TORCHKUBE_JOB_NAME"
+    JOB_NAMESPACE = "TORCHKUBE_JOB_NAMESPACE"
+    REPLICA_INDEX = "TORCHKUBE_REPLICA_INDEX"
+    """The worker's slot (0 .. replicas-1), stable across replacements."""
+    TRAINER_CONFIG = "TORCHKUBE_TRAINER_CONFIG"
+    """``spec.trainer`` as JSON (camelCase)."""
+    CHECKPOINT_DIR = "TORCHKUBE_CHECKPOINT_DIR"
+    CHECKPOINT_INTERVAL_STEPS = "TORCHKUBE_CHECKPOINT_INTERVAL_STEPS"
+    CHECKPOINT_INTERVAL_SECONDS = "TORCHKUBE_CHECKPOINT_INTERVAL_SECONDS"
+    CHECKPOINT_KEEP = "TORCHKUBE_CHECKPOINT_KEEP"
+    CHECKPOINT_MODE = "TORCHKUBE_CHECKPOINT_MODE"
+    """``spec.checkpoint``, the one home of every checkpoint setting, travels as these."""
+    METRICS_PORT = "TORCHKUBE_METRICS_PORT"
+    """Where local rank 0 serves ``/metrics`` and ``/progress``; 0: nowhere."""
+    TERMINATION_LOG = "TORCHKUBE_TERMINATION_LOG"
+    """Where the termination message goes (default :data:`TERMINATION_LOG`)."""
+    PERMANENT_ERROR_FILE = "TORCHKUBE_PERMANENT_ERROR_FILE"
+    """Set by the launcher: a worker that writes a line here stops the pod with
+    :attr:`ExitCode.CONFIG_ERROR` instead of being restarted by torchrun."""
+    PEAK_FLOPS = "TORCHKUBE_PEAK_FLOPS"
+    """The user's: the device's peak FLOP/s for MFU, where the built-in table has none."""
+
+
+class ExitCode(IntEnum):
+    """What a worker container's exit code means to the failure policy."""
+
+    OK = 0
+    """With :data:`TRAINING_FINISHED` in the termination message: training is done."""
+    FAILURE = 1
+    """Anything unexpected: worth a restart."""
+    USAGE = 2
+    CONFIG_ERROR = 3
+    """The spec or its inputs must change: retrying cannot help."""
+    FENCED = 4
+    """A newer rendezvous round owns the checkpoint folder; this process was stale."""
+    RENDEZVOUS_LOST = 75
+    """The rendezvous store stayed unreachable for a whole join timeout (EX_TEMPFAIL)."""
+    NOT_EXECUTABLE = 126
+    NOT_FOUND = 127
+    SIGTERM = 143
+    """Stopped by SIGTERM (a deletion) after the emergency checkpoint: 128 + 15."""
+
+
+PERMANENT_EXIT_CODES = (
+    ExitCode.USAGE,
+    ExitCode.CONFIG_ERROR,
+    ExitCode.NOT_EXECUTABLE,
+    ExitCode.NOT_FOUND,
+)
+"""The default ``failurePolicy.permanentExitCodes``: a restart would fail the same way."""
+
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Kubernetes' default ``terminationMessagePath``."""
+
+TRAINING_FINISHED = "torchkube: training finished"
+"""What the trainer writes to its termination message when every step is done. The operator
+takes a worker that exited 0 as the end of training only with this line (for the built-in
+trainer): torchrun agents can also exit 0 when their rendezvous closes early."""
+
+PROGRESS_FILE = "progress.json"
+"""Rank 0's :class:`ProgressReport`, in the checkpoint folder (also served as ``/progress``)."""
+
+
+class ProgressReport(BaseModel):
+    """What the trainer's rank 0 reports, and the operator and ``torchkube run`` read.
+
+    Unknown keys are ignored, so an older operator can read a newer trainer's report."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    step: int = Field(default=0, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, description="Steps the run will take.")
+    loss: float | None = Field(default=None, description="Mean training loss, last log step.")
+    tokens_per_second: float | None = Field(default=None, description="Throughput, all ranks.")
+    world_size: int | None = Field(default=None, description="Processes in this round.")
+    last_checkpoint_step: int | None = Field(default=None, description="Newest checkpoint.")
+    last_checkpoint_time: str | None = Field(default=None, description="When it was written.")
+    resumes: int = Field(
+        default=0,
+        validation_alias=AliasChoices("resumes", "restarts"),
+        description="Times training resumed from a checkpoint (older trainers: 'restarts').",
+    )
+    checkpoint_blocking_seconds: float | None = Field(
+        default=None, description="Seconds this process was blocked by checkpoint saves."
+    )
+    data_wait_seconds: float | None = Field(
+        default=None, description="Seconds this process waited for input."
+    )
+    finished: bool = Field(default=False, description="Every step is done.")
+    error: str | None = Field(default=None, description="Why the trainer cannot run.")
+    permanent: bool = Field(default=False, description="The error is one retrying cannot fix.")
+    exit_code: int | None = Field(default=None, description="The exit code the error ends with.")
+    updated: str | None = Field(default=None, description="When the report was written.")
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
