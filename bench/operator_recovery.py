@@ -38,7 +38,7 @@ from bench.common import Reference, Results, Target, load_average, log
 from bench.kube import ApiCount, NodeWatch, PodTimes, PodWatch, Stack, job_body, stack
 from testbed import faults
 from testbed.kwok import NodePool
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 
 TARGET_CREATED = 1.0
 KUBEFLOW_DELETED_RUNNING = 0.3  # the slower end of Kubeflow's 0.2–0.3 s

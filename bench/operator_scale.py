@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.common import Figure, Reference, Results, Target, load_average, log
 from bench.kube import ApiCount, PodWatch, Stack, gpu_pools, job_body, stack
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 
 # perf-targets.md §8: Kubeflow training-operator v1.8.1 on this machine kind, apply → all
 # pods created and Running (100 KWOK nodes, 1 GPU per worker), and torchkube's targets.

@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: train, then write this rank's memory figures to ``args.out``."""
     from torchkube.api.trainer import TrainerSpec
     from torchkube.trainer import train
-    from torchkube.trainer.config import RunEnv
+    from torchkube.trainer.loader import RunEnv
 
     if args.variant == "last":
         train.gradient_sync = _sync_only_on_the_last_micro_step

@@ -165,7 +165,7 @@ def throughput(points: list[tuple[int, float, float]], warmup: int, tokens_per_s
 
 def trainer_trial(args: argparse.Namespace, variant: Variant) -> Speed:
     """Speed of the built-in trainer (one process, no checkpoints)."""
-    from torchkube.trainer.config import RunEnv
+    from torchkube.trainer.loader import RunEnv
     from torchkube.trainer.train import run
 
     spec = make_spec(args, variant, args.warmup + args.steps)

@@ -21,11 +21,11 @@ fields and conditions a kubelet, the scheduler or a node loss would produce:
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from testbed.pods import node_condition, wait_node_condition, wait_pod_phase
 from testbed.wait import wait_for
+from torchkube.api import times
 from torchkube.api.contract import TRAINING_FINISHED
 
 if TYPE_CHECKING:
@@ -44,12 +44,12 @@ def _core(api: Any) -> Any:
     return client.CoreV1Api(api)
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _condition(type_: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
-    condition: dict[str, Any] = {"type": type_, "status": status, "lastTransitionTime": _now()}
+    condition: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "lastTransitionTime": times.now(),
+    }
     if reason:
         condition["reason"] = reason
     if message:
@@ -75,7 +75,7 @@ def terminated_status_patch(
     merge patch, so all conditions and container statuses are carried over; ``resourceVersion``
     makes the write fail with 409 if the pod changed in between.
     """
-    now = _now()
+    now = times.now()
     status = pod.get("status") or {}
     previous = {cs["name"]: cs for cs in status.get("containerStatuses") or []}
     statuses = []
@@ -304,7 +304,7 @@ def preempt_pod(
         {"status": {"conditions": [condition]}},
         _content_type=STRATEGIC_MERGE_PATCH,
     )
-    now = _now()
+    now = times.now()
     core.create_namespaced_event(
         namespace,
         {

@@ -10,7 +10,7 @@ from kubernetes.client.exceptions import ApiException
 from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 
 
 def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -> dict[str, Any]:

@@ -6,11 +6,12 @@ from itertools import count
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
 from torchkube.api.status import TrainingJobStatus
-from torchkube.operator import labels as lbl
+from torchkube.api.times import format_time
 from torchkube.operator import pods as p
-from torchkube.operator.pods import NodeHealth, format_time, slim
-from torchkube.operator.reconcile import Observed, Plan, plan
+from torchkube.operator.planner import Observed, Plan, plan
+from torchkube.operator.pods import NodeHealth, slim
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 READY = NodeHealth(True, NOW - timedelta(hours=1))

@@ -35,7 +35,7 @@ from testbed.realnodes import REAL_NODE_LABEL, LoadedImage
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
 

@@ -40,8 +40,8 @@ from testbed.ports import free_port
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.cli import main
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
+from torchkube.cli.main import main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

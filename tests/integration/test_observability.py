@@ -38,8 +38,8 @@ from testbed.prometheus import Prometheus, PrometheusError, ScrapeJob
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
+from torchkube.api import labels as lbl
 from torchkube.local.plot import read_run, render
-from torchkube.operator import labels as lbl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

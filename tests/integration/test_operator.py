@@ -19,7 +19,7 @@ from testbed.kwok import POOL_LABEL, NodePool
 from testbed.operator import OperatorProcess
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from testbed.operator import OperatorProcess
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 from torchkube.operator.kube import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from trainer_harness import free_port
 
-from torchkube.trainer.config import RunEnv
+from torchkube.trainer.loader import RunEnv
 from torchkube.trainer.metrics import (
     ProgressReporter,
     TrainMetrics,

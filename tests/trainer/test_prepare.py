@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from torchkube.cli import main as torchkube_cli
+from torchkube.cli.main import main as torchkube_cli
 from torchkube.trainer import corpus
 from torchkube.trainer.prepare import prepare_data, prepare_text_files
 from torchkube.trainer.tokens import (

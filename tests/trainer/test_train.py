@@ -18,7 +18,7 @@ from trainer_harness import assert_bitwise_equal, checkpoint_tensors, spec_args
 
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer import RunEnv, Workload, gpt_workload, load_config, run
-from torchkube.trainer.config import EXIT_CONFIG_ERROR, EXIT_OK
+from torchkube.trainer.loader import EXIT_CONFIG_ERROR, EXIT_OK
 
 
 def run_tiny(data: Path, ckpt: Path, workload: Workload | None = None, **overrides: object) -> int:

@@ -16,7 +16,7 @@ from planner import (
     kubelet_stopped as stopped,
 )
 
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
 
 
 def test_recreated_job_ignores_its_namesakes_terminating_pods_and_waits_for_its_children() -> None:

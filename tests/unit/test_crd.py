@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from torchkube.api import TrainingJob
 from torchkube.api.crd import crd, crd_yaml, openapi_schema
-from torchkube.cli import main
+from torchkube.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_COPIES = [

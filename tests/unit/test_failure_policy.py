@@ -20,9 +20,9 @@ from planner import (
 from torchkube.api.contract import ExitCode
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
+from torchkube.api.times import format_time
 from torchkube.operator import failure
 from torchkube.operator.failure import Failure, Ledger, account, classify_exit
-from torchkube.operator.pods import format_time
 
 ELASTIC = {"min": 1, "max": 32}
 

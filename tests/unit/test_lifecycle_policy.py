@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from planner import NOW, condition, created_slots, healthy, make_job, pod, run, running_status
 
-from torchkube.operator.pods import format_time
+from torchkube.api.times import format_time
 
 
 def _suspended_at(ago: timedelta) -> dict[str, object]:

@@ -4,8 +4,8 @@ import json
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
 from torchkube.operator import builders
-from torchkube.operator import labels as lbl
 
 
 def make_job(**spec: Any) -> TrainingJob:

@@ -6,8 +6,9 @@ from datetime import timedelta
 from planner import NOW, READY, condition, created_slots, make_job, pod, run, running_status, store
 
 from torchkube.api.status import FailureRecord
+from torchkube.api.times import format_time
 from torchkube.operator import scaling
-from torchkube.operator.pods import NodeHealth, format_time
+from torchkube.operator.pods import NodeHealth
 
 
 def test_of_duplicates_the_running_pod_stays_even_when_younger() -> None:

@@ -5,7 +5,7 @@ JSON (``TORCHKUBE_TRAINER_CONFIG``) and ``python -m torchkube.trainer`` validate
 start-up, so a spec that passed ``kubectl apply`` means the same thing inside the pod.
 Runtime facts that belong to the pod rather than to the job (checkpoint folder, intervals,
 metrics port, torchrun's rank variables) come from the environment instead; see
-``torchkube.trainer.config``.
+``torchkube.trainer.loader``.
 
 Batch sizes count sequences of ``seqLen`` tokens. The optimizer always sees
 ``globalBatchSize`` sequences per step; the trainer derives the gradient-accumulation steps

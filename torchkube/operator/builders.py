@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
 from torchkube.api.contract import Env
 from torchkube.api.trainingjob import API_VERSION, KIND
-from torchkube.operator import labels as lbl
 
 DEFAULT_CLAIM_SIZE = "10Gi"
 CHECKPOINT_VOLUME = "checkpoints"

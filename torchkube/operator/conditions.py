@@ -6,8 +6,8 @@ the same outcome write nothing (jobset's updateCondition habit).
 
 from datetime import datetime
 
+from torchkube.api.times import format_time
 from torchkube.api.types import Condition
-from torchkube.operator.pods import format_time
 
 CREATED = "Created"
 RUNNING = "Running"

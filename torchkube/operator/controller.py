@@ -24,12 +24,13 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
 from torchkube.api.contract import ProgressReport
 from torchkube.api.errors import describe
+from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import goodput, metrics, progress
-from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
@@ -37,7 +38,7 @@ from torchkube.operator.decision import Refusal
 from torchkube.operator.goodput import Goodput
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection
-from torchkube.operator.reconcile import Observed, Plan, plan
+from torchkube.operator.planner import Observed, Plan, plan
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -211,7 +212,7 @@ class Controller:
         # fill its slot, and get its own replacement deleted as a duplicate.
         memory.created = {k: v for k, v in memory.created.items() if k not in seen}
         pods += [body for _, body in memory.created.values()]
-        deleting = p.format_time(datetime.now(UTC))
+        deleting = format_time(datetime.now(UTC))
         return job, [
             {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": deleting}}
             if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp")
@@ -431,7 +432,7 @@ class Controller:
             return
         if not memory.startup_observed:
             memory.startup_observed = True
-            created = p.parse_time(job.metadata.get("creationTimestamp"))
+            created = parse_time(job.metadata.get("creationTimestamp"))
             if created is not None:
                 metrics.STARTUP.observe((datetime.now(UTC) - created).total_seconds())
         if memory.failure_at is not None:

@@ -1,7 +1,7 @@
 """What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), and the scratch
 state the policies share while deciding (:class:`Context`). No I/O and no policy here: the
 policies live one per module (``failure``, ``scaling``, ``lifecycle``, ``phase``,
-``children``) and ``reconcile.plan`` runs them in order.
+``children``) and ``planner.plan`` runs them in order.
 """
 
 import secrets
@@ -13,6 +13,7 @@ from typing import Any
 from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
 from torchkube.api.status import Phase, TrainingJobStatus
+from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
@@ -145,12 +146,12 @@ class Context:
         self.set(kind, True, reason, message)
 
     def seconds_since(self, value: str | None) -> float | None:
-        moment = p.parse_time(value)
+        moment = parse_time(value)
         return None if moment is None else (self.now - moment).total_seconds()
 
     def finish(self, phase: Phase, reason: str, message: str) -> None:
         self.status.phase = phase
-        self.status.completion_time = p.format_time(self.now)
+        self.status.completion_time = format_time(self.now)
         self.set(phase, True, reason, message)
         self.clear(cond.RUNNING, reason, message)
         self.clear(cond.RESTARTING, reason, message)

@@ -25,6 +25,7 @@ from typing import Any
 from torchkube.api.contract import ExitCode
 from torchkube.api.spec import FailurePolicySpec, FailureReason
 from torchkube.api.status import FailureRecord, TrainingJobStatus
+from torchkube.api.times import format_time, parse_time
 from torchkube.operator import pods as p
 
 INCIDENT_WINDOW = timedelta(seconds=30)
@@ -234,7 +235,7 @@ def _current_incident(ledger: Ledger) -> tuple[datetime | None, bool]:
     members = [r for r in ledger.history if r.incident == ledger.restarts]
     if not members or ledger.restarts == 0:
         return None, False
-    began = min(p.parse_time(r.time) or datetime.max for r in members)
+    began = min(parse_time(r.time) or datetime.max for r in members)
     return began, any(r.counted is not False for r in members)
 
 
@@ -247,7 +248,7 @@ def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> 
         node=failure.node,
         exit_code=failure.exit_code,
         retryable=failure.retryable,
-        time=p.format_time(now),
+        time=format_time(now),
         incident=incident,
         counted=counted,
         restart_count=failure.restart_count or None,
@@ -295,7 +296,7 @@ def incident_starts(history: Iterable[FailureRecord]) -> list[datetime]:
     written by older operators, are an incident each)."""
     starts: dict[Any, datetime] = {}
     for index, record in enumerate(history):
-        when = p.parse_time(record.time)
+        when = parse_time(record.time)
         if when is None:
             continue
         incident = record.incident

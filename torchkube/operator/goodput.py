@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
-from torchkube.operator import pods as p
+from torchkube.api.times import parse_time
 
 CAUSES = (
     "scheduling",
@@ -437,7 +437,7 @@ def track(
     """One reconcile's update. ``previous`` is the status as stored, ``status`` the one the
     plan decided, ``progress`` the trainer's last report, ``reporting`` whether reports are
     expected at all. When ``status.goodput`` is written is the status module's business."""
-    created = p.parse_time(job.metadata.get("creationTimestamp")) or now
+    created = parse_time(job.metadata.get("creationTimestamp")) or now
     if state is None or state.created != created:
         under_way = previous.get("startTime") or previous.get("phase") not in (None, "Pending")
         state = resume(previous, created, now) if under_way else start(created)

@@ -19,10 +19,10 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from torchkube.api import labels as lbl
 from torchkube.api.trainingjob import GROUP, PLURAL, VERSION
-from torchkube.operator import labels as lbl
 from torchkube.operator import metrics
-from torchkube.operator.client import make_api_client
+from torchkube.operator.api_client import make_api_client
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller
 from torchkube.operator.kube import Kube

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from torchkube.api import labels as lbl
 from torchkube.api.trainingjob import GROUP, KIND, PLURAL, VERSION
-from torchkube.operator import labels as lbl
 from torchkube.operator import metrics
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,12 @@ policy.
 from datetime import timedelta
 from typing import Any
 
+from torchkube.api import labels as lbl
 from torchkube.api.contract import TRAINING_FINISHED
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.status import TERMINAL_PHASES
+from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
-from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
 
@@ -43,7 +44,7 @@ def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
         if policy == "All" or is_store or (policy == "Running" and state in ("pending", "running")):
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
     ttl = ctx.spec.run_policy.ttl_seconds_after_finished
-    finished = p.parse_time(ctx.status.completion_time)
+    finished = parse_time(ctx.status.completion_time)
     if ttl is not None and finished is not None:
         remaining = (finished + timedelta(seconds=ttl) - ctx.now).total_seconds()
         if remaining <= 0:

@@ -5,8 +5,9 @@ conditions that say why workers are not running (unschedulable, blocked).
 from datetime import timedelta
 from typing import Any
 
+from torchkube.api import labels as lbl
+from torchkube.api.times import format_time
 from torchkube.operator import conditions as cond
-from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
 
@@ -62,7 +63,7 @@ def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
         if ctx.status.phase != "Running":
             ctx.event("Normal", "Running", f"{len(running)} workers running")
         ctx.status.phase = "Running"
-        ctx.status.start_time = ctx.status.start_time or p.format_time(ctx.now)
+        ctx.status.start_time = ctx.status.start_time or format_time(ctx.now)
         ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
         ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
     elif ctx.status.start_time:

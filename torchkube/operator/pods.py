@@ -6,10 +6,11 @@ dictionary digging in one place so the policies read as policy.
 
 import copy
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
+from torchkube.api.times import parse_time
 
 PodState = Literal["pending", "running", "succeeded", "failed", "deleting"]
 
@@ -25,16 +26,6 @@ WAITING_BLOCKED = frozenset(
     }
 )
 """Container waiting reasons that keep a pod from ever running until something changes."""
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def format_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _KEPT_METADATA = (

@@ -12,8 +12,8 @@ import logging
 import urllib.request
 from typing import Any
 
+from torchkube.api import labels as lbl
 from torchkube.api.contract import ProgressReport
-from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 
 log = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api.status import FailureRecord
+from torchkube.api.times import parse_time
 from torchkube.operator import pods as p
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
@@ -49,7 +50,7 @@ def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
     """Nodes that lost a worker of the job within ``AVOID_LOST_NODES_FOR``."""
     nodes = set()
     for record in history:
-        when = p.parse_time(record.time)
+        when = parse_time(record.time)
         if (
             record.reason == "NodeLost"
             and record.node

@@ -18,9 +18,9 @@ from typing import Any
 _EXPORTS = {
     "main": "torchkube.trainer.entrypoint",
     "exit_with": "torchkube.trainer.entrypoint",
-    "load_config": "torchkube.trainer.config",
-    "RunEnv": "torchkube.trainer.config",
-    "ConfigError": "torchkube.trainer.config",
+    "load_config": "torchkube.trainer.loader",
+    "RunEnv": "torchkube.trainer.loader",
+    "ConfigError": "torchkube.trainer.loader",
     "Workload": "torchkube.trainer.workload",
     "gpt_workload": "torchkube.trainer.workload",
     "train": "torchkube.trainer.train",

@@ -51,9 +51,9 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import ConfigError, RunEnv
 from torchkube.trainer.data import dataset_identity, describe_dataset
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.loader import ConfigError, RunEnv
 from torchkube.trainer.metrics import TrainMetrics, rfc3339, write_json_atomic
 from torchkube.trainer.state_dicts import OPTIMIZER_KEY, state_dicts, tensor_bytes
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import ConfigError
+from torchkube.trainer.loader import ConfigError
 
 log = logging.getLogger("torchkube.trainer")
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from torchkube.trainer.config import EXIT_CONFIG_ERROR, EXIT_OK, ConfigError, load_config, preflight
+from torchkube.trainer.loader import EXIT_CONFIG_ERROR, EXIT_OK, ConfigError, load_config, preflight
 from torchkube.trainer.metrics import report_permanent_error
 
 if TYPE_CHECKING:

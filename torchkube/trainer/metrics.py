@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from torchkube.api.contract import PROGRESS_FILE, TERMINATION_LOG, Env, ProgressReport
-from torchkube.trainer.config import EXIT_CONFIG_ERROR, RunEnv
+from torchkube.api.times import rfc3339
+from torchkube.trainer.loader import EXIT_CONFIG_ERROR, RunEnv
 
 log = logging.getLogger("torchkube.trainer")
 
@@ -55,11 +55,6 @@ def peak_flops(device_name: str, precision: MatmulPrecision) -> float | None:
         if pattern in device_name:
             return peaks[precision]
     return None
-
-
-def rfc3339(ts: float) -> str:
-    """A Unix time as Kubernetes writes timestamps (UTC, seconds)."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_json_atomic(path: Path, record: dict[str, Any]) -> None:

@@ -22,8 +22,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import ConfigError
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.loader import ConfigError
 from torchkube.trainer.metrics import MatmulPrecision
 
 

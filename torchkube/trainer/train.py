@@ -22,7 +22,9 @@ from torchkube.api.contract import TRAINING_FINISHED
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import CheckpointManager, FencedError, TrainState
-from torchkube.trainer.config import (
+from torchkube.trainer.data import Layout, StepLoader, eval_batches
+from torchkube.trainer.distributed import DistInfo, StepAgreement, StopRequest, mean_across_ranks
+from torchkube.trainer.loader import (
     EXIT_CONFIG_ERROR,
     EXIT_FAILURE,
     EXIT_FENCED,
@@ -30,8 +32,6 @@ from torchkube.trainer.config import (
     ConfigError,
     RunEnv,
 )
-from torchkube.trainer.data import Layout, StepLoader, eval_batches
-from torchkube.trainer.distributed import DistInfo, StepAgreement, StopRequest, mean_across_ranks
 from torchkube.trainer.metrics import (
     ProgressReporter,
     TrainMetrics,

@@ -24,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from torchkube.api.contract import TERMINATION_LOG, Env, ExitCode
+from torchkube.api.errors import describe
 from torchkube.api.spec import CheckpointSpec
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.tokens import read_header, resolve_token_files
@@ -128,13 +129,8 @@ def _flag_overrides(extra: Sequence[str]) -> dict[str, str]:
 
 
 def format_validation_error(err: ValidationError) -> str:
-    """A pydantic error as one line naming each camelCase field and what is allowed."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid trainer config: " + "; ".join(parts)
+    """A pydantic error as one line (the trainer's exit message) naming each field."""
+    return "invalid trainer config: " + "; ".join(describe(err).splitlines())
 
 
 def _env_value(environ: Mapping[str, str], name: str, parse: type, default: Any) -> Any:

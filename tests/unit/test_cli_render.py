@@ -22,10 +22,10 @@ from click.testing import CliRunner
 from kubernetes.client.exceptions import ApiException
 
 from torchkube.api.status import ProgressRecord, TrainingJobStatus
-from torchkube.client import manifest, render
-from torchkube.client import pods as p
-from torchkube.client.cli import follow_logs, logs, status, submit
-from torchkube.client.errors import (
+from torchkube.cli import manifest, render
+from torchkube.cli import pods as p
+from torchkube.cli.cluster import follow_logs, logs, status, submit
+from torchkube.cli.errors import (
     ClientError,
     Target,
     api_error,
@@ -618,7 +618,7 @@ def test_kubeconfig_problems_are_one_sentence(tmp_path: Path) -> None:
 
 def test_importing_the_commands_loads_neither_kubernetes_nor_pydantic() -> None:
     code = (
-        "import sys, torchkube.client.cli; "
+        "import sys, torchkube.cli.cluster; "
         "print(sorted(m for m in ('kubernetes', 'pydantic', 'torch') if m in sys.modules))"
     )
     out = subprocess.run(

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from torchkube.client.errors import ClientError
+from torchkube.cli.errors import ClientError
 
 if TYPE_CHECKING:
-    from torchkube.client.jobs import Jobs
+    from torchkube.cli.jobs import Jobs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +77,7 @@ def cluster_options(command: F) -> F:
 
 
 def _jobs(kubeconfig: str | None, context: str | None, namespace: str | None) -> Jobs:
-    from torchkube.client.jobs import Jobs, connect
+    from torchkube.cli.jobs import Jobs, connect
 
     return Jobs(connect(kubeconfig, context, namespace))
 
@@ -136,8 +136,8 @@ def submit(
     unless all documents are valid. A job that already exists is left alone: submit never
     changes a running job (delete it first).
     """
-    from torchkube.client import manifest
-    from torchkube.client.render import done
+    from torchkube.cli import manifest
+    from torchkube.cli.render import done
 
     manifests = manifest.load(job_file.read(), job_file.name)
     for item in manifests:
@@ -192,7 +192,7 @@ def status(
     step/total (percent done); CHECKPOINT is the newest complete checkpoint's step and age;
     GOODPUT is '-' until the operator reports it.
     """
-    from torchkube.client.render import status_table
+    from torchkube.cli.render import status_table
 
     if name and all_namespaces:
         raise ClientError("a job name belongs to one namespace; drop -A or the name", exit_code=2)
@@ -219,7 +219,7 @@ def status(
 @reports_errors
 def describe(name: str, kubeconfig: str | None, context: str | None, namespace: str | None) -> None:
     """Explain one job: spec summary, conditions, recent failures, its pods and its events."""
-    from torchkube.client.render import describe as render
+    from torchkube.cli.render import describe as render
 
     jobs = _jobs(kubeconfig, context, namespace)
     job = jobs.get(name)
@@ -261,7 +261,7 @@ def logs(
     With -f the output ends when that pod's container does; run it again to follow the
     replacement.
     """
-    from torchkube.client import pods as p
+    from torchkube.cli import pods as p
 
     if all_workers and worker is not None:
         raise ClientError("--all and --worker choose differently; use one of them", exit_code=2)
@@ -305,7 +305,7 @@ def logs(
             for pod_name in names:
                 text = jobs.log(pod_name, tail=tail)
                 if all_workers:
-                    from torchkube.client.render import prefixed
+                    from torchkube.cli.render import prefixed
 
                     for line in text.splitlines():
                         click.echo(prefixed(pod_name, line))
@@ -317,7 +317,7 @@ def logs(
 
 def follow_logs(jobs: Jobs, names: list[str], tail: int | None, prefix: bool) -> None:
     """Stream one or several pods' logs; each in its own thread, printed by this one."""
-    from torchkube.client.render import prefixed
+    from torchkube.cli.render import prefixed
 
     lines: queue.Queue[tuple[str, str | None, ClientError | None]] = queue.Queue()
 
@@ -360,7 +360,7 @@ def follow_logs(jobs: Jobs, names: list[str], tail: int | None, prefix: bool) ->
 @reports_errors
 def delete(name: str, kubeconfig: str | None, context: str | None, namespace: str | None) -> None:
     """Delete a job; its pods, Service and created claim go with it (owner references)."""
-    from torchkube.client.render import GROUP_RESOURCE
+    from torchkube.cli.render import GROUP_RESOURCE
 
     _jobs(kubeconfig, context, namespace).delete(name)
     click.echo(f'{GROUP_RESOURCE} "{name}" deleted')
@@ -370,7 +370,7 @@ def _set_suspend(
     name: str, suspend: bool, kubeconfig: str | None, context: str | None, ns: str | None
 ) -> None:
     from torchkube.api.status import TERMINAL_PHASES
-    from torchkube.client.render import done
+    from torchkube.cli.render import done
 
     jobs = _jobs(kubeconfig, context, ns)
     job = jobs.get(name)
@@ -423,7 +423,7 @@ def scale(
     Goes through the scale subresource (as kubectl scale does), so the cluster enforces the
     bounds; survivors re-rendezvous and training goes on from the newest checkpoint.
     """
-    from torchkube.client.render import done
+    from torchkube.cli.render import done
 
     jobs = _jobs(kubeconfig, context, namespace)
     try:

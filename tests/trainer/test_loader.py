@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from torchkube.api.contract import Env
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.config import ConfigError, load_config, preflight
+from torchkube.trainer.loader import ConfigError, load_config, preflight
 
 ENV_CONFIG, ENV_CHECKPOINT_DIR = Env.TRAINER_CONFIG, Env.CHECKPOINT_DIR
 

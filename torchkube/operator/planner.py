@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from torchkube.api import labels as lbl
 from torchkube.api.contract import ProgressReport
 from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
 from torchkube.operator import builders, children, failure, lifecycle, phase, scaling
 from torchkube.operator import conditions as cond
-from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context, Observed, Plan, random_suffix
 from torchkube.operator.failure import Failure, Ledger

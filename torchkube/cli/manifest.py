@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from torchkube.client.errors import ClientError, yaml_problem
+from torchkube.cli.errors import ClientError, yaml_problem
 
 INVALID = 2
 """Exit code for input that is wrong before any cluster is involved (click's usage code)."""

@@ -16,12 +16,13 @@ from planner import (
     store,
 )
 
+from torchkube.api import labels as lbl
 from torchkube.api.contract import TRAINING_FINISHED, ProgressReport
+from torchkube.api.times import format_time
 from torchkube.operator import builders
-from torchkube.operator import labels as lbl
 from torchkube.operator import pods as p
 from torchkube.operator.failure import classify_pod
-from torchkube.operator.pods import NodeHealth, format_time, slim
+from torchkube.operator.pods import NodeHealth, slim
 
 
 def test_new_job_creates_children_workers_and_store() -> None:

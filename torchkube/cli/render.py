@@ -14,24 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.api.status import FailureRecord, ProgressRecord, TrainingJobStatus
+from torchkube.api.times import parse_time
 from torchkube.api.types import Condition
-from torchkube.client import pods as p
+from torchkube.cli import pods as p
 
 NONE = "-"
 GROUP_RESOURCE = "trainingjob.torchkube.io"
 
 
 # --- small cells -------------------------------------------------------------------------
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp from the API as an aware datetime; None when absent or malformed."""
-    if not value:
-        return None
-    parsed = p.parse_timestamp(str(value))
-    if parsed is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed
 
 
 def human_duration(seconds: float) -> str:

@@ -14,7 +14,8 @@ import re
 from datetime import datetime
 from typing import Any
 
-from torchkube.operator import labels as lbl
+from torchkube.api import labels as lbl
+from torchkube.api.times import parse_time
 
 RANK0_LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) torchkube: ")
 """A trainer line from rank 0 (other ranks write ``torchkube [rank N]:``)."""
@@ -101,16 +102,8 @@ def rank0_time(log: str) -> datetime | None:
     for line in reversed(log.splitlines()):
         stamp, _, text = line.partition(" ")
         if RANK0_LINE.search(text):
-            return parse_timestamp(stamp)
+            return parse_time(stamp)
     return None
-
-
-def parse_timestamp(text: str) -> datetime | None:
-    """An RFC 3339 time as the kubelet writes it (nanoseconds, ``Z``); None if it is not one."""
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def pick_rank0(

@@ -4,7 +4,7 @@
 else ``$KUBECONFIG``, else ``~/.kube/config``; the namespace from ``-n``, else the context, else
 ``default``) and checks each step itself, so a wrong path or context name is reported as such
 instead of as the client's "Invalid kube-config file". :class:`Jobs` wraps every call in
-:func:`~torchkube.client.errors.translate`, so what reaches the user is one sentence.
+:func:`~torchkube.cli.errors.translate`, so what reaches the user is one sentence.
 
 Objects come back as plain dicts with the API's field names: the renderers and the tests then
 see exactly what ``kubectl get -o json`` shows.
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchkube.api import labels as lbl
 from torchkube.api.trainingjob import GROUP, KIND, PLURAL, VERSION
-from torchkube.client.errors import ClientError, Target, parse_status, translate, yaml_problem
-from torchkube.operator import labels as lbl
+from torchkube.cli.errors import ClientError, Target, parse_status, translate, yaml_problem
 
 REQUEST_TIMEOUT = (10, 60)
 """(connect, read) seconds for every call but a followed log: a dead server fails in seconds."""

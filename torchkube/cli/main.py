@@ -1,8 +1,8 @@
-"""The ``torchkube`` command line: one click group; subcommands live beside the code they drive."""
+"""``torchkube``: the click group and its subcommands (see the package's docstring)."""
 
 import click
 
-from torchkube.client import cli as cluster
+from torchkube.cli import cluster
 from torchkube.local.cli import run_command
 from torchkube.local.plot import plot_command
 from torchkube.operator.main import operator_command
@@ -20,7 +20,7 @@ main.add_command(run_command)
 main.add_command(plot_command)
 main.add_command(prepare_data, name="prepare-data")
 
-# Jobs on a cluster (current kubeconfig context): torchkube/client/cli.py.
+# Jobs on a cluster (current kubeconfig context): torchkube/cli/cluster.py.
 main.add_command(cluster.submit)
 main.add_command(cluster.status)
 main.add_command(cluster.describe)
