@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_jobs import Job
 from kubernetes import client
 
 from testbed.cluster import Cluster, ClusterConfig
@@ -34,7 +35,7 @@ from testbed.operator import OperatorProcess
 from testbed.realnodes import REAL_NODE_LABEL, LoadedImage
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
-from torchkube.api import GROUP, PLURAL, VERSION
+from torchkube.api import GROUP, VERSION
 from torchkube.api import labels as lbl
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
@@ -316,34 +317,22 @@ def _checkpoint_steps(directory: Path) -> list[int]:
     )
 
 
-class RealJob:
+class RealJob(Job):
     """A TrainingJob on the real nodes: its namespace, its checkpoint folder (a hostPath
     claim bound to it) and the reads the tests' waits and failure messages need."""
 
     def __init__(self, cluster: Cluster, api: Any, namespace: str, name: str, tmp: Path) -> None:
-        self.cluster, self.api, self.name = cluster, api, name
-        self.namespace = _namespace(api, namespace)
+        super().__init__(api, _namespace(api, namespace), name)
+        self.cluster, self.api = cluster, api
         self.checkpoints = tmp / "checkpoints"
         self.checkpoints.mkdir()
         os.chown(self.checkpoints, APP_UID, APP_UID)  # hostPath ignores fsGroup
         self.volume = prebound_volume(
             api, self.namespace, f"{name}-checkpoints", str(self.checkpoints)
         )
-        self.core: Any = client.CoreV1Api(api)
-        self.custom: Any = client.CustomObjectsApi(api)
 
     def apply(self, manifest: dict[str, Any]) -> None:
         _kubectl(self.cluster, "apply", "-f", "-", stdin=json.dumps(manifest))
-
-    def status(self) -> dict[str, Any]:
-        body = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.name
-        )
-        return dict(body.get("status") or {})
-
-    def pods(self, role: str = lbl.ROLE_WORKER) -> list[Any]:
-        selector = f"{lbl.JOB_NAME}={self.name},{lbl.ROLE}={role}"
-        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
     def progress(self) -> dict[str, Any]:
         return _progress(self.checkpoints)

@@ -23,19 +23,15 @@ EXAMPLE = ROOT / "examples" / "quickstart.yaml"
 pytestmark = pytest.mark.slow
 
 
+def command(workdir: Path, *extra: str) -> list[str]:
+    """``torchkube run`` of the quick start from scratch in ``workdir``."""
+    cli = [sys.executable, "-m", "torchkube.cli", "run", str(EXAMPLE), "--fresh"]
+    return [*cli, "--workdir", str(workdir), *extra]
+
+
 def run(workdir: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchkube.cli",
-            "run",
-            str(EXAMPLE),
-            "--fresh",
-            "--workdir",
-            str(workdir),
-            *extra,
-        ],
+        command(workdir, *extra),
         capture_output=True,
         text=True,
         timeout=600,
@@ -87,16 +83,7 @@ def test_sigterm_stops_the_whole_tree_after_an_emergency_checkpoint(tmp_path: Pa
     or writing into the work dir, and training stopped on a checkpoint of its last step."""
     workdir = tmp_path / "stopped"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchkube.cli",
-            "run",
-            str(EXAMPLE),
-            "--fresh",
-            "--workdir",
-            str(workdir),
-        ],
+        command(workdir),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

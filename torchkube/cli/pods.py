@@ -11,10 +11,11 @@ slot 0 is the best guess -- the help of ``torchkube logs`` says so.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.api import labels as lbl
+from torchkube.api.podfields import created, deleting, name, phase, role, slot
 from torchkube.api.times import parse_time
 
 RANK0_LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) torchkube: ")
@@ -24,39 +25,10 @@ PROBE_TAIL_LINES = 200
 """Lines read from each worker to find rank 0: a few log intervals of the trainer."""
 
 
-def name(pod: dict[str, Any]) -> str:
-    return str(pod.get("metadata", {}).get("name", ""))
-
-
-def role(pod: dict[str, Any]) -> str:
-    return str((pod.get("metadata", {}).get("labels") or {}).get(lbl.ROLE, ""))
-
-
-def slot(pod: dict[str, Any]) -> int | None:
-    """The worker slot (replica index) a pod fills; None for the rendezvous store."""
-    value = (pod.get("metadata", {}).get("labels") or {}).get(lbl.REPLICA_INDEX)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def phase(pod: dict[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase", "Unknown"))
-
-
-def deleting(pod: dict[str, Any]) -> bool:
-    return bool(pod.get("metadata", {}).get("deletionTimestamp"))
-
-
-def created(pod: dict[str, Any]) -> str:
-    return str(pod.get("metadata", {}).get("creationTimestamp", ""))
-
-
 def workers(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Worker pods ordered by slot, newest first within a slot."""
     found = [p for p in pods if role(p) == lbl.ROLE_WORKER]
-    found.sort(key=created, reverse=True)
+    found.sort(key=lambda p: created(p) or datetime.min.replace(tzinfo=UTC), reverse=True)
     found.sort(key=lambda p: (slot(p) is None, slot(p) or 0))
     return found
 

@@ -10,7 +10,13 @@ from datetime import datetime
 from typing import Any, Literal
 
 from torchkube.api import labels as lbl
+from torchkube.api import podfields
+from torchkube.api.podfields import created, deleting, name, role
 from torchkube.api.times import parse_time
+
+__all__ = ["created", "deleting", "name", "role"]
+"""The shared readers (torchkube/api/podfields.py) the operator's modules use as ``p.*``;
+what is defined below is the operator's own."""
 
 PodState = Literal["pending", "running", "succeeded", "failed", "deleting"]
 
@@ -86,10 +92,6 @@ def slim_child(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def name(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["name"])
-
-
 def uid(body: dict[str, Any]) -> str:
     return str(body["metadata"].get("uid") or "")
 
@@ -109,24 +111,16 @@ def owned_by(body: dict[str, Any], owner_uid: str) -> bool:
     return bool(owner_uid) and controller_uid(body) == owner_uid
 
 
-def role(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"].get("labels", {}).get(lbl.ROLE, ""))
-
-
 def slot(pod: dict[str, Any]) -> int:
-    return int(pod["metadata"]["labels"][lbl.REPLICA_INDEX])
+    """A worker's slot (the operator only asks workers, which always carry it)."""
+    index = podfields.slot(pod)
+    if index is None:
+        raise ValueError(f"pod {name(pod)} has no {lbl.REPLICA_INDEX} label")
+    return index
 
 
 def node_name(pod: dict[str, Any]) -> str | None:
     return pod.get("spec", {}).get("nodeName")
-
-
-def created(pod: dict[str, Any]) -> datetime | None:
-    return parse_time(pod["metadata"].get("creationTimestamp"))
-
-
-def deleting(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
 
 
 def failure_recorded(pod: dict[str, Any]) -> bool:
