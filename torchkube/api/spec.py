@@ -16,7 +16,8 @@ from torchkube.api.trainer import TrainerSpec
 from torchkube.api.types import DNS_SUBDOMAIN, EnvVar, FreeForm, NprocPerNode, Quantity
 
 BUILTIN_TRAINER_COMMAND = ["-m", "torchkube.trainer"]
-DEFAULT_IMAGE = "torchkube/trainer:0.1.0"
+DEFAULT_IMAGE = "ghcr.io/torchkube/torchkube-trainer:0.1.0"
+"""The trainer image .github/workflows/release.yml publishes for this version (docs/images.md)."""
 
 
 def cel(*rules: tuple[str, str]) -> ConfigDict:
