@@ -549,8 +549,8 @@ def test_training_job_survives_real_node_loss(
     nodes = real_cluster.real_nodes
     assert nodes is not None
     say(
-        f"trainer image {trainer_image.size_bytes / 1e9:.2f} GB: docker save"
-        f" {trainer_image.save_s:.1f} s, import {trainer_image.import_s}"
+        f"trainer image {trainer_image.size_bytes / 1e9:.2f} GB: loaded in"
+        f" {trainer_image.seconds:.1f} s, imported into {trainer_image.imported}"
     )
     with real_job(
         real_cluster, api, operator, say, tmp_path, namespace="realnodes-job", name="survivor"
