@@ -28,7 +28,7 @@ class ClaimSource(ApiModel):
     path: str = Field(
         default="",
         max_length=1024,
-        pattern=r"^[^/]",
+        pattern=r"^([^/].*)?$",
         description="A text file or folder of text files (.txt, .md, .rst) inside the claim; "
         "empty means the whole claim.",
     )
