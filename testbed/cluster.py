@@ -57,7 +57,8 @@ class ClusterConfig:
     """KWOK node lease duration; leases renew every quarter of it (4 renewals per grace period,
     as a kubelet's 40 s lease has with the default grace period)."""
     service_cidr: str = DEFAULT_SERVICE_CIDR
-    """Service ClusterIP range; its first address is in the apiserver certificate."""
+    """Service ClusterIP range; its first address is in the apiserver certificate. With real
+    nodes the cluster uses a range inside their network instead (``Cluster.service_cidr``)."""
     start_timeout_s: float = 120.0
     """Per-component readiness deadline; generous because CI machines are shared and slow."""
     workdir: Path | None = None
@@ -132,6 +133,14 @@ class Cluster:
         return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
 
     @property
+    def service_cidr(self) -> str:
+        """The Service range: the config's, or with real nodes one inside their network, so
+        pods reach the ``kubernetes`` Service's ClusterIP (:mod:`testbed.apiproxy`)."""
+        if self.real_nodes is not None:
+            return self.real_nodes.service_cidr
+        return self.config.service_cidr
+
+    @property
     def kubeconfig(self) -> Path:
         """Admin kubeconfig (user ``kubernetes-admin`` in ``system:masters``)."""
         return self.workdir / "admin.kubeconfig"
@@ -189,8 +198,10 @@ class Cluster:
             self._workdir = Path(tempfile.mkdtemp(prefix="torchkube-cluster-"))
         _live_clusters.add(self)
         try:
+            if self.config.real_nodes:  # their network decides the Service range
+                self.real_nodes = RealNodes(self, self.config.real_nodes)
             self.pki = generate_cluster_pki(
-                self.workdir / "pki", self.config.service_cidr, self.config.extra_sans
+                self.workdir / "pki", self.service_cidr, self.config.extra_sans
             )
             self._start_etcd(binaries)
             self._start_apiserver(binaries)
@@ -203,8 +214,7 @@ class Cluster:
             self._wait_scheduler()
             for pool in self.config.pools:
                 self.wait_pool_ready(pool.name)
-            if self.config.real_nodes:
-                self.real_nodes = RealNodes(self, self.config.real_nodes)
+            if self.real_nodes is not None:
                 self.real_nodes.start(self.config.start_timeout_s)
         except BaseException:
             self.stop(failed=True)
@@ -343,7 +353,7 @@ class Cluster:
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
-            f"--service-cluster-ip-range={self.config.service_cidr}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             # A loopback advertise address is not a valid Endpoints address.
             "--endpoint-reconciler-type=none",
             # For real nodes later: reach kubelets by InternalIP, authenticate as a client.
@@ -403,7 +413,7 @@ class Cluster:
                 "--use-service-account-credentials=true",
                 f"--cluster-signing-cert-file={pki.ca.paths.cert}",
                 f"--cluster-signing-key-file={pki.ca.paths.key}",
-                f"--service-cluster-ip-range={self.config.service_cidr}",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 "--leader-elect=false",
                 f"--node-monitor-grace-period={self.config.node_monitor_grace_period_s}s",
                 "--node-monitor-period=2s",

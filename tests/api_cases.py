@@ -78,6 +78,34 @@ BAD_SPECS = [
     BadSpec("rendezvous-port-low", {"rendezvous": {"port": 80}}, "rendezvous.port", "1024"),
     BadSpec("name-too-long", {}, "metadata.name", "at most 40 characters", name="a" + "b" * 45),
     BadSpec("keep-one-checkpoint", {"checkpoint": {"keep": 1}}, "checkpoint.keep", "2"),
+    BadSpec(
+        "data-two-sources",
+        {"data": {"source": {"path": "/corpus", "url": "https://example.org/a.txt"}}},
+        "data",
+        "exactly one of path, claim, url, huggingFace",
+    ),
+    BadSpec("data-no-source", {"data": {"source": {}}}, "data", "exactly one of"),
+    BadSpec(
+        "data-and-data-path",
+        {"data": {"source": {"path": "/corpus"}}, "trainer": {"dataPath": "/x/train.bin"}},
+        "data",
+        "not both",
+    ),
+    BadSpec(
+        "data-eval-without-split",
+        {
+            "data": {"source": {"path": "/corpus"}, "valFraction": 0},
+            "trainer": {"evalIntervalSteps": 5},
+        },
+        "data",
+        "valFraction above 0",
+    ),
+    BadSpec(
+        "data-url-scheme",
+        {"data": {"source": {"url": "ftp://example.org/a.txt"}}},
+        "data.source.url",
+        "https?",
+    ),
 ]
 
 

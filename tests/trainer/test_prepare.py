@@ -91,4 +91,4 @@ def test_prepare_data_command(tmp_path: Path) -> None:
     assert "30 documents" in result.output
     assert read_header(tmp_path / "train.bin").vocab_size == BYTE_VOCAB_SIZE
     result = runner.invoke(torchkube_cli, ["prepare-data", "-o", str(tmp_path)])
-    assert result.exit_code == 2 and "INPUTS or --sample" in result.output
+    assert result.exit_code == 2 and "exactly one of INPUTS" in result.output

@@ -12,11 +12,18 @@ from pydantic import ConfigDict, Field, model_validator
 
 from torchkube.api.base import ApiModel
 from torchkube.api.contract import PERMANENT_EXIT_CODES
+from torchkube.api.data import TRAIN_FILE, VAL_FILE, DataSpec
 from torchkube.api.trainer import TrainerSpec
 from torchkube.api.types import DNS_SUBDOMAIN, EnvVar, FreeForm, NprocPerNode, Quantity
 
 BUILTIN_TRAINER_COMMAND = ["-m", "torchkube.trainer"]
-DEFAULT_IMAGE = "torchkube/trainer:0.1.0"
+DATA_OR_PATH = (
+    "set spec.data (the job prepares its data) or trainer.dataPath (data already on a volume), "
+    "not both"
+)
+DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
+DEFAULT_IMAGE = "ghcr.io/torchkube/torchkube-trainer:0.1.0"
+"""The trainer image .github/workflows/release.yml publishes for this version (docs/images.md)."""
 
 
 def cel(*rules: tuple[str, str]) -> ConfigDict:
@@ -490,6 +497,14 @@ class TrainingJobSpec(ApiModel):
             "self.rendezvous.port != self.metrics.port",
             "rendezvous.port and metrics.port must differ",
         ),
+        (
+            "!has(self.data) || !has(self.trainer.dataPath)",
+            DATA_OR_PATH,
+        ),
+        (
+            "!has(self.data) || self.data.valFraction > 0.0 || self.trainer.evalIntervalSteps == 0",
+            DATA_EVAL,
+        ),
     )
 
     image: str = Field(
@@ -564,6 +579,13 @@ class TrainingJobSpec(ApiModel):
         "it reads TORCHKUBE_TRAINER_CONFIG).",
         json_schema_extra=immutable("trainer"),
     )
+    data: DataSpec | None = Field(
+        default=None,
+        description="Text the job prepares onto its checkpoint volume before the workers "
+        "start (torchkube prepare-data, once per job); the trainer then reads it. Unset: "
+        "trainer.dataPath, or the bundled toy corpus.",
+        json_schema_extra=immutable("data"),
+    )
 
     @model_validator(mode="after")
     def _ports(self) -> Self:
@@ -571,4 +593,23 @@ class TrainingJobSpec(ApiModel):
             raise ValueError(
                 f"rendezvous.port and metrics.port must differ (both are {self.metrics.port})"
             )
+        if self.data is not None and self.trainer.data_path is not None:
+            raise ValueError(DATA_OR_PATH)
+        if (
+            self.data is not None
+            and not self.data.val_fraction
+            and self.trainer.eval_interval_steps
+        ):
+            raise ValueError(DATA_EVAL)
         return self
+
+    def trainer_config(self, mount_path: str | None = None) -> TrainerSpec:
+        """``spec.trainer`` as the workers get it: with ``spec.data``, pointed at the files the
+        prepare step writes under ``mount_path`` (default: ``checkpoint.mountPath``)."""
+        if self.data is None:
+            return self.trainer
+        folder = self.data.folder(mount_path or self.checkpoint.mount_path)
+        val = f"{folder}/{VAL_FILE}" if self.data.val_fraction else None
+        return self.trainer.model_copy(
+            update={"data_path": f"{folder}/{TRAIN_FILE}", "eval_data_path": val}
+        )

@@ -11,7 +11,8 @@ in order:
 
   being deleted: nothing (``lifecycle``) → children (``children``) → finished: clean-up and
   TTL (``lifecycle``) → suspended
-  (``lifecycle``) → deadlines (``lifecycle``) → sort the job's own pods → new failures
+  (``lifecycle``) → deadlines (``lifecycle``) → ``spec.data`` prepared, else the prepare pod
+  and nothing more (``preparation``) → sort the job's own pods → new failures
   (``failure``): permanent or over budget → Failed, else record, back off, replace → success
   (``lifecycle``) → refused creates → scale to the target (``scaling``) → keep the store →
   blocked and unschedulable pods, phase and counts (``phase``).
@@ -27,7 +28,15 @@ from torchkube.api import labels as lbl
 from torchkube.api.contract import ProgressReport
 from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
 from torchkube.api.times import parse_time
-from torchkube.operator import builders, children, failure, lifecycle, phase, scaling
+from torchkube.operator import (
+    builders,
+    children,
+    failure,
+    lifecycle,
+    phase,
+    preparation,
+    scaling,
+)
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context, Observed, Plan, random_suffix
@@ -299,6 +308,10 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         return ctx.done()
     if lifecycle.deadlines(ctx):
         lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    if not preparation.ready(ctx, owned, children_ready):
+        if lifecycle.is_finished(ctx):
+            lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
 
     sorter = _Sorter(ctx)
