@@ -86,3 +86,20 @@ def test_claim_name_may_be_any_valid_object_name_dots_included() -> None:
         TrainingJob.model_validate(
             {"metadata": {"name": "demo"}, "spec": {"checkpoint": {"claimName": "Team..x"}}}
         )
+
+
+@pytest.mark.parametrize(
+    ("nproc", "gpus", "tensor"),
+    [(8, 8, 8), (8, 8, 2), ("auto", 8, 4), (4, 0, 2), (2, 0, 1), ("auto", 0, 1)],
+)
+def test_tensor_groups_that_fit_a_pod_are_accepted(
+    nproc: int | str, gpus: int, tensor: int
+) -> None:
+    spec = {
+        "nprocPerNode": nproc,
+        "resources": {"gpus": gpus},
+        "trainer": {"model": "llama-tiny", "strategy": "fsdp", "parallelism": {"tensor": tensor}},
+    }
+    trainer = TrainingJob.model_validate(job("tp", spec)).spec.trainer
+    assert trainer.parallelism.tensor == tensor
+    assert trainer.activation_checkpointing == "none" and trainer.weights_path is None
