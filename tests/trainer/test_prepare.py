@@ -1,5 +1,7 @@
 """Token files, the byte tokenizer, the sample corpus and `torchkube prepare-data`."""
 
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +94,62 @@ def test_prepare_data_command(tmp_path: Path) -> None:
     assert read_header(tmp_path / "train.bin").vocab_size == BYTE_VOCAB_SIZE
     result = runner.invoke(torchkube_cli, ["prepare-data", "-o", str(tmp_path)])
     assert result.exit_code == 2 and "INPUTS or --sample" in result.output
+
+
+def test_vocabularies_beyond_uint16_use_llm_c_llama3_files(tmp_path: Path) -> None:
+    """Llama 3's 128,256 tokens do not fit uint16: llm.c's Llama 3 header (magic 20240801,
+    version 7) and uint32 tokens; the trainer reads both kinds."""
+    from torchkube.trainer.data import TokenDataset
+
+    tokens = np.array([5, 70_000, 128_255, 65_536, 1], dtype=np.uint32)
+    info = write_token_file(tmp_path / "wide.bin", tokens, 128_256)
+    header = np.frombuffer((tmp_path / "wide.bin").read_bytes()[:HEADER_BYTES], dtype="<i4")
+    assert list(header[:4]) == [20240801, 7, 5, 128_256]
+    assert read_header(tmp_path / "wide.bin") == info and info.vocab_size == 128_256
+    x, y = TokenDataset(str(tmp_path / "wide.bin"), seq_len=4)[0]
+    assert x.tolist() == tokens[:4].tolist() and y.tolist() == tokens[1:].tolist()
+
+
+def fake_tokenizers(vocab: dict[str, int]) -> object:
+    """A stand-in for the ``tokenizers`` package: whitespace-split words by id."""
+
+    class Tokenizer:
+        @staticmethod
+        def from_file(path: str) -> "Tokenizer":
+            assert path.endswith("tokenizer.json")
+            return Tokenizer()
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> object:
+            assert not add_special_tokens
+            return type("Encoding", (), {"ids": [vocab[w] for w in text.split()]})
+
+        def token_to_id(self, token: str) -> int | None:
+            return vocab.get(token)
+
+    return type("tokenizers", (), {"Tokenizer": Tokenizer})
+
+
+def test_prepare_data_with_the_weights_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--tokenizer DIR``: the folder's tokenizer.json through the ``tokenizers`` package,
+    each document followed by the end-of-sequence token tokenizer_config.json names."""
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    vocab = {"hello": 70_000, "world": 3, "</s>": 2, "<pad>": 99_999}
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}}))
+    (folder / "tokenizer_config.json").write_text('{"eos_token": {"content": "</s>"}}')
+    (tmp_path / "doc.txt").write_text("hello world")
+    runner = CliRunner()
+    args = ["prepare-data", str(tmp_path / "doc.txt"), "-o", str(tmp_path / "out")]
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # not installed
+    result = runner.invoke(torchkube_cli, [*args, "--tokenizer", str(folder)])
+    assert result.exit_code == 1 and "pip install tokenizers" in result.output
+
+    monkeypatch.setitem(sys.modules, "tokenizers", fake_tokenizers(vocab))
+    result = runner.invoke(torchkube_cli, [*args, "--tokenizer", str(folder), "--val-fraction=0"])
+    assert result.exit_code == 0, result.output
+    info = read_header(tmp_path / "out" / "train.bin")
+    assert info.vocab_size == 100_000
+    tokens = np.fromfile(info.path, dtype="<u4", offset=HEADER_BYTES)
+    assert tokens.tolist() == [70_000, 3, 2]

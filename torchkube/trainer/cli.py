@@ -27,6 +27,12 @@ import click
     help="Tokenise the generated sample corpus instead of INPUTS (quick start, tests).",
 )
 @click.option(
+    "--tokenizer",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Tokenise with the Hugging Face tokenizer.json in this folder (the weights folder of "
+    "spec.trainer.weightsPath) instead of bytes; needs the tokenizers package.",
+)
+@click.option(
     "--sample-docs",
     default=2000,
     show_default=True,
@@ -34,22 +40,31 @@ import click
     help="Paragraphs in the sample corpus.",
 )
 def prepare_data(
-    inputs: tuple[Path, ...], output: Path, val_fraction: float, sample: bool, sample_docs: int
+    inputs: tuple[Path, ...],
+    output: Path,
+    val_fraction: float,
+    sample: bool,
+    tokenizer: Path | None,
+    sample_docs: int,
 ) -> None:
     """Tokenise text files (or folders of .txt/.md files) into token files for training.
 
-    Byte-level tokens (vocabulary 257, one end-of-text token per file), written in llm.c's
-    token-file format; point the TrainingJob's spec.trainer.dataPath at OUTPUT/train.bin.
+    Byte-level tokens (vocabulary 257, one end-of-text token per file) unless --tokenizer
+    names a Hugging Face tokenizer, written in llm.c's token-file format; point the
+    TrainingJob's spec.trainer.dataPath at OUTPUT/train.bin.
     """
     from torchkube.trainer import prepare
 
     if sample == bool(inputs):
         raise click.UsageError("give INPUTS or --sample (exactly one of them)")
+    if sample and tokenizer:
+        raise click.UsageError("--sample is byte-level; --tokenizer needs INPUTS")
     try:
+        encoder = prepare.hf_encoder(tokenizer) if tokenizer else prepare.BYTE_ENCODER
         result = (
             prepare.prepare_sample(output, sample_docs, val_fraction)
             if sample
-            else prepare.prepare_text_files(inputs, output, val_fraction)
+            else prepare.prepare_text_files(inputs, output, val_fraction, encoder)
         )
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from e
