@@ -2,8 +2,8 @@
 
 Reading maps the file into memory (a private, copy-on-write mapping) and returns views of it:
 nothing is read from disk until a slice of a tensor is touched, so a rank that needs one
-shard of a weight reads that shard's pages only. The header is parsed by ``hf.read_header``;
-the format is described there.
+shard of a weight reads that shard's pages only. The header is parsed by ``hf.read_header``,
+where the format is described.
 """
 
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from torchkube.trainer.hf import HEADER_LENGTH_BYTES, METADATA_KEY, TensorEntry, read_header
+from torchkube.trainer.hf import HEADER_LENGTH_BYTES, METADATA_KEY, TensorEntry
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -52,12 +52,6 @@ class MappedFile:
             return torch.empty(entry.shape, dtype=dtype)
         flat = torch.frombuffer(self._map, dtype=dtype, count=numel, offset=entry.start)
         return flat.view(entry.shape)
-
-
-def load_file(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of one file, as memory-mapped views."""
-    mapped = MappedFile(path)
-    return {name: mapped.tensor(entry) for name, entry in read_header(path).items()}
 
 
 def save_file(
