@@ -7,7 +7,8 @@
 - the trainer at tensor 2 × data 2, started from a safetensors folder: a worker SIGKILLed
   mid-way → torchrun restarts the group → the run ends bit for bit like an uninterrupted one;
 - its step-10 checkpoint resumes at tensor 1 × data 2 (FSDP2) and in one process (no
-  parallelism at all): the same samples, the losses of the tensor-parallel run to rounding.
+  parallelism at all), and that tensor-1 run's step-15 checkpoint at tensor 2 × data 2 again:
+  the same samples, the losses of the tensor-parallel run to rounding.
 """
 
 import json
@@ -147,13 +148,13 @@ def test_killed_worker_resumes_bitwise(
     )
 
 
-def assert_same_losses(ours: dict[int, float], theirs: dict[int, float]) -> None:
-    assert sorted(ours) == list(range(11, STEPS + 1))
+def assert_same_losses(ours: dict[int, float], theirs: dict[int, float], first: int) -> None:
+    assert sorted(ours) == list(range(first, STEPS + 1))
     for step, loss in ours.items():
         assert loss == pytest.approx(theirs[step], abs=LOSS_TOLERANCE), f"step {step}"
 
 
-def test_checkpoint_reshards_to_tensor_1_and_to_one_process(
+def test_checkpoint_reshards_across_tensor_and_data_sizes(
     reference: tuple[Path, str],
     token_data: Path,
     weights: Path,
@@ -170,7 +171,15 @@ def test_checkpoint_reshards_to_tensor_1_and_to_one_process(
     launch = torchrun.start(2, recipe(token_data, weights, 1), checkpoint_dir=two, name="two")
     assert launch.wait(START_TIMEOUT + 120) == 0, launch.output()[-4000:]
     assert "step-10 (written at world size 4 with fsdp × tensor 2)" in launch.output()
-    assert_same_losses(logged_losses(launch.output()), expected)
+    assert_same_losses(logged_losses(launch.output()), expected, first=11)
+
+    # and back: tensor 2 × data 2 from the tensor-1 run's step 15
+    back = tmp_path / "back"
+    shutil.copytree(two / "step-15", back / "step-15")
+    launch = torchrun.start(4, recipe(token_data, weights, 2), checkpoint_dir=back, name="back")
+    assert launch.wait(START_TIMEOUT + 120) == 0, launch.output()[-4000:]
+    assert "step-15 (written at world size 2 with fsdp)" in launch.output()
+    assert_same_losses(logged_losses(launch.output()), expected, first=16)
 
     # one process, DDP's plain module: data 1
     one = tmp_path / "one"
@@ -179,7 +188,7 @@ def test_checkpoint_reshards_to_tensor_1_and_to_one_process(
     assert run(spec, RunEnv(checkpoint_dir=one, checkpoint_interval_steps=5)) == EXIT_OK
     text = "\n".join(f"torchkube: {message}" for message in trainer_log.messages)
     assert "world size changed 2 → 1" in text
-    assert_same_losses(logged_losses(text), expected)
+    assert_same_losses(logged_losses(text), expected, first=11)
     final = checkpoint_tensors(one / f"step-{STEPS}")
     assert final["train.consumed_samples"] == 16 * STEPS
     assert re.search(r"optim\.state\..*\.step", " ".join(final))  # Adam state carried over
