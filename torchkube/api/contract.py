@@ -134,7 +134,9 @@ class PrepareReport(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     source: str = Field(description="The source, in a few words (DataSource.describe).")
-    tokenizer: str = Field(description="gpt2 or bytes.")
+    tokenizer: str = Field(
+        description="gpt2, bytes, or a Hugging Face tokenizer folder's absolute path."
+    )
     tokenizer_note: str | None = Field(default=None, description="Why not the one asked for.")
     documents: int = Field(ge=0, description="Documents read.")
     train_tokens: int = Field(ge=0, description="Tokens in train.bin.")

@@ -505,6 +505,18 @@ class TrainingJobSpec(ApiModel):
             "!has(self.data) || self.data.valFraction > 0.0 || self.trainer.evalIntervalSteps == 0",
             DATA_EVAL,
         ),
+        (
+            "self.trainer.parallelism.tensor == 1 || (type(self.nprocPerNode) == int ? "
+            "self.nprocPerNode % self.trainer.parallelism.tensor == 0 : "
+            "self.resources.gpus > 0)",
+            "trainer.parallelism.tensor must divide nprocPerNode (processes per pod; with "
+            "nprocPerNode auto or gpu, resources.gpus): a tensor group never spans pods",
+        ),
+        (
+            "self.trainer.parallelism.tensor == 1 || self.resources.gpus == 0 || "
+            "self.resources.gpus % self.trainer.parallelism.tensor == 0",
+            "trainer.parallelism.tensor must divide resources.gpus (the GPUs per pod)",
+        ),
     )
 
     image: str = Field(
@@ -613,3 +625,30 @@ class TrainingJobSpec(ApiModel):
         return self.trainer.model_copy(
             update={"data_path": f"{folder}/{TRAIN_FILE}", "eval_data_path": val}
         )
+
+    @model_validator(mode="after")
+    def _tensor_groups_fit_a_pod(self) -> Self:
+        """Tensor parallelism talks at every layer, so a tensor group stays inside one pod (on
+        its NVLink): its size divides the pod's processes and GPUs, and the elastic unit, the
+        pod, only ever changes the data dimension."""
+        tensor, gpus = self.trainer.parallelism.tensor, self.resources.gpus
+        if tensor == 1:
+            return self
+        if isinstance(self.nproc_per_node, int):
+            if self.nproc_per_node % tensor:
+                raise ValueError(
+                    f"trainer.parallelism.tensor ({tensor}) must divide nprocPerNode "
+                    f"({self.nproc_per_node}): a tensor group never spans pods"
+                )
+        elif gpus == 0:
+            raise ValueError(
+                f"trainer.parallelism.tensor ({tensor}) must divide nprocPerNode (processes per "
+                f"pod; with nprocPerNode {self.nproc_per_node}, resources.gpus): set an integer "
+                "nprocPerNode or GPUs per pod"
+            )
+        if gpus and gpus % tensor:
+            raise ValueError(
+                f"trainer.parallelism.tensor ({tensor}) must divide resources.gpus ({gpus}), "
+                "the GPUs per pod"
+            )
+        return self

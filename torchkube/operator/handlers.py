@@ -98,7 +98,9 @@ async def _publish_phases(controller: Controller) -> None:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-async def trainingjobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def trainingjobs(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[Any, Any]:
     return {(namespace, name): copy.deepcopy(dict(body))}
 
 

@@ -2,7 +2,7 @@
 
 import sys
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import click
 from pydantic import ValidationError
@@ -12,6 +12,22 @@ from torchkube.api.data import DataSource
 from torchkube.api.data import Tokenizer as Requested
 
 TOKENIZERS = ("auto", "gpt2", "bytes")
+
+
+class TokenizerOption(click.ParamType):
+    """A tokenizer's name, or a folder: a name wins, so a folder called ``bytes`` is
+    ``./bytes``."""
+
+    name = "tokenizer"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Requested | Path:
+        if isinstance(value, Path) or value in TOKENIZERS:
+            return value
+        if not Path(value).is_dir():
+            self.fail(f"{value!r} is not auto, gpt2, bytes or a tokenizer folder", param, ctx)
+        return Path(value)
 
 
 @click.command("prepare-data")
@@ -43,10 +59,13 @@ TOKENIZERS = ("auto", "gpt2", "bytes")
 )
 @click.option(
     "--tokenizer",
-    type=click.Choice(TOKENIZERS),
+    type=TokenizerOption(),
+    metavar="[auto|gpt2|bytes|DIR]",
     default="bytes",
     show_default=True,
-    help="gpt2 (tiktoken's GPT-2 BPE), bytes, or auto: gpt2 when its vocabulary loads.",
+    help="gpt2 (tiktoken's GPT-2 BPE), bytes, auto (gpt2 when its vocabulary loads), or a "
+    "folder with a Hugging Face tokenizer.json, such as spec.trainer.weightsPath's (needs the "
+    "tokenizers package; vocabularies beyond 65,536 tokens get uint32 token files).",
 )
 @click.option(
     "--report",
@@ -72,7 +91,7 @@ def prepare_data(
     url: str | None,
     source_json: str | None,
     claim_mount: Path | None,
-    tokenizer: str,
+    tokenizer: Requested | Path,
     report: Path | None,
     sample: bool,
     sample_docs: int,
@@ -83,13 +102,16 @@ def prepare_data(
     Written in llm.c's token-file format with a PREPARED.json marker; a second run for the same
     source finds the marker and does nothing. Point spec.trainer.dataPath at OUTPUT/train.bin,
     or let the job do all of this with spec.data. Exit code 3 means retrying cannot help (a
-    missing path, an HTTP 4xx, GPT-2 asked for without its vocabulary).
+    missing path, an HTTP 4xx, GPT-2 asked for without its vocabulary, a tokenizer folder
+    without the tokenizers package).
     """
     from torchkube.trainer import prepare
 
     given = [bool(inputs), url is not None, source_json is not None, sample]
     if sum(given) != 1:
         raise click.UsageError("give exactly one of INPUTS, --url, --source or --sample")
+    if sample and tokenizer != "bytes":
+        raise click.UsageError("--sample is byte-level: leave --tokenizer out")
     if sample:
         result = prepare.prepare_sample(output, sample_docs, val_fraction)
         click.echo(f"{result.documents} documents → {result.train.path}")
@@ -104,7 +126,7 @@ def prepare_data(
         )
     except ValidationError as error:
         raise click.UsageError(f"--source is not a data source: {error}") from error
-    _run(source, inputs, output, val_fraction, claim_mount, cast(Requested, tokenizer), report)
+    _run(source, inputs, output, val_fraction, claim_mount, tokenizer, report)
 
 
 def _run(
@@ -113,7 +135,7 @@ def _run(
     output: Path,
     val_fraction: float,
     claim_mount: Path | None,
-    tokenizer: Requested,
+    tokenizer: Requested | Path,
     report: Path | None,
 ) -> None:
     """Prepare, print what was written, and end with the contract's exit codes."""

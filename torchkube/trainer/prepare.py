@@ -2,9 +2,10 @@
 
 Tokenisation happens here and never inside the training pods, so training reads a
 memory-mapped file from the volume and needs no network and no tokenizer. Byte-level tokens
-(vocab 257, see :mod:`torchkube.trainer.tokens`) are always there; GPT-2 BPE
-(:mod:`torchkube.trainer.tokenizers`) where tiktoken and its vocabulary are. The trainer reads
-llm.c-format shards as they are, too.
+(vocab 257, see :mod:`torchkube.trainer.tokens`) are always there; GPT-2 BPE where tiktoken and
+its vocabulary are; a weights folder's Hugging Face tokenizer where the ``tokenizers`` package
+is (:mod:`torchkube.trainer.tokenizers`). Vocabularies beyond 65,536 tokens get llm.c's uint32
+Llama 3 files. The trainer reads llm.c-format shards as they are, too.
 
 :func:`prepare_source` is what a job's prepare pod runs (``spec.data``): read the source
 (:mod:`torchkube.trainer.sources`), tokenise, write ``train.bin``/``val.bin`` and the
@@ -21,10 +22,9 @@ import numpy as np
 
 from torchkube.api.contract import PREPARED_MARKER, PrepareReport
 from torchkube.api.data import TRAIN_FILE, VAL_FILE, DataSource
-from torchkube.api.data import Tokenizer as Requested
 from torchkube.trainer import corpus, sources
-from torchkube.trainer.tokenizers import BYTES, Tokenizer, choose
-from torchkube.trainer.tokens import TokenFileInfo, read_header, write_token_file
+from torchkube.trainer.tokenizers import BYTES, Choice, Tokenizer, accepts, choose
+from torchkube.trainer.tokens import TokenFileInfo, read_header, token_dtype, write_token_file
 
 SAMPLE_VERSION = 1  # bump when the generated corpus changes, so stale caches are not reused
 
@@ -41,14 +41,16 @@ class PrepareResult:
 def tokenize_documents(
     documents: Iterable[str], tokenizer: Tokenizer = BYTES
 ) -> tuple[np.ndarray, int]:
-    """All documents as one token stream, each followed by the end-of-text token."""
+    """All documents as one token stream, each followed by the end-of-text token, in the
+    token type of the vocabulary's files (uint32 beyond 65,536 tokens)."""
+    dtype = token_dtype(tokenizer.vocab_size)
     parts: list[np.ndarray] = []
-    eot = np.array([tokenizer.eot], dtype=np.uint16)
+    eot = np.array([tokenizer.eot], dtype=dtype)
     count = 0
     for doc in documents:
-        parts += [tokenizer.encode(doc), eot]
+        parts += [tokenizer.encode(doc).astype(dtype, copy=False), eot]
         count += 1
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)), count
+    return (np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)), count
 
 
 def prepare_data(
@@ -104,9 +106,9 @@ def sample_data_paths() -> tuple[str, str]:
     return str(train), str(val)
 
 
-def reusable(output_dir: Path, source: DataSource, requested: Requested) -> PrepareReport | None:
+def reusable(output_dir: Path, source: DataSource, requested: Choice) -> PrepareReport | None:
     """The marker's report when ``output_dir`` already holds this source's data, made with the
-    tokenizer asked for (``auto`` accepts either), and its files are intact; else None."""
+    tokenizer asked for (``auto`` accepts gpt2 or bytes), and its files are intact; else None."""
     try:
         report = PrepareReport.model_validate_json((output_dir / PREPARED_MARKER).read_text())
         read_header(output_dir / TRAIN_FILE)
@@ -114,7 +116,7 @@ def reusable(output_dir: Path, source: DataSource, requested: Requested) -> Prep
             read_header(output_dir / VAL_FILE)
     except (OSError, ValueError):
         return None
-    if report.source != source.describe() or requested not in ("auto", report.tokenizer):
+    if report.source != source.describe() or not accepts(requested, report.tokenizer):
         return None
     return report.model_copy(update={"reused": True})
 
@@ -122,7 +124,7 @@ def reusable(output_dir: Path, source: DataSource, requested: Requested) -> Prep
 def prepare_source(
     source: DataSource,
     output_dir: Path,
-    requested: Requested = "auto",
+    requested: Choice = "auto",
     val_fraction: float = 0.05,
     claim_mount: Path | None = None,
 ) -> PrepareReport:
