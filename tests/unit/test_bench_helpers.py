@@ -187,6 +187,23 @@ def test_guard_allows_three_times_the_recorded_median_plus_slack(tmp_path: Path)
         guard.baseline("recovery_e2e", figure["name"], tmp_path)
 
 
+def test_guard_takes_the_latest_recording_including_one_scenario_runs(tmp_path: Path) -> None:
+    name = "8 workers, idle: apply → all Running, torchkube"
+
+    def record(stem: str, date: str, median: float) -> None:
+        body = {"machine": {"date": date}, "figures": [{"name": name, "median": median}]}
+        (tmp_path / f"{stem}.json").write_text(json.dumps(body))
+
+    record("operator_scale", "2026-11-23 10:54 UTC", 0.5)
+    record("operator_scale_single", "2026-11-24 09:00 UTC", 0.3)
+    (tmp_path / "operator_scale_fleet.json").write_text(
+        json.dumps({"machine": {"date": "2026-11-25 09:00 UTC"}, "figures": []})
+    )
+    assert guard.baseline("operator_scale", name, tmp_path) == 0.3
+    record("operator_scale", "2026-11-26 09:00 UTC", 0.4)
+    assert guard.baseline("operator_scale", name, tmp_path) == 0.4
+
+
 def test_scheduler_configuration_raises_the_client_rate_only_when_asked() -> None:
     plain = json.loads(scheduler_configuration(Path("k.conf"), None))
     assert plain["clientConnection"] == {"kubeconfig": "k.conf"}
