@@ -414,6 +414,10 @@ class Controller:
             memory.startup_observed = bool(job.status and job.status.start_time)
         if memory.goodput is not None:
             metrics.GOODPUT.set(ns, job.name, memory.goodput)
+        slowest = decided.status.slowest_rank
+        metrics.job_observed(
+            ns, job.name, decided.status.spares, slowest.slowdown if slowest else None
+        )
         for failure in decided.failures:
             metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()
             if failure.reason == "NodeLost":
