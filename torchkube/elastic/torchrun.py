@@ -23,13 +23,15 @@ Two things around it are added here:
   heartbeat file not yet replaced) is never taken for a hung one.
 """
 
-import logging
+import sys
 import time
 from typing import Any
 
-log = logging.getLogger("torchkube.launch")
-
 LEAVE_SECONDS = 5.0
+
+
+def _say(message: str) -> None:
+    print(f"torchkube: {message}", file=sys.stderr, flush=True)
 
 
 class StandbyReleased(Exception):
@@ -37,6 +39,8 @@ class StandbyReleased(Exception):
 
 
 class _Tracked:
+    standing_by: float | None = None
+    """Since when this agent stands by in the redundancy list (monotonic), if it does."""
     handler: Any = None
     """The agent's rendezvous handler (the launcher runs one agent at a time)."""
     agent: Any = None
@@ -51,7 +55,10 @@ def track() -> None:
         RendezvousClosedError,
         RendezvousGracefulExitError,
     )
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        _DistributedRendezvousOpExecutor,
+    )
 
     handler_class: Any = DynamicRendezvousHandler
     if getattr(handler_class, "_torchkube_tracked", False):
@@ -67,10 +74,27 @@ def track() -> None:
                 raise StandbyReleased(str(error)) from error
             raise
         _Tracked.joined = True
+        if _Tracked.standing_by is not None:
+            waited = time.monotonic() - _Tracked.standing_by
+            _Tracked.standing_by = None
+            round_ = self._state_holder.state.round
+            _say(f"the spare joins round {round_} after standing by for {waited:.0f}s")
         return info
 
     handler_class.next_rendezvous = next_rendezvous
     handler_class._torchkube_tracked = True
+
+    executor_class: Any = _DistributedRendezvousOpExecutor
+    add_to_redundancy_list = executor_class._add_to_redundancy_list
+
+    def _add_to_redundancy_list(self: Any) -> None:
+        if _Tracked.standing_by is None:
+            _Tracked.standing_by = time.monotonic()
+            round_, workers = self._state.round, self._settings.max_nodes
+            _say(f"standing by as a spare: round {round_} already has its {workers} workers")
+        add_to_redundancy_list(self)
+
+    executor_class._add_to_redundancy_list = _add_to_redundancy_list
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -107,8 +131,6 @@ def leave() -> bool:
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + LEAVE_SECONDS)
     except Exception as error:  # the store is away: the keep-alive expiry does it instead
-        log.warning(
-            "could not leave the rendezvous (%s); the others wait for its keep-alive", error
-        )
+        _say(f"could not leave the rendezvous ({error}); the others wait for its keep-alive")
         return False
     return True
