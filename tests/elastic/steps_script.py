@@ -37,8 +37,7 @@ def main() -> None:
         dist.all_reduce(value)
         assert int(value.item()) == world
         step += 1
-        if heartbeat is not None:
-            heartbeat.beat(step)
+        heartbeat.beat(step)
         if rank == 0:
             with log_path.open("a", buffering=1) as log:
                 log.write(f"{step} {world} {os.environ.get('AGENT', '?')}\n")

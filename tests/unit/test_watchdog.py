@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from torchkube.api.hang import HANG_MIN_SECONDS, hang_timeout, parse_configured
-from torchkube.elastic.heartbeat import Beat
+from torchkube.elastic.heartbeat import Beat, Heartbeat
 from torchkube.elastic.watchdog import (
     PEER_GRACE_SECONDS,
     Declaration,
@@ -163,3 +163,31 @@ def test_declarations_survive_the_store() -> None:
     declared = Declaration(T0, "pod-b", (1, 2), stopped=False)
     assert Declaration.from_json(declared.to_json()) == declared
     assert Declaration.from_json(b"garbage") is None
+
+
+def test_a_checkpoint_or_evaluation_is_allowed_the_collective_timeout() -> None:
+    now = T0 + 1000
+    saving = beat(0, now - 300, now - 300, paused="checkpoint")  # a stopped one would be found
+    assert judge([saving], now, None, sleeping) is None
+    stuck = beat(0, now - 601, now - 601, paused="checkpoint")
+    verdict = judge([stuck], now, None, sleeping)
+    assert verdict is not None and verdict.timeout == 600
+
+
+def test_a_heartbeat_without_a_launcher_does_nothing(tmp_path: Path) -> None:
+    idle = Heartbeat(None)
+    idle.beat(1)
+    with idle.pausing("checkpoint"):
+        pass
+    idle.close()
+    live = Heartbeat(tmp_path, rank=3, local_rank=1, collective_timeout_seconds=90)
+    try:
+        live.beat(1)
+        with live.pausing("evaluation"):
+            assert live.snapshot().paused == "evaluation"
+        live.beat(2)
+        written = live.snapshot()
+        assert (written.rank, written.step, written.paused) == (3, 2, None)
+        assert written.median_step_seconds is not None and written.median_step_seconds < 1
+    finally:
+        live.close()

@@ -12,12 +12,18 @@ The heartbeat also registers :mod:`faulthandler` on ``SIGUSR1``: the launcher se
 hung worker to get the Python stacks of all its threads, written by a C signal handler that
 needs neither the main thread nor the interpreter lock, into ``stacks-<LOCAL_RANK>.txt``.
 
+A phase between steps that may outlast the hang timeout — an evaluation, a checkpoint save —
+runs inside :meth:`Heartbeat.pausing`: the watchdog then allows it the collective timeout (a
+collective inside it gives up then anyway) instead of the hang timeout.
+
 Any training script can use it (the built-in trainer does)::
 
     heartbeat = Heartbeat.from_env()
     for step in ...:
         train_step()
         heartbeat.beat(step)
+        with heartbeat.pausing("checkpoint"):
+            save()
 
 Without ``TORCHKUBE_HEARTBEAT_DIR`` (not under torchkube's launcher) it does nothing. No torch.
 """
@@ -31,6 +37,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -69,6 +76,8 @@ class Beat:
     """When it finished that step."""
     median_step_seconds: float | None = None
     collective_timeout_seconds: float | None = None
+    paused: str | None = None
+    """What the worker does between two steps that may outlast the hang timeout, if anything."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -80,13 +89,14 @@ class Beat:
 
 
 class Heartbeat:
-    """The worker side: :meth:`beat` per step, a thread that writes, a stack dump on demand."""
+    """The worker side: :meth:`beat` per step, a thread that writes, a stack dump on demand.
+    Without a folder it does nothing (no launcher asked for it)."""
 
     def __init__(
         self,
-        folder: Path,
-        rank: int,
-        local_rank: int,
+        folder: Path | None,
+        rank: int = 0,
+        local_rank: int = 0,
         collective_timeout_seconds: float | None = None,
     ) -> None:
         self.folder = folder
@@ -95,23 +105,27 @@ class Heartbeat:
         self._started = time.time()
         self._step: int | None = None
         self._stepped: float | None = None
+        self._paused: str | None = None
         self._durations: deque[float] = deque(maxlen=STEP_WINDOW)
         self._stop = threading.Event()
+        self._stacks: IO[str] | None = None
+        self._thread: threading.Thread | None = None
+        if folder is None:
+            return
         folder.mkdir(parents=True, exist_ok=True)
-        self._stacks: IO[str] | None = stack_file(folder, local_rank).open("w")
+        self._stacks = stack_file(folder, local_rank).open("w")
         faulthandler.register(STACK_SIGNAL, file=self._stacks, all_threads=True)
         self._write()
         self._thread = threading.Thread(target=self._run, name="torchkube-heartbeat", daemon=True)
         self._thread.start()
 
     @classmethod
-    def from_env(cls, collective_timeout_seconds: float | None = None) -> "Heartbeat | None":
-        """The heartbeat the launcher asked for (``TORCHKUBE_HEARTBEAT_DIR``), or None."""
+    def from_env(cls, collective_timeout_seconds: float | None = None) -> "Heartbeat":
+        """The heartbeat the launcher asked for (``TORCHKUBE_HEARTBEAT_DIR``); without it, one
+        that does nothing."""
         folder = os.environ.get(Env.HEARTBEAT_DIR)
-        if not folder:
-            return None
         return cls(
-            Path(folder),
+            Path(folder) if folder else None,
             int(os.environ.get("RANK", "0")),
             int(os.environ.get("LOCAL_RANK", "0")),
             collective_timeout_seconds,
@@ -123,6 +137,19 @@ class Heartbeat:
         if self._stepped is not None:
             self._durations.append(now - self._stepped)
         self._step, self._stepped = step, now
+
+    @contextlib.contextmanager
+    def pausing(self, what: str) -> Iterator[None]:
+        """A phase between steps that may take longer than the hang timeout (``what``: an
+        evaluation, a checkpoint): judged against the collective timeout instead. The time
+        since the last step starts again after it: the phase is not a slow step."""
+        self._paused = what
+        try:
+            yield
+        finally:
+            self._paused = None
+            if self._stepped is not None:
+                self._stepped = time.time()
 
     def snapshot(self) -> Beat:
         durations = list(self._durations)
@@ -136,9 +163,12 @@ class Heartbeat:
             stepped=self._stepped,
             median_step_seconds=statistics.median(durations) if durations else None,
             collective_timeout_seconds=self.collective_timeout_seconds,
+            paused=self._paused,
         )
 
     def _write(self) -> None:
+        if self.folder is None:
+            return
         path = beat_file(self.folder, self.local_rank)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         with contextlib.suppress(OSError):  # a full disk must not stop training
@@ -152,6 +182,8 @@ class Heartbeat:
     def close(self) -> None:
         """Stop beating (the launcher then ignores this worker's file: its pid is gone)."""
         self._stop.set()
+        if self._thread is None:
+            return
         self._thread.join(timeout=2 * BEAT_SECONDS)
         faulthandler.unregister(STACK_SIGNAL)
         if self._stacks is not None:

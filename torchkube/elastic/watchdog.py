@@ -5,6 +5,9 @@ until NCCL's watchdog gives up (10 minutes by default), or for ever on gloo. Eac
 reads its own workers' heartbeats (``torchkube.elastic.heartbeat``) once a second; when none of
 them finished a step for the hang timeout (``torchkube.api.hang``) it looks for the cause:
 
+Between two steps, an evaluation or a checkpoint save that says so (``Heartbeat.pausing``) is
+allowed the collective timeout instead: a slow save is not a hang.
+
 * **A stopped worker** — its heartbeat thread stopped writing, or its main thread is stopped
   (``T``, e.g. SIGSTOP) or in uninterruptible sleep (``D``, a dead NFS mount): this pod is the
   culprit. The launcher gets the Python stacks of every thread of the stuck workers
@@ -83,11 +86,10 @@ def judge(
     idle = now - max(b.stepped or 0.0 for b in stepping)
     medians = [b.median_step_seconds for b in stepping if b.median_step_seconds]
     limits = [b.collective_timeout_seconds for b in stepping if b.collective_timeout_seconds]
-    timeout = hang_timeout(
-        configured,
-        statistics.median(medians) if medians else None,
-        min(limits) if limits else None,
-    )
+    collective = min(limits) if limits else None
+    timeout = hang_timeout(configured, statistics.median(medians) if medians else None, collective)
+    if timeout is not None and collective and any(b.paused for b in stepping):
+        timeout = max(timeout, collective)  # a checkpoint or evaluation: its collectives decide
     if timeout is None or idle < timeout:
         return None
     stopped = tuple(

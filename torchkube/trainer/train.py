@@ -125,8 +125,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             )
             timer.stop()
             state.step += 1
-            if heartbeat is not None:
-                heartbeat.beat(state.step)
+            heartbeat.beat(state.step)
             state.consumed_samples += layout.global_batch_size
             stop_now, save_now = agreement.result()
             waited = probe.take() if probe is not None else None
@@ -135,14 +134,16 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             if state.step % spec.log_interval_steps == 0 or last or stop_now:
                 report.log(state, loss, grad_norm)
             if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
-                report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
+                with heartbeat.pausing("evaluation"):
+                    report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
             ckpt.poll()
-            if last:
-                ckpt.save(state.step, blocking=True)
-            elif stop_now:
-                ckpt.save_on_stop(state.step)
-            elif save_now:
-                ckpt.save(state.step)
+            with heartbeat.pausing("checkpoint"):
+                if last:
+                    ckpt.save(state.step, blocking=True)
+                elif stop_now:
+                    ckpt.save_on_stop(state.step)
+                elif save_now:
+                    ckpt.save(state.step)
             report.checkpointed()
             if stop_now:
                 break
@@ -161,8 +162,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         return EXIT_OK
     finally:
         stop.close()
-        if heartbeat is not None:
-            heartbeat.close()
+        heartbeat.close()
         if server is not None:
             server.close()
 
