@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from testbed.ports import free_port
+from torchkube.elastic.warm import workers_of
 
 SCRIPT = Path(__file__).parent / "elastic" / "steps_script.py"
 
@@ -104,16 +105,20 @@ def kill_agent(out: Path, agent: str) -> None:
 
 
 def worker_pids(out: Path, agent: str) -> list[int]:
-    """The worker processes (not the agent) of ``agent``: the workload's command line."""
+    """The worker processes (not the agent, nor its forkserver) of ``agent``."""
     wanted = {f"OUT={out}".encode(), f"AGENT={agent}".encode()}
-    found = []
+    children: dict[int, list[int]] = {}
+    launchers = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
             environ = set((proc / "environ").read_bytes().split(b"\0"))
             cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
             continue
-        workload = SCRIPT.name.encode() in cmdline and b"torchkube.elastic.launch" not in cmdline
-        if proc.name.isdigit() and wanted <= environ and workload:
-            found.append(int(proc.name))
-    return found
+        children.setdefault(parent, []).append(int(proc.name))
+        if wanted <= environ and b"torchkube.elastic.launch" in cmdline:
+            launchers.append(int(proc.name))
+    return [pid for launcher in launchers for pid in workers_of(launcher, children)]

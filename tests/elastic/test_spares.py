@@ -3,6 +3,7 @@ by in the rendezvous (no worker, no restart of the others), takes a stopped agen
 the next round, and is let go with exit 0 and ``STANDBY_RELEASED`` when training ends."""
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
     args = rdzv_args(store, nnodes="1:2")
     env = {"STEPS": "250", "STEP_SECONDS": "0.05"}
 
-    def start(name: str) -> object:
+    def start(name: str) -> subprocess.Popen[bytes]:
         log = str(tmp_path / f"{name}.termination")
         return launch(args, tmp_path, name, TORCHKUBE_TERMINATION_LOG=log, **env)
 

@@ -48,6 +48,9 @@ class Env(StrEnum):
     HANG_TIMEOUT_SECONDS = "TORCHKUBE_HANG_TIMEOUT_SECONDS"
     """``failurePolicy.hangTimeoutSeconds`` for the launcher's hang watchdog: a number of
     seconds, ``0`` (off), or empty (derived from the step time, :mod:`torchkube.api.hang`)."""
+    WARM_WORKERS = "TORCHKUBE_WARM_WORKERS"
+    """``0``: the launcher starts workers as torchrun does, fresh interpreters, instead of
+    forking them from a server that imported torch once (``torchkube.elastic.warm``)."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here

@@ -29,6 +29,8 @@ adds:
   (``torchkube.elastic.watchdog``) finds a worker that finished no step for the hang timeout,
   prints the Python stacks of all its threads, stops the pod's workers and exits with
   ``ExitCode.HUNG`` and the stuck ranks in the termination message.
+* **Warm workers** (``torchkube.elastic.warm``): each round's workers are forked from a
+  server that imported torch once, instead of starting fresh interpreters.
 * **Spares and stopped agents** (``torchkube.elastic.torchrun``): a spare released when
   training ends exits 0 with ``STANDBY_RELEASED``; an agent stopped by a signal or a hang
   leaves the rendezvous at once, so the next round (with a spare in it) forms without
@@ -50,7 +52,7 @@ from typing import Any
 
 from torchkube.api.contract import STANDBY_RELEASED, TERMINATION_LOG, Env, ExitCode
 from torchkube.api.hang import parse_configured
-from torchkube.elastic import torchrun
+from torchkube.elastic import torchrun, warm
 from torchkube.elastic.watchdog import Board, Watchdog
 
 POLL_SECONDS = 0.2
@@ -243,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = _join_timeout(args)
     _lose_a_forgetful_store()
     torchrun.track()
+    if warm.enabled():
+        warm.patch_torchrun()
+        warm.start(args)
     lost_since: float | None = None
     try:
         while True:

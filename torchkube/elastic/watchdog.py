@@ -237,8 +237,8 @@ def innermost_frames(dump: str, rank: int, frames: int = MESSAGE_FRAMES) -> str:
         return ""
     section = dump.split(f"--- rank {rank} ", 1)[1].split("\n--- rank ", 1)[0]
     threads = [t for t in section.split("\n\n") if "most recent call first" in t]
-    # Other threads start in threading's _bootstrap; the main thread does not.
-    main = next((t for t in threads if "in _bootstrap" not in t), "")
+    # Other threads start in threading's _bootstrap_inner; the main thread does not.
+    main = next((t for t in threads if "in _bootstrap_inner" not in t), "")
     lines = [line.strip() for line in main.splitlines() if line.strip().startswith("File ")]
     return " ← ".join(lines[:frames])
 

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
 from torchkube.api.status import SlowestRank
+from torchkube.elastic.warm import workers_of
 from torchkube.local.display import Failure, Summary, progress_line
 from torchkube.local.processes import children_of, descendants, kill_tree
 from torchkube.local.threads import threads_per_process
@@ -395,9 +396,9 @@ class LocalRun:
         self._kills += 1
         candidates = [self.chaos.worker] if self.chaos.worker is not None else order
         training = [
-            (i, tree[self.workers[i].proc.pid])
+            (i, trainers)
             for i in candidates
-            if i in self.workers and tree.get(self.workers[i].proc.pid)
+            if i in self.workers and (trainers := workers_of(self.workers[i].proc.pid, tree))
         ]
         if not training:  # a spare stands by without a trainer
             self.out.write(f"\nchaos: no training process to stop at step {record.step}\n")

@@ -73,7 +73,8 @@ def test_without_a_stopped_process_every_worker_is_stuck_but_only_waiting() -> N
 
 class Board:
     def __init__(self, declared: Declaration | None = None, wins: bool = True) -> None:
-        self.declared, self.wins, self.claims = declared, wins, []
+        self.declared, self.wins = declared, wins
+        self.claims: list[Declaration] = []
 
     def read(self) -> Declaration | None:
         return self.declared
@@ -101,7 +102,8 @@ def test_a_peers_declaration_restarts_waiting_workers_without_ending_the_pod(
     now = T0 + 500
     killed: list[set[int]] = []
     board = Board(Declaration(now - 2, "pod-b", (3,), stopped=True))
-    dog = watchdog(board, hung := [])
+    hung: list[str] = []
+    dog = watchdog(board, hung)
     monkeypatch.setattr(dog, "_kill", killed.append)
     dog.check([beat(0, now - 20, now)], now)
     assert killed == [{100}] and hung == []
@@ -110,7 +112,8 @@ def test_a_peers_declaration_restarts_waiting_workers_without_ending_the_pod(
 def test_an_old_declaration_is_ignored() -> None:
     now = T0 + 500
     board = Board(Declaration(now - 300, "pod-b", (3,), stopped=True))
-    dog = watchdog(board, hung := [])
+    hung: list[str] = []
+    dog = watchdog(board, hung)
     dog.check([beat(0, now - 20, now)], now)
     assert hung == [] and board.claims == []
 
@@ -122,7 +125,8 @@ def test_nobody_stopped_the_first_to_claim_ends_its_pod_after_the_grace(
     monkeypatch.setattr("torchkube.elastic.watchdog.dump_stacks", lambda folder, beats: "")
     monkeypatch.setattr("torchkube.elastic.watchdog.process_state", lambda pid: "S")
     board = Board()
-    early = watchdog(board, hung := [])
+    hung: list[str] = []
+    early = watchdog(board, hung)
     early.check([beat(0, now - 61, now)], now)  # past the timeout, within the grace
     assert hung == [] and board.claims == []
     late = watchdog(board, hung)
@@ -142,12 +146,14 @@ def test_looks_stuck_waits_a_few_steps_first() -> None:
 DUMP = """--- rank 1 (local rank 0, pid 7)
 Thread 0x01 (most recent call first):
   File "threading.py", line 331 in wait
+  File "threading.py", line 1045 in _bootstrap_inner
   File "threading.py", line 1002 in _bootstrap
 
 Current thread 0x02 (most recent call first):
   File "train.py", line 270 in train_step
   File "train.py", line 117 in train
-  File "<frozen runpy>", line 198 in _run_module_as_main"""
+  File "multiprocessing/process.py", line 314 in _bootstrap
+  File "multiprocessing/forkserver.py", line 274 in main"""
 
 
 def test_the_message_names_the_main_threads_innermost_frames() -> None:
