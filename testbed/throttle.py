@@ -45,34 +45,61 @@ def _move(pid: int, cgroup: Path) -> None:
 
 
 @contextlib.contextmanager
-def throttle_cpu(pid: int, share: float) -> Iterator[Path]:
-    """Limit process ``pid`` to ``share`` of one CPU while the context lasts."""
+def throttle_cpu(pid: int, share: float, in_place: bool = False) -> Iterator[Path]:
+    """Limit process ``pid`` to ``share`` of one CPU while the context lasts.
+
+    ``in_place``: limit the cgroup the process is in instead — a container's own, which
+    holds its whole pod's worker; no child is left behind for its runtime to trip over when
+    the container goes (a container cgroup with a child cannot be removed)."""
     if os.geteuid() != 0:
         raise ClusterError("throttle", "a CPU quota needs root")
     parent, v2 = _cpu_cgroup(pid)
+    if in_place:
+        with _quota(parent, v2, share):
+            yield parent
+        return
     child = parent / f"torchkube-throttle-{pid}-{int(time.time())}"
-    quota = max(1000, int(share * PERIOD_US))
     try:
         child.mkdir()
         if v2:
             with contextlib.suppress(OSError):
                 (parent / "cgroup.subtree_control").write_text("+cpu")
-            (child / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-        else:
-            (child / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (child / "cpu.cfs_quota_us").write_text(str(quota))
-        _move(pid, child)
     except OSError as error:
-        with contextlib.suppress(OSError):
-            child.rmdir()
-        raise ClusterError(
-            "throttle", f"could not limit process {pid} in {parent}: {error}"
-        ) from None
+        raise ClusterError("throttle", f"could not make a cgroup in {parent}: {error}") from None
     try:
-        yield child
+        with _quota(child, v2, share):
+            _move(pid, child)
+            yield child
     finally:
         with contextlib.suppress(OSError):
             for task in (child / "cgroup.procs").read_text().split():
                 _move(int(task), parent)
         with contextlib.suppress(OSError):
             child.rmdir()
+
+
+@contextlib.contextmanager
+def _quota(cgroup: Path, v2: bool, share: float) -> Iterator[None]:
+    """A CFS quota of ``share`` CPUs on ``cgroup``, the one it had put back afterwards."""
+    quota = max(1000, int(share * PERIOD_US))
+    files = (
+        [("cpu.max", f"{quota} {PERIOD_US}")]
+        if v2
+        else [
+            ("cpu.cfs_period_us", str(PERIOD_US)),
+            ("cpu.cfs_quota_us", str(quota)),
+        ]
+    )
+    before = {}
+    try:
+        for name, value in files:
+            before[name] = (cgroup / name).read_text().strip()
+            (cgroup / name).write_text(value)
+    except OSError as error:
+        raise ClusterError("throttle", f"could not set a CPU quota on {cgroup}: {error}") from None
+    try:
+        yield
+    finally:
+        for name, value in reversed(list(before.items())):
+            with contextlib.suppress(OSError):  # the container may be gone with its cgroup
+                (cgroup / name).write_text(value)
