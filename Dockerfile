@@ -24,25 +24,27 @@ ARG TORCH_INDEX_URL=""
 # Numeric, so Kubernetes' runAsNonRoot can verify it; not 1000, which some bases already use.
 ARG APP_UID=10001
 
-# --- builder: requirement lists from pyproject.toml, then the torchkube wheel ----------------
+# --- builder: the lock files, then the torchkube wheel --------------------------------------
 FROM ${PYTHON_BASE} AS builder
 WORKDIR /src
 RUN python3 -m venv /opt/build
 RUN --mount=type=secret,id=pip_cert \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
     /opt/build/bin/pip install --no-cache-dir "setuptools>=77" wheel
-# Requirement lists come from pyproject.toml alone, so the dependency layers of the final
-# images are rebuilt only when the dependencies change, never for a source change.
-COPY pyproject.toml ./
-RUN mkdir /reqs && python3 -c 'import re, tomllib; \
-    project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-    name = lambda req: re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower(); \
-    deps, operator = project["dependencies"], project["optional-dependencies"]["operator"]; \
-    assert "torch" not in map(name, operator), "the operator extra must not pull in torch"; \
-    open("/reqs/torch.txt", "w").writelines(d + "\n" for d in deps if name(d) == "torch"); \
-    open("/reqs/trainer.txt", "w").writelines(d + "\n" for d in deps if name(d) != "torch"); \
-    open("/reqs/operator.txt", "w").writelines(d + "\n" for d in operator)'
-COPY README.md ./
+# The lock files (hack/lock.sh: every package pinned with its hashes) come first, alone, so the
+# dependency layers of the final images are rebuilt only when a lock changes, never for a
+# source change. The trainer's second layer is trainer.txt less what torch.txt installs, so it
+# never touches a torch the base already has.
+COPY requirements/ /reqs/
+RUN python3 -c 'import re; \
+    blocks = lambda path: re.split(r"\n(?=\S)", open(path).read().strip()); \
+    name = lambda block: re.split(r"[=\s]", block, maxsplit=1)[0].lower(); \
+    torch = {name(b) for b in blocks("/reqs/torch.txt") if not b.startswith("#")}; \
+    rest = [b for b in blocks("/reqs/trainer.txt") if not b.startswith("#") and name(b) not in torch]; \
+    operator = {name(b) for b in blocks("/reqs/operator.txt") if not b.startswith("#")}; \
+    assert "torch" not in operator, "the operator lock must not pull in torch"; \
+    open("/reqs/trainer-rest.txt", "w").write("\n".join(rest) + "\n")'
+COPY pyproject.toml README.md ./
 COPY torchkube ./torchkube
 RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist .
 
@@ -60,22 +62,27 @@ RUN python3 -m venv --system-site-packages /opt/venv \
     || python3 -m venv --clear --system-site-packages --without-pip /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv
-# Layer 1, the big one (several GB): torch, rebuilt only when torch's requirement line or the
-# base changes. The pip cache mount lives in the builder's cache, outside every image.
+# Layer 1, the big one (several GB): torch and what it pulls in, as locked in torch.txt (with
+# their hashes), rebuilt only when that lock or the base changes. Another TORCH_INDEX_URL (the
+# CPU-only builds) has other wheels than the lock's: there torch comes at the locked version,
+# without hashes. The pip cache mount lives in the builder's cache, outside every image.
 COPY --from=builder /reqs/torch.txt /tmp/reqs/
 RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
     if python -c "import torch" 2>/dev/null; then \
         echo "torch $(python -c 'import torch; print(torch.__version__)') comes with the base"; \
+    elif [ -n "$TORCH_INDEX_URL" ]; then \
+        python -m pip install --index-url "$TORCH_INDEX_URL" \
+            "$(grep -o '^torch==[^ ]*' /tmp/reqs/torch.txt)"; \
     else \
-        python -m pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
-            -r /tmp/reqs/torch.txt; \
+        python -m pip install --require-hashes -r /tmp/reqs/torch.txt; \
     fi
-# Layer 2: the other dependencies (small), without torch so pip never replaces the base's build.
-COPY --from=builder /reqs/trainer.txt /tmp/reqs/
+# Layer 2: the other locked dependencies (small), without torch's, so pip never replaces the
+# base's build (--no-deps: the lock already lists every one of them).
+COPY --from=builder /reqs/trainer-rest.txt /tmp/reqs/
 RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    python -m pip install -r /tmp/reqs/trainer.txt
+    python -m pip install --no-deps --require-hashes -r /tmp/reqs/trainer-rest.txt
 # Layer 3: torchkube itself (kilobytes), the only layer a source change rebuilds.
 COPY --from=builder /dist/ /tmp/dist/
 RUN python -m pip install --no-cache-dir --no-deps /tmp/dist/*.whl && rm -rf /tmp/dist /tmp/reqs
@@ -104,12 +111,12 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1
-# The `operator` extra's requirements, then the wheel with --no-deps: torchkube's own dependency
-# list names torch (for the trainer), which must not be installed here.
+# The `operator` extra as locked (with hashes), then the wheel with --no-deps: torchkube's own
+# dependency list names torch (for the trainer), which must not be installed here.
 COPY --from=builder /reqs/operator.txt /tmp/reqs/
 RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    python -m pip install -r /tmp/reqs/operator.txt
+    python -m pip install --require-hashes -r /tmp/reqs/operator.txt
 COPY --from=builder /dist/ /tmp/dist/
 RUN python -m pip install --no-cache-dir --no-deps /tmp/dist/*.whl && rm -rf /tmp/dist /tmp/reqs
 USER ${APP_UID}:${APP_UID}

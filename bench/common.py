@@ -176,7 +176,7 @@ class Target:
 
 @dataclass
 class Reference:
-    """A peer's figure for the same work on the same machine kind (perf-targets.md §8).
+    """A peer's figure for the same work, measured in the same run on the same cluster.
 
     ``ratio`` is reference ÷ ours for times (how many times faster we are) unless
     ``higher_is_better``, then ours ÷ reference.
@@ -259,6 +259,16 @@ def fmt(value: float | None, unit: str) -> str:
     if abs(value) >= 10:
         return f"{value:.1f} {unit}".strip()
     return f"{value:.3g} {unit}".strip()
+
+
+def spread(figure: Figure) -> str:
+    """``median [min – max]`` of a figure's values."""
+    stats = figure.stats
+    if stats is None:
+        return "–"
+    return f"{fmt(stats.median, figure.unit)} [{fmt(min(figure.values), figure.unit)} – " + (
+        f"{fmt(max(figure.values), figure.unit)}]"
+    )
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

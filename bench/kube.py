@@ -39,6 +39,8 @@ from torchkube.api import labels as lbl
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_LABEL = "bench.torchkube.dev/group"
 CLAIM = "bench-checkpoints"
+JOB_KINDS = [(GROUP, VERSION, PLURAL), ("kubeflow.org", "v1", "pytorchjobs")]
+"""(group, version, plural) of every operator's jobs a benchmark may create."""
 WATCH_SECONDS = 20
 
 # The harness carves one /24 per node out of 10.244.0.0/16, which caps a cluster at 256 nodes.
@@ -90,36 +92,18 @@ def metric_delta(
     return out
 
 
-@dataclass
-class ApiCount:
-    """The operator's own API requests and reconciles over one scenario."""
-
-    requests: dict[str, float]
-    reconciles: float
-
-    @property
-    def total(self) -> float:
-        return sum(self.requests.values())
-
-    @classmethod
-    def between(cls, before: Samples, after: Samples) -> ApiCount:
-        requests = {
-            f"{dict(labels)['verb']} {dict(labels)['resource']}": value
-            for labels, value in metric_delta(before, after, "torchkube_api_requests_total").items()
-        }
-        reconciles = sum(
-            metric_delta(before, after, "torchkube_reconcile_duration_seconds_count").values()
-        )
-        return cls(dict(sorted(requests.items())), reconciles)
-
-
 # ----------------------------------------------------------------------------- watching
 @dataclass
 class PodTimes:
+    """One pod object (a replacement under the same name is another: its uid differs)."""
+
+    uid: str
     name: str
     labels: dict[str, str]
     seen: float
     node: str = ""
+    bound: float | None = None
+    """When the watch first saw it bound to a node (the scheduler's part ends)."""
     phase: str = ""
     running: float | None = None
     terminated: float | None = None
@@ -195,7 +179,7 @@ class _RawWatch(threading.Thread):
 
 
 class PodWatch:
-    """Every pod of a namespace matching ``selector``, with the instants that matter."""
+    """Every pod of a namespace matching ``selector``, with the instants that matter, by uid."""
 
     def __init__(self, api: Any, namespace: str, selector: str = "") -> None:
         self.pods: dict[str, PodTimes] = {}
@@ -218,13 +202,15 @@ class PodWatch:
     def _handle(self, kind: str, obj: dict[str, Any]) -> None:
         now = time.monotonic()
         meta, status = obj["metadata"], obj.get("status") or {}
-        name = meta["name"]
+        uid, name = meta["uid"], meta["name"]
         with self.cond:
-            pod = self.pods.get(name)
+            pod = self.pods.get(uid)
             if pod is None:
-                pod = self.pods[name] = PodTimes(name, dict(meta.get("labels") or {}), now)
+                pod = self.pods[uid] = PodTimes(uid, name, dict(meta.get("labels") or {}), now)
             pod.labels = dict(meta.get("labels") or {})
             pod.node = (obj.get("spec") or {}).get("nodeName") or pod.node
+            if pod.node and pod.bound is None:
+                pod.bound = now
             pod.phase = status.get("phase", "")
             if pod.phase == "Running" and pod.running is None:
                 pod.running = now
@@ -256,14 +242,15 @@ class PodWatch:
                     )
                 self.cond.wait(min(left, 1.0))
 
+    def alive(self) -> list[PodTimes]:
+        """The pods neither deleted nor terminated."""
+        return [p for p in self.pods.values() if p.deleted is None and p.terminated is None]
+
     def live(self, role: str = lbl.ROLE_WORKER, job: str | None = None) -> list[PodTimes]:
         return [
             p
-            for p in self.pods.values()
-            if p.deleted is None
-            and p.terminated is None
-            and p.labels.get(lbl.ROLE) == role
-            and (job is None or p.labels.get(lbl.JOB_NAME) == job)
+            for p in self.alive()
+            if p.labels.get(lbl.ROLE) == role and (job is None or p.labels.get(lbl.JOB_NAME) == job)
         ]
 
 
@@ -392,22 +379,17 @@ class Stack:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
     def delete_namespace(self, namespace: str, wait: float = 300, force: bool = False) -> None:
-        """Delete the jobs, wait until their pods are gone (capacity back), drop the namespace.
+        """Delete the jobs (torchkube's and the peer's), wait until their pods are gone
+        (capacity back), drop the namespace.
 
         ``force`` also deletes the pods with grace 0: pods of a killed node would otherwise
         stay Terminating until pod garbage collection (about a minute) removes them.
         """
-        for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
-            "items"
-        ]:
+        for group, version, plural in JOB_KINDS:
+            # 404: that operator's CRD is not installed in this benchmark
             with contextlib.suppress(client.ApiException):
-                self.custom.delete_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    job["metadata"]["name"],
-                    propagation_policy="Background",
+                self.custom.delete_collection_namespaced_custom_object(
+                    group, version, namespace, plural, propagation_policy="Background"
                 )
         core = self.core
         if force:
@@ -435,11 +417,21 @@ def start_operator(cluster: Cluster, **env: str) -> OperatorProcess:
 
 
 @contextlib.contextmanager
-def stack(pools: list[NodePool], scratch: Path, **operator_env: str) -> Iterator[Stack]:
-    """Start the cluster with ``pools`` (not timed), the CRD and the operator; stop them all."""
+def stack(
+    pools: list[NodePool],
+    scratch: Path,
+    scheduler_client_qps: int | None = None,
+    **operator_env: str,
+) -> Iterator[Stack]:
+    """Start the cluster with ``pools`` (not timed), the CRD and the operator; stop them all.
+
+    ``scheduler_client_qps`` raises kube-scheduler's client rate (default 50 requests/s)."""
     widen_pod_cidr()
     started = time.monotonic()
-    cluster = Cluster(ClusterConfig(pools=pools, start_timeout_s=600))
+    config = ClusterConfig(
+        pools=pools, start_timeout_s=600, scheduler_client_qps=scheduler_client_qps
+    )
+    cluster = Cluster(config)
     cluster.start()
     log(f"cluster with {sum(p.nodes for p in pools)} nodes up in {time.monotonic() - started:.0f}s")
     operator: OperatorProcess | None = None
@@ -497,7 +489,6 @@ def job_body(
 
 __all__ = [
     "POOL_LABEL",
-    "ApiCount",
     "NodeWatch",
     "PodWatch",
     "Stack",

@@ -1,245 +1,327 @@
-"""Operator recovery: a failed or deleted worker, and a lost node → replacements, and how fast.
+"""Operator recovery, side by side: a failed or deleted worker, and a lost node → replacements,
+and how fast, for torchkube and Kubeflow's training-operator on one cluster.
 
-Run: ``python -m bench.operator_recovery`` (≈ 10 min; ``--quick`` for one trial each).
+Run: ``python -m bench.operator_recovery`` (≈ 15 min; ``--quick`` for one trial each;
+``--no-peers`` for torchkube alone).
 
-On the real control plane with KWOK nodes, through the operator as shipped:
+On the real control plane with KWOK nodes, both operators running at once:
 
-1. **Failed worker.** An 8-worker job (1 GPU each) runs; one worker's pod is made ``Failed``
-   with exit code 137 (``faults.fail_pod``: the kubelet's status write). Timed from the write's
-   response to the replacement pod (same replica slot, new name) seen by a watch, and seen
-   ``Running``. Again with the pod force-deleted (``kubectl delete --force``), the case
-   Kubeflow's reference figure is for.
-2. **Node loss.** A 5-worker job (8 GPUs each, so one worker per node) runs on 4 nodes of one
-   failure domain plus one node elsewhere, with ``nodeLostGraceSeconds`` (default 5 s here).
-   The domain's kwok process is killed: the 4 nodes stop heart-beating, the node-lifecycle
-   controller marks them NotReady after its grace (20 s on the test cluster), the operator
-   replaces their workers after the job's grace. Figures:
+1. **Failed or deleted worker.** Each operator runs an 8-worker job (1 GPU each) asking for its
+   own recovery: torchkube's failure policy, Kubeflow's ``restartPolicy: ExitCode``. Trials
+   alternate between the two jobs. One worker's pod is made ``Failed`` with exit code 137
+   (``faults.fail_pod``: the kubelet's status write), or force-deleted (``kubectl delete
+   --force``). Timed from the fault's API write returning to the replacement pod (same replica
+   slot, new uid) seen by a watch, to it seen ``Running``, and to all 8 workers Running again.
+2. **Node loss.** A 5-worker job (8 GPUs each, one worker per node) runs on 4 nodes of one
+   failure domain plus one node elsewhere. The domain's kwok process is killed: the 4 nodes
+   stop heart-beating, the node-lifecycle controller marks them NotReady after its grace
+   (20 s on the test cluster). torchkube replaces their workers after the job's
+   ``nodeLostGraceSeconds`` (``--grace``); Kubeflow has no such policy, so its job is given
+   ``--peer-wait`` seconds after NotReady and what it reached by then is reported. Figures:
 
    - **operator reaction**: replacement created − node seen NotReady − the job's grace, for
      the last of the 4 replacements (the grace is the user's choice; the rest is ours);
    - **NotReady → all Running**: until all 5 workers are Running on healthy nodes (target:
      ≤ grace + 5 s);
    - **heartbeats stop → all Running**: the whole outage, the cluster's detection included.
-
-Kubeflow reference (perf-targets.md §8, same machine kind): a force-deleted worker is back
-Running in 0.2–0.3 s; after the same node loss only 1 of 5 pods was healthy after 480 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Reference, Results, Target, load_average, log
-from bench.kube import ApiCount, NodeWatch, PodTimes, PodWatch, Stack, job_body, stack
+from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
+from bench.contenders import PEER, Contender, Resilience, contenders
+from bench.kube import NodeWatch, PodTimes, PodWatch, Stack, stack
 from testbed import faults
 from testbed.kwok import NodePool
-from torchkube.api import labels as lbl
 
 TARGET_CREATED = 1.0
-KUBEFLOW_DELETED_RUNNING = 0.3  # the slower end of Kubeflow's 0.2–0.3 s
 TARGET_AFTER_GRACE = 5.0
+WORKERS = 8
+NODE_JOB_WORKERS = 5
+GROUP_LABEL = "bench.torchkube.dev/group"
 
 
 def replacement_of(
-    victim: str, index: str, since: float
+    contender: Contender, victim: PodTimes, since: float
 ) -> Callable[[dict[str, PodTimes]], PodTimes | None]:
-    """A predicate: the new pod for slot ``index`` (first seen after ``since``)."""
+    """A predicate: the new pod for ``victim``'s slot (first seen after ``since``)."""
+    slot = contender.slot(victim)
 
     def found(pods: dict[str, PodTimes]) -> PodTimes | None:
         for pod in pods.values():
-            if (
-                pod.name != victim
-                and pod.labels.get(lbl.REPLICA_INDEX) == index
-                and pod.seen >= since
-            ):
+            if pod.uid != victim.uid and contender.slot(pod) == slot and pod.seen >= since:
                 return pod
         return None
 
     return found
 
 
-def running_since(name: str) -> Callable[[dict[str, PodTimes]], float | None]:
-    """A predicate: when pod ``name`` was first seen Running, once it was."""
-    return lambda pods: pods[name].running
+def running_workers(watch: PodWatch) -> int:
+    return len([p for p in watch.alive() if p.running])
 
 
-def worker_failures(args: argparse.Namespace, bench: Stack, results: Results) -> None:
-    failed_created = results.figure(
-        "worker Failed → replacement created", "s", target=Target(TARGET_CREATED)
-    )
-    failed_running = results.figure("worker Failed → replacement Running", "s")
-    deleted_created = results.figure(
-        "worker force-deleted → replacement created", "s", target=Target(TARGET_CREATED)
-    )
-    deleted_running = results.figure(
-        "worker force-deleted → replacement Running",
-        "s",
-        reference=Reference(KUBEFLOW_DELETED_RUNNING, "Kubeflow 0.2–0.3 s"),
-    )
-    failed_whole = results.figure("worker Failed → all 8 workers Running again", "s")
-    deleted_whole = results.figure("worker force-deleted → all 8 workers Running again", "s")
-    per_failure = results.figure("API requests per replaced worker", "req")
-    namespace = bench.namespace("fail")
-    workers = 8
-    with PodWatch(bench.api, namespace, f"{lbl.ROLE}={lbl.ROLE_WORKER}") as watch:
-        policy = {"maxRestarts": 1000}  # every trial is a failure; the job must outlive them
-        bench.create_job(namespace, job_body("fail", workers, group="fail", failure_policy=policy))
-        watch.wait(
-            lambda pods: len([p for p in pods.values() if p.running]) >= workers,
-            120,
-            "8 Running workers",
+def all_running(watch: PodWatch, workers: int) -> Callable[[dict[str, PodTimes]], bool]:
+    """A predicate: ``workers`` of the watched pods are alive and Running."""
+    return lambda _: running_workers(watch) >= workers
+
+
+@dataclass
+class FaultFigures:
+    """One operator's figures for one kind of fault."""
+
+    created: Figure
+    running: Figure
+    whole: Figure
+
+    @classmethod
+    def of(cls, results: Results, name: str, fault: str, ours: bool) -> FaultFigures:
+        return cls(
+            results.figure(
+                f"worker {fault} → replacement created, {name}",
+                "s",
+                target=Target(TARGET_CREATED) if ours else None,
+            ),
+            results.figure(f"worker {fault} → replacement Running, {name}", "s"),
+            results.figure(f"worker {fault} → all {WORKERS} workers Running again, {name}", "s"),
         )
-        time.sleep(3)  # let the start-up's status writes finish before counting requests
-        victims: set[str] = set()
-        reported: set[str] = set()
-        for trial in range(2 * args.trials):
-            mode = "failed" if trial % 2 == 0 else "deleted"
-            live = sorted((p for p in watch.live() if p.running is not None), key=lambda p: p.seen)
-            victim = live[trial % len(live)]
-            index = victim.labels[lbl.REPLICA_INDEX]
-            victims.add(victim.name)
-            before = bench.metrics()
-            load = load_average()
-            called = time.monotonic()
-            if mode == "failed":
-                faults.fail_pod(bench.api, victim.name, namespace, exit_code=137)
-            else:
-                faults.delete_pod(bench.api, victim.name, namespace, force=True)
-            t0 = time.monotonic()
-            pod = watch.wait(
-                replacement_of(victim.name, index, called), 60, f"a replacement for slot {index}"
-            )
-            watch.wait(running_since(pod.name), 60, "the replacement Running")
-            created, running = pod.seen - t0, (pod.running or 0) - t0
-            try:
-                watch.wait(
-                    lambda pods: len([p for p in watch.live() if p.running]) >= workers,
-                    args.whole_timeout,
-                    "all workers Running again",
-                )
-                whole: float | None = time.monotonic() - t0
-            except TimeoutError as error:
-                whole = None
-                results.notes.append(f"{mode} trial {trial // 2 + 1}: {error}")
-            # Healthy pods that were deleted although nobody but the operator touched them.
-            removed = sorted(
-                p.name
-                for p in watch.pods.values()
-                if p.deleted is not None and p.name not in victims and p.name not in reported
-            )
-            reported.update(removed)
-            if removed:
-                results.notes.append(
-                    f"{mode} trial {trial // 2 + 1} (slot {index}): the operator also deleted "
-                    f"healthy worker(s) {removed}; the job was whole again "
-                    + ("never" if whole is None else f"after {whole:.1f}s")
-                )
-            time.sleep(2)
-            count = ApiCount.between(before, bench.metrics())
-            if mode == "failed":
-                failed_created.add(created, load)
-                failed_running.add(running, load)
-                if whole is not None:
-                    failed_whole.add(whole, load)
-            else:
-                deleted_created.add(created, load)
-                deleted_running.add(running, load)
-                if whole is not None:
-                    deleted_whole.add(whole, load)
-            per_failure.add(count.total, load)
-            results.extra.setdefault("replacement_requests", []).append(count.requests)
-            log(
-                f"{mode} worker {index}: replacement created {created:.3f}s, Running "
-                f"{running:.3f}s, job whole after "
-                + ("NEVER" if whole is None else f"{whole:.2f}s")
-                + f", {count.total:.0f} requests"
-                + (f"; the operator also deleted {removed}" if removed else "")
-            )
-    bench.delete_namespace(namespace, force=True)
 
 
-def node_losses(args: argparse.Namespace, bench: Stack, results: Results) -> None:
-    grace = args.grace
-    reaction = results.figure(
-        f"node loss: operator reaction (created − NotReady seen − grace {grace} s)", "s"
-    )
-    reaction_stamp = results.figure(
-        "node loss: operator reaction (created − node's lastTransitionTime − grace)", "s"
-    )
-    created_after = results.figure("node loss: NotReady → all replacements created", "s")
-    running_after = results.figure(
-        "node loss: NotReady → all 5 workers Running on healthy nodes",
-        "s",
-        target=Target(grace + TARGET_AFTER_GRACE, text=f"≤ grace + 5 s = {grace + 5} s"),
-        note="Kubeflow: 1 of 5 healthy after 480 s",
-    )
-    not_ready = results.figure("node loss: heartbeats stop → nodes NotReady (cluster)", "s")
-    outage = results.figure("node loss: heartbeats stop → all 5 Running again", "s")
-    cluster = bench.cluster
-    for trial in range(args.node_trials):
-        group = f"nl{trial}"
-        doomed = NodePool(f"{group}-lost", nodes=4, labels={"bench.torchkube.dev/group": group})
-        first = NodePool(f"{group}-a", nodes=1, labels={"bench.torchkube.dev/group": group})
-        spare = NodePool(f"{group}-spare", nodes=4, labels={"bench.torchkube.dev/group": group})
+class WorkerFaults:
+    """Failed and force-deleted workers, alternating between the operators' jobs."""
+
+    FAULTS = ("Failed", "force-deleted")
+
+    def __init__(self, results: Results, players: list[Contender], whole_timeout: float) -> None:
+        self.results, self.players, self.whole_timeout = results, players, whole_timeout
+        self.figures = {
+            (p.name, fault): FaultFigures.of(results, p.name, fault, p.name == "torchkube")
+            for p in players
+            for fault in self.FAULTS
+        }
+        self.requests = {
+            p.name: results.figure(f"API requests per replaced worker, {p.name}", "req")
+            for p in players
+        }
+
+    def run(self, bench: Stack, trials: int) -> None:
+        with contextlib.ExitStack() as stack_:
+            jobs: dict[str, tuple[str, PodWatch]] = {}
+            for player in self.players:
+                namespace = bench.namespace("fail")
+                watch = stack_.enter_context(PodWatch(bench.api, namespace, player.selector))
+                player.submit(
+                    bench, namespace, "fail", WORKERS, group="fail", resilient=Resilience()
+                )
+                jobs[player.name] = namespace, watch
+            for player in self.players:
+                watch = jobs[player.name][1]
+                watch.wait(all_running(watch, WORKERS), 120, "8 Running workers")
+            time.sleep(3)  # let the start-up's status writes finish before counting requests
+            for trial in range(2 * trials):
+                fault = self.FAULTS[trial % 2]
+                for player in self.players:
+                    namespace, watch = jobs[player.name]
+                    self.trial(bench, player, namespace, watch, fault, trial // 2)
+            for namespace, _ in jobs.values():
+                bench.delete_namespace(namespace, force=True)
+
+    def trial(
+        self,
+        bench: Stack,
+        player: Contender,
+        namespace: str,
+        watch: PodWatch,
+        fault: str,
+        round_: int,
+    ) -> None:
+        live = sorted((p for p in watch.alive() if p.running is not None), key=lambda p: p.seen)
+        victim = live[round_ % len(live)]
+        healthy = {p.uid for p in live} - {victim.uid}
+        requests_before = player.requests()
+        load = load_average()
+        called = time.monotonic()
+        if fault == "Failed":
+            faults.fail_pod(bench.api, victim.name, namespace, exit_code=137)
+        else:
+            faults.delete_pod(bench.api, victim.name, namespace, force=True)
+        t0 = time.monotonic()
+        pod = watch.wait(replacement_of(player, victim, called), 60, f"a replacement of {victim}")
+        watch.wait(lambda pods: pods[pod.uid].running, 60, "the replacement Running")
+        created, running = pod.seen - t0, (pod.running or 0) - t0
+        try:
+            watch.wait(all_running(watch, WORKERS), self.whole_timeout, "a whole job")
+            whole: float | None = time.monotonic() - t0
+        except TimeoutError as error:
+            whole = None
+            self.results.notes.append(f"{player.name}, {fault} trial {round_ + 1}: {error}")
+        # Healthy pods that were deleted although nobody but the operator touched them.
+        removed = sorted(
+            p.name for p in watch.pods.values() if p.uid in healthy and p.deleted is not None
+        )
+        if removed:
+            self.results.notes.append(
+                f"{player.name}, {fault} trial {round_ + 1}: the operator also deleted healthy "
+                f"worker(s) {removed}; the job was whole again "
+                + ("never" if whole is None else f"after {whole:.1f}s")
+            )
+        time.sleep(2)
+        requests = player.requests() - requests_before
+        figures = self.figures[(player.name, fault)]
+        figures.created.add(created, load)
+        figures.running.add(running, load)
+        if whole is not None:
+            figures.whole.add(whole, load)
+        self.requests[player.name].add(requests, load)
+        log(
+            f"{player.name}, worker {fault}: replacement created {created:.3f}s, Running "
+            f"{running:.3f}s, job whole after "
+            + ("NEVER" if whole is None else f"{whole:.2f}s")
+            + f", {requests:.0f} requests"
+            + (f"; the operator also deleted {removed}" if removed else "")
+        )
+
+    def compare(self) -> None:
+        if PEER not in {p.name for p in self.players}:
+            return
+        rows = []
+        for fault in self.FAULTS:
+            ours, theirs = self.figures[("torchkube", fault)], self.figures[(PEER, fault)]
+            for what in ("created", "running", "whole"):
+                mine, peer = getattr(ours, what), getattr(theirs, what)
+                if mine.stats and peer.stats:
+                    mine.reference = Reference(
+                        peer.stats.median, f"{PEER}, same run: {fmt(peer.stats.median, 's')}"
+                    )
+                    ratio = mine.reference.ratio(mine.stats.median)
+                    rows.append(
+                        [
+                            mine.name.removesuffix(", torchkube"),
+                            spread(mine),
+                            spread(peer),
+                            fmt(ratio, "x"),
+                        ]
+                    )
+        self.results.tables["worker faults: median [min – max]"] = (
+            ["figure", "torchkube", f"{PEER} v1.8.1", f"{PEER} ÷ torchkube"],
+            rows,
+        )
+
+
+class NodeLoss:
+    """One operator's figures for the loss of 4 of its job's 5 nodes."""
+
+    def __init__(self, results: Results, name: str, grace: int, peer_wait: float) -> None:
+        ours = name == "torchkube"
+        self.name, self.grace, self.peer_wait = name, grace, peer_wait
+        self.results = results
+        self.reaction = results.figure(
+            f"node loss: operator reaction (created − NotReady seen − grace {grace} s), {name}",
+            "s",
+        )
+        self.reaction_stamp = results.figure(
+            f"node loss: operator reaction (created − lastTransitionTime − grace), {name}", "s"
+        )
+        self.running_after = results.figure(
+            f"node loss: NotReady → all 5 workers Running on healthy nodes, {name}",
+            "s",
+            target=Target(grace + TARGET_AFTER_GRACE, text=f"≤ grace + 5 s = {grace + 5} s")
+            if ours
+            else None,
+        )
+        self.not_ready = results.figure(
+            f"node loss: heartbeats stop → nodes NotReady (cluster), {name}", "s"
+        )
+        self.outage = results.figure(
+            f"node loss: heartbeats stop → all 5 Running again, {name}", "s"
+        )
+        self.healthy = results.figure(
+            f"node loss: workers Running on healthy nodes {grace + peer_wait:g} s after "
+            f"NotReady, {name}",
+            "pods",
+        )
+
+    def trial(self, bench: Stack, player: Contender, trial: int) -> None:
+        cluster, grace = bench.cluster, self.grace
+        group = f"nl{trial}{player.name[:2].lower()}"
+        labels = {GROUP_LABEL: group}
+        doomed = NodePool(f"{group}-lost", nodes=4, labels=labels)
+        first = NodePool(f"{group}-a", nodes=1, labels=labels)
+        spare = NodePool(f"{group}-spare", nodes=4, labels=labels)
         cluster.add_pool(doomed)
         cluster.add_pool(first)
         namespace = bench.namespace("nodeloss")
-        body = job_body(
-            "nodeloss", 5, gpus=8, group=group, failure_policy={"nodeLostGraceSeconds": grace}
-        )
         with (
-            PodWatch(bench.api, namespace, f"{lbl.ROLE}={lbl.ROLE_WORKER}") as watch,
+            PodWatch(bench.api, namespace, player.selector) as watch,
             NodeWatch(bench.api) as nodes,
         ):
-            bench.create_job(namespace, body)
-            watch.wait(
-                lambda pods: len([p for p in pods.values() if p.running]) >= 5,
-                120,
-                "5 Running workers",
+            player.submit(
+                bench,
+                namespace,
+                "nodeloss",
+                NODE_JOB_WORKERS,
+                gpus=8,
+                group=group,
+                resilient=Resilience(node_grace=grace),
             )
+            watch.wait(all_running(watch, NODE_JOB_WORKERS), 120, "5 Running workers")
             cluster.add_pool(spare)  # room for the replacements, added once the job is placed
             lost_nodes = set(doomed.node_names())
-            lost = {p.name: p for p in watch.live() if p.node in lost_nodes}
+            lost = [p for p in watch.alive() if p.node in lost_nodes]
             load = load_average()
             killed = time.monotonic()
             cluster.kill_domain(doomed.failure_domain)
             marked = {n.name: n for n in nodes.wait_not_ready(sorted(lost_nodes), 120)}
+            first_not_ready = min(n.not_ready or killed for n in marked.values())
 
-            def all_replaced(pods: dict[str, PodTimes], lost: set[str] = lost_nodes) -> bool:
-                running = [p for p in watch.live() if p.running is not None]
-                return len(running) >= 5 and not any(p.node in lost for p in running)
+            def on_healthy_nodes() -> list[PodTimes]:
+                return [
+                    p for p in watch.alive() if p.running is not None and p.node not in lost_nodes
+                ]
 
-            watch.wait(all_replaced, grace + 120, "5 Running workers on healthy nodes")
-            done = max(p.running or 0 for p in watch.live())
-            reactions, stamped, creations = [], [], []
+            limit = first_not_ready + grace + self.peer_wait - time.monotonic()
+            try:
+                watch.wait(lambda _: len(on_healthy_nodes()) >= 5, limit, "5 on healthy nodes")
+                done: float | None = max(p.running or 0 for p in on_healthy_nodes())
+            except TimeoutError:
+                done = None
+            healthy = len(on_healthy_nodes())
+            reactions, stamped = [], []
             wall = time.time() - time.monotonic()
-            for name, pod in lost.items():
-                index = pod.labels[lbl.REPLICA_INDEX]
-                new = replacement_of(name, index, killed)(watch.pods)
-                assert new is not None, f"no replacement for {name}"
-                seen_not_ready = marked[pod.node].not_ready or killed
-                creations.append(new.seen)
-                reactions.append(new.seen - seen_not_ready - grace)
-                since = dt.datetime.fromisoformat(marked[pod.node].transition).timestamp()
+            for pod in lost:
+                new = replacement_of(player, pod, killed)(watch.pods)
+                if new is None:
+                    continue
+                node = marked[pod.node]
+                reactions.append(new.seen - (node.not_ready or killed) - grace)
+                since = dt.datetime.fromisoformat(node.transition).timestamp()
                 stamped.append(new.seen + wall - since - grace)
-        first_not_ready = min(n.not_ready or killed for n in marked.values())
-        reaction.add(max(reactions), load)
-        reaction_stamp.add(max(stamped), load)
-        created_after.add(max(creations) - first_not_ready, load)
-        running_after.add(done - first_not_ready, load)
-        not_ready.add(first_not_ready - killed, load)
-        outage.add(done - killed, load)
-        log(
-            f"node loss {trial + 1}: NotReady {first_not_ready - killed:.1f}s after the kill; "
-            f"replacements created {max(creations) - first_not_ready:.2f}s and all Running "
-            f"{done - first_not_ready:.2f}s after NotReady (grace {grace}s); operator reaction "
-            f"{max(reactions):.3f}s"
+        detected = first_not_ready - killed
+        self.healthy.add(healthy, load)
+        self.not_ready.add(detected, load)
+        if done is not None:
+            self.running_after.add(done - first_not_ready, load)
+            self.outage.add(done - killed, load)
+        if reactions and len(reactions) == len(lost):
+            self.reaction.add(max(reactions), load)
+            self.reaction_stamp.add(max(stamped), load)
+        outcome = (
+            f"all 5 Running {done - first_not_ready:.2f}s after NotReady"
+            if done is not None
+            else f"only {healthy} of 5 Running on healthy nodes after "
+            f"{grace + self.peer_wait:g}s ({len(reactions)} of {len(lost)} replaced)"
         )
+        log(f"{player.name}, node loss {trial + 1}: NotReady after {detected:.1f}s; {outcome}")
+        if done is None:
+            self.results.notes.append(f"{player.name}, node loss trial {trial + 1}: {outcome}")
         bench.delete_namespace(namespace, force=True)
         for pool in (doomed, first, spare):
             cluster.remove_pool(pool.name)
@@ -249,10 +331,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_recovery", description=__doc__)
     parser.add_argument("--trials", type=int, default=10, help="failed and deleted workers each")
     parser.add_argument("--node-trials", type=int, default=3)
-    parser.add_argument("--grace", type=int, default=5, help="the job's nodeLostGraceSeconds")
+    parser.add_argument("--grace", type=int, default=5, help="torchkube's nodeLostGraceSeconds")
+    parser.add_argument(
+        "--peer-wait",
+        type=float,
+        default=120,
+        help="how long after NotReady + grace a node-loss trial waits for the job to heal",
+    )
     parser.add_argument(
         "--whole-timeout", type=float, default=180, help="how long a job may take to heal"
     )
+    parser.add_argument("--no-peers", dest="peers", action="store_false")
     parser.add_argument("--quick", action="store_true", help="one trial each")
     args = parser.parse_args(argv)
     if args.quick:
@@ -260,23 +349,33 @@ def main(argv: list[str] | None = None) -> None:
     results = Results(
         "operator_recovery", "python -m bench.operator_recovery", config=dict(vars(args))
     )
-    pools = [NodePool("fail", nodes=4, labels={"bench.torchkube.dev/group": "fail"})]
+    pools = [NodePool("fail", nodes=8, labels={GROUP_LABEL: "fail"})]
     with (
         tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch,
         stack(pools, Path(scratch)) as bench,
+        contenders(bench, args.peers) as players,
     ):
-        worker_failures(args, bench, results)
-        node_losses(args, bench, results)
+        faults_ = WorkerFaults(results, players, args.whole_timeout)
+        faults_.run(bench, args.trials)
+        faults_.compare()
+        losses = {p.name: NodeLoss(results, p.name, args.grace, args.peer_wait) for p in players}
+        for trial in range(args.node_trials):
+            for player in players:
+                losses[player.name].trial(bench, player, trial)
     results.notes += [
+        "both operators run at once on one cluster; trials alternate between their jobs; "
+        "Kubeflow: training-operator v1.8.1, PyTorchJob with restartPolicy ExitCode (exit 137 "
+        "is retryable); ratio = Kubeflow ÷ torchkube, of the medians",
         "times from the fault's API write returning to what a watch on the job's worker pods "
         "sees; node NotReady as seen by a watch on the nodes",
-        "operator reaction: the operator counts the grace from the node's Ready condition "
+        "operator reaction: torchkube counts the grace from the node's Ready condition "
         "lastTransitionTime, which has 1 s resolution (truncated), so it acts up to 1 s "
         "before 'grace after NotReady was seen'; the two reaction figures bracket the truth",
         "the test cluster's node-monitor grace is 20 s (Kubernetes' default: 50 s); "
-        "nodeLostGraceSeconds is the job's own grace (default 30 s; here --grace)",
-        "API requests per replaced worker: every write the operator made between the fault "
-        "and the job being whole again (replacement pod, status, events, failure label)",
+        "nodeLostGraceSeconds is the job's own grace (default 30 s; here --grace); a node "
+        "loss trial ends --peer-wait seconds after NotReady + grace if the job has not healed",
+        "API requests per replaced worker: torchkube's writes, Kubeflow's client-go requests, "
+        "between the fault and the job being whole again",
     ]
     results.write()
 

@@ -1,258 +1,348 @@
-"""Operator scale: apply a TrainingJob → every worker pod created, and every one Running.
+"""Operator scale, side by side: apply a job → every worker pod created, and every one Running,
+for torchkube and Kubeflow's training-operator on one cluster, idle and under load.
 
-Run: ``python -m bench.operator_scale`` (≈ 15 min; ``--quick`` for one trial of each size).
+Run: ``python -m bench.operator_scale`` (≈ 1 h; ``--quick`` for one trial of each, smaller
+fleet). ``--no-peers`` measures torchkube alone.
 
 On the real control plane (kube-apiserver, scheduler, controller-manager built from source)
-with KWOK nodes (100 × 8 GPUs for single jobs, like the Kubeflow reference run; 400 × 8 GPUs
-for 50 jobs at once). Node creation is not timed. Each trial makes a fresh namespace whose
-checkpoint claim is already bound, starts a watch on the namespace's worker pods, creates the
-job through the API (what ``kubectl apply`` sends) and reads off, from the watch:
+with KWOK nodes (100 × 8 GPUs for single jobs; 512 × 8 GPUs for the fleet). Node creation is
+not timed. Both operators run at once, as processes with the admin kubeconfig; jobs alternate
+between them (torchkube's job, then Kubeflow's, size by size, round by round), each in a fresh
+namespace, so a burst of load from elsewhere lands on both. Each trial starts a watch on the
+namespace's worker pods, creates the job through the API (what ``kubectl apply`` sends) and
+reads off, from the watch:
 
 - **created**: job create sent → the last worker pod seen by the watch (the operator's work);
 - **Running**: job create sent → the last worker seen ``Running`` (operator + kube-scheduler,
-  whose own client is limited to 50 requests/s, + KWOK playing the kubelet).
+  whose own client is limited to 50 requests/s unless raised, + KWOK playing the kubelet).
 
-The operator's metrics are scraped before and after each trial (after the job's status
-settled): ``torchkube_api_requests_total{verb,resource}`` counts every request it sends
-(writes only: reads come from its watch caches), ``torchkube_reconcile_duration_seconds_count``
-its reconciles. The 50-job scenario starts a fresh operator first, so its CPU seconds
-(``/proc/<pid>/stat``) and peak RSS (``VmHWM``) belong to that scenario.
+Every single-job figure is taken twice: ``idle`` and ``loaded`` (one busy process per core
+beside the cluster for the whole condition; see :mod:`bench.load`). A torchkube job of N
+workers is N worker pods plus its rendezvous store pod; a PyTorchJob of N is a Master and N-1
+Workers. Only worker pods are timed.
 
-Sizes are interleaved (8, 64, 512, 8, 64, 512, ...) so a burst of load from the machine's
-other users spreads over all of them instead of landing on one size.
+Scenarios (``--only``):
+
+- ``single``: 8, 64 and 512 workers, sizes interleaved;
+- ``fast-scheduler``: 512 workers with kube-scheduler's client rate raised to 500/s (as large
+  production clusters configure it), so the operators' own share of the time is visible;
+- ``fleet``: 64 jobs × 64 workers (4,096 pods) on 512 nodes, one operator at a time, each
+  freshly started: time to all Running, CPU seconds and API requests per pod, peak RSS, then
+  the reconcile rate and CPU per minute over a steady state (it must stay flat).
+
+Costs come from each operator itself: torchkube's ``torchkube_api_requests_total`` (writes;
+it reads from watch caches) and reconcile histogram count; Kubeflow's client-go
+``rest_client_requests_total`` and controller-runtime's ``controller_runtime_reconcile_total``;
+CPU seconds from ``/proc/<pid>/stat``, peak RSS from ``VmHWM``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Figure, Reference, Results, Target, load_average, log
-from bench.kube import ApiCount, PodWatch, Stack, gpu_pools, job_body, stack
-from torchkube.api import labels as lbl
+from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
+from bench.contenders import PEER, Contender, contenders, settle
+from bench.kube import PodWatch, Stack, gpu_pools, stack
+from bench.load import CONDITIONS, cpu_load
 
-# perf-targets.md §8: Kubeflow training-operator v1.8.1 on this machine kind, apply → all
-# pods created and Running (100 KWOK nodes, 1 GPU per worker), and torchkube's targets.
-KUBEFLOW_RUNNING = {8: 0.3, 64: 2.5, 512: 50.4}
-TARGET_RUNNING = {8: 0.3, 64: 1.0, 512: 5.0}
+TARGET_RUNNING_IDLE_8 = 0.3
 TARGET_CREATED_512 = 5.0
-WORKER_SELECTOR = f"{lbl.ROLE}={lbl.ROLE_WORKER}"
+TARGET_RATIO = {8: 1.0, 64: 1.0, 512: 2.0}
+"""How many times faster than Kubeflow torchkube must bring every worker to Running."""
+FAST_SCHEDULER_QPS = 500
+STEADY_FLATNESS = 1.25
+"""The steady state's reconcile rate in its last third may exceed its first third's by this
+factor at most: a rate that grows is a timer or a requeue that piles up."""
+Key = tuple[str, str, int]
+"""(operator, condition, workers)"""
 
 
-def settle(bench: Stack, quiet: float = 3.0, limit: float = 60.0) -> None:
-    """Wait until the operator stops sending requests (status writes trail the pods)."""
-    deadline = time.monotonic() + limit
-    last = ApiCount.between({}, bench.metrics()).total
-    quiet_since = time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = ApiCount.between({}, bench.metrics()).total
-        if now != last:
-            last, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since >= quiet:
-            return
+def all_created(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
+    return watch.wait(
+        lambda seen: len(seen) >= pods and max(p.seen for p in seen.values()),
+        timeout,
+        f"{pods} worker pods of {what}",
+    )
 
 
-def job_phase(bench: Stack, namespace: str, name: str) -> tuple[str, str]:
-    from torchkube.api import GROUP, PLURAL, VERSION
+def all_running(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
+    return watch.wait(
+        lambda seen: (
+            sum(p.running is not None for p in seen.values()) >= pods
+            and max(p.running or 0 for p in seen.values())
+        ),
+        timeout,
+        f"{pods} Running workers of {what}",
+    )
 
-    body = bench.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    status = body.get("status") or {}
-    return status.get("phase", ""), status.get("workers", "")
 
+class SideBySide:
+    """Single-job figures per operator, condition and size, filled trial by trial; then each
+    of torchkube's gets the peer's same-run median as reference, and the ratios a table."""
 
-class Scale:
-    """Figures for the single-job sizes, filled trial by trial."""
-
-    def __init__(self, results: Results, sizes: list[int]) -> None:
+    def __init__(
+        self,
+        results: Results,
+        sizes: list[int],
+        names: list[str],
+        conditions: list[str],
+        label: str = "",
+    ) -> None:
         self.results = results
-        self.created: dict[int, Figure] = {}
-        self.running: dict[int, Figure] = {}
-        self.per_pod: dict[int, Figure] = {}
-        self.per_reconcile: dict[int, Figure] = {}
-        self.cpu: dict[int, Figure] = {}
-        self.requests: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
-        for n in sizes:
-            self.created[n] = results.figure(
-                f"{n} workers: apply → all created",
+        self.sizes, self.names, self.conditions, self.label = sizes, names, conditions, label
+        self.created: dict[Key, Figure] = {}
+        self.running: dict[Key, Figure] = {}
+        self.per_pod: dict[Key, Figure] = {}
+        self.cpu: dict[Key, Figure] = {}
+        for key in self.keys():
+            name, condition, n = key
+            ours = name == "torchkube"
+            title = f"{n} workers{label}, {condition}"
+            self.created[key] = results.figure(
+                f"{title}: apply → all created, {name}",
                 "s",
-                target=Target(TARGET_CREATED_512) if n == 512 else None,
+                target=Target(TARGET_CREATED_512) if ours and n == 512 and not label else None,
             )
-            self.running[n] = results.figure(
-                f"{n} workers: apply → all Running",
+            idle_8 = ours and n == 8 and condition == "idle"
+            self.running[key] = results.figure(
+                f"{title}: apply → all Running, {name}",
                 "s",
-                target=Target(TARGET_RUNNING[n]) if n in TARGET_RUNNING else None,
-                reference=Reference(KUBEFLOW_RUNNING[n], f"Kubeflow {KUBEFLOW_RUNNING[n]} s")
-                if n in KUBEFLOW_RUNNING
-                else None,
+                target=Target(TARGET_RUNNING_IDLE_8) if idle_8 else None,
             )
-        for n in sizes:
-            self.per_pod[n] = results.figure(f"{n} workers: API requests per created pod", "req")
-            self.per_reconcile[n] = results.figure(
-                f"{n} workers: API requests per reconcile", "req"
+        for key in self.keys():
+            name, condition, n = key
+            title = f"{n} workers{label}, {condition}"
+            self.per_pod[key] = results.figure(
+                f"{title}: API requests per worker pod, {name}", "req"
             )
-            self.cpu[n] = results.figure(f"{n} workers: operator CPU", "s")
+            self.cpu[key] = results.figure(f"{title}: operator CPU, {name}", "s")
 
-    def trial(self, bench: Stack, workers: int, record: bool = True) -> None:
-        setup = time.monotonic()
+    def keys(self) -> list[Key]:
+        return [(m, c, n) for c in self.conditions for n in self.sizes for m in self.names]
+
+    def trial(
+        self,
+        bench: Stack,
+        contender: Contender,
+        workers: int,
+        condition: str,
+        record: bool = True,
+    ) -> None:
         namespace = bench.namespace(f"scale{workers}")
-        setup = time.monotonic() - setup
         name = f"job{workers}"
-        before, cpu_before = bench.metrics(), bench.operator_cpu_seconds()
-        with PodWatch(bench.api, namespace, WORKER_SELECTOR) as watch:
+        requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
+        with PodWatch(bench.api, namespace, contender.selector) as watch:
             load = load_average()
             started = time.monotonic()
-            bench.create_job(namespace, job_body(name, workers))
-            timeout = 60 + workers
-            created = watch.wait(
-                lambda pods: len(pods) >= workers and max(p.seen for p in pods.values()),
-                timeout,
-                f"{workers} worker pods",
-            )
-            running = watch.wait(
-                lambda pods: (
-                    sum(p.running is not None for p in pods.values()) >= workers
-                    and max(p.running or 0 for p in pods.values())
-                ),
-                timeout,
-                f"{workers} Running workers",
-            )
-            duplicates = len(watch.pods) - workers
-            first = min(p.seen for p in watch.pods.values())
-        deadline = time.monotonic() + 60
-        while job_phase(bench, namespace, name) != ("Running", f"{workers}/{workers}"):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {name} status never showed {workers}/{workers} Running")
-            time.sleep(0.3)
-        settle(bench)
-        count = ApiCount.between(before, bench.metrics())
-        cpu = bench.operator_cpu_seconds() - cpu_before
+            contender.submit(bench, namespace, name, workers)
+            timeout = 120 + workers
+            created = all_created(watch, workers, timeout, contender.name) - started
+            running = all_running(watch, workers, timeout, contender.name) - started
+            extra = len(watch.pods) - workers
+        settle(contender)
+        requests = contender.requests() - requests_before
+        cpu = contender.cpu_seconds() - cpu_before
         log(
-            f"{workers} workers: first {first - started:.2f}s, created {created - started:.2f}s"
-            f", Running {running - started:.2f}s"
-            f", {count.total:.0f} requests in {count.reconciles:.0f} reconciles, CPU {cpu:.2f}s"
-            + (f", {duplicates} EXTRA pods" if duplicates else "")
+            f"{contender.name}, {condition}, {workers} workers{self.label}: created "
+            f"{created:.2f}s, Running {running:.2f}s, {requests:.0f} requests, CPU {cpu:.2f}s"
+            + (f", {extra} EXTRA pods" if extra else "")
             + ("" if record else " (warm-up, not recorded)")
         )
         if record:
-            self.created[workers].add(created - started, load)
-            self.running[workers].add(running - started, load)
-            pods = workers + 1  # the workers and the rendezvous store pod
-            self.per_pod[workers].add(count.total / pods, load)
-            self.per_reconcile[workers].add(count.total / max(count.reconciles, 1), load)
-            self.cpu[workers].add(cpu, load)
-            self.requests[workers].append(count.requests | {"reconciles": count.reconciles})
+            key = (contender.name, condition, workers)
+            self.created[key].add(created, load)
+            self.running[key].add(running, load)
+            self.per_pod[key].add(requests / workers, load)
+            self.cpu[key].add(cpu, load)
             self.results.extra.setdefault("trials", []).append(
                 {
+                    "scenario": self.label.strip(", ") or "single",
+                    "operator": contender.name,
+                    "condition": condition,
                     "workers": workers,
-                    "first_created_s": round(first - started, 3),
-                    "all_created_s": round(created - started, 3),
-                    "all_running_s": round(running - started, 3),
-                    "pods_per_s_after_first": round((workers - 1) / max(created - first, 1e-6), 1),
-                    "extra_pods": duplicates,
+                    "all_created_s": round(created, 3),
+                    "all_running_s": round(running, 3),
+                    "extra_pods": extra,
+                    "requests": requests,
                     "operator_cpu_s": round(cpu, 2),
                     "load": load,
                 }
             )
-        teardown = time.monotonic()
         bench.delete_namespace(namespace, force=True)
-        log(f"(namespace set up in {setup:.1f}s, torn down in {time.monotonic() - teardown:.1f}s)")
+
+    def compare(self) -> None:
+        """The peer's same-run median becomes the reference of torchkube's figure; the ratio
+        of medians (peer ÷ torchkube: how many times faster) is a figure judged against its
+        target, and one table shows both operators' medians and ranges."""
+        if PEER not in self.names:
+            return
+        rows = []
+        for condition in self.conditions:
+            for n in self.sizes:
+                ours, theirs = (
+                    self.running[("torchkube", condition, n)],
+                    self.running[(PEER, condition, n)],
+                )
+                if not (ours.stats and theirs.stats):
+                    continue
+                peer = theirs.stats.median
+                ours.reference = Reference(peer, f"{PEER} v1.8.1, same run: {fmt(peer, 's')}")
+                ratio = self.results.figure(
+                    f"{n} workers{self.label}, {condition}: {PEER} ÷ torchkube, all Running",
+                    "x",
+                    target=Target(TARGET_RATIO[n], "min")
+                    if n in TARGET_RATIO and not self.label
+                    else None,
+                )
+                ratio.add(peer / ours.stats.median, ours.loads[-1])
+                rows.append(
+                    [
+                        condition,
+                        str(n),
+                        spread(ours),
+                        spread(theirs),
+                        fmt(ratio.values[0], "x"),
+                        ratio.verdict() or "–",
+                    ]
+                )
+        self.results.tables[f"apply → all workers Running{self.label}: median [min – max]"] = (
+            ["load", "workers", "torchkube", f"{PEER} v1.8.1", "ratio of medians", "target"],
+            rows,
+        )
 
 
 def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> None:
     sizes = args.sizes
-    scale = Scale(results, sizes)
     trials = {n: (args.trials_large if n >= 256 else args.trials_small) for n in sizes}
     pools = gpu_pools(args.nodes, args.domains)
-    with stack(pools, scratch) as bench:
-        scale.trial(bench, 8, record=False)  # warm-up: first-use costs of a fresh operator
-        for round_ in range(max(trials.values())):
-            for n in sizes:
-                if round_ < trials[n]:
-                    scale.trial(bench, n)
-    rows = []
-    for n in sizes:
-        runs = scale.requests[n]
-        keys = sorted({k for r in runs for k in r})
-        rows += [
-            [str(n), key, f"{statistics.median([r.get(key, 0.0) for r in runs]):g}"] for key in keys
-        ]
-    results.tables["API requests per trial by verb and resource (median over trials)"] = (
-        ["workers", "request", "count"],
-        rows,
-    )
+    with stack(pools, scratch) as bench, contenders(bench, args.peers) as players:
+        side = SideBySide(results, sizes, [c.name for c in players], args.conditions)
+        for player in players:  # warm-up: first-use costs of a fresh operator
+            side.trial(bench, player, 8, "idle", record=False)
+        for condition in args.conditions:
+            with cpu_load(condition) as busy:
+                log(f"condition {condition}: {busy} busy processes beside the cluster")
+                for round_ in range(max(trials.values())):
+                    for n in sizes:
+                        if round_ < trials[n]:
+                            for player in players:
+                                side.trial(bench, player, n, condition)
+        side.compare()
 
 
-def run_many(args: argparse.Namespace, results: Results, scratch: Path) -> None:
-    jobs, per_job = args.jobs, 8
-    total = jobs * per_job
-    sending = results.figure(f"{jobs} jobs × {per_job}: the {jobs} creates sent (client)", "s")
-    created = results.figure(f"{jobs} jobs × {per_job} workers: all created", "s")
-    running = results.figure(f"{jobs} jobs × {per_job} workers: all Running", "s")
-    cpu = results.figure(f"{jobs} jobs × {per_job}: operator CPU seconds", "s")
-    idle = results.figure(f"operator idle CPU with {args.many_nodes} nodes, per minute", "s")
-    rss = results.figure(f"{jobs} jobs × {per_job}: operator peak RSS", "MiB")
-    per_pod = results.figure(f"{jobs} jobs × {per_job}: API requests per created pod", "req")
-    per_rec = results.figure(f"{jobs} jobs × {per_job}: API requests per reconcile", "req")
-    pools = gpu_pools(args.many_nodes, args.many_domains)
-    with stack(pools, scratch) as bench:
-        for trial in range(args.trials_many):
-            bench.restart_operator()
-            namespace = bench.namespace("many")
-            time.sleep(5)
-            cpu_idle_start, idle_started = bench.operator_cpu_seconds(), time.monotonic()
-            time.sleep(args.idle_seconds)
-            idle.add(
-                (bench.operator_cpu_seconds() - cpu_idle_start)
-                * 60
-                / (time.monotonic() - idle_started)
+def run_fast_scheduler(args: argparse.Namespace, results: Results, scratch: Path) -> None:
+    pools = gpu_pools(args.nodes, args.domains)
+    with (
+        stack(pools, scratch, scheduler_client_qps=FAST_SCHEDULER_QPS) as bench,
+        contenders(bench, args.peers) as players,
+    ):
+        label = f", scheduler at {FAST_SCHEDULER_QPS} req/s"
+        side = SideBySide(results, [512], [c.name for c in players], ["idle"], label)
+        for player in players:
+            side.trial(bench, player, 8, "idle", record=False)
+        for _ in range(args.trials_large):
+            for player in players:
+                side.trial(bench, player, 512, "idle")
+        side.compare()
+
+
+class Fleet:
+    """The many-jobs figures of one operator."""
+
+    def __init__(self, results: Results, name: str, jobs: int, per_job: int) -> None:
+        title = f"{jobs} jobs × {per_job} workers, {name}"
+        self.name, self.jobs, self.per_job = name, jobs, per_job
+        self.running = results.figure(f"{title}: all Running", "s")
+        self.created = results.figure(f"{title}: all created", "s")
+        self.cpu_per_pod = results.figure(f"{title}: operator CPU per pod", "ms")
+        self.requests_per_pod = results.figure(f"{title}: API requests per pod", "req")
+        self.rss = results.figure(f"{title}: operator peak RSS", "MiB")
+        self.steady_reconciles = results.figure(
+            f"{title}: steady state, reconciles per minute", "/min"
+        )
+        self.steady_cpu = results.figure(f"{title}: steady state, operator CPU per minute", "s")
+        self.flatness = results.figure(
+            f"{title}: steady state, reconcile rate last third ÷ first third",
+            "x",
+            target=Target(STEADY_FLATNESS),
+        )
+        self.results = results
+
+    def trial(self, bench: Stack, contender: Contender, steady_minutes: float) -> None:
+        total = self.jobs * self.per_job
+        contender.restart(bench)
+        namespace = bench.namespace("fleet")
+        requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
+        with PodWatch(bench.api, namespace, contender.selector) as watch:
+            load = load_average()
+            started = time.monotonic()
+            for index in range(self.jobs):
+                contender.submit(bench, namespace, f"job{index:02d}", self.per_job)
+            created = all_created(watch, total, 900, contender.name) - started
+            running = all_running(watch, total, 900, contender.name) - started
+        settle(contender, quiet=5.0, limit=180.0)
+        requests = contender.requests() - requests_before
+        cpu = contender.cpu_seconds() - cpu_before
+        rss = contender.peak_rss() / 2**20
+        self.created.add(created, load)
+        self.running.add(running, load)
+        self.cpu_per_pod.add(cpu * 1000 / total, load)
+        self.requests_per_pod.add(requests / total, load)
+        self.rss.add(rss, load)
+        log(
+            f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
+            f"Running {running:.1f}s, CPU {cpu:.1f}s, {requests:.0f} requests, "
+            f"peak RSS {rss:.0f} MiB; steady state for {steady_minutes:g} min"
+        )
+        per_minute = self.steady_state(contender, steady_minutes)
+        self.results.extra.setdefault("fleet_steady_state", []).append(
+            {"operator": contender.name, "per_minute": per_minute}
+        )
+        bench.delete_namespace(namespace, wait=900, force=True)
+
+    def steady_state(self, contender: Contender, minutes: float) -> list[dict[str, float]]:
+        """Reconciles and CPU seconds minute by minute while nothing changes."""
+        samples = []
+        reconciles, cpu = contender.reconciles(), contender.cpu_seconds()
+        slots = max(3, round(minutes))
+        slot = minutes * 60 / slots
+        for _ in range(slots):
+            time.sleep(slot)
+            now_reconciles, now_cpu = contender.reconciles(), contender.cpu_seconds()
+            samples.append(
+                {
+                    "reconciles_per_min": (now_reconciles - reconciles) * 60 / slot,
+                    "cpu_s_per_min": (now_cpu - cpu) * 60 / slot,
+                }
             )
-            before, cpu_before = bench.metrics(), bench.operator_cpu_seconds()
-            with PodWatch(bench.api, namespace, WORKER_SELECTOR) as watch:
-                load = load_average()
-                started = time.monotonic()
-                for index in range(jobs):
-                    bench.create_job(namespace, job_body(f"job{index:02d}", per_job))
-                sent = time.monotonic() - started
-                all_created = watch.wait(
-                    lambda pods: len(pods) >= total and max(p.seen for p in pods.values()),
-                    600,
-                    f"{total} worker pods",
-                )
-                all_running = watch.wait(
-                    lambda pods: (
-                        sum(p.running is not None for p in pods.values()) >= total
-                        and max(p.running or 0 for p in pods.values())
-                    ),
-                    600,
-                    f"{total} Running workers",
-                )
-            settle(bench, quiet=5.0, limit=120.0)
-            count = ApiCount.between(before, bench.metrics())
-            used = bench.operator_cpu_seconds() - cpu_before
-            peak = bench.operator_peak_rss() / 2**20
-            sending.add(sent, load)
-            created.add(all_created - started, load)
-            running.add(all_running - started, load)
-            cpu.add(used, load)
-            rss.add(peak, load)
-            per_pod.add(count.total / (total + jobs), load)
-            per_rec.add(count.total / max(count.reconciles, 1), load)
-            results.extra.setdefault("many_jobs_requests", []).append(
-                count.requests | {"reconciles": count.reconciles, "create_calls_s": sent}
-            )
-            log(
-                f"trial {trial + 1}: {jobs} jobs sent in {sent:.2f}s, all created "
-                f"{all_created - started:.2f}s, Running {all_running - started:.2f}s, "
-                f"CPU {used:.1f}s, peak RSS {peak:.0f} MiB, {count.total:.0f} requests"
-            )
-            bench.delete_namespace(namespace, wait=600, force=True)
+            reconciles, cpu = now_reconciles, now_cpu
+        rates = [s["reconciles_per_min"] for s in samples]
+        third = max(1, len(rates) // 3)
+        first, last = sum(rates[:third]) / third, sum(rates[-third:]) / third
+        self.steady_reconciles.add(sum(rates) / len(rates))
+        self.steady_cpu.add(sum(s["cpu_s_per_min"] for s in samples) / len(samples))
+        self.flatness.add(last / first if first else (1.0 if not last else float("inf")))
+        return samples
 
 
-def main(argv: list[str] | None = None) -> None:
+def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None:
+    pools = gpu_pools(args.fleet_nodes, args.fleet_domains)
+    with stack(pools, scratch) as bench, contenders(bench, args.peers) as players:
+        fleets = {p.name: Fleet(results, p.name, args.jobs, args.per_job) for p in players}
+        for _ in range(args.trials_fleet):
+            for player in players:
+                fleets[player.name].trial(bench, player, args.steady_minutes)
+        ours = fleets["torchkube"].running
+        theirs = fleets[PEER].running.stats if PEER in fleets else None
+        if ours.stats and theirs:
+            peer = theirs.median
+            ours.reference = Reference(peer, f"{PEER} v1.8.1, same run: {fmt(peer, 's')}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_scale", description=__doc__)
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64, 512]
@@ -261,38 +351,67 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials-large", type=int, default=3, help="trials of 512")
     parser.add_argument("--nodes", type=int, default=100, help="8-GPU nodes for single jobs")
     parser.add_argument("--domains", type=int, default=2, help="kwok processes for them")
-    parser.add_argument("--jobs", type=int, default=50, help="jobs of 8 workers at once")
-    parser.add_argument("--many-nodes", type=int, default=400)
-    parser.add_argument("--many-domains", type=int, default=4)
-    parser.add_argument("--trials-many", type=int, default=2)
-    parser.add_argument("--idle-seconds", type=float, default=20.0)
-    parser.add_argument("--only", choices=["single", "many"], help="one scenario only")
-    parser.add_argument("--quick", action="store_true", help="one trial each (a smoke run)")
+    parser.add_argument(
+        "--conditions",
+        type=lambda s: s.split(","),
+        default=list(CONDITIONS),
+        help="idle, loaded, or both (comma-separated)",
+    )
+    parser.add_argument("--jobs", type=int, default=64, help="jobs at once in the fleet")
+    parser.add_argument("--per-job", type=int, default=64, help="workers per fleet job")
+    parser.add_argument("--fleet-nodes", type=int, default=512)
+    parser.add_argument("--fleet-domains", type=int, default=4)
+    parser.add_argument("--trials-fleet", type=int, default=1)
+    parser.add_argument("--steady-minutes", type=float, default=10.0)
+    parser.add_argument(
+        "--only", choices=["single", "fast-scheduler", "fleet"], help="one scenario only"
+    )
+    parser.add_argument(
+        "--no-peers", dest="peers", action="store_false", help="torchkube alone (no Kubeflow)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one trial each, 16 jobs × 16 workers on 64 nodes, 3 steady minutes",
+    )
     args = parser.parse_args(argv)
+    if unknown := set(args.conditions) - set(CONDITIONS):
+        parser.error(f"unknown conditions {sorted(unknown)}; use {CONDITIONS}")
     if args.quick:
-        args.trials_small = args.trials_large = args.trials_many = 1
+        args.trials_small = args.trials_large = args.trials_fleet = 1
+        args.jobs, args.per_job, args.fleet_nodes, args.steady_minutes = 16, 16, 64, 3.0
+    if args.jobs * args.per_job > args.fleet_nodes * 8:
+        parser.error("the fleet needs a GPU per worker: jobs × per-job ≤ 8 × fleet-nodes")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     results = Results(
-        "operator_scale",
+        "operator_scale" if args.only is None else f"operator_scale_{args.only}",
         "python -m bench.operator_scale",
         config={k: v for k, v in vars(args).items()},
     )
     results.notes += [
         "created/Running: from the job create request to the last worker pod seen by a watch "
         "(created) and seen Running; node creation is not timed; one 8-worker warm-up job per "
-        "cluster is not counted",
-        "API requests are the operator's writes (it reads from watch caches); per created pod "
-        "counts the workers plus the rendezvous store pod, and includes the job's Service, "
-        "status patches and events",
-        "Kubeflow figures: perf-targets.md §8 (training-operator v1.8.1, same machine kind, "
-        "same apiserver and KWOK, one run each); ratio = Kubeflow ÷ torchkube",
+        "operator and cluster is not counted",
+        "both operators run at once on one cluster, jobs alternating; idle: nothing else "
+        "running; loaded: one busy process per core beside the cluster "
+        f"({', '.join(args.conditions)} measured)",
+        f"{PEER}: training-operator v1.8.1 built from its Go module by hack/build-peers.sh, "
+        "default flags (one controller thread, as its manifests deploy it), PyTorchJob with "
+        "a Master and N-1 Workers; ratio = Kubeflow ÷ torchkube, of the medians",
+        "API requests: torchkube's writes (its reads come from watch caches); Kubeflow's "
+        "client-go requests of every verb",
     ]
     with tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch:
         if args.only in (None, "single"):
             run_single(args, results, Path(scratch))
-        if args.only in (None, "many"):
-            run_many(args, results, Path(scratch))
-    if args.only:
-        results.name = f"operator_scale_{args.only}"
+        if args.only in (None, "fast-scheduler"):
+            run_fast_scheduler(args, results, Path(scratch))
+        if args.only in (None, "fleet"):
+            run_fleet(args, results, Path(scratch))
     results.write()
 
 

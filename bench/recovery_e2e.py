@@ -10,7 +10,14 @@ trainer on CPU) with the quick start's tiny GPT and 2 workers. Two cases:
   started again at once, as the operator creates a replacement pod.
 - **gone**: an elastic job (``replicas: {min: 1, max: 2}``); the killed worker never comes
   back (``Chaos(restart=False)``, ``torchkube run --chaos-no-restart``), so the survivor must
-  carry on alone — the case plain torchrun took 47 s for on this machine kind (perf-targets §8).
+  carry on alone.
+
+Plain torchrun runs the ``gone`` case as the reference, in the same benchmark run, interleaved
+with torchkube's trials (:mod:`bench.plain_torchrun`: two agents, the rendezvous store inside
+the first): with torchrun's default rendezvous settings, and with the settings torchkube passes
+(the difference between the two is settings; what remains against torchkube is design); then
+once with the store's agent killed — rank 0's node lost — which torchkube survives because its
+store is a process of its own.
 
 Worker 0 is SIGKILLed (its whole process tree, as a node loss would) once training passed
 ``--kill-step``. The split comes from the time stamps of the logs (torchrun's agent logs at
@@ -37,16 +44,22 @@ import datetime as dt
 import io
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure, Reference, Results, Target, load_average, log
+from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
+from bench.plain_torchrun import PlainTorchrun
 
 TARGET_TOTAL = 20.0
-TORCHRUN_GONE = 47.0  # perf-targets §8: plain torchrun 2.15, c10d defaults, --nnodes=1:2
+REFERENCES = {
+    "torchrun-defaults": "plain torchrun, default rendezvous settings",
+    "torchrun-same-settings": "plain torchrun, torchkube's rendezvous settings",
+}
+HOST_LOSS = "torchrun-store-host-killed"
 
 _TORCH_LOG = re.compile(r"^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) ")
 _PY_LOG = re.compile(r"^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2}),(\d{3}) ")
@@ -205,6 +218,20 @@ class Trial:
     killed_rank0: bool | None = None
 
 
+def back_at_step(lines: list[LogLine], killed_at: float, step: int) -> float | None:
+    """Seconds from the kill until rank 0 logged a step past ``step`` again."""
+    for line in sorted(lines, key=lambda x: x.at):
+        match = _STEP.search(line.text) if line.rank0 and line.at > killed_at else None
+        if match and int(match.group(1)) > step:
+            return line.at - killed_at
+    return None
+
+
+def worker_logs(log_dir: Path, killed_at: float) -> list[LogLine]:
+    year = dt.datetime.fromtimestamp(killed_at).year
+    return [ln for p in sorted(log_dir.glob("worker-*.log")) for ln in read_log(p, year)]
+
+
 def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
     from torchkube.api import TrainingJob
     from torchkube.local.runner import Chaos, LocalRun
@@ -220,8 +247,7 @@ def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
         return Trial(None, None, load, f"no kill happened: {summary.message}")
     failure = run.failures[0]
     killed_at = failure.at + offset
-    year = dt.datetime.fromtimestamp(killed_at).year
-    lines = [ln for p in sorted(run.log_dir.glob("worker-*.log")) for ln in read_log(p, year)]
+    lines = worker_logs(run.log_dir, killed_at)
     before = [ln for ln in lines if ln.at < killed_at and ln.rank0]
     killed_rank0 = bool(before) and before[-1].source == "worker-0.log"
     try:
@@ -232,74 +258,158 @@ def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
     return Trial(split, back, load, "" if summary.succeeded else summary.message, killed_rank0)
 
 
+def run_reference(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
+    """The ``gone`` job under plain torchrun; ``case`` says which settings and which agent."""
+    from torchkube.api import TrainingJob
+
+    job = TrainingJob.model_validate(job_manifest("gone", args.steps, args.interval))
+    settings = "defaults" if case == "torchrun-defaults" else "torchkube"
+    victim = "host" if case == HOST_LOSS else "other"
+    run = PlainTorchrun(job, workdir, settings)
+    result = run.run(args.kill_step, victim, timeout=args.reference_timeout)
+    load = load_average()
+    if result.killed_at is None:
+        return Trial(None, None, load, f"no kill happened (exit codes {result.exit_codes})")
+    lines = worker_logs(result.log_dir, result.killed_at)
+    outcome = "" if result.finished else f"training did not finish (exit {result.exit_codes})"
+    try:
+        split = split_recovery(lines, result.killed_at)
+    except ValueError as error:
+        return Trial(None, None, load, f"{error}; {outcome}".rstrip("; "), victim == "host")
+    back = back_at_step(lines, result.killed_at, args.kill_step)
+    return Trial(split, back, load, outcome, victim == "host")
+
+
+PARTS = ("detection", "rendezvous", "worker_start", "checkpoint_load", "first_step")
+
+
+@dataclass
+class CaseFigures:
+    """The figures of one case: the total, its parts, and back at the kill step."""
+
+    total: Figure
+    parts: dict[str, Figure]
+    back: Figure
+
+    @classmethod
+    def of(cls, results: Results, label: str, target: Target | None) -> CaseFigures:
+        titles = {
+            "detection": "detection",
+            "rendezvous": "re-rendezvous",
+            "worker_start": "worker start",
+            "checkpoint_load": "checkpoint load",
+            "first_step": "first step",
+        }
+        return cls(
+            results.figure(f"{label}: kill → next step", "s", target=target),
+            {key: results.figure(f"{label}: {titles[key]}", "s") for key in PARTS},
+            results.figure(f"{label}: kill → back at the kill step", "s"),
+        )
+
+    def add(self, trial: Trial) -> None:
+        assert trial.split is not None
+        for key in PARTS:
+            self.parts[key].add(getattr(trial.split, key), trial.load)
+        self.total.add(trial.split.total, trial.load)
+        if trial.back_at_step is not None:
+            self.back.add(trial.back_at_step, trial.load)
+
+
+def compare(results: Results, ours: Figure, references: dict[str, CaseFigures]) -> None:
+    """torchkube's ``gone`` total against each plain-torchrun reference of the same run."""
+    rows = []
+    mine = ours.stats
+    for case, figures in references.items():
+        theirs = figures.total.stats
+        if mine is None or theirs is None:
+            continue
+        ratio = results.figure(f"{REFERENCES[case]} ÷ torchkube, kill → next step", "x")
+        ratio.add(theirs.median / mine.median, ours.loads[-1])
+        if case == "torchrun-defaults":
+            ours.reference = Reference(
+                theirs.median, f"plain torchrun (defaults), same run: {fmt(theirs.median, 's')}"
+            )
+        rows.append([REFERENCES[case], spread(figures.total), fmt(ratio.values[0], "x")])
+    results.tables["killed, never back (1:2): kill → next step, median [min – max]"] = (
+        ["launcher", "kill → next step", "÷ torchkube"],
+        [["torchkube", spread(ours), "1.00×"], *rows],
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery_e2e", description=__doc__)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--cases", default="gone,replaced")
+    parser.add_argument(
+        "--reference-trials", type=int, default=3, help="plain torchrun trials per setting"
+    )
+    parser.add_argument("--reference-timeout", type=float, default=600)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--kill-step", type=int, default=45)
     parser.add_argument("--interval", type=int, default=10, help="checkpoint every N steps")
     parser.add_argument("--keep", action="store_true", help="keep the work dirs (logs)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one trial of each case, no plain torchrun"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.trials, args.reference_trials = 1, 0
     cases = [c for c in args.cases.split(",") if c]
+    references = list(REFERENCES) if args.reference_trials and "gone" in cases else []
     results = Results("recovery_e2e", "python -m bench.recovery_e2e", config=vars(args))
-    figures: dict[str, dict[str, Figure]] = {}
-    for case in cases:
-        label = {"gone": "killed, never back (1:2)", "replaced": "killed, replaced (2:2)"}[case]
-        reference = Reference(TORCHRUN_GONE, "torchrun 47 s") if case == "gone" else None
-        figures[case] = {
-            "total": results.figure(
-                f"{label}: kill → next step", "s", target=Target(TARGET_TOTAL), reference=reference
-            ),
-            "detection": results.figure(f"{label}: detection", "s"),
-            "rendezvous": results.figure(f"{label}: re-rendezvous", "s"),
-            "worker_start": results.figure(f"{label}: worker start", "s"),
-            "checkpoint_load": results.figure(f"{label}: checkpoint load", "s"),
-            "first_step": results.figure(f"{label}: first step", "s"),
-            "back": results.figure(f"{label}: kill → back at the kill step", "s"),
-        }
+    labels = {
+        "gone": "killed, never back (1:2)",
+        "replaced": "killed, replaced (2:2)",
+        **{case: f"{REFERENCES[case]} (1:2)" for case in references},
+    }
+    figures = {
+        case: CaseFigures.of(results, labels[case], Target(TARGET_TOTAL) if case in cases else None)
+        for case in [*cases, *references]
+    }
+    host_loss = results.figure(
+        "plain torchrun, store's agent killed: trials where training went on", "trials"
+    )
     base = Path(tempfile.mkdtemp(prefix="torchkube-bench-recovery-"))
     rows = []
-    for trial in range(args.trials):
-        for case in cases:  # interleaved, so the machine's load drifts over both cases alike
+    rounds = max(args.trials, args.reference_trials)
+    for trial in range(rounds):
+        # interleaved, so the machine's load drifts over every case alike
+        due = [c for c in cases if trial < args.trials]
+        due += [c for c in references if trial < args.reference_trials]
+        for case in due:
             workdir = base / f"{case}-{trial}"
-            result = run_trial(case, args, workdir)
-            f = figures[case]
+            if case in REFERENCES:
+                result = run_reference(case, args, workdir)
+            else:
+                result = run_trial(case, args, workdir)
+            rows.append(trial_row(case, trial, result))
             if result.split is None:
                 log(f"{case} trial {trial + 1}: NOT RECOVERED: {result.error}")
                 results.notes.append(f"{case} trial {trial + 1} did not recover: {result.error}")
-                rows.append([case, str(trial + 1), "not recovered", "", "", "", "", "", ""])
-                continue
-            s = result.split
-            for key in ("detection", "rendezvous", "worker_start", "checkpoint_load", "first_step"):
-                f[key].add(getattr(s, key), result.load)
-            f["total"].add(s.total, result.load)
-            if result.back_at_step is not None:
-                f["back"].add(result.back_at_step, result.load)
-            rows.append(
-                [
-                    case,
-                    str(trial + 1),
-                    f"{s.total:.2f}",
-                    f"{s.detection:.2f}",
-                    f"{s.rendezvous:.2f}",
-                    f"{s.worker_start:.2f}",
-                    f"{s.checkpoint_load:.2f}",
-                    f"{s.first_step:.2f}",
-                    f"{'yes' if result.killed_rank0 else 'no'}; step-{s.resumed_step}; "
-                    f"load {result.load:.1f}",
-                ]
-            )
-            log(
-                f"{case} trial {trial + 1}: total {s.total:.2f}s = detection {s.detection:.2f} "
-                f"+ rendezvous {s.rendezvous:.2f} + worker start {s.worker_start:.2f} "
-                f"+ load {s.checkpoint_load:.2f} + first step {s.first_step:.2f}"
-                + (f" [{result.error}]" if result.error else "")
-            )
+            else:
+                figures[case].add(result)
+                s = result.split
+                log(
+                    f"{case} trial {trial + 1}: total {s.total:.2f}s = detection "
+                    f"{s.detection:.2f} + rendezvous {s.rendezvous:.2f} + worker start "
+                    f"{s.worker_start:.2f} + load {s.checkpoint_load:.2f} + first step "
+                    f"{s.first_step:.2f}" + (f" [{result.error}]" if result.error else "")
+                )
             if not args.keep:
-                import shutil
-
                 shutil.rmtree(workdir, ignore_errors=True)
+    if references:
+        result = run_reference(HOST_LOSS, args, base / HOST_LOSS)
+        rows.append(trial_row(HOST_LOSS, 0, result))
+        went_on = result.split is not None and not result.error
+        host_loss.add(1.0 if went_on else 0.0, result.load)
+        log(f"{HOST_LOSS}: " + ("training went on" if went_on else f"FAILED: {result.error}"))
+        results.notes.append(
+            "plain torchrun with the store's agent killed (rank 0's node lost): "
+            + ("training went on" if went_on else f"training did not go on: {result.error}")
+            + "; torchkube's store is a process (a pod) of its own, so the 'gone' case above "
+            "kills worker 0 with the store untouched"
+        )
+        compare(results, figures["gone"].total, {c: figures[c] for c in references})
     results.tables["every trial (seconds)"] = (
         [
             "case",
@@ -315,8 +425,11 @@ def main(argv: list[str] | None = None) -> None:
         rows,
     )
     results.notes += [
-        "rendezvous settings are the TrainingJob defaults: keep-alive 2 s × 3, last call 5 s, "
-        "torchrun --monitor-interval 0.5 s; the rendezvous store is its own process",
+        "torchkube's rendezvous settings are the TrainingJob defaults: keep-alive 2 s × 3, last "
+        "call 5 s, torchrun --monitor-interval 0.5 s; its rendezvous store is its own process; "
+        "plain torchrun's defaults: keep-alive 5 s × 3, last call 30 s, monitor 0.1 s",
+        "settings vs design: 'plain torchrun, default settings' − 'plain torchrun, torchkube's "
+        "settings' is what the settings buy; what is left against torchkube is design",
         "the trainer logs nothing between process start and the checkpoint load, so 'worker "
         "start' (spawn, import torch, process groups, model build) is one figure",
         f"the median total is not the sum of the median parts; checkpoints every "
@@ -325,6 +438,23 @@ def main(argv: list[str] | None = None) -> None:
     results.write()
     if args.keep:
         print(f"work dirs kept in {base}")
+
+
+def trial_row(case: str, trial: int, result: Trial) -> list[str]:
+    if result.split is None:
+        return [case, str(trial + 1), "not recovered", "", "", "", "", "", result.error[:80]]
+    s = result.split
+    return [
+        case,
+        str(trial + 1),
+        f"{s.total:.2f}",
+        f"{s.detection:.2f}",
+        f"{s.rendezvous:.2f}",
+        f"{s.worker_start:.2f}",
+        f"{s.checkpoint_load:.2f}",
+        f"{s.first_step:.2f}",
+        f"{'yes' if result.killed_rank0 else 'no'}; step-{s.resumed_step}; load {result.load:.1f}",
+    ]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = [
     "operator_scale",
     "operator_scale_single",
-    "operator_scale_many",
+    "operator_scale_fast-scheduler",
+    "operator_scale_fleet",
     "operator_recovery",
     "recovery_e2e",
     "trainer_throughput",

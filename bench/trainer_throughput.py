@@ -4,22 +4,24 @@ the same model, measured in the same run with the same number of threads.
 Run on CPU (what this machine has): ``python -m bench.trainer_throughput`` (≈ 9 min on 2
 cores; the command this writes into the results lists every flag). Many short pairs rather
 than a few long ones: on a shared machine a pair's two trials then mostly see the same load.
-On one GPU: ``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M), bf16,
-sequence 1024, the trainer with DDP and FSDP2 at world size 1, each with and without
-``torch.compile``, MFU against the device's dense bf16 peak (``metrics.peak_flops``).
+On one GPU: ``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M), bf16, sequence
+1024, the trainer with DDP and FSDP2 at world size 1, each with and without ``torch.compile``,
+MFU against the device's dense bf16 peak (``metrics.peak_flops``); ``--model llama-1b`` (any
+Llama-family preset) for a Llama. One process only: tensor parallelism across GPUs is measured
+by ``tests/trainer/test_gpu.py::test_throughput_by_parallelism``.
 
 **The trainer** runs in this process exactly as a pod's single worker would
-(``torchkube.trainer.train.run`` with the built-in GPT workload: its data order, step
+(``torchkube.trainer.train.run`` with the built-in workload of the preset: its data order, step
 agreement, metrics, progress reporting, gradient clipping, LR schedule), without checkpoints
 (their cost is ``bench.checkpoint_cost``'s).
 
 **The reference** is what a user writes by hand after nanoGPT's ``train.py`` at world size 1:
-the same ``GPT`` class and shape (vocabulary padded alike), AdamW with nanoGPT's two groups,
-the same LR schedule and gradient clipping, random windows of the same token file fetched like
-nanoGPT's ``get_batch`` (the next batch while the current one computes), ``loss.item()`` at
-log steps; no DDP and no other wrapper (``torch.compile`` of the whole model when asked, as
-nanoGPT does). It is our own code, so the overhead figure is the trainer against the plain
-work and nothing else.
+the same model class and shape (the preset's GPT or Llama, vocabulary padded alike), AdamW with
+nanoGPT's two groups, the same LR schedule and gradient clipping, random windows of the same
+token file fetched like nanoGPT's ``get_batch`` (the next batch while the current one
+computes), ``loss.item()`` at log steps; no DDP and no other wrapper (``torch.compile`` of the
+whole model when asked, as nanoGPT does). It is our own code, so the overhead figure is the
+trainer against the plain work and nothing else.
 
 Pairs alternate who goes first, (trainer, reference), (reference, trainer), …, so a drift in
 the machine's load favours neither. A trial's throughput is the median over its windows of
@@ -186,18 +188,17 @@ def reference_trial(args: argparse.Namespace, variant: Variant) -> Speed:
     import numpy as np
     import torch
 
-    from torchkube.trainer.model import GPT, cross_entropy_loss
+    from torchkube.trainer.model import cross_entropy_loss
     from torchkube.trainer.parallel import lr_lambda
-    from torchkube.trainer.tokens import HEADER_BYTES, resolve_token_files
-    from torchkube.trainer.workload import data_paths, gpt_config
+    from torchkube.trainer.tokens import HEADER_BYTES, read_header, resolve_token_files
+    from torchkube.trainer.workload import builtin_workload, data_paths
 
     spec = make_spec(args, variant, args.warmup + args.steps)
     cuda = args.device == "cuda"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     torch.set_float32_matmul_precision("high")  # as the trainer does without deterministic
-    data = np.memmap(
-        resolve_token_files(data_paths(spec)[0])[0], dtype="<u2", mode="r", offset=HEADER_BYTES
-    )
+    info = read_header(resolve_token_files(data_paths(spec)[0])[0])
+    data = np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES)
     batch, seq = spec.micro_batch_size, spec.seq_len
     generator = torch.Generator().manual_seed(spec.seed)
 
@@ -215,7 +216,7 @@ def reference_trial(args: argparse.Namespace, variant: Variant) -> Speed:
 
     torch.manual_seed(spec.seed)
     with torch.device(device):
-        model = GPT(gpt_config(spec))
+        model = builtin_workload(spec).build_model(spec)  # the preset's GPT or Llama
     net = torch.compile(model) if variant.compile else model
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -255,12 +256,12 @@ def reference_trial(args: argparse.Namespace, variant: Variant) -> Speed:
 def flops_per_token(args: argparse.Namespace) -> float:
     import torch
 
-    from torchkube.trainer.model import GPT
-    from torchkube.trainer.workload import gpt_config
+    from torchkube.trainer.workload import builtin_workload
 
     spec = make_spec(args, Variant("ddp", False), 10)
+    workload = builtin_workload(spec)
     with torch.device("meta"):
-        return float(GPT(gpt_config(spec)).flops_per_token(spec.seq_len))
+        return float(workload.flops_per_token(workload.build_model(spec), spec) or 0.0)
 
 
 def command(args: argparse.Namespace) -> str:
@@ -285,7 +286,9 @@ def command(args: argparse.Namespace) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.trainer_throughput", description=__doc__)
     parser.add_argument("--gpu", action="store_true", help="GPT-2 small, bf16, DDP/FSDP2 ± compile")
-    parser.add_argument("--model", default=None, help="preset (default small, gpt2 with --gpu)")
+    parser.add_argument(
+        "--model", default=None, help="GPT or Llama preset (default small, gpt2 with --gpu)"
+    )
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--micro-batch", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per trial")

@@ -3,9 +3,9 @@
 # then point it at this checkout. Prints the environment's path as the last line of stdout.
 #
 # The environment lives outside git, under ${TORCHKUBE_CACHE:-~/.cache/torchkube}, keyed by
-# the Python version and the dependency lists in pyproject.toml: a fresh clone reuses it in
-# seconds, and a change to the dependencies builds a new one (torch alone is several GB, so it
-# is never reinstalled per run).
+# the Python version and the lock file requirements/dev.txt (every package pinned with its
+# hashes, made by hack/lock.sh): a fresh clone reuses it in seconds, and a change to the lock
+# builds a new one (torch alone is several GB, so it is never reinstalled per run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,23 +15,21 @@ PYTHON=${PYTHON:-python3}
   exit 1
 }
 CACHE=${TORCHKUBE_CACHE:-$HOME/.cache/torchkube}
-KEY=$("$PYTHON" - <<'PY' | sha256sum | cut -c1-12
-import sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print(sys.version, project["dependencies"], project["optional-dependencies"])
-PY
-)
+# Keyed by the lock file (hack/lock.sh writes it from pyproject.toml): every machine that
+# bootstraps this commit gets exactly the same packages, checked against their hashes.
+LOCK=requirements/dev.txt
+KEY=$({ "$PYTHON" --version; cat "$LOCK"; } | sha256sum | cut -c1-12)
 VENV=$CACHE/venv-$KEY
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.bootstrap.lock"
 flock 9  # two checkouts bootstrapping at once must not build the same venv twice
 
 if [ ! -f "$VENV/.complete" ]; then
-  echo "bootstrap: creating $VENV (torch and friends; a few minutes the first time)" >&2
+  echo "bootstrap: creating $VENV from $LOCK (torch and friends; a few minutes the first time)" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip "setuptools>=77" wheel >&2
-  "$VENV/bin/pip" install -q -e ".[test]" >&2
+  "$VENV/bin/pip" install -q --require-hashes -r "$LOCK" >&2
   touch "$VENV/.complete"
 fi
 # Re-point the editable install at this checkout (a CI clone or a second worktree).

@@ -57,7 +57,8 @@ class ClusterConfig:
     """KWOK node lease duration; leases renew every quarter of it (4 renewals per grace period,
     as a kubelet's 40 s lease has with the default grace period)."""
     service_cidr: str = DEFAULT_SERVICE_CIDR
-    """Service ClusterIP range; its first address is in the apiserver certificate."""
+    """Service ClusterIP range; its first address is in the apiserver certificate. With real
+    nodes the cluster uses a range inside their network instead (``Cluster.service_cidr``)."""
     start_timeout_s: float = 120.0
     """Per-component readiness deadline; generous because CI machines are shared and slow."""
     workdir: Path | None = None
@@ -68,9 +69,29 @@ class ClusterConfig:
     """More names/IPs for the apiserver certificate (e.g. an address real nodes will dial)."""
     apiserver_args: list[str] = field(default_factory=list)
     """Extra kube-apiserver flags (feature gates, admission plugins) for a test that needs them."""
+    scheduler_client_qps: int | None = None
+    """kube-scheduler's API client rate (its burst is twice this). None keeps the defaults,
+    50 requests/s with a burst of 100, which bind at most 50 pods a second; production clusters
+    of thousands of nodes raise it (the scale benchmark shows both)."""
     real_nodes: int = 0
     """Real kubelet nodes (containerd, CNI bridge, CoreDNS) started beside the KWOK pools; see
     :mod:`testbed.realnodes`. Needs root and ``hack/install-system-deps.sh``."""
+
+
+def scheduler_configuration(kubeconfig: Path, client_qps: int | None) -> str:
+    """A KubeSchedulerConfiguration: its kubeconfig, no leader election, and the client rate
+    when one is given (the flags for these are ignored once a configuration file is used)."""
+    connection: dict[str, object] = {"kubeconfig": str(kubeconfig)}
+    if client_qps is not None:
+        connection |= {"qps": client_qps, "burst": 2 * client_qps}
+    return json.dumps(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": connection,
+            "leaderElection": {"leaderElect": False},
+        }
+    )
 
 
 def _report_to_stderr(message: str) -> None:
@@ -132,6 +153,14 @@ class Cluster:
         return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
 
     @property
+    def service_cidr(self) -> str:
+        """The Service range: the config's, or with real nodes one inside their network, so
+        pods reach the ``kubernetes`` Service's ClusterIP (:mod:`testbed.apiproxy`)."""
+        if self.real_nodes is not None:
+            return self.real_nodes.service_cidr
+        return self.config.service_cidr
+
+    @property
     def kubeconfig(self) -> Path:
         """Admin kubeconfig (user ``kubernetes-admin`` in ``system:masters``)."""
         return self.workdir / "admin.kubeconfig"
@@ -189,8 +218,10 @@ class Cluster:
             self._workdir = Path(tempfile.mkdtemp(prefix="torchkube-cluster-"))
         _live_clusters.add(self)
         try:
+            if self.config.real_nodes:  # their network decides the Service range
+                self.real_nodes = RealNodes(self, self.config.real_nodes)
             self.pki = generate_cluster_pki(
-                self.workdir / "pki", self.config.service_cidr, self.config.extra_sans
+                self.workdir / "pki", self.service_cidr, self.config.extra_sans
             )
             self._start_etcd(binaries)
             self._start_apiserver(binaries)
@@ -203,8 +234,7 @@ class Cluster:
             self._wait_scheduler()
             for pool in self.config.pools:
                 self.wait_pool_ready(pool.name)
-            if self.config.real_nodes:
-                self.real_nodes = RealNodes(self, self.config.real_nodes)
+            if self.real_nodes is not None:
                 self.real_nodes.start(self.config.start_timeout_s)
         except BaseException:
             self.stop(failed=True)
@@ -343,7 +373,7 @@ class Cluster:
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
-            f"--service-cluster-ip-range={self.config.service_cidr}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             # A loopback advertise address is not a valid Endpoints address.
             "--endpoint-reconciler-type=none",
             # For real nodes later: reach kubelets by InternalIP, authenticate as a client.
@@ -403,7 +433,7 @@ class Cluster:
                 "--use-service-account-credentials=true",
                 f"--cluster-signing-cert-file={pki.ca.paths.cert}",
                 f"--cluster-signing-key-file={pki.ca.paths.key}",
-                f"--service-cluster-ip-range={self.config.service_cidr}",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 "--leader-elect=false",
                 f"--node-monitor-grace-period={self.config.node_monitor_grace_period_s}s",
                 "--node-monitor-period=2s",
@@ -443,17 +473,18 @@ class Cluster:
         port = free_port()
         self.ports["kube-scheduler"] = port
         kubeconfig = self.workdir / "scheduler.kubeconfig"
+        config = self.workdir / "scheduler-config.yaml"
+        config.write_text(scheduler_configuration(kubeconfig, self.config.scheduler_client_qps))
         self._spawn(
             "kube-scheduler",
             [
                 str(binaries.path("kube-scheduler")),
-                f"--kubeconfig={kubeconfig}",
+                f"--config={config}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'scheduler-certs'}",
-                "--leader-elect=false",
             ],
         )
 

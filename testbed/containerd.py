@@ -90,15 +90,15 @@ def pause_archive(directory: Path) -> tuple[Path, str]:
 
 @dataclass(frozen=True)
 class LoadedImage:
-    """One image made available on every real node."""
+    """One image made available on every real node (by ``hack/load-images.sh``)."""
 
     tag: str
     image_id: str
     size_bytes: int
-    save_s: float
-    """``docker save`` time (0 when the archive was cached)."""
-    import_s: dict[str, float]
-    """Per node: ``ctr images import`` time (0 when the node already had this image ID)."""
+    seconds: float
+    """Wall time of the load: a ``docker save`` and the imports, or only the checks."""
+    imported: list[str]
+    """The nodes that imported it (the others already held this image ID)."""
 
 
 def config_toml(

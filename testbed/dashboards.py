@@ -9,13 +9,17 @@ dashboard schema makes for the ``schemaVersion`` the file declares.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.binaries import repo_root
+
+if TYPE_CHECKING:
+    from testbed.prometheus import Prometheus
 
 MIN_SCHEMA_VERSION = 36
 """Datasources as ``{type, uid}`` objects (what ``${datasource}`` needs) since schema 36."""
@@ -30,6 +34,8 @@ BUILTIN_VARIABLES = {
 """Grafana's own variables, with values that suit a test run of a few minutes."""
 VARIABLE_TYPES = {"query", "datasource", "custom", "constant", "interval", "textbox", "adhoc"}
 DATASOURCE = "${datasource}"
+OPTIONAL = ("DCGM_",)
+"""Metrics from exporters torchkube does not run: their queries must be valid, may be empty."""
 _REFERENCE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)\]\]|\$(\w+)")
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(.+),\s*)?(\w+)\s*\)\s*$", re.S)
 
@@ -105,6 +111,49 @@ def label_values_query(text: str) -> tuple[str | None, str]:
     if match is None:
         raise ValueError(f"not a label_values() query: {text!r}")
     return match.group(1), match.group(2)
+
+
+def has_data(result: list[dict[str, Any]]) -> bool:
+    """At least one finite value in a range-query result."""
+    return any(
+        not math.isnan(float(value)) for series in result for _, value in series.get("values", [])
+    )
+
+
+def evaluate(prom: Prometheus, values: Mapping[str, str], start: float, end: float) -> int:
+    """Every expression of every dashboard as Grafana would send it for ``values`` (the
+    ``namespace`` and ``job`` variables), over ``start``..``end``: each must return data
+    (``OPTIONAL`` exporters' need only be valid), each variable must offer its value. Raises
+    AssertionError listing every miss; returns how many expressions were checked."""
+    from testbed.prometheus import PrometheusError
+
+    values = {**values, "datasource": "prometheus"}
+    failures: list[str] = []
+    checked = 0
+    for name, dashboard in load_all().items():
+        assert problems(dashboard) == [], name
+        for query in queries(dashboard):
+            expr = substitute(query.expr, values)
+            where = f"{name} {query.where}: {expr}"
+            try:
+                if query.kind == "variable":
+                    selector, label = label_values_query(expr)
+                    found = prom.label_values(label, selector)
+                    if values[label] not in found:
+                        failures.append(f"{where}: {values[label]!r} not in {found}")
+                    checked += 1
+                    continue
+                result = prom.query_range(expr, start, end, step=1.0)
+            except PrometheusError as error:
+                failures.append(f"{where}: {error}")
+                continue
+            if any(metric in expr for metric in OPTIONAL):
+                continue
+            if not has_data(result):
+                failures.append(f"{where}: no data")
+            checked += 1
+    assert not failures, "\n".join(failures)
+    return checked
 
 
 # ---------------------------------------------------------------------------- structure

@@ -37,8 +37,12 @@ def pick_supernet(tries: int = 64) -> ipaddress.IPv4Network:
 
 def create_bridge(name: str, address: str) -> None:
     run(["ip", "link", "add", "name", name, "type", "bridge"], f"bridge {name}")
-    run(["ip", "addr", "add", address, "dev", name], f"bridge {name}")
+    add_address(name, address)
     run(["ip", "link", "set", name, "up"], f"bridge {name}")
+
+
+def add_address(link: str, address: str) -> None:
+    run(["ip", "addr", "add", address, "dev", link], f"address {address} on {link}")
 
 
 def delete_link(name: str) -> None:

@@ -1,11 +1,12 @@
-"""A real Prometheus for tests: Debian's ``prometheus`` on 127.0.0.1, static targets only.
+"""A real Prometheus for tests: Debian's ``prometheus`` on 127.0.0.1.
 
 The server gets a random loopback port, a config file and a data dir in a folder of its own,
-and a 1 s scrape interval, so a test sees a metric within seconds of it being exposed. Every
-target is an address on 127.0.0.1 given by the test: nothing is discovered, so KWOK's made-up
-pod IPs are never scraped. ``honor_labels`` is on, as it must be for torchkube's metrics (their
-``namespace`` and ``job`` labels name the TrainingJob, not the scrape target; see
-docs/metrics.md).
+and a 1 s scrape interval, so a test sees a metric within seconds of it being exposed. Static
+targets are addresses on 127.0.0.1 given by the test (KWOK's made-up pod IPs are never
+scraped); on real nodes, :func:`pod_monitor_job` discovers pods through Kubernetes as
+prometheus-operator does from the chart's PodMonitors. ``honor_labels`` is on, as it must be
+for torchkube's metrics (their ``namespace`` and ``job`` labels name the TrainingJob, not the
+scrape target; see docs/metrics.md).
 
 A missing binary or a server that does not start raises :class:`ClusterError` with the log
 tail: tests that need Prometheus fail loudly instead of skipping.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.error
 import urllib.parse
@@ -58,6 +60,61 @@ class ScrapeJob:
         }
 
 
+def _label_name(key: str) -> str:
+    """A Kubernetes label key as Prometheus' service discovery names it."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def pod_monitor_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str) -> dict[str, Any]:
+    """A prometheus-operator PodMonitor (as the chart renders it) as the scrape config the
+    operator would generate from it: pods discovered through ``kubernetes_sd_configs`` (role
+    pod) in its namespaces, kept by its label selector and port name, with the ``namespace``,
+    ``pod`` and ``container`` target labels. Prometheus runs on this machine, so it reaches the
+    API with ``kubeconfig`` and the pods at their IPs through the real nodes' bridges."""
+    spec = monitor["spec"]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    sd: dict[str, Any] = {"role": "pod", "kubeconfig_file": str(kubeconfig)}
+    names = spec.get("namespaceSelector", {}).get("matchNames")
+    if names:
+        sd["namespaces"] = {"names": list(names)}
+    relabel: list[dict[str, Any]] = [
+        {
+            "action": "keep",
+            "source_labels": [
+                f"__meta_kubernetes_pod_label_{_label_name(key)}",
+                f"__meta_kubernetes_pod_labelpresent_{_label_name(key)}",
+            ],
+            "regex": f"({re.escape(value)});true",
+        }
+        for key, value in spec["selector"]["matchLabels"].items()
+    ]
+    relabel += [
+        {
+            "action": "keep",
+            "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+            "regex": endpoint["port"],
+        },
+        {
+            "action": "drop",
+            "source_labels": ["__meta_kubernetes_pod_phase"],
+            "regex": "(Failed|Succeeded)",
+        },
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+    ]
+    metadata = monitor["metadata"]
+    return {
+        "job_name": f"podMonitor/{metadata['namespace']}/{metadata['name']}",
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "honor_labels": bool(endpoint.get("honorLabels")),
+        "kubernetes_sd_configs": [sd],
+        "relabel_configs": relabel,
+    }
+
+
 class PrometheusError(RuntimeError):
     """The HTTP API answered with an error (a bad query, usually); the message is Prometheus'."""
 
@@ -76,10 +133,17 @@ class Prometheus:
     """``with Prometheus(workdir, [ScrapeJob(...)]) as prom: prom.query(...)``."""
 
     def __init__(
-        self, workdir: Path, jobs: Sequence[ScrapeJob], scrape_interval: str = "1s"
+        self,
+        workdir: Path,
+        jobs: Sequence[ScrapeJob],
+        scrape_interval: str = "1s",
+        discovered: Sequence[Mapping[str, Any]] = (),
     ) -> None:
+        """``jobs`` are static loopback targets; ``discovered`` are ready scrape configs
+        (:func:`pod_monitor_job`) that find their targets through Kubernetes."""
         self.workdir = workdir
         self.jobs = list(jobs)
+        self.discovered = [dict(job) for job in discovered]
         self.scrape_interval = scrape_interval
         self.port = 0
         self.process: Process | None = None
@@ -95,7 +159,8 @@ class Prometheus:
                 "scrape_interval": self.scrape_interval,
                 "evaluation_interval": self.scrape_interval,
             },
-            "scrape_configs": [job.config(self.scrape_interval) for job in self.jobs],
+            "scrape_configs": [job.config(self.scrape_interval) for job in self.jobs]
+            + self.discovered,
         }
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -14,9 +14,10 @@ image is a static binary written into a docker-archive here and imported with ``
 kubelet needs its own ``cgroupRoot`` and ``podLogsDir`` or they remove each other's pods.
 
 :meth:`RealNode.kill` is a power loss: the node's containers, shims, containerd and kubelet are
-SIGKILLed at once. Images reach nodes with :meth:`RealNodes.load_image` (``docker save`` once,
-``ctr images import`` per node, skipped when the node already has that image ID); containerd
-roots are kept under ``${TORCHKUBE_CACHE}/realnodes`` so the next run does not import again.
+SIGKILLed at once. Images reach nodes with :meth:`RealNodes.load_image` (``hack/load-images.sh``:
+``docker save`` once, ``ctr images import`` per node, skipped when the node already has that
+image ID); containerd roots are kept under ``${TORCHKUBE_CACHE}/realnodes`` so the next run does
+not import again.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -359,14 +361,28 @@ class RealNodes:
         self.workdir = cluster.workdir / "realnodes"
         self.log_dir = cluster.log_dir
         self.cache_dir = cache_root() / "realnodes"
-        self.supernet = ipaddress.IPv4Network("10.0.0.0/16")
+        # Picked now, before the control plane starts: the Service range lies inside it.
+        self.supernet = network.pick_supernet()
         self.dns_bridge = f"{self.id_short}-dns"
         self.dns_ip = ""
         self.coredns: Process | None = None
+        self.apiproxy: Process | None = None
         self.nodes: list[RealNode] = []
         self.pause_archive = Path()
         self.pause_ref = ""
         self._images: dict[str, LoadedImage] = {}
+
+    @property
+    def service_cidr(self) -> str:
+        """The cluster's Service range: the last /24 of its /16 (nodes use the first ones), so
+        the ``kubernetes`` ClusterIP routes to this machine from every pod
+        (:mod:`testbed.apiproxy`)."""
+        return f"{self.supernet.network_address + (255 << 8)}/24"
+
+    @property
+    def service_ip(self) -> str:
+        """The ``kubernetes`` Service's ClusterIP (``KUBERNETES_SERVICE_HOST`` in pods)."""
+        return str(ipaddress.IPv4Network(self.service_cidr).network_address + 1)
 
     @property
     def names(self) -> list[str]:
@@ -383,12 +399,12 @@ class RealNodes:
         host.require_host()
         self._require_binaries()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.supernet = network.pick_supernet()
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
         self.pause_archive, self.pause_ref = containerd.pause_archive(self.cache_dir / "images")
         # CoreDNS on a bridge of its own (x.x.0.1): a node loss never takes cluster DNS with it.
         self.dns_ip = str(self.supernet.network_address + 1)
         network.create_bridge(self.dns_bridge, f"{self.dns_ip}/32")
+        self._start_apiproxy()
         self._start_coredns()
         self.nodes = [RealNode(self, index + 1) for index in range(self.count)]
         began = time.monotonic()
@@ -423,6 +439,34 @@ class RealNodes:
                     " with `hack/build-cluster.sh all`",
                 ) from missing
             binaries.require(["kubelet", "coredns"])
+
+    def _start_apiproxy(self) -> None:
+        """The ``kubernetes`` ClusterIP on the DNS bridge, forwarded to the apiserver."""
+        from testbed.binaries import repo_root
+
+        network.add_address(self.dns_bridge, f"{self.service_ip}/32")
+        target = ["127.0.0.1", str(self.cluster.ports["kube-apiserver"])]
+        self.apiproxy = Process(
+            "apiproxy",
+            [sys.executable, "-m", "testbed.apiproxy", self.service_ip, "443", *target],
+            self.log_dir / "apiproxy.log",
+            cwd=repo_root(),
+        ).start()
+        proc = self.apiproxy
+
+        def listening() -> bool:
+            proc.check_alive()
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((self.service_ip, 443), timeout=1),
+            ):
+                return True
+            return False
+
+        try:
+            wait_for(listening, 30, interval=0.1, what="the kubernetes Service forwarder")
+        except WaitTimeout as exc:
+            raise proc.error(str(exc)) from None
 
     def _start_coredns(self) -> None:
         port = free_port()
@@ -469,45 +513,43 @@ class RealNodes:
             raise proc.error(str(exc)) from None
 
     def check(self) -> None:
-        if self.coredns is not None:
-            self.coredns.check_alive()
+        for proc in (self.coredns, self.apiproxy):
+            if proc is not None:
+                proc.check_alive()
 
     def load_image(self, docker: Docker, tag: str) -> LoadedImage:
-        """Make ``tag`` (in ``docker``) available on every node, once per image build.
+        """Make ``tag`` (in ``docker``) available on every node, the way a user loads images
+        into their nodes: ``hack/load-images.sh --containerd SOCKET ...``. A node that already
+        holds that image ID is skipped; the others import one ``docker save`` in parallel.
+        Containerd roots are cached between runs, so an unchanged image costs seconds."""
+        from testbed.binaries import repo_root
 
-        ``docker save`` writes one archive per image ID (kept in the cache, older ones of the
-        same tag deleted); each node imports it in parallel unless it already has that ID.
-        """
         image_id = docker.check("image", "inspect", "--format", "{{.Id}}", tag).strip()
         size = docker.image_size(tag)
-        ref = tag if "/" in tag.split(":")[0] and "." in tag.split("/")[0] else f"docker.io/{tag}"
-        images = self.cache_dir / "images"
-        images.mkdir(parents=True, exist_ok=True)
-        slug = tag.replace("/", "_").replace(":", "_")
-        archive = images / f"{slug}-{image_id.split(':')[-1][:16]}.tar"
-        save_s = 0.0
-        need = [n for n in self.nodes if n.image_ids().get(ref) != image_id]
-        if need and not archive.is_file():
-            for old in images.glob(f"{slug}-*.tar"):
-                old.unlink()
-            started = time.monotonic()
-            partial = archive.with_suffix(".partial")
-            host.run(docker.argv("save", "--output", str(partial), tag), f"docker save {tag}", 1800)
-            partial.rename(archive)
-            save_s = time.monotonic() - started
-        with ThreadPoolExecutor(max_workers=max(1, len(self.nodes))) as pool:
-            times = dict(
-                zip(
-                    [n.name for n in self.nodes],
-                    pool.map(lambda n: n.ensure_archive(archive, ref, image_id), self.nodes),
-                    strict=True,
-                )
+        argv = ["bash", str(repo_root() / "hack" / "load-images.sh")]
+        for node in self.nodes:
+            argv += ["--containerd", str(node.socket)]
+        env = {**os.environ, "DOCKER": str(docker.client), "DOCKER_HOST": docker.host}
+        env["CTR"] = host.tool("ctr")
+        started = time.monotonic()
+        proc = subprocess.run(
+            [*argv, tag], capture_output=True, text=True, env=env, timeout=1800, check=False
+        )
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"hack/load-images.sh {tag}", f"exited {proc.returncode}", log_tail=proc.stderr
             )
-        loaded = LoadedImage(tag, image_id, size, save_s, times)
+        by_socket = {str(node.socket): node.name for node in self.nodes}
+        imported = [
+            by_socket[line.split()[2]]
+            for line in proc.stdout.splitlines()
+            if line.startswith("imported ")
+        ]
+        loaded = LoadedImage(tag, image_id, size, time.monotonic() - started, imported)
         self._images[tag] = loaded
         self.report(
-            f"image {tag} ({size / 1e9:.2f} GB) on real nodes: save {save_s:.1f} s, import "
-            + ", ".join(f"{k} {v:.1f} s" for k, v in times.items())
+            f"image {tag} ({size / 1e9:.2f} GB) on real nodes in {loaded.seconds:.1f} s"
+            f" (imported into {', '.join(imported) or 'none: all had it'})"
         )
         return loaded
 
@@ -521,14 +563,16 @@ class RealNodes:
             node.kill()
         for node in self.nodes:
             node.cleanup()
-        if self.coredns is not None:
-            self.coredns.stop()
-            self.coredns = None
+        for proc in (self.coredns, self.apiproxy):
+            if proc is not None:
+                proc.stop()
+        self.coredns = self.apiproxy = None
         network.delete_link(self.dns_bridge)
 
     def describe(self) -> dict[str, Any]:
         return {
             "dns": self.dns_ip,
+            "kubernetes_service_ip": self.service_ip,
             "pod_network": str(self.supernet),
             "coredns_pid": self.coredns.pid if self.coredns else None,
             "nodes": [node.describe() for node in self.nodes],

@@ -96,6 +96,99 @@ BAD_SPECS = [
         "failurePolicy.hangTimeoutSeconds",
         "0",
     ),
+    BadSpec(
+        "data-two-sources",
+        {"data": {"source": {"path": "/corpus", "url": "https://example.org/a.txt"}}},
+        "data",
+        "exactly one of path, claim, url, huggingFace",
+    ),
+    BadSpec("data-no-source", {"data": {"source": {}}}, "data", "exactly one of"),
+    BadSpec(
+        "data-and-data-path",
+        {"data": {"source": {"path": "/corpus"}}, "trainer": {"dataPath": "/x/train.bin"}},
+        "data",
+        "not both",
+    ),
+    BadSpec(
+        "data-eval-without-split",
+        {
+            "data": {"source": {"path": "/corpus"}, "valFraction": 0},
+            "trainer": {"evalIntervalSteps": 5},
+        },
+        "data",
+        "valFraction above 0",
+    ),
+    BadSpec(
+        "data-url-scheme",
+        {"data": {"source": {"url": "ftp://example.org/a.txt"}}},
+        "data.source.url",
+        "https?",
+    ),
+    BadSpec(
+        "tensor-not-dividing-nproc",
+        {"nprocPerNode": 4, "trainer": {"model": "llama-tiny", "parallelism": {"tensor": 8}}},
+        "trainer.parallelism.tensor",
+        "must divide nprocPerNode",
+    ),
+    BadSpec(
+        "tensor-without-process-count",
+        {"trainer": {"model": "llama-tiny", "parallelism": {"tensor": 2}}},
+        "trainer.parallelism.tensor",
+        "must divide nprocPerNode",
+    ),
+    BadSpec(
+        "tensor-not-dividing-gpus",
+        {
+            "nprocPerNode": 8,
+            "resources": {"gpus": 4},
+            "trainer": {"model": "llama-tiny", "parallelism": {"tensor": 8}},
+        },
+        "trainer.parallelism.tensor",
+        "must divide resources.gpus",
+    ),
+    BadSpec(
+        "tensor-with-gpt",
+        {"nprocPerNode": 2, "trainer": {"model": "gpt2", "parallelism": {"tensor": 2}}},
+        "parallelism.tensor",
+        "needs a Llama-family model",
+    ),
+    BadSpec(
+        "tensor-with-zero1",
+        {
+            "nprocPerNode": 2,
+            "trainer": {"model": "llama-tiny", "strategy": "zero1", "parallelism": {"tensor": 2}},
+        },
+        "parallelism.tensor",
+        "not zero1",
+    ),
+    BadSpec(
+        "seq-len-split-unevenly",
+        {
+            "nprocPerNode": 4,
+            "trainer": {"model": "llama-tiny", "seqLen": 1026, "parallelism": {"tensor": 4}},
+        },
+        "seqLen",
+        "splits every sequence over the tensor ranks",
+    ),
+    BadSpec("tensor-zero", {"trainer": {"parallelism": {"tensor": 0}}}, "tensor", "1"),
+    BadSpec(
+        "weights-for-gpt",
+        {"trainer": {"model": "gpt2", "weightsPath": "/checkpoints/llama"}},
+        "weightsPath",
+        "needs a Llama-family model",
+    ),
+    BadSpec(
+        "llama-with-dropout",
+        {"trainer": {"model": "llama-tiny", "dropout": 0.1}},
+        "dropout",
+        "must be 0 for a Llama-family model",
+    ),
+    BadSpec(
+        "unknown-activation-checkpointing",
+        {"trainer": {"activationCheckpointing": "some"}},
+        "activationCheckpointing",
+        "selective",
+    ),
 ]
 
 

@@ -80,6 +80,18 @@ class Job:
             GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": spec}
         )
 
+    def delete(self, timeout: float = 120) -> None:
+        """Delete the job and wait until every pod it had is gone (their GPUs free again)."""
+        self.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name, propagation_policy="Background"
+        )
+        selector = f"{lbl.JOB_NAME}={self.name}"
+
+        def gone() -> bool:
+            return not self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+
+        self.wait(gone, timeout, "its pods to be gone")
+
     def pods(self, role: str = "worker") -> list[Any]:
         selector = f"{lbl.JOB_NAME}={self.name},{lbl.ROLE}={role}"
         return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)

@@ -166,7 +166,7 @@ def test_default_render_is_one_least_privilege_cluster_wide_operator(helm: Helm)
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["torchkube"] and container["args"] == ["operator"]
-    assert container["image"] == "torchkube/operator:0.1.0"
+    assert container["image"] == "ghcr.io/torchkube/torchkube-operator:0.1.0"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -24,14 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kube_jobs import Job
 from kubernetes import client
 
+from testbed import dashboards
 from testbed.cluster import Cluster, ClusterConfig
 from testbed.crds import install_crd
 from testbed.docker import Docker, DockerDaemon, build_image, ensure_base_image
 from testbed.errors import ClusterError
 from testbed.operator import OperatorProcess
+from testbed.prometheus import Prometheus, pod_monitor_job
 from testbed.realnodes import REAL_NODE_LABEL, LoadedImage, pod_process, trainer_process
 from testbed.throttle import throttle_cpu
 from testbed.volumes import delete_volume, prebound_volume
@@ -579,8 +583,8 @@ def test_training_job_survives_real_node_loss(
     nodes = real_cluster.real_nodes
     assert nodes is not None
     say(
-        f"trainer image {trainer_image.size_bytes / 1e9:.2f} GB: docker save"
-        f" {trainer_image.save_s:.1f} s, import {trainer_image.import_s}"
+        f"trainer image {trainer_image.size_bytes / 1e9:.2f} GB: loaded in"
+        f" {trainer_image.seconds:.1f} s, imported into {trainer_image.imported}"
     )
     with real_job(
         real_cluster, api, operator, say, tmp_path, namespace="realnodes-job", name="survivor"
@@ -787,6 +791,240 @@ def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
         assert final.get("phase") == "Succeeded"
 
 
+# ------------------------------------------------------------------- the user's path, as pods
+OPERATOR_TAG = "torchkube/operator:test"
+RELEASE, OPERATOR_NS = "torchkube", "torchkube-system"
+USER_STEPS = 400
+
+
+def _helm(cluster: Cluster, home: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")},
+    }
+    proc = subprocess.run(
+        [str(cluster.binaries().path("helm")), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def _operator_pods(api: Any) -> list[Any]:
+    core: Any = client.CoreV1Api(api)
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+    pods = core.list_namespaced_pod(OPERATOR_NS, label_selector=selector).items
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _lease_holder(api: Any) -> str:
+    lease = client.CoordinationV1Api(api).read_namespaced_lease(RELEASE, OPERATOR_NS)
+    return str(lease.spec.holder_identity or "")
+
+
+def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_prometheus(
+    real_cluster: Cluster,
+    docker: Docker,
+    base_image: str,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """README's path on real nodes: images loaded with hack/load-images.sh, `helm install`
+    with two operator replicas running as pods (in-cluster config, the Lease's namespace from
+    the service-account file, probes, read-only root), a TrainingJob whose data the job
+    prepares itself from a claim, a node lost mid-training and the leader pod deleted; the job
+    ends Succeeded with its exact steps and one Lease holder, and a real Prometheus discovers
+    the operator and worker pods from the chart's PodMonitors and answers the dashboards."""
+    nodes = real_cluster.real_nodes
+    assert nodes is not None
+    operator.stop()  # the harness' operator steps aside: the chart's pods are the operator now
+    for node in nodes.nodes:
+        if not node.alive:  # lost by an earlier test of this module
+            node.restart()
+    started = time.monotonic()
+    build_image(docker, REPO, "operator", OPERATOR_TAG, {"PYTHON_BASE": base_image}, report=say)
+    env = {**os.environ, "DOCKER": str(docker.client), "DOCKER_HOST": docker.host}
+    loaded = subprocess.run(
+        ["bash", str(REPO / "hack" / "load-images.sh")]
+        + [arg for node in nodes.nodes for arg in ("--containerd", str(node.socket))]
+        + [OPERATOR_TAG, TRAINER_TAG],
+        capture_output=True,
+        text=True,
+        env={**env, "CTR": "ctr"},
+        timeout=1800,
+        check=False,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    say(f"images built and loaded in {time.monotonic() - started:.1f} s:\n{loaded.stdout}")
+
+    # README: "helm install torchkube charts/torchkube --namespace torchkube-system
+    # --create-namespace", with the locally loaded image and two replicas.
+    readme = (REPO / "README.md").read_text()
+    assert "--set image.repository=torchkube/operator,image.tag=" in readme
+    home = tmp_path / "helm"
+    installed = time.monotonic()
+    _helm(
+        real_cluster,
+        home,
+        "install",
+        RELEASE,
+        str(REPO / "charts" / "torchkube"),
+        "--namespace",
+        OPERATOR_NS,
+        "--create-namespace",
+        "--set",
+        "image.repository=torchkube/operator,image.tag=test",
+        "-f",
+        str(REPO / "charts" / "torchkube" / "ci" / "ha-values.yaml"),
+        "--set",
+        "operator.progressIntervalSeconds=2",
+        "--wait",
+        "--timeout",
+        "240s",
+    )
+    pods = _operator_pods(api)
+    assert len(pods) == 2 and all(_ready(p) for p in pods), [p.status for p in pods]
+    say(
+        f"helm install -> 2 operator pods Ready in {time.monotonic() - installed:.1f} s on "
+        + ", ".join(sorted(p.spec.node_name for p in pods))
+    )
+    names = {p.metadata.name for p in pods}
+    holder = wait_for(lambda: _lease_holder(api) or None, 60, what="a Lease holder")
+    assert holder.rsplit("_", 1)[0] in names, (holder, names)
+
+    # A real Prometheus, discovering pods as prometheus-operator would from the chart's monitors.
+    rendered = _helm(
+        real_cluster,
+        home,
+        "template",
+        RELEASE,
+        str(REPO / "charts" / "torchkube"),
+        "--namespace",
+        OPERATOR_NS,
+        "-f",
+        str(REPO / "charts" / "torchkube" / "ci" / "monitoring-values.yaml"),
+    )
+    monitors = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] == "PodMonitor"]
+    assert len(monitors) == 2
+    scrape = [pod_monitor_job(m, real_cluster.kubeconfig, "1s") for m in monitors]
+
+    with (
+        Prometheus(tmp_path / "prometheus", [], discovered=scrape) as prom,
+        real_job(
+            real_cluster, api, operator, say, tmp_path, namespace="user-path", name="user-path"
+        ) as job,
+    ):
+        corpus = tmp_path / "corpus"
+        shutil.copytree(REPO / "docs", corpus / "docs", ignore=shutil.ignore_patterns("*.png"))
+        corpus_pv = prebound_volume(api, job.namespace, "corpus", str(corpus))
+        _kubectl(
+            real_cluster,
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "corpus", "namespace": job.namespace},
+                    "spec": {
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                }
+            ),
+        )
+        manifest = _job_manifest(job.name, job.namespace, USER_STEPS, CHECKPOINT_EVERY)
+        manifest["spec"]["data"] = {"source": {"claim": {"name": "corpus", "path": "docs"}}}
+        manifest["spec"]["env"] = [{"name": "TORCHKUBE_PEAK_FLOPS", "value": "1e12"}]
+        manifest["spec"]["trainer"].update(evalIntervalSteps=50, evalBatches=2)
+        applied = time.monotonic()
+        window_start = time.time()
+        job.apply(manifest)
+
+        def prepared() -> dict[str, Any] | None:
+            data = job.status().get("data") or {}
+            assert data.get("phase") != "Failed", job.describe()
+            return data if data.get("phase") == "Prepared" else None
+
+        data = wait_for(prepared, 300, what="the job's data prepared", describe_last=job.describe)
+        say(f"data prepared {time.monotonic() - applied:.1f} s after apply: {data['message']}")
+        # The image has tiktoken, but no internet for its vocabulary: bytes, and the reason.
+        assert data["tokenizer"] == "bytes" and data["tokenizerNote"].startswith("bytes: ")
+        assert data["documents"] == len(list((corpus / "docs").glob("*.md")))
+        assert (job.checkpoints / "data" / "PREPARED.json").is_file()
+
+        wait_for(
+            _past(job, CHECKPOINT_EVERY + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        leader = _lease_holder(api).rsplit("_", 1)[0]
+        say(f"kubectl delete pod {leader} (the leader) at step {job.progress().get('step')}")
+        deleted = time.monotonic()
+        _kubectl(real_cluster, "delete", "pod", "-n", OPERATOR_NS, leader, "--wait=false")
+
+        def new_leader() -> str | None:
+            holder = _lease_holder(api).rsplit("_", 1)[0]
+            return holder if holder and holder != leader else None
+
+        successor = wait_for(new_leader, 60, what="the standby to take the Lease")
+        say(f"{successor} leads {time.monotonic() - deleted:.1f} s after the delete")
+
+        store_nodes = {p.spec.node_name for p in job.pods(lbl.ROLE_RENDEZVOUS)}
+        workers = [p for p in job.pods() if p.status.phase == "Running"]
+        victim = next((p for p in workers if p.spec.node_name not in store_nodes), workers[0])
+        at = job.progress().get("step")
+        say(f"killing node {victim.spec.node_name} at step {at}")
+        nodes.kill_node(victim.spec.node_name)
+
+        def lost_recorded() -> bool:
+            failures = job.status().get("failures") or []
+            return any(f.get("node") == victim.spec.node_name for f in failures)
+
+        wait_for(
+            lost_recorded,
+            NODE_MONITOR_GRACE_S + NODE_LOST_GRACE_S + 90,
+            what="the node loss recorded",
+            describe_last=job.describe,
+        )
+        phase = job.wait_finished()
+        say(f"apply -> job {phase} in {time.monotonic() - applied:.1f} s")
+        report = job.progress()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == USER_STEPS, report
+        assert int(report.get("resumes") or 0) >= 1, report
+        live = {p.metadata.name for p in _operator_pods(api) if _ready(p)}
+        holder = _lease_holder(api).rsplit("_", 1)[0]
+        assert holder in live, (holder, live)
+        time.sleep(3)  # the last scrapes
+        window_end = time.time()
+
+        up = {t["labels"]["pod"]: t["health"] for t in prom.targets() if "pod" in t["labels"]}
+        say(f"Prometheus discovered {sorted(up)}")
+        assert successor in up and up[successor] == "up", up
+        assert any(name.startswith(f"{job.name}-worker-") for name in up), up
+        checked = dashboards.evaluate(
+            prom, {"namespace": job.namespace, "job": job.name}, window_start, window_end
+        )
+        say(f"{checked} dashboard expressions returned data for {job.namespace}/{job.name}")
+        delete_volume(api, corpus_pv)
+    _helm(real_cluster, home, "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait")
+
+
 def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
     real_cluster: Cluster,
     trainer_image: LoadedImage,
@@ -946,11 +1184,7 @@ def test_a_spare_takes_a_deleted_workers_place(
             describe_last=job.describe,
         )
         pods = [p for p in job.pods() if p.status.phase == "Running"]
-        ready = [
-            p
-            for p in pods
-            if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-        ]
+        ready = [p for p in pods if _ready(p)]
         [spare] = [p for p in pods if p not in ready]
         logs = _logs(real_cluster, job.namespace, spare.metadata.name)
         assert "standing by as a spare" in logs, logs[-2000:]

@@ -1,8 +1,10 @@
 """The generated CRD on a real apiserver: defaults, schema and CEL rejections, subresources."""
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from api_cases import BAD_SPECS, BadSpec, job
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -10,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from torchkube.api import GROUP, PLURAL, VERSION, TrainingJob
 
 pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def create(api: client.CustomObjectsApi, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +45,16 @@ def test_full_example_is_accepted(custom: Any, namespace: str) -> None:
     stored = create(custom, namespace, job("full", spec))
     assert stored["spec"]["env"][0]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert stored["spec"]["checkpoint"]["size"] == "200Gi"
+
+
+def test_tensor_parallel_jobs_are_accepted(custom: Any, namespace: str) -> None:
+    """The CEL rules on tensor parallelism let through what the models let through."""
+    example = yaml.safe_load((ROOT / "examples" / "llama-tensor-parallel.yaml").read_text())
+    stored = create(custom, namespace, example)
+    assert stored["spec"]["trainer"]["parallelism"] == {"tensor": 8}
+    trainer = {"model": "llama-tiny", "strategy": "hsdp", "parallelism": {"tensor": 4}}
+    spec = {"nprocPerNode": "auto", "resources": {"gpus": 8}, "trainer": trainer}
+    create(custom, namespace, job("tp-auto", spec))
 
 
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)

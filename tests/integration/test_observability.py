@@ -13,7 +13,6 @@ return data (the DCGM panels need only be valid); the metric names, types and la
 docs/metrics.md must match what the two endpoints expose; and ``torchkube plot`` draws the run.
 """
 
-import math
 import os
 import re
 import signal
@@ -34,7 +33,7 @@ from testbed import dashboards as d
 from testbed import faults
 from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
 from testbed.operator import OperatorProcess
-from testbed.prometheus import Prometheus, PrometheusError, ScrapeJob
+from testbed.prometheus import Prometheus, ScrapeJob
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
@@ -45,8 +44,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "quickstart"
-OPTIONAL = ("DCGM_",)
-"""Metrics from exporters torchkube does not run: their queries must be valid, may be empty."""
 
 
 class FakeTrainer:
@@ -247,13 +244,6 @@ def wait_restored(api: Any, namespace: str, restarts: int, avoid: set[str]) -> N
     )
 
 
-def has_data(result: list[dict[str, Any]]) -> bool:
-    """At least one finite value in a range-query result."""
-    return any(
-        not math.isnan(float(value)) for series in result for _, value in series.get("values", [])
-    )
-
-
 def test_dashboards_and_docs_against_a_real_prometheus(
     api_client: Any,
     namespace: str,
@@ -287,7 +277,7 @@ def test_dashboards_and_docs_against_a_real_prometheus(
         time.sleep(3)  # the last scrapes of the operator's final values
         ended = time.time()
 
-        checked = evaluate_dashboards(prom, namespace, started, ended)
+        checked = d.evaluate(prom, {"namespace": namespace, "job": JOB}, started, ended)
         print(f"{checked} dashboard expressions returned data")
 
         goodput = prom.query(f'torchkube_job_goodput_ratio{{namespace="{namespace}", job="{JOB}"}}')
@@ -329,34 +319,3 @@ def run_kwok_scenario(api: Any, namespace: str, prom: Prometheus) -> None:
     faults.delete_node(api, pod.spec.node_name, wait=False)
     wait_restored(api, namespace, 2, {pod.metadata.name, pod.spec.node_name})
     time.sleep(5)
-
-
-def evaluate_dashboards(prom: Prometheus, namespace: str, start: float, end: float) -> int:
-    """Every expression of both dashboards as Grafana would send it; returns how many."""
-    values = {"namespace": namespace, "job": JOB, "datasource": "prometheus"}
-    failures: list[str] = []
-    checked = 0
-    for name, dashboard in d.load_all().items():
-        assert d.problems(dashboard) == [], name
-        for query in d.queries(dashboard):
-            expr = d.substitute(query.expr, values)
-            where = f"{name} {query.where}: {expr}"
-            try:
-                if query.kind == "variable":
-                    selector, label = d.label_values_query(expr)
-                    found = prom.label_values(label, selector)
-                    if values[label] not in found:
-                        failures.append(f"{where}: {values[label]!r} not in {found}")
-                    checked += 1
-                    continue
-                result = prom.query_range(expr, start, end, step=1.0)
-            except PrometheusError as error:
-                failures.append(f"{where}: {error}")
-                continue
-            if any(metric in expr for metric in OPTIONAL):
-                continue
-            if not has_data(result):
-                failures.append(f"{where}: no data")
-            checked += 1
-    assert not failures, "\n".join(failures)
-    return checked

@@ -58,8 +58,12 @@ def test_chaos_run_finishes_with_the_same_loss(tmp_path: Path) -> None:
     assert chaos_final["step"] == calm_final["step"] == 200
     assert "chaos: SIGKILL worker" in chaos.stdout
     assert "chaos: SIGKILL the rendezvous store" in chaos.stdout
-    assert "worker 0 killed (chaos) at step 7" in chaos.stdout
-    assert "rendezvous store killed (chaos) at step 14" in chaos.stdout
+    # The runner reads the trainer's progress every log interval, so a kill lands on the first
+    # step it sees at or past the one asked for (70 → 70..79 on a quiet machine, later if busy).
+    worker_kill = re.search(r"worker 0 killed \(chaos\) at step (\d+)", chaos.stdout)
+    store_kill = re.search(r"rendezvous store killed \(chaos\) at step (\d+)", chaos.stdout)
+    assert worker_kill and 70 <= int(worker_kill[1]) < 140, chaos.stdout
+    assert store_kill and 140 <= int(store_kill[1]) < 200, chaos.stdout
     logs = "".join(p.read_text() for p in (tmp_path / "chaos" / "logs").glob("worker-*.log"))
     assert "re-joining through a new connection to the store" in logs
     assert chaos_final["loss"] == calm_final["loss"], "resumed training must be bitwise identical"
@@ -106,7 +110,13 @@ def test_sigterm_stops_the_whole_tree_after_an_emergency_checkpoint(tmp_path: Pa
     time.sleep(1)
     assert _processes_using(workdir) == [], "processes left behind"
     final = json.loads(progress.read_text())
-    assert final["lastCheckpointStep"] == final["step"] and not final["finished"]
+    assert not final["finished"]
+    if final["lastCheckpointStep"] != final["step"]:
+        # SIGTERM fell while an async save was being written: that save is finished instead of
+        # a second one (one write fits the grace), and the trainer says what will be redone.
+        logs = "".join(p.read_text() for p in (workdir / "logs").glob("worker-*.log"))
+        said = f"stopping at step {final['step']} with the checkpoint of step "
+        assert f"{said}{final['lastCheckpointStep']}, which was being written" in logs, final
 
 
 def test_invalid_job_is_refused_with_the_field(tmp_path: Path) -> None:

@@ -67,9 +67,16 @@ def make_job(
     interval_steps: int = 10,
     interval_seconds: float = 0.0,
     async_save: bool = True,
+    activation_checkpointing: str = "none",
 ) -> Job:
     spec = TrainerSpec(
-        model="tiny", device="cpu", seq_len=16, steps=100, warmup_steps=10, strategy=strategy
+        model="tiny",
+        device="cpu",
+        seq_len=16,
+        steps=100,
+        warmup_steps=10,
+        strategy=strategy,
+        activation_checkpointing=activation_checkpointing,  # type: ignore[arg-type]
     )
     torch.manual_seed(0)
     gpt = GPT(replace(PRESETS["tiny"], vocab_size=64, block_size=16))
@@ -259,6 +266,26 @@ def test_strategies_share_one_format(
     other.train(2, seed=5)
     for k, v in job.full_model().items():
         torch.testing.assert_close(other.full_model()[k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "saved_with", "loaded_with"),
+    [("fsdp", "full", "none"), ("ddp", "none", "selective")],
+)
+def test_activation_checkpointing_leaves_checkpoints_and_numbers_alone(
+    info: DistInfo, tmp_path: Path, strategy: str, saved_with: str, loaded_with: str
+) -> None:
+    """The recomputation wrapper is not part of any parameter's name in a checkpoint, and
+    recomputing gives the very numbers that were kept."""
+    job = make_job(info, tmp_path, strategy, async_save=False, activation_checkpointing=saved_with)
+    job.train(3)
+    job.ckpt.save(3)
+    other = make_job(info, tmp_path, strategy, activation_checkpointing=loaded_with)
+    assert other.ckpt.load()
+    assert_same(other.full_model(), job.full_model())
+    job.train(2, seed=5)
+    other.train(2, seed=5)
+    assert_same(other.full_model(), job.full_model())
 
 
 def test_disabled_without_a_folder(info: DistInfo) -> None:

@@ -3,7 +3,13 @@
 import pytest
 import torch.distributed as dist
 
-from torchkube.trainer.distributed import DistInfo, StepAgreement, mean_across_ranks
+from torchkube.trainer.distributed import (
+    DistInfo,
+    StepAgreement,
+    check_tensor_size,
+    mean_across_ranks,
+)
+from torchkube.trainer.loader import ConfigError
 
 
 def test_a_world_of_one_makes_no_collective_calls(
@@ -28,3 +34,11 @@ def test_a_world_of_one_stops_after_the_step_the_signal_came_in(info: DistInfo) 
     agreement.start(save=False)
     requested["stop"] = True  # SIGTERM while the step computes
     assert agreement.result() == (True, False)
+
+
+def test_a_tensor_group_must_fit_in_the_pods_processes() -> None:
+    """What torchrun really started is checked too: admission only saw nprocPerNode."""
+    check_tensor_size(4, 8)
+    check_tensor_size(1, 3)
+    with pytest.raises(ConfigError, match=r"parallelism\.tensor \(4\) must divide .* 6\)"):
+        check_tensor_size(4, 6)

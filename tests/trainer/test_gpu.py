@@ -1,5 +1,6 @@
-"""The same trainer on a GPU: NCCL, bf16, FSDP2, compile, and a first GPT-2-small throughput
-figure (tokens/s and MFU, written down in docs/trainer.md). Skipped without CUDA."""
+"""The same trainer on a GPU: NCCL, bf16, FSDP2, compile, and throughput figures (tokens/s and
+MFU, written down in docs/trainer.md) for GPT-2 small and a 1B Llama under DDP, FSDP2 and
+tensor parallelism × FSDP2, on one GPU and on all of them. Skipped without CUDA."""
 
 import time
 from pathlib import Path
@@ -72,3 +73,59 @@ def test_step_time_is_the_gpu_time() -> None:
     host = time.monotonic() - host
     [gpu] = timer.finished(wait=True)
     assert gpu > 10 * host
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "tensor", "gpus"),
+    [
+        ("gpt2", "ddp", 1, "one"),
+        ("gpt2", "fsdp", 1, "one"),
+        ("gpt2", "ddp", 1, "all"),
+        ("gpt2", "fsdp", 1, "all"),
+        ("llama-1b", "ddp", 1, "one"),
+        ("llama-1b", "fsdp", 1, "one"),
+        ("llama-1b", "fsdp", 1, "all"),
+        ("llama-1b", "fsdp", "all", "all"),
+    ],
+)
+def test_throughput_by_parallelism(
+    model: str, strategy: str, tensor: int | str, gpus: str, token_data: Path, tmp_path: Path
+) -> None:
+    """tokens/s and MFU of GPT-2 small and a Llama 3.2 1B shape (their real vocabularies),
+    bf16 + compile, on one GPU and on all of them (tensor parallel over up to 8), for
+    docs/trainer.md's table: ``pytest tests/trainer/test_gpu.py -k throughput_by -s``."""
+    count = torch.cuda.device_count()
+    if gpus == "all" and count < 2:
+        pytest.skip("the same as on one GPU: this machine has one")
+    nproc = count if gpus == "all" else 1
+    tensor = min(nproc, 8) if tensor == "all" else int(tensor)
+    llama = model.startswith("llama")
+    micro = 4 if llama else 16
+    args = spec_args(
+        token_data,
+        model=model,
+        vocabSize=128256 if llama else 50304,
+        strategy=strategy,
+        **{"parallelism.tensor": tensor},
+        seqLen=2048 if llama else 1024,
+        microBatchSize=micro,
+        globalBatchSize=micro * (nproc // tensor),
+        steps=40,
+        warmupSteps=10,
+        logIntervalSteps=20,
+        compile=True,
+        learningRate=3e-4,
+        lrSchedule="cosine",
+        **GPU,
+    )
+    runner = Torchrun(tmp_path)
+    try:
+        launch = runner.start(
+            nproc, [*args, "--checkpoint-interval-steps=0"], checkpoint_dir=tmp_path / "ckpt"
+        )
+        assert launch.wait(900) == 0, launch.output()[-4000:]
+    finally:
+        runner.close()
+    line = [line for line in launch.output().splitlines() if "tok/s" in line][-1]
+    print(f"{model} {strategy} tensor {tensor} on {nproc} GPU(s): {line}")
+    assert read_progress(tmp_path / "ckpt")["tokensPerSecond"] > 0 and "mfu n/a" not in line

@@ -50,12 +50,14 @@ def test_grad_accumulation_keeps_the_global_batch_at_every_world_size() -> None:
 def test_schema_is_structural_and_carries_the_cross_field_rules() -> None:
     """The CRD generator needs descriptions everywhere and unions only of the X | None kind."""
     schema = TrainerSpec.model_json_schema(by_alias=True)
-    assert "$defs" not in schema
-    for name, prop in schema["properties"].items():
-        assert prop.get("description"), name
-        assert "default" in prop, name
-        if "anyOf" in prop:
-            assert len(prop["anyOf"]) == 2 and {"type": "null"} in prop["anyOf"], name
+    nested = schema.pop("$defs", {})  # nested spec models, which the CRD generator inlines
+    assert list(nested) == ["ParallelismSpec"]
+    for model in (schema, *nested.values()):
+        for name, prop in model["properties"].items():
+            assert prop.get("description"), name
+            assert "default" in prop or "$ref" in prop, name  # nested: the CRD renders it
+            if "anyOf" in prop:
+                assert len(prop["anyOf"]) == 2 and {"type": "null"} in prop["anyOf"], name
     rules = [r["rule"] for r in schema["x-kubernetes-validations"]]
     assert "self.globalBatchSize % self.microBatchSize == 0" in rules
 
@@ -144,3 +146,79 @@ def test_preflight_rejects_missing_data_and_unwritable_checkpoints(
     spec, run_env = load_config([f"--data-path={token_data / 'val.bin'}", "--seq-len=100000"], {})
     with pytest.raises(ConfigError, match="not a single training sequence"):
         preflight(spec, run_env)
+
+
+def test_nested_fields_layer_and_take_dotted_flags(tmp_path: Path) -> None:
+    config = tmp_path / "trainer.yaml"
+    config.write_text("model: llama-tiny\nparallelism: {tensor: 4}\nseqLen: 64\n")
+    spec, _ = load_config(["--config", str(config)], {})
+    assert spec.parallelism.tensor == 4
+    spec, _ = load_config(["--config", str(config), "--parallelism.tensor=2"], {})
+    assert spec.parallelism.tensor == 2 and spec.model == "llama-tiny"
+    with pytest.raises(ConfigError, match=r"parallelism\.tensr"):
+        load_config(["--parallelism.tensr=2"], {})
+    with pytest.raises(ConfigError, match=r"unknown option --paralelism\.tensor"):
+        load_config(["--paralelism.tensor=2"], {})
+
+
+def write_weights_folder(folder: Path, vocab: int, tokenizer_vocab: int | None = None) -> None:
+    """A folder of the Hugging Face layout; only headers and config matter to pre-flight."""
+    import struct
+
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": vocab,
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+            }
+        )
+    )
+    header = json.dumps({"lm_head.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
+    (folder / "model.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header.encode() + bytes(8)
+    )
+    if tokenizer_vocab is not None:
+        vocab_map = {f"t{i}": i for i in range(tokenizer_vocab - 1)}
+        tokenizer = {
+            "model": {"type": "BPE", "vocab": vocab_map},
+            "added_tokens": [{"id": tokenizer_vocab - 1}],
+        }
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+def test_preflight_checks_the_weights_folder_against_the_data(
+    tmp_path: Path, token_data: Path
+) -> None:
+    """The sample data is byte-level: 257 token ids."""
+    data = f"--data-path={token_data / 'train.bin'}"
+
+    def check(folder: Path, *flags: str) -> None:
+        spec, run_env = load_config(
+            ["--model=llama-tiny", f"--weights-path={folder}", data, *flags], {}
+        )
+        preflight(spec, run_env)
+
+    fits, small, other_tokenizer, same_tokenizer = (tmp_path / n for n in "abcd")
+    write_weights_folder(fits, vocab=320)
+    check(fits)
+    with pytest.raises(ConfigError, match=r"vocabSize \(512\) differs .* \(320\)"):
+        check(fits, "--vocab-size=512")
+    write_weights_folder(small, vocab=200)
+    with pytest.raises(ConfigError, match="token ids up to 256, outside the 200-token vocabulary"):
+        check(small)
+    write_weights_folder(other_tokenizer, vocab=32000, tokenizer_vocab=32000)
+    with pytest.raises(
+        ConfigError, match="tokenised with a 257-token vocabulary, but the tokenizer"
+    ):
+        check(other_tokenizer)
+    write_weights_folder(same_tokenizer, vocab=320, tokenizer_vocab=257)
+    check(same_tokenizer)
+    with pytest.raises(ConfigError, match=r"weightsPath: cannot read .*config.json"):
+        check(tmp_path / "nowhere")
+    (fits / "model.safetensors").write_bytes(b"\x10" + bytes(7) + b"{}")
+    with pytest.raises(ConfigError, match=r"weightsPath: .* is not a safetensors file"):
+        check(fits)

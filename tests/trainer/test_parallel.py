@@ -1,14 +1,19 @@
-"""Strategies in one process (world size 1, gloo): what each ``apply_*`` makes of the model, and
-what gradient accumulation does to FSDP2's gradients. Several processes: test_torchrun.py."""
+"""Strategies in one process (world size 1, gloo): what each ``apply_*`` makes of the model,
+what gradient accumulation does to FSDP2's gradients, what activation checkpointing recomputes.
+Several processes: test_torchrun.py, test_tensor_parallel.py."""
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.llama import PRESETS as LLAMA_PRESETS
+from torchkube.trainer.llama import Llama
 from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
 from torchkube.trainer.parallel import (
     build_optimizer,
@@ -100,3 +105,47 @@ def test_mfu_counts_against_the_precision_the_matmuls_run_in(
 ) -> None:
     spec = TrainerSpec(precision=precision)  # type: ignore[arg-type]
     assert matmul_precision(spec, torch.device(device), fp32_setting) == expected
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops run while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.counts[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def backward_ops(mode: str, info: DistInfo) -> tuple[Counter[str], dict[str, torch.Tensor]]:
+    """The ops one backward runs with activation checkpointing ``mode``, and the gradients."""
+    torch.manual_seed(0)
+    llama = Llama(replace(LLAMA_PRESETS["llama-tiny"], vocab_size=64))
+    spec = TrainerSpec(model="llama-tiny", device="cpu", activation_checkpointing=mode)  # type: ignore[arg-type]
+    model = parallelize(llama, spec, info, list(llama.layers))
+    idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    loss = cross_entropy_loss(model(idx[:, :-1]), idx[:, 1:])
+    with OpCounter() as counter:
+        loss.backward()
+    grads = {
+        n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()
+    }
+    return counter.counts, grads
+
+
+def test_activation_checkpointing_recomputes_what_its_mode_says(info: DistInfo) -> None:
+    """full re-runs each block's forward in backward, matmuls included; selective keeps the
+    matmul outputs and re-runs only the cheap ops (here SiLU, once per block). Either way the
+    gradients are those computed without it."""
+    none, grads = backward_ops("none", info)
+    full, full_grads = backward_ops("full", info)
+    selective, selective_grads = backward_ops("selective", info)
+    layers = LLAMA_PRESETS["llama-tiny"].n_layers
+    assert none["silu"] == 0
+    assert full["silu"] == selective["silu"] == layers
+    assert selective["mm"] == none["mm"] < full["mm"]
+    for name, grad in grads.items():
+        torch.testing.assert_close(full_grads[name], grad, rtol=0, atol=0)
+        torch.testing.assert_close(selective_grads[name], grad, rtol=0, atol=0)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,10 @@ from trainer_harness import assert_bitwise_equal, checkpoint_tensors, spec_args
 
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer import RunEnv, Workload, gpt_workload, load_config, run
+from torchkube.trainer.llama import PRESETS as LLAMA_PRESETS
+from torchkube.trainer.llama import Llama
 from torchkube.trainer.loader import EXIT_CONFIG_ERROR, EXIT_OK
+from torchkube.trainer.weights import save_pretrained
 
 
 def run_tiny(data: Path, ckpt: Path, workload: Workload | None = None, **overrides: object) -> int:
@@ -220,3 +224,23 @@ def test_bad_input_is_one_line_and_exit_3(
     assert done.returncode == EXIT_CONFIG_ERROR
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     assert done.stderr.startswith("torchkube-trainer: error: ")
+
+
+def test_the_trainer_refuses_weights_of_another_shape_with_exit_3(
+    tmp_path: Path, token_data: Path
+) -> None:
+    """config.json says one shape, the tensors another: found when the tensors are read."""
+    folder = tmp_path / "weights"
+    torch.manual_seed(1)
+    save_pretrained(Llama(replace(LLAMA_PRESETS["mistral-tiny"], vocab_size=320)), folder)
+    config = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(config.replace("128", "256"))  # intermediate_size
+    spec, _ = load_config(
+        spec_args(
+            token_data, model="mistral-tiny", weightsPath=str(folder), steps=2, warmupSteps=0
+        ),
+        {},
+    )
+    assert run(spec, RunEnv(checkpoint_dir=tmp_path / "ckpt")) == EXIT_CONFIG_ERROR
+    error = (tmp_path / "ckpt" / "progress.json").read_text()
+    assert "weightsPath:" in error and "mlp.gate_proj.weight is [128, 64]" in error

@@ -1,12 +1,18 @@
 """Defaults and validation of the TrainingJob pydantic models."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 from api_cases import BAD_SPECS, BadSpec, job
 from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
 from torchkube.api.errors import describe
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND, BackoffSpec, FailurePolicySpec
+from torchkube.api.trainer import is_llama_family
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_minimal_job_gets_documented_defaults() -> None:
@@ -86,3 +92,27 @@ def test_claim_name_may_be_any_valid_object_name_dots_included() -> None:
         TrainingJob.model_validate(
             {"metadata": {"name": "demo"}, "spec": {"checkpoint": {"claimName": "Team..x"}}}
         )
+
+
+@pytest.mark.parametrize(
+    ("nproc", "gpus", "tensor"),
+    [(8, 8, 8), (8, 8, 2), ("auto", 8, 4), (4, 0, 2), (2, 0, 1), ("auto", 0, 1)],
+)
+def test_tensor_groups_that_fit_a_pod_are_accepted(
+    nproc: int | str, gpus: int, tensor: int
+) -> None:
+    spec = {
+        "nprocPerNode": nproc,
+        "resources": {"gpus": gpus},
+        "trainer": {"model": "llama-tiny", "strategy": "fsdp", "parallelism": {"tensor": tensor}},
+    }
+    trainer = TrainingJob.model_validate(job("tp", spec)).spec.trainer
+    assert trainer.parallelism.tensor == tensor
+    assert trainer.activation_checkpointing == "none" and trainer.weights_path is None
+
+
+def test_the_tensor_parallel_example_is_a_valid_job() -> None:
+    manifest = yaml.safe_load((ROOT / "examples" / "llama-tensor-parallel.yaml").read_text())
+    spec = TrainingJob.model_validate(manifest).spec
+    assert spec.trainer.parallelism.tensor == spec.nproc_per_node == spec.resources.gpus == 8
+    assert is_llama_family(spec.trainer.model) and spec.trainer.weights_path

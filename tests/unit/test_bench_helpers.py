@@ -5,6 +5,7 @@ trial values into published figures is right.
 """
 
 import datetime as dt
+import json
 import sys
 from pathlib import Path
 
@@ -13,11 +14,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
-from bench import report
+from bench import guard, kubeflow, report
 from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
-from bench.kube import ApiCount, parse_metrics
-from bench.recovery_e2e import LogLine, line_time, split_recovery
+from bench.kube import metric_delta, parse_metrics
+from bench.plain_torchrun import PlainTorchrun
+from bench.recovery_e2e import LogLine, back_at_step, job_manifest, line_time, split_recovery
 from bench.trainer_throughput import throughput
+from testbed.cluster import scheduler_configuration
+from torchkube.api import TrainingJob
 
 
 @pytest.mark.parametrize("values", [[3.0], [1.0, 2.0], [5, 1, 4, 2, 3], [0.3, 0.1, 9.0, 2.5]])
@@ -150,6 +154,82 @@ def test_api_requests_between_two_scrapes() -> None:
         'torchkube_api_requests_total{verb="patch",resource="trainingjobs/status"} 2.0\n'
         "torchkube_reconcile_duration_seconds_count 6.0\n"
     )
-    count = ApiCount.between(before, after)
-    assert count.requests == {"create pod": 8.0, "patch trainingjobs/status": 2.0}
-    assert count.reconciles == 4.0 and count.total == 10.0
+    grown = metric_delta(before, after, "torchkube_api_requests_total")
+    assert grown == {
+        (("resource", "pod"), ("verb", "create")): 8.0,
+        (("resource", "trainingjobs/status"), ("verb", "patch")): 2.0,
+    }
+    reconciles = metric_delta(before, after, "torchkube_reconcile_duration_seconds_count")
+    assert sum(reconciles.values()) == 4
+
+
+def test_peer_requests_are_client_go_requests_of_every_verb() -> None:
+    text = (
+        "# TYPE rest_client_requests_total counter\n"
+        'rest_client_requests_total{code="200",host="h",method="GET"} 5\n'
+        'rest_client_requests_total{code="201",host="h",method="POST"} 7\n'
+        "workqueue_adds_total 3\n"
+    )
+    assert kubeflow.requests_total(text) == 12.0
+
+
+def test_guard_allows_three_times_the_recorded_median_plus_slack(tmp_path: Path) -> None:
+    figure = {"name": "8 workers, idle: apply → all Running, torchkube", "median": 0.25}
+    (tmp_path / "operator_scale.json").write_text(json.dumps({"figures": [figure]}))
+    recorded = guard.baseline("operator_scale", figure["name"], tmp_path)
+    assert recorded == 0.25
+    assert guard.Check("x", 1.75, recorded).passed
+    assert not guard.Check("x", 1.76, recorded).passed
+    assert "GROSS REGRESSION" in guard.report([guard.Check("x", 2.0, recorded)])
+    with pytest.raises(guard.MissingBaseline, match=r"bench/run\.sh operator_scale"):
+        guard.baseline("operator_scale", "another figure", tmp_path)
+    with pytest.raises(guard.MissingBaseline, match="cannot read"):
+        guard.baseline("recovery_e2e", figure["name"], tmp_path)
+
+
+def test_guard_takes_the_latest_recording_including_one_scenario_runs(tmp_path: Path) -> None:
+    name = "8 workers, idle: apply → all Running, torchkube"
+
+    def record(stem: str, date: str, median: float) -> None:
+        body = {"machine": {"date": date}, "figures": [{"name": name, "median": median}]}
+        (tmp_path / f"{stem}.json").write_text(json.dumps(body))
+
+    record("operator_scale", "2026-11-23 10:54 UTC", 0.5)
+    record("operator_scale_single", "2026-11-24 09:00 UTC", 0.3)
+    (tmp_path / "operator_scale_fleet.json").write_text(
+        json.dumps({"machine": {"date": "2026-11-25 09:00 UTC"}, "figures": []})
+    )
+    assert guard.baseline("operator_scale", name, tmp_path) == 0.3
+    record("operator_scale", "2026-11-26 09:00 UTC", 0.4)
+    assert guard.baseline("operator_scale", name, tmp_path) == 0.4
+
+
+def test_scheduler_configuration_raises_the_client_rate_only_when_asked() -> None:
+    plain = json.loads(scheduler_configuration(Path("k.conf"), None))
+    assert plain["clientConnection"] == {"kubeconfig": "k.conf"}
+    assert plain["leaderElection"] == {"leaderElect": False}
+    fast = json.loads(scheduler_configuration(Path("k.conf"), 500))
+    assert fast["clientConnection"] == {"kubeconfig": "k.conf", "qps": 500, "burst": 1000}
+
+
+def test_plain_torchrun_gets_torchkubes_settings_or_its_own_defaults(tmp_path: Path) -> None:
+    job = TrainingJob.model_validate(job_manifest("gone", steps=50, interval=10))
+    ours = PlainTorchrun(job, tmp_path, "torchkube").command(host=True)
+    conf = next(a for a in ours if a.startswith("--rdzv-conf="))
+    assert "last_call_timeout=5" in conf and "keep_alive_interval=2" in conf
+    assert conf.endswith(",is_host=true") and "--monitor-interval=0.5" in ours
+    defaults = PlainTorchrun(job, tmp_path, "defaults").command(host=False)
+    assert "--rdzv-conf=is_host=false" in defaults
+    assert not any(a.startswith("--monitor-interval") for a in defaults)
+    assert "--nnodes=1:2" in defaults and defaults[-2:] == ["-m", "torchkube.trainer"]
+
+
+def test_back_at_step_is_the_first_rank0_step_past_the_kill_step() -> None:
+    lines = [
+        LogLine(10.0, "worker-0.log", "x INFO torchkube: step 30/50 | loss"),
+        LogLine(12.0, "worker-1.log", "x INFO torchkube [rank 1]: step 31/50 | loss"),
+        LogLine(13.0, "worker-0.log", "x INFO torchkube: step 25/50 | loss"),
+        LogLine(15.0, "worker-0.log", "x INFO torchkube: step 31/50 | loss"),
+    ]
+    assert back_at_step(lines, 11.0, 30) == 4.0
+    assert back_at_step(lines, 16.0, 30) is None

@@ -53,7 +53,7 @@ def job(name: str = "gpt", namespace: str = "team-a", **status: Any) -> dict[str
             "uid": "u-1",
         },
         "spec": {
-            "image": "torchkube/trainer:0.1.0",
+            "image": "ghcr.io/torchkube/torchkube-trainer:0.1.0",
             "command": ["-m", "torchkube.trainer"],
             "args": [],
             "resources": {"gpus": 8, "gpuResourceName": "nvidia.com/gpu"},

@@ -88,3 +88,15 @@ def test_docs_list_exactly_the_trainers_metrics() -> None:
         if name.startswith("torchkube_train_")
     }
     assert d.compare_metrics(documented, exposed) == []
+
+
+def test_job_dashboard_shows_the_device_mesh() -> None:
+    """Data × tensor ranks, now (a stat) and across resizes (a time series)."""
+    job = d.load_all()["job.json"]
+    mesh = {"torchkube_train_data_parallel_size", "torchkube_train_tensor_parallel_size"}
+    showing = {}
+    for panel in job["panels"]:
+        exprs = " ".join(t.get("expr", "") for t in panel.get("targets", []))
+        if all(name in exprs for name in mesh):
+            showing[panel["type"]] = panel["title"]
+    assert set(showing) == {"stat", "timeseries"}, showing

@@ -1,7 +1,9 @@
 """``torchkube plot``: a synthetic run dir (the trainer's log format) drawn to a PNG."""
 
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from torchkube.local.plot import plot_command, read_run
@@ -96,3 +98,15 @@ def test_a_resume_from_the_last_logged_step_is_a_failure_too(tmp_path: Path) -> 
         60,
         70.0,
     )
+
+
+def test_without_matplotlib_the_command_says_which_extra_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain install (no `plot` extra): one sentence and exit code 1, never a traceback."""
+    run_dir = synthetic_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import` sees when absent
+    result = CliRunner().invoke(plot_command, [str(run_dir), "-o", str(tmp_path / "x.png")])
+    assert result.exit_code == 1
+    assert "pip install 'torchkube[plot]'" in result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, ImportError)

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
-from bench.trainer_throughput import command, median_interval, parse_args
+from bench.trainer_throughput import command, flops_per_token, median_interval, parse_args
 
 
 def coverage(n: int, low_rank: int) -> float:
@@ -39,3 +39,10 @@ def test_recorded_command_spells_out_every_setting() -> None:
         "--strategies ddp --compile off"
     )
     assert parse_args(command(args).split()[3:]) == args
+
+
+@pytest.mark.parametrize("model", ["small", "llama-small"])
+def test_flops_per_token_come_from_the_presets_model(model: str) -> None:
+    """GPT and Llama presets alike, counted by the model the trainer builds."""
+    args = parse_args(["--model", model])
+    assert flops_per_token(args) > 6 * 10e6  # both are ~10 M parameters and more

@@ -163,3 +163,33 @@ class ProgressReport(BaseModel):
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+PREPARED_MARKER = "PREPARED.json"
+"""In the data folder of ``spec.data``: the :class:`PrepareReport` of the prepare step that
+wrote it. A later step for the same source and tokenizer finds it and does nothing."""
+
+
+class PrepareReport(BaseModel):
+    """What ``torchkube prepare-data --report FILE`` writes when it succeeds: the prepare pod's
+    termination message (read by the operator into ``status.data``) and the marker file.
+
+    A failed step writes one line of plain text there instead and exits
+    :attr:`ExitCode.CONFIG_ERROR` when retrying cannot help (a missing path, an HTTP 404, GPT-2
+    asked for without its vocabulary), 1 otherwise."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    source: str = Field(description="The source, in a few words (DataSource.describe).")
+    tokenizer: str = Field(
+        description="gpt2, bytes, or a Hugging Face tokenizer folder's absolute path."
+    )
+    tokenizer_note: str | None = Field(default=None, description="Why not the one asked for.")
+    documents: int = Field(ge=0, description="Documents read.")
+    train_tokens: int = Field(ge=0, description="Tokens in train.bin.")
+    val_tokens: int = Field(default=0, ge=0, description="Tokens in val.bin.")
+    vocab_size: int = Field(ge=1, description="The tokenizer's vocabulary size.")
+    reused: bool = Field(default=False, description="Found on the volume; nothing was redone.")
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")

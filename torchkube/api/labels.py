@@ -23,6 +23,8 @@ MANAGER = "torchkube-operator"
 
 ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"
+ROLE_PREPARE = "prepare"
+"""The pod that prepares spec.data onto the checkpoint volume before any worker starts."""
 
 TRAINER_CONTAINER = "trainer"
 RENDEZVOUS_HOSTNAME = "rendezvous"

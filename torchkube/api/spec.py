@@ -12,11 +12,18 @@ from pydantic import ConfigDict, Field, model_validator
 
 from torchkube.api.base import ApiModel
 from torchkube.api.contract import PERMANENT_EXIT_CODES
+from torchkube.api.data import TRAIN_FILE, VAL_FILE, DataSpec
 from torchkube.api.trainer import TrainerSpec
 from torchkube.api.types import DNS_SUBDOMAIN, EnvVar, FreeForm, NprocPerNode, Quantity
 
 BUILTIN_TRAINER_COMMAND = ["-m", "torchkube.trainer"]
-DEFAULT_IMAGE = "torchkube/trainer:0.1.0"
+DATA_OR_PATH = (
+    "set spec.data (the job prepares its data) or trainer.dataPath (data already on a volume), "
+    "not both"
+)
+DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
+DEFAULT_IMAGE = "ghcr.io/torchkube/torchkube-trainer:0.1.0"
+"""The trainer image .github/workflows/release.yml publishes for this version (docs/images.md)."""
 
 
 def cel(*rules: tuple[str, str]) -> ConfigDict:
@@ -548,6 +555,26 @@ class TrainingJobSpec(ApiModel):
             "self.rendezvous.port != self.metrics.port",
             "rendezvous.port and metrics.port must differ",
         ),
+        (
+            "!has(self.data) || !has(self.trainer.dataPath)",
+            DATA_OR_PATH,
+        ),
+        (
+            "!has(self.data) || self.data.valFraction > 0.0 || self.trainer.evalIntervalSteps == 0",
+            DATA_EVAL,
+        ),
+        (
+            "self.trainer.parallelism.tensor == 1 || (type(self.nprocPerNode) == int ? "
+            "self.nprocPerNode % self.trainer.parallelism.tensor == 0 : "
+            "self.resources.gpus > 0)",
+            "trainer.parallelism.tensor must divide nprocPerNode (processes per pod; with "
+            "nprocPerNode auto or gpu, resources.gpus): a tensor group never spans pods",
+        ),
+        (
+            "self.trainer.parallelism.tensor == 1 || self.resources.gpus == 0 || "
+            "self.resources.gpus % self.trainer.parallelism.tensor == 0",
+            "trainer.parallelism.tensor must divide resources.gpus (the GPUs per pod)",
+        ),
     )
 
     image: str = Field(
@@ -622,11 +649,64 @@ class TrainingJobSpec(ApiModel):
         "it reads TORCHKUBE_TRAINER_CONFIG).",
         json_schema_extra=immutable("trainer"),
     )
+    data: DataSpec | None = Field(
+        default=None,
+        description="Text the job prepares onto its checkpoint volume before the workers "
+        "start (torchkube prepare-data, once per job); the trainer then reads it. Unset: "
+        "trainer.dataPath, or the bundled toy corpus.",
+        json_schema_extra=immutable("data"),
+    )
 
     @model_validator(mode="after")
     def _ports(self) -> Self:
         if self.rendezvous.port == self.metrics.port:
             raise ValueError(
                 f"rendezvous.port and metrics.port must differ (both are {self.metrics.port})"
+            )
+        if self.data is not None and self.trainer.data_path is not None:
+            raise ValueError(DATA_OR_PATH)
+        if (
+            self.data is not None
+            and not self.data.val_fraction
+            and self.trainer.eval_interval_steps
+        ):
+            raise ValueError(DATA_EVAL)
+        return self
+
+    def trainer_config(self, mount_path: str | None = None) -> TrainerSpec:
+        """``spec.trainer`` as the workers get it: with ``spec.data``, pointed at the files the
+        prepare step writes under ``mount_path`` (default: ``checkpoint.mountPath``)."""
+        if self.data is None:
+            return self.trainer
+        folder = self.data.folder(mount_path or self.checkpoint.mount_path)
+        val = f"{folder}/{VAL_FILE}" if self.data.val_fraction else None
+        return self.trainer.model_copy(
+            update={"data_path": f"{folder}/{TRAIN_FILE}", "eval_data_path": val}
+        )
+
+    @model_validator(mode="after")
+    def _tensor_groups_fit_a_pod(self) -> Self:
+        """Tensor parallelism talks at every layer, so a tensor group stays inside one pod (on
+        its NVLink): its size divides the pod's processes and GPUs, and the elastic unit, the
+        pod, only ever changes the data dimension."""
+        tensor, gpus = self.trainer.parallelism.tensor, self.resources.gpus
+        if tensor == 1:
+            return self
+        if isinstance(self.nproc_per_node, int):
+            if self.nproc_per_node % tensor:
+                raise ValueError(
+                    f"trainer.parallelism.tensor ({tensor}) must divide nprocPerNode "
+                    f"({self.nproc_per_node}): a tensor group never spans pods"
+                )
+        elif gpus == 0:
+            raise ValueError(
+                f"trainer.parallelism.tensor ({tensor}) must divide nprocPerNode (processes per "
+                f"pod; with nprocPerNode {self.nproc_per_node}, resources.gpus): set an integer "
+                "nprocPerNode or GPUs per pod"
+            )
+        if gpus and gpus % tensor:
+            raise ValueError(
+                f"trainer.parallelism.tensor ({tensor}) must divide resources.gpus ({gpus}), "
+                "the GPUs per pod"
             )
         return self

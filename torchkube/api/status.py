@@ -85,14 +85,41 @@ class SlowestRank(ApiModel):
     )
 
 
+DataPhase = Literal["Preparing", "Prepared", "Failed"]
+
+
+class DataStatus(ApiModel):
+    """The prepare step of ``spec.data``: where it stands and what it wrote."""
+
+    phase: DataPhase = Field(description="Preparing, Prepared or Failed.")
+    source: str = Field(default="", max_length=2048, description="The source, in a few words.")
+    pod: str | None = Field(default=None, max_length=253, description="The prepare pod.")
+    attempts: int = Field(default=0, ge=0, description="Prepare pods started so far.")
+    tokenizer: str | None = Field(
+        default=None, max_length=64, description="The tokenizer used: gpt2 or bytes."
+    )
+    tokenizer_note: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the tokenizer differs from the one asked for (auto without GPT-2's "
+        "vocabulary uses bytes).",
+    )
+    documents: int | None = Field(default=None, ge=0, description="Documents read.")
+    train_tokens: int | None = Field(default=None, ge=0, description="Tokens in train.bin.")
+    val_tokens: int | None = Field(default=None, ge=0, description="Tokens in val.bin.")
+    vocab_size: int | None = Field(default=None, ge=0, description="The tokenizer's vocabulary.")
+    message: str = Field(default="", max_length=4096, description="What happened, in a sentence.")
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob."""
 
     phase: Phase = Field(default="Pending", description="Where the job is in its life cycle.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Latest observations, one per type (Created, Running, Restarting, "
-        "Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, NodesUnreachable).",
+        description="Latest observations, one per type (Created, DataReady, Running, "
+        "Restarting, Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, "
+        "NodesUnreachable).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -133,6 +160,9 @@ class TrainingJobStatus(ApiModel):
         default=None, description="The newest complete checkpoint."
     )
     progress: ProgressRecord | None = Field(default=None, description="Training progress.")
+    data: DataStatus | None = Field(
+        default=None, description="The preparation of spec.data, when the job has one."
+    )
     goodput: float | None = Field(
         default=None,
         ge=0,

@@ -20,11 +20,32 @@ from pydantic import ConfigDict, Field, model_validator
 
 from torchkube.api.base import ApiModel
 
-ModelPreset = Literal["tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+ModelPreset = Literal[
+    "tiny",
+    "small",
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "llama-tiny",
+    "mistral-tiny",
+    "llama-small",
+    "llama-1b",
+    "llama-7b",
+    "llama3-8b",
+    "mistral-7b",
+]
+LLAMA_FAMILY_PREFIXES = ("llama", "mistral")  # presets of torchkube.trainer.llama
 Strategy = Literal["ddp", "zero1", "fsdp", "hsdp"]
+ActivationCheckpointing = Literal["none", "selective", "full"]
 Precision = Literal["auto", "bf16", "fp32"]
 Device = Literal["auto", "cuda", "cpu"]
 LrSchedule = Literal["cosine", "linear", "constant"]
+
+
+def is_llama_family(model: str) -> bool:
+    """Whether a preset is a Llama/Mistral-family decoder (``llama.py``) rather than a GPT."""
+    return model.startswith(LLAMA_FAMILY_PREFIXES)
 
 
 def micro_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
@@ -48,7 +69,49 @@ _CEL_RULES = [
         "!(self.evalIntervalSteps > 0 && has(self.dataPath) && !has(self.evalDataPath))",
         "trainer.evalIntervalSteps > 0 needs trainer.evalDataPath when trainer.dataPath is set",
     ),
+    (
+        "self.parallelism.tensor == 1 || self.model.startsWith('llama') || "
+        "self.model.startsWith('mistral')",
+        "trainer.parallelism.tensor > 1 needs a Llama-family model (llama-*, mistral-*): "
+        "the GPT has no tensor-parallel plan",
+    ),
+    (
+        "self.parallelism.tensor == 1 || self.strategy != 'zero1'",
+        "trainer.parallelism.tensor > 1 works with strategy fsdp, hsdp or ddp, not zero1",
+    ),
+    (
+        "self.seqLen % self.parallelism.tensor == 0",
+        "trainer.seqLen must be a multiple of trainer.parallelism.tensor (sequence parallelism "
+        "splits every sequence over the tensor ranks)",
+    ),
+    (
+        "!has(self.weightsPath) || self.model.startsWith('llama') || "
+        "self.model.startsWith('mistral')",
+        "trainer.weightsPath needs a Llama-family model (llama-*, mistral-*)",
+    ),
+    (
+        "self.dropout == 0.0 || !(self.model.startsWith('llama') || "
+        "self.model.startsWith('mistral'))",
+        "trainer.dropout must be 0 for a Llama-family model, which has no dropout",
+    ),
 ]
+
+
+class ParallelismSpec(ApiModel):
+    """Model parallelism inside a pod; data parallelism (``strategy``) spans the rest."""
+
+    tensor: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Tensor-parallel ranks: each layer's matrices are split over this many consecutive "
+            "processes of one pod (a 2-D mesh, data × tensor), so a resize changes only the "
+            "data dimension. Must divide nprocPerNode and the GPUs per pod; Llama-family "
+            "models only; strategy fsdp, hsdp (both shard over the data dimension) or ddp "
+            "(replicates over it), not zero1."
+        ),
+    )
 
 
 class TrainerSpec(ApiModel):
@@ -64,8 +127,13 @@ class TrainerSpec(ApiModel):
     model: ModelPreset = Field(
         default="gpt2",
         description=(
-            "GPT preset: tiny (tests, ~0.1M parameters), small (~10M), gpt2 (124M), "
-            "gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B)."
+            "Model preset. GPT: tiny (tests, ~0.1M parameters), small (~10M), gpt2 (124M), "
+            "gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.5B). Llama family (RMSNorm, "
+            "rotary embeddings, SwiGLU, grouped-query attention): llama-tiny and "
+            "mistral-tiny (tests; mistral-* with a sliding attention window), llama-small, "
+            "llama-1b (Llama 3.2 1B's shape), llama-7b (Llama 2 7B), llama3-8b, mistral-7b. "
+            "Parameter counts exclude the vocabulary, which the data sets (vocabSize); with "
+            "weightsPath the shape is the folder's config.json."
         ),
     )
     vocab_size: int | None = Field(
@@ -78,17 +146,46 @@ class TrainerSpec(ApiModel):
         ),
     )
     dropout: float = Field(
-        default=0.0, ge=0.0, lt=1.0, description="Dropout probability inside the model."
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout probability inside the model (GPT presets only).",
+    )
+    weights_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Folder of Hugging Face-format weights to start from (config.json and "
+            "*.safetensors, e.g. on the checkpoint claim): the model's shape comes from its "
+            "config.json, and its tokenizer, when the folder has one, must be the one the "
+            "data was tokenised with. Read shard by shard into the sharded model; a resume "
+            "from a checkpoint ignores it. Llama-family models only."
+        ),
     )
 
     # Parallelism and system
     strategy: Strategy = Field(
         default="ddp",
         description=(
-            "How the model is spread over the workers: ddp (replicated), zero1 (DDP with the "
-            "optimizer state sharded by ZeroRedundancyOptimizer), fsdp (FSDP2 fully_shard over "
-            "all workers), hsdp (FSDP2 on a 2-D mesh: shard inside a group of hsdpShardSize "
-            "workers, replicate across groups)."
+            "How the model is spread over the workers (over the data dimension when "
+            "parallelism.tensor > 1): ddp (replicated), zero1 (DDP with the optimizer state "
+            "sharded by ZeroRedundancyOptimizer), fsdp (FSDP2 fully_shard over all workers), "
+            "hsdp (FSDP2 on a 2-D mesh: shard inside a group of hsdpShardSize workers, "
+            "replicate across groups)."
+        ),
+    )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec,
+        description="Tensor parallelism inside a pod (see docs/trainer.md, choosing a "
+        "parallelism).",
+    )
+    activation_checkpointing: ActivationCheckpointing = Field(
+        default="none",
+        description=(
+            "Recompute activations in backward instead of keeping them: none; selective "
+            "(keep matmul and attention outputs, recompute the cheap element-wise ops and "
+            "norms); full (keep only each block's input, recompute the whole block, about "
+            "a third more compute)."
         ),
     )
     hsdp_shard_size: int | None = Field(
@@ -96,8 +193,10 @@ class TrainerSpec(ApiModel):
         ge=1,
         le=65536,
         description=(
-            "Workers per HSDP shard group (strategy hsdp only). Unset: the processes of one "
-            "node (torchrun's LOCAL_WORLD_SIZE), so sharding stays on the fast intra-node links."
+            "Workers per HSDP shard group (strategy hsdp only), counted along the data "
+            "dimension. Unset: the data-parallel ranks of one node (torchrun's "
+            "LOCAL_WORLD_SIZE / parallelism.tensor), so sharding stays on the fast intra-node "
+            "links."
         ),
     )
     precision: Precision = Field(
@@ -254,7 +353,32 @@ class TrainerSpec(ApiModel):
             )
         if self.eval_interval_steps and self.data_path and not self.eval_data_path:
             raise ValueError("evalIntervalSteps > 0 needs evalDataPath when dataPath is set")
+        self._check_model_parallel_rules()
         return self
+
+    def _check_model_parallel_rules(self) -> None:
+        """The rules of tensor parallelism and of the Llama family (CEL rules alike)."""
+        tensor, llama = self.parallelism.tensor, is_llama_family(self.model)
+        if tensor > 1 and not llama:
+            raise ValueError(
+                f"parallelism.tensor > 1 needs a Llama-family model (llama-*, mistral-*), not "
+                f"{self.model}: the GPT has no tensor-parallel plan"
+            )
+        if tensor > 1 and self.strategy == "zero1":
+            raise ValueError(
+                "parallelism.tensor > 1 works with strategy fsdp, hsdp or ddp, not zero1"
+            )
+        if self.seq_len % tensor:
+            raise ValueError(
+                f"seqLen ({self.seq_len}) must be a multiple of parallelism.tensor ({tensor}): "
+                "sequence parallelism splits every sequence over the tensor ranks"
+            )
+        if self.weights_path and not llama:
+            raise ValueError(f"weightsPath needs a Llama-family model, not {self.model}")
+        if self.dropout and llama:
+            raise ValueError(
+                f"dropout must be 0 for a Llama-family model ({self.model}), which has no dropout"
+            )
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step at ``world_size`` workers (:func:`micro_steps`)."""

@@ -3,9 +3,13 @@
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import yaml
+
+if TYPE_CHECKING:
+    from torchkube.api import TrainingJob
 
 
 @click.command("run")
@@ -96,6 +100,7 @@ def run_command(
         stop_at_steps=sorted(chaos_stop_steps),
     )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
+    _prepare_data(job, run.checkpoint_dir)
     click.echo(
         f"running {job.name}: {run.count} workers × {nproc} process(es), checkpoints and logs "
         f"in {workdir}/"
@@ -107,3 +112,30 @@ def run_command(
     summary = run.run()
     click.echo("\n" + summary.render())
     sys.exit(0 if summary.succeeded else 1)
+
+
+def _prepare_data(job: "TrainingJob", checkpoint_dir: Path) -> None:
+    """``spec.data``, prepared here as the job's prepare pod would on a cluster (once: the
+    marker on the folder makes a second run skip it)."""
+    from torchkube.trainer.prepare import prepare_source
+    from torchkube.trainer.sources import SourceError
+    from torchkube.trainer.tokenizers import TokenizerUnavailable
+
+    data = job.spec.data
+    if data is None:
+        return
+    if data.source.claim is not None:
+        raise click.ClickException(
+            f"data.source.claim ({data.source.claim.name}) is a claim of a cluster; to run "
+            "this job here, point data.source.path at a local file or folder of text"
+        )
+    folder = Path(data.folder(str(checkpoint_dir)))
+    try:
+        report = prepare_source(data.source, folder, data.tokenizer, data.val_fraction)
+    except (SourceError, TokenizerUnavailable, ValueError, OSError) as error:
+        raise click.ClickException(f"could not prepare {data.source.describe()}: {error}") from None
+    note = f" ({report.tokenizer_note})" if report.tokenizer_note else ""
+    click.echo(
+        f"data: {report.train_tokens:,} training tokens from {report.source} in {folder}/, "
+        f"tokenizer {report.tokenizer}{note}"
+    )

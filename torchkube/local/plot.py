@@ -295,7 +295,7 @@ def plot_command(run_dir: Path, output: Path | None, title: str | None) -> None:
         raise click.ClickException(str(error)) from None
     except ImportError as error:
         raise click.ClickException(
-            f"plotting needs matplotlib ({error}): pip install matplotlib"
+            f"plotting needs matplotlib ({error}): pip install 'torchkube[plot]'"
         ) from None
     click.echo(f"wrote {path}: {_describe(run)}")
 

@@ -22,6 +22,7 @@ persistently slow rank, with the operator's straggler policy (``torchkube.operat
 """
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -152,6 +153,9 @@ class LocalRun:
     def _env(self, index: int) -> dict[str, str]:
         env = {**os.environ, **trainer_env(self.job, index)}
         env[Env.CHECKPOINT_DIR] = str(self.checkpoint_dir)
+        # spec.data's files are under this folder, not under the pods' mount path.
+        trainer = self.job.spec.trainer_config(str(self.checkpoint_dir))
+        env[Env.TRAINER_CONFIG] = json.dumps(trainer.to_wire(), sort_keys=True)
         env[Env.METRICS_PORT] = (
             str(self.metrics_ports[index]) if self.job.spec.metrics.enabled else "0"
         )

@@ -18,7 +18,7 @@ from typing import Any
 
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
-from torchkube.api.contract import Env
+from torchkube.api.contract import TERMINATION_LOG, Env
 from torchkube.api.trainingjob import API_VERSION, KIND
 
 DEFAULT_CLAIM_SIZE = "10Gi"
@@ -149,7 +149,7 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         Env.CHECKPOINT_MODE: ckpt.mode,
         Env.METRICS_PORT: str(spec.metrics.port if spec.metrics.enabled else 0),
         Env.HANG_TIMEOUT_SECONDS: "" if hang is None else str(hang),
-        Env.TRAINER_CONFIG: json.dumps(spec.trainer.to_wire(), sort_keys=True),
+        Env.TRAINER_CONFIG: json.dumps(spec.trainer_config().to_wire(), sort_keys=True),
     }
 
 
@@ -324,6 +324,65 @@ def worker_pod(
     if template.annotations:
         metadata["annotations"] = dict(template.annotations)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+DATA_SOURCE_VOLUME = "data-source"
+DATA_SOURCE_MOUNT = "/data-source"
+PREPARE_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+"""The prepare pod's own: tokenising is one CPU-bound process, whatever the workers need."""
+
+
+def prepare_pod(job: TrainingJob, attempt: int) -> dict[str, Any]:
+    """The pod that runs ``torchkube prepare-data`` for ``spec.data`` into the checkpoint
+    volume (the job's image has torchkube). Its report, or its error, is its termination
+    message; attempt ``n`` is named ``<job>-prepare-<n>``, so it is created once."""
+    spec = job.spec
+    data = spec.data
+    assert data is not None, "only jobs with spec.data have a prepare pod"
+    source = json.dumps(data.source.to_wire(), sort_keys=True)
+    command = ["torchkube", "prepare-data", "--source", source]
+    command += ["--output", data.folder(spec.checkpoint.mount_path)]
+    command += ["--tokenizer", data.tokenizer, "--val-fraction", str(data.val_fraction)]
+    command += ["--report", str(TERMINATION_LOG)]
+    mounts: list[dict[str, Any]] = [
+        {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
+    ]
+    volumes = [_volumes(job)[0]]
+    if data.source.claim is not None:
+        command += ["--claim-mount", DATA_SOURCE_MOUNT]
+        mounts.append(
+            {"name": DATA_SOURCE_VOLUME, "mountPath": DATA_SOURCE_MOUNT, "readOnly": True}
+        )
+        claim = {"claimName": data.source.claim.name, "readOnly": True}
+        volumes.append({"name": DATA_SOURCE_VOLUME, "persistentVolumeClaim": claim})
+    container = {
+        "name": "prepare",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": command,
+        "env": [variable.to_wire() for variable in spec.env],
+        "resources": PREPARE_RESOURCES,
+        "volumeMounts": mounts,
+        "securityContext": container_security_context(),
+    }
+    scheduling = _scheduling(job, [])
+    scheduling.pop("affinity", None)  # the workers' (anti-)affinity is about workers
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        **scheduling,
+    }
+    labels = lbl.pod_labels(job.name, job.uid, lbl.ROLE_PREPARE)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, f"{job.name}-prepare-{attempt}", labels),
+        "spec": pod_spec,
+    }
 
 
 def rendezvous_pod(

@@ -10,6 +10,8 @@ from torchkube.api.times import format_time
 from torchkube.api.types import Condition
 
 CREATED = "Created"
+DATA_READY = "DataReady"
+"""spec.data is on the checkpoint volume (True), being prepared, or could not be (False)."""
 RUNNING = "Running"
 RESTARTING = "Restarting"
 SUSPENDED = "Suspended"

@@ -45,6 +45,13 @@ Key = tuple[str, str]
 EXPECTATION_TTL = 120.0
 RETRY_SECONDS = 5.0
 CONFLICT_RETRY_SECONDS = 0.5
+RECONCILE_SHARE = 0.25
+MIN_RECONCILE_SPACING = 0.05
+"""A job's next reconcile starts no sooner than this after its last one ended, and its
+planning (the CPU part: every pod of the job walked) takes at most ``RECONCILE_SHARE`` of its
+time: while 512 workers start, back-to-back reconciles, one per batch of pod events, would
+otherwise keep a core busy. Events that arrive meanwhile are served by the next one together.
+Waiting for the API (creating 512 pods) does not count: it costs the operator no CPU."""
 
 
 class LostLeadership(RuntimeError):
@@ -68,6 +75,8 @@ class _Memory:
     goodput_written: st.GoodputWrite | None = None
     refused: Refusal | None = None
     invalid: str | None = None
+    planning_seconds: float = 0.0
+    """How long the last reconcile took to decide (its API calls not counted)."""
 
     def expire(self, now: float) -> None:
         self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
@@ -97,6 +106,8 @@ class Controller:
         self.active: set[Key] = set()
         self.dirty: set[Key] = set()
         self.timers: dict[Key, asyncio.TimerHandle] = {}
+        self.not_before: dict[Key, float] = {}
+        """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
         self.memory: dict[Key, _Memory] = {}
         self.http = ThreadPoolExecutor(max_workers=4, thread_name_prefix="progress")
         self.attached = asyncio.Event()
@@ -115,11 +126,12 @@ class Controller:
 
     # ------------------------------------------------------------------ the queue
     def enqueue(self, key: Key, delay: float = 0.0) -> None:
-        """Reconcile ``key`` now, or after ``delay`` seconds. Delayed requeues of one key are
-        deduplicated: a single timer per key, and an earlier one wins over a later one, so a
-        burst of events cannot multiply the reconcile rate."""
+        """Reconcile ``key`` now (or as soon as its spacing allows), or after ``delay`` seconds.
+        Delayed requeues of one key are deduplicated: a single timer per key, and an earlier
+        one wins over a later one, so a burst of events cannot multiply the reconcile rate."""
+        loop = asyncio.get_running_loop()
+        delay = max(delay, self.not_before.get(key, 0.0) - loop.time())
         if delay > 0:
-            loop = asyncio.get_running_loop()
             when = loop.time() + delay
             pending = self.timers.get(key)
             if pending is not None and not pending.cancelled() and pending.when() <= when:
@@ -169,6 +181,7 @@ class Controller:
                 self.enqueue(key)  # lost the lease while waiting: keep it for the next leader
                 continue
             self.active.add(key)
+            loop = asyncio.get_running_loop()
             try:
                 await self.reconcile(key)
             except LostLeadership:
@@ -186,6 +199,11 @@ class Controller:
                 self.enqueue(key, delay=RETRY_SECONDS)
             finally:
                 self.active.discard(key)
+                memory = self.memory.get(key)
+                if memory is not None:  # the job still exists
+                    thought = memory.planning_seconds
+                    spacing = max(MIN_RECONCILE_SPACING, thought / RECONCILE_SHARE - thought)
+                    self.not_before[key] = loop.time() + spacing
                 if key in self.dirty:
                     self.dirty.discard(key)
                     self.enqueue(key)
@@ -232,6 +250,7 @@ class Controller:
         body, pods = self._snapshot(key, memory)
         if body is None:
             self.memory.pop(key, None)
+            self.not_before.pop(key, None)
             timer = self.timers.pop(key, None)
             if timer is not None:
                 timer.cancel()
@@ -245,6 +264,7 @@ class Controller:
             return
         memory.invalid = None
         await self._refresh_progress(job, pods, memory)
+        thinking = time.perf_counter()
         observed = Observed(
             job=job,
             pods=pods,
@@ -273,6 +293,7 @@ class Controller:
         if memory.goodput_written.value is not None:
             decided.status.goodput = memory.goodput_written.value
             planned["goodput"] = memory.goodput_written.value
+        memory.planning_seconds = time.perf_counter() - thinking
         await asyncio.to_thread(self._execute, key, body, decided, planned, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)

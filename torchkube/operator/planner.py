@@ -11,7 +11,8 @@ in order:
 
   being deleted: nothing (``lifecycle``) → children (``children``) → finished: clean-up and
   TTL (``lifecycle``) → suspended
-  (``lifecycle``) → deadlines (``lifecycle``) → sort the job's own pods → new failures
+  (``lifecycle``) → deadlines (``lifecycle``) → ``spec.data`` prepared, else the prepare pod
+  and nothing more (``preparation``) → sort the job's own pods → new failures
   (``failure``): permanent or over budget → Failed, else record, back off, replace → success
   (``lifecycle``) → refused creates → the slowest rank, a straggler replaced (``stragglers``)
   → scale to the target and its spares (``scaling``) → keep the store → blocked and
@@ -21,13 +22,23 @@ in order:
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api import labels as lbl
 from torchkube.api.contract import STANDBY_RELEASED, ProgressReport
 from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
-from torchkube.operator import builders, children, failure, lifecycle, phase, scaling, stragglers
+from torchkube.api.times import parse_time
+from torchkube.operator import (
+    builders,
+    children,
+    failure,
+    lifecycle,
+    phase,
+    preparation,
+    scaling,
+    stragglers,
+)
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context, Observed, Plan, random_suffix
@@ -69,13 +80,26 @@ class _Sorter:
         self.ctx = ctx
         self.recorded = {failure.record_key(r) for r in ctx.status.failures}
         self.partition = scaling.partition(ctx.nodes)
+        self.partition_ended = self._partition_ended()
         self.policy = ctx.spec.failure_policy
+
+    def _partition_ended(self) -> datetime | None:
+        """When the last partition this job saw ended: now if the previous reconcile still saw
+        one, else the moment its condition turned False (None: never one)."""
+        previous = self.ctx.condition(cond.NODES_UNREACHABLE)
+        if previous is None:
+            return None
+        if previous.status == "True":
+            return self.ctx.now
+        return parse_time(previous.last_transition_time)
 
     def lost_deadline(self, node: str | None) -> float | None:
         """Seconds until a pod on ``node`` counts as lost (≤ 0: lost now); None: never.
 
         A deleted node loses its pods at once; a NotReady one after the grace; nothing is lost
-        while most of the cluster is NotReady (a partition)."""
+        while most of the cluster is NotReady (a partition), and a node still NotReady when a
+        partition heals gets its grace from the partition's end: partitions heal node by node.
+        """
         if node is None:
             return None
         health = self.ctx.nodes.get(node)
@@ -84,7 +108,8 @@ class _Sorter:
         if health.ready or self.partition is not None:
             return None
         grace = timedelta(seconds=self.policy.node_lost_grace_seconds)
-        return ((health.since or self.ctx.now) + grace - self.ctx.now).total_seconds()
+        since = max(filter(None, (health.since, self.partition_ended)), default=self.ctx.now)
+        return (since + grace - self.ctx.now).total_seconds()
 
     def counted(self, pod: dict[str, Any], restarts: int | None = None) -> bool:
         if restarts is None:
@@ -322,6 +347,10 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         return ctx.done()
     if lifecycle.deadlines(ctx):
         lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    if not preparation.ready(ctx, owned, children_ready):
+        if lifecycle.is_finished(ctx):
+            lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
 
     sorter = _Sorter(ctx)

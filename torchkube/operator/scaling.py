@@ -26,7 +26,10 @@ PARTITION_SHARE = 0.55
 PARTITION_MIN_NODES = 3
 """More than this share of the cluster's nodes NotReady at once, and at least this many, is
 taken for a network or control-plane partition: kube-controller-manager's node-lifecycle
-controller stops evicting in the same situation (its ``unhealthy-zone-threshold`` is 0.55)."""
+controller stops evicting in the same situation (its ``unhealthy-zone-threshold`` is 0.55).
+The share is judged when a lost node's grace (``nodeLostGraceSeconds``) runs out, so a
+partition is recognised when its nodes are marked NotReady within that grace of each other
+(the controller marks them within a node-monitor period or two; the default grace is 30 s)."""
 
 _STATE_RANK = {"running": 0, "pending": 1}
 

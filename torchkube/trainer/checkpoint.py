@@ -7,10 +7,11 @@ Layout of the checkpoint folder::
     step-120/                a committed checkpoint: DCP files + COMPLETE.json
     .tmp-step-140-<round>/   a save in flight; never read
 
-What is saved: model and optimizer state keyed by parameter name (``state_dicts``: DDP,
-ZeRO-1, FSDP2 and HSDP share one format, so a checkpoint loads into any strategy and any world
-size — DCP reshards), the LR scheduler, the train state (step, consumed samples, resumes, the
-batch layout) and each rank's RNG state. Replicated state is written by one rank each.
+What is saved: model and optimizer state keyed by parameter name (``state_dicts``: DDP, ZeRO-1,
+FSDP2 and HSDP, with or without tensor parallelism, share one format, so a checkpoint loads
+into any strategy, any world size and any tensor size — DCP reshards), the LR scheduler, the
+train state (step, consumed samples, resumes, the batch layout) and each rank's RNG state.
+Replicated state is written by one rank each.
 
 Atomicity: every rank writes into ``.tmp-step-N-<round>``; DCP's final collective means that
 when rank 0's save returns, all ranks' files are written and rank 0 has written DCP's
@@ -333,11 +334,13 @@ class CheckpointManager:
                 self.metrics.checkpoint_load.set(seconds)
                 self.metrics.last_checkpoint_step.set(cand.step)
                 self.metrics.last_checkpoint_time.set(self.last_time or 0)
+            tensor = cand.marker.get("tensor", 1)
             log.info(
-                "resumed from %s (written at world size %s with %s) in %.2fs",
+                "resumed from %s (written at world size %s with %s%s) in %.2fs",
                 cand.path,
                 cand.marker.get("worldSize"),
                 cand.marker.get("strategy"),
+                f" × tensor {tensor}" if tensor > 1 else "",
                 seconds,
             )
             return True
@@ -575,6 +578,7 @@ class CheckpointManager:
             "step": pending.step,
             "worldSize": self.info.world_size,
             "strategy": self.strategy,
+            "tensor": self.info.tensor_size,
             "round": self.round,
             "time": now,
             "written": rfc3339(now),

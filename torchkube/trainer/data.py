@@ -10,7 +10,6 @@ size, the same step sees the same set of samples, none twice and none skipped.
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,12 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset, default_collate
 
 from torchkube.api.trainer import micro_steps
-from torchkube.trainer.tokens import HEADER_BYTES, read_header, resolve_token_files
+from torchkube.trainer.tokens import (
+    HEADER_BYTES,
+    TokenFileInfo,
+    read_header,
+    resolve_token_files,
+)
 
 _MASK64 = (1 << 64) - 1
 _FEISTEL_ROUNDS = 4
@@ -74,12 +78,14 @@ class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         infos = [read_header(p) for p in resolve_token_files(pattern)]
         self.vocab_size = max(info.vocab_size for info in infos)
         self.file_sizes = [(info.path.name, info.num_tokens) for info in infos]
-        self._files: list[tuple[Path, np.memmap | None]] = []
+        self._infos: list[TokenFileInfo] = []
+        self._maps: list[np.memmap | None] = []
         counts = []
         for info in infos:
             samples = max(0, (info.num_tokens - 1) // seq_len)
             if samples:
-                self._files.append((info.path, None))
+                self._infos.append(info)
+                self._maps.append(None)
                 counts.append(samples)
         if not counts:
             raise ValueError(f"{pattern} holds fewer than seq_len + 1 = {seq_len + 1} tokens")
@@ -89,10 +95,11 @@ class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return int(self._starts[-1])
 
     def _tokens(self, file_index: int) -> np.memmap:
-        path, mm = self._files[file_index]
+        mm = self._maps[file_index]
         if mm is None:  # opened lazily, so a dataset object pickles cheaply
-            mm = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES)
-            self._files[file_index] = (path, mm)
+            info = self._infos[file_index]
+            mm = np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES)
+            self._maps[file_index] = mm
         return mm
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,11 +44,25 @@ class DistInfo:
     device: torch.device
     control_group: dist.ProcessGroup
     checkpoint_group: dist.ProcessGroup
+    tensor_size: int = 1
+    """Ranks of one tensor-parallel group: consecutive ranks, so consecutive local ranks of one
+    pod (torchrun numbers a node's processes consecutively)."""
 
     @property
     def is_main(self) -> bool:
         """Rank 0 alone logs, writes progress and commits checkpoints."""
         return self.rank == 0
+
+    @property
+    def data_size(self) -> int:
+        """Data-parallel ranks: the ways the global batch is split. A tensor group reads one
+        share of it together, so this is the world size over the tensor size."""
+        return self.world_size // self.tensor_size
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of the global batch this rank reads (its tensor group's index)."""
+        return self.rank // self.tensor_size
 
 
 def _env_int(name: str, default: int) -> int:
@@ -112,14 +126,17 @@ def setup(spec: TrainerSpec) -> DistInfo:
         )
     control = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=timeout))
     checkpoint = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=timeout))
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    check_tensor_size(spec.parallelism.tensor, local_world_size)
     return DistInfo(
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
-        local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
+        local_world_size=local_world_size,
         device=device,
         control_group=control,
         checkpoint_group=checkpoint,
+        tensor_size=spec.parallelism.tensor,
     )
 
 
@@ -150,6 +167,16 @@ def nccl_timeouts(collective_timeout_seconds: int) -> None:
     }
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+
+
+def check_tensor_size(tensor: int, local_world_size: int) -> None:
+    """A tensor group must fit in one pod: ``tensor`` divides the pod's process count (which
+    admission checks against nprocPerNode; here against what torchrun really started)."""
+    if local_world_size % tensor:
+        raise ConfigError(
+            f"parallelism.tensor ({tensor}) must divide the processes of this pod "
+            f"(LOCAL_WORLD_SIZE {local_world_size}): a tensor group never spans pods"
+        )
 
 
 def teardown(after_error: bool = False) -> None:

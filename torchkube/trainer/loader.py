@@ -5,9 +5,10 @@ in well under a second, before a GPU or a process group is touched.
 
 Layering, last wins: spec defaults < ``TORCHKUBE_TRAINER_CONFIG`` (JSON, camelCase, what the
 operator sets) < ``--config FILE`` (YAML or JSON) < ``--field=value`` flags (any TrainerSpec
-field as camelCase, snake_case or kebab-case). Unknown keys are errors, as in nanoGPT's
-configurator. Runtime settings that describe the pod rather than the job come from the
-``TORCHKUBE_*`` variables below and may be overridden by the matching flags.
+field as camelCase, snake_case or kebab-case; a nested one as ``--parallelism.tensor=2``);
+nested objects merge key by key. Unknown keys are errors, as in nanoGPT's configurator.
+Runtime settings that describe the pod rather than the job come from the ``TORCHKUBE_*``
+variables below and may be overridden by the matching flags.
 """
 
 import argparse
@@ -27,7 +28,8 @@ from torchkube.api.contract import TERMINATION_LOG, Env, ExitCode
 from torchkube.api.errors import describe
 from torchkube.api.spec import CheckpointSpec
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.tokens import read_header, resolve_token_files
+from torchkube.trainer import hf
+from torchkube.trainer.tokens import BYTE_VOCAB_SIZE, read_header, resolve_token_files
 
 # Exit codes and environment names are the pod contract's (torchkube/api/contract.py).
 EXIT_OK = ExitCode.OK
@@ -108,9 +110,10 @@ def _normalise(layer: Mapping[str, Any], source: str) -> dict[str, Any]:
     return {_field_name(str(k)): v for k, v in layer.items()}
 
 
-def _flag_overrides(extra: Sequence[str]) -> dict[str, str]:
-    """``--key=value`` / ``--key value`` pairs left over by argparse."""
-    out: dict[str, str] = {}
+def _flag_overrides(extra: Sequence[str]) -> dict[str, Any]:
+    """``--key=value`` / ``--key value`` pairs left over by argparse; ``--outer.inner=value``
+    sets a field of a nested object (``--parallelism.tensor=2``)."""
+    out: dict[str, Any] = {}
     items = list(extra)
     while items:
         item = items.pop(0)
@@ -121,11 +124,23 @@ def _flag_overrides(extra: Sequence[str]) -> dict[str, str]:
             if not items or items[0].startswith("--"):
                 raise ConfigError(f"option --{key} needs a value")
             value = items.pop(0)
-        name = _field_name(key)
+        outer, _, inner = key.partition(".")
+        name = _field_name(outer)
         if name not in TrainerSpec.model_fields:
             raise ConfigError(f"unknown option --{key}: not a TrainerSpec field")
-        out[name] = value
+        out = _merge(out, {name: {inner: value} if inner else value})
     return out
+
+
+def _merge(base: dict[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """``layer`` over ``base``; nested objects are merged key by key, not replaced."""
+    merged = dict(base)
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -155,19 +170,21 @@ def load_config(
     merged: dict[str, Any] = {}
     if environ.get(Env.TRAINER_CONFIG):
         try:
-            merged |= _normalise(json.loads(environ[Env.TRAINER_CONFIG]), f"${Env.TRAINER_CONFIG}")
+            env_layer = json.loads(environ[Env.TRAINER_CONFIG])
         except json.JSONDecodeError as e:
             raise ConfigError(f"${Env.TRAINER_CONFIG} is not valid JSON: {e}") from e
+        merged = _merge(merged, _normalise(env_layer, f"${Env.TRAINER_CONFIG}"))
     if args.config is not None:
         try:
             text = args.config.read_text()
         except OSError as e:
             raise ConfigError(f"cannot read config file {args.config}: {e.strerror or e}") from e
         try:
-            merged |= _normalise(yaml.safe_load(text) or {}, str(args.config))
+            file_layer = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {args.config} is not valid YAML/JSON: {e}") from e
-    merged |= _flag_overrides(extra)
+        merged = _merge(merged, _normalise(file_layer, str(args.config)))
+    merged = _merge(merged, _flag_overrides(extra))
     try:
         spec = TrainerSpec.model_validate(merged)
     except ValidationError as e:
@@ -233,6 +250,8 @@ def preflight(spec: TrainerSpec, run_env: RunEnv) -> None:
         _check_token_files(spec.data_path, "dataPath", spec.seq_len)
     if spec.eval_data_path:
         _check_token_files(spec.eval_data_path, "evalDataPath", spec.seq_len)
+    if spec.weights_path:
+        _check_weights(spec)
     if run_env.checkpoint_dir is not None:
         probe = run_env.checkpoint_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
         try:
@@ -243,3 +262,38 @@ def preflight(spec: TrainerSpec, run_env: RunEnv) -> None:
             raise ConfigError(
                 f"checkpoint directory {run_env.checkpoint_dir} is not writable: {e.strerror or e}"
             ) from e
+
+
+def _check_weights(spec: TrainerSpec) -> None:
+    """The weights folder holds a model ``llama.py`` computes like its publishers do, and the
+    data fits it: token ids inside its vocabulary, made by its tokenizer when it has one."""
+    assert spec.weights_path is not None
+    folder = Path(spec.weights_path)
+    try:
+        vocab = hf.llama_fields(hf.read_config(folder))["vocab_size"]
+        hf.tensor_entries(folder)
+        tokenizer = hf.tokenizer_vocab_size(folder)
+    except ValueError as e:
+        raise ConfigError(f"weightsPath: {e}") from e
+    if spec.vocab_size is not None and spec.vocab_size != vocab:
+        raise ConfigError(
+            f"vocabSize ({spec.vocab_size}) differs from the vocab_size of weightsPath's "
+            f"config.json ({vocab}): leave vocabSize unset"
+        )
+    data = (
+        max(read_header(f).vocab_size for f in resolve_token_files(spec.data_path))
+        if spec.data_path
+        else BYTE_VOCAB_SIZE  # the sample corpus
+    )
+    source = f"dataPath ({spec.data_path})" if spec.data_path else "the sample corpus"
+    if data > vocab:
+        raise ConfigError(
+            f"{source} holds token ids up to {data - 1}, outside the {vocab}-token vocabulary "
+            f"of weightsPath's model"
+        )
+    if tokenizer is not None and tokenizer != data:
+        raise ConfigError(
+            f"{source} was tokenised with a {data}-token vocabulary, but the tokenizer in "
+            f"weightsPath has {tokenizer} tokens: tokenise the data with it "
+            f"(torchkube prepare-data --tokenizer {folder})"
+        )

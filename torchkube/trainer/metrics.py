@@ -132,7 +132,8 @@ class TrainMetrics:
             "torchkube_train_step_duration_seconds", "Wall time of one optimizer step.", seconds
         )
         self.tokens = counter(
-            "torchkube_train_tokens_total", "Training tokens this rank processed."
+            "torchkube_train_tokens_total",
+            "Training tokens this rank processed (a tensor group's: on its first rank only).",
         )
         self.tokens_per_second = gauge(
             "torchkube_train_tokens_per_second", "Job-wide training throughput, last log window."
@@ -198,6 +199,14 @@ class TrainMetrics:
             "The slowest rank's compute time per step over the other ranks' median (rank 0).",
         )
         self.world_size = gauge("torchkube_train_world_size", "Processes in the current job.")
+        self.data_parallel_size = gauge(
+            "torchkube_train_data_parallel_size",
+            "Data-parallel ranks of the device mesh: the ways the global batch is split.",
+        )
+        self.tensor_parallel_size = gauge(
+            "torchkube_train_tensor_parallel_size",
+            "Tensor-parallel ranks of the device mesh: processes of one pod that split each layer.",
+        )
         self.grad_accum_steps = gauge(
             "torchkube_train_grad_accumulation_steps", "Micro-steps per optimizer step."
         )

@@ -1,8 +1,17 @@
 """Parallelisms, each its own ``apply_*`` behind :func:`parallelize` (torchtitan's layout).
 
-The order in :func:`parallelize` is fixed and matters: compile each block first, so FSDP's
-hooks wrap the compiled blocks; then shard (FSDP2/HSDP) or replicate (DDP). ZeRO-1 is DDP plus
-a sharded optimizer and lives in :func:`build_optimizer`.
+The order in :func:`parallelize` is fixed and matters (torchtitan's):
+
+1. tensor parallelism (:func:`apply_tp`), which must see the model's plain modules to split
+   them, inside a pod;
+2. activation checkpointing (:func:`apply_ac`), around each (tensor-parallel) block, so the
+   recomputation includes the block's tensor-parallel collectives;
+3. ``torch.compile`` per block (:func:`apply_compile`), so a compiled graph covers both;
+4. data parallelism last, over the data dimension of the mesh: shard (FSDP2/HSDP,
+   :func:`apply_fsdp`, whose hooks wrap the compiled blocks) or replicate (DDP,
+   :func:`apply_ddp`; with tensor parallelism, FSDP2 with a shard group of one, since DDP
+   cannot replicate DTensors). ZeRO-1 is DDP plus a sharded optimizer and lives in
+   :func:`build_optimizer`.
 
 A world of one process trains the plain module with a plain AdamW for ``ddp`` and ``zero1``:
 DDP's all-reduce and ZeRO's broadcast would only copy memory there. FSDP2 and HSDP stay
@@ -12,19 +21,31 @@ FSDP2 at any size, since their mixed-precision policy changes the numbers.
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import cast
+from functools import partial
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
 
-from torchkube.api.trainer import TrainerSpec
+from torchkube.api.trainer import ActivationCheckpointing, TrainerSpec
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.loader import ConfigError
 from torchkube.trainer.metrics import MatmulPrecision
+
+TensorPlan = Callable[[nn.Module, int], dict[str, ParallelStyle]]
+"""A model's tensor-parallel plan for a tensor size: module name (``*`` for any one name
+part) → how that module is split."""
 
 
 def compute_dtype(spec: TrainerSpec, device: torch.device) -> torch.dtype:
@@ -47,16 +68,131 @@ def matmul_precision(
     return "fp32"
 
 
-def build_mesh(spec: TrainerSpec, info: DistInfo) -> DeviceMesh:
-    """1-D mesh for FSDP; (replicate × shard) for HSDP, shard groups within a node by default."""
-    if spec.strategy == "fsdp":
-        return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("shard",))
-    shard = spec.hsdp_shard_size or info.local_world_size
-    if info.world_size % shard:
-        raise ConfigError(f"hsdpShardSize ({shard}) must divide the world size ({info.world_size})")
-    return init_device_mesh(
-        info.device.type, (info.world_size // shard, shard), mesh_dim_names=("replicate", "shard")
+def build_mesh(spec: TrainerSpec, info: DistInfo) -> DeviceMesh | None:
+    """The device mesh; None for DDP and ZeRO-1 without tensor parallelism.
+
+    Without tensor parallelism: 1-D (shard) for FSDP; (replicate × shard) for HSDP, shard
+    groups within a node by default. With it, (replicate × shard × tensor), tensor innermost
+    so that a tensor group is consecutive ranks — consecutive local ranks of one pod: FSDP
+    shards over every data rank (1 × D × T), HSDP within groups of ``hsdpShardSize`` data
+    ranks (D/S × S × T), DDP replicates (D × 1 × T).
+    """
+    tensor, data = info.tensor_size, info.data_size
+    if tensor == 1 and spec.strategy in ("ddp", "zero1"):
+        return None
+    if tensor == 1 and spec.strategy == "fsdp":
+        return init_device_mesh(info.device.type, (data,), mesh_dim_names=("shard",))
+    shard = {"fsdp": data, "ddp": 1}.get(
+        spec.strategy, spec.hsdp_shard_size or info.local_world_size // tensor
     )
+    if data % shard:
+        size = "world size" if tensor == 1 else "data-parallel size (world over tensor size)"
+        raise ConfigError(f"hsdpShardSize ({shard}) must divide the {size} ({data})")
+    if tensor == 1:
+        return init_device_mesh(
+            info.device.type, (data // shard, shard), mesh_dim_names=("replicate", "shard")
+        )
+    return init_device_mesh(
+        info.device.type,
+        (data // shard, shard, tensor),
+        mesh_dim_names=("replicate", "shard", "tensor"),
+    )
+
+
+def data_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:
+    """The dimensions FSDP2 works over: shard alone for FSDP, (replicate, shard) for HSDP and
+    for DDP's replication."""
+    if mesh.mesh_dim_names == ("shard",):
+        return mesh
+    if strategy == "fsdp":
+        return mesh["shard"]
+    return mesh["replicate", "shard"]
+
+
+def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
+    """Split the model's modules over the tensor dimension as its plan says.
+
+    ``parallelize_module`` turns each parameter into a DTensor one module at a time, which
+    unties a parameter two modules share (an output head tied to the embedding): it is tied
+    again here, which needs both modules to split it alike.
+    """
+    tied = _tied_parameter_names(model)
+    parallelize_module(model, mesh, plan)
+    for first, *others in tied:
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            placements = getattr(getattr(module, attr), "placements", None)
+            if placements != getattr(shared, "placements", None):
+                raise ConfigError(
+                    f"{first} and {name} share a parameter, but the tensor-parallel plan "
+                    "splits them differently"
+                )
+            setattr(module, attr, shared)
+
+
+def _tied_parameter_names(model: nn.Module) -> list[list[str]]:
+    """Names of each parameter that more than one module holds, in registration order."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+# Ops whose outputs selective checkpointing keeps: the matmuls, attention and the
+# tensor-parallel reduce-scatters — what is expensive to recompute (after torchtitan).
+_KEEP_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+}
+
+
+def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _KEEP_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_ac(
+    model: nn.Module, blocks: Sequence[nn.Module], mode: ActivationCheckpointing
+) -> list[nn.Module]:
+    """Activation checkpointing per block; returns the blocks to compile and shard next.
+
+    ``full`` keeps only each block's input and recomputes the whole block in backward (one
+    more forward: about a third more compute); ``selective`` keeps the outputs of the ops in
+    ``_KEEP_OPS`` and recomputes the cheap rest — norms, activations, rotary embeddings,
+    element-wise ops — whose activations take much of the memory at little compute.
+
+    Each block is replaced by a wrapper (``checkpoint_wrapper``, as torchtitan does), so that
+    FSDP2's hooks, put on the wrapper next, stay outside the recomputed region (selective
+    recomputation replays the region's ops exactly and would meet FSDP's). The wrapper adds
+    ``_checkpoint_wrapped_module`` to parameter names; the state dicts leave it out, so
+    checkpoints and weights keep the plain names.
+    """
+    if mode == "none":
+        return list(blocks)
+    context = (
+        partial(create_selective_checkpoint_contexts, _keep_expensive)
+        if mode == "selective"
+        else noop_context_fn
+    )
+    parents = {
+        id(child): (parent, name)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+    }
+    wrapped = []
+    for block in blocks:
+        parent, name = parents[id(block)]
+        wrapper = checkpoint_wrapper(block, context_fn=context)
+        parent.register_module(name, wrapper)
+        wrapped.append(wrapper)
+    return wrapped
 
 
 def apply_compile(blocks: Sequence[nn.Module]) -> None:
@@ -90,17 +226,42 @@ def apply_ddp(model: nn.Module, device: torch.device, bucket_size_mb: int) -> DD
 
 
 def parallelize(
-    model: nn.Module, spec: TrainerSpec, info: DistInfo, blocks: Sequence[nn.Module]
+    model: nn.Module,
+    spec: TrainerSpec,
+    info: DistInfo,
+    blocks: Sequence[nn.Module],
+    tensor_plan: TensorPlan | None = None,
 ) -> nn.Module:
-    """Apply the configured strategy; returns the module to call in the training loop."""
-    if spec.compile:
+    """Apply the configured parallelisms in the order of the module docstring; returns the
+    module to call in the training loop."""
+    mesh = build_mesh(spec, info)
+    if info.tensor_size > 1:  # 1. tensor parallelism, inside a pod
+        if tensor_plan is None:
+            raise ConfigError(
+                "parallelism.tensor > 1, but this workload has no tensor-parallel plan"
+            )
+        assert mesh is not None
+        try:
+            plan = tensor_plan(model, info.tensor_size)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        apply_tp(model, mesh["tensor"], plan)
+    blocks = apply_ac(model, blocks, spec.activation_checkpointing)  # 2. recomputation
+    if spec.compile:  # 3. compile
         apply_compile(blocks)
-    if spec.strategy in ("fsdp", "hsdp"):
-        apply_fsdp(model, blocks, build_mesh(spec, info), compute_dtype(spec, info.device))
+    # 4. data parallelism
+    if mesh is not None:
+        apply_fsdp(model, blocks, data_mesh(mesh, spec.strategy), compute_dtype(spec, info.device))
         return model
     if info.world_size == 1:
         return model
     return apply_ddp(model, info.device, spec.ddp_bucket_size_mb)
+
+
+def shards_parameters(spec: TrainerSpec) -> bool:
+    """Whether no rank holds the whole model, so it can be built on the meta device and
+    materialised shard by shard (FSDP2, HSDP, tensor parallelism)."""
+    return spec.strategy in ("fsdp", "hsdp") or spec.parallelism.tensor > 1
 
 
 def autocast(

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -36,10 +37,11 @@ OPTIMIZER_KEY = "optim"  # where the optimizer's state sits in the checkpoint
 
 
 def param_names(model: nn.Module) -> dict[nn.Parameter, str]:
-    """Each parameter's FQN as DSD writes it: the first name of a tied parameter, no wrapper."""
+    """Each parameter's FQN as DSD writes it: the first name of a tied parameter, without the
+    DDP and activation-checkpointing wrappers' parts."""
     names: dict[nn.Parameter, str] = {}
     for name, param in model.named_parameters():
-        names.setdefault(param, name.removeprefix("module."))
+        names.setdefault(param, name.removeprefix("module.").replace(_CHECKPOINT_PREFIX, ""))
     return names
 
 

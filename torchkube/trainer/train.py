@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
@@ -55,16 +56,17 @@ from torchkube.trainer.parallel import (
     lr_lambda,
     matmul_precision,
     parallelize,
+    shards_parameters,
 )
 from torchkube.trainer.timing import StepTimer, step_timer
-from torchkube.trainer.workload import Workload, gpt_workload
+from torchkube.trainer.workload import Workload, builtin_workload
 
 log = logging.getLogger("torchkube.trainer")
 
 
 def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) -> int:
     """Train to ``spec.steps`` under the current process group; returns the exit code."""
-    workload = workload or gpt_workload()
+    workload = workload or builtin_workload(spec)
     info = distributed.setup(spec)
     stop = StopRequest()
     metrics = TrainMetrics(run_env.job_name, info.rank)
@@ -80,11 +82,17 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         # then each rank draws (dropout) from a stream of its own, seed + rank, as nanoGPT does
         configure_determinism(spec)
         torch.manual_seed(spec.seed)
-        with torch.device(info.device):
+        # a sharded model whose weights can be filled in shard by shard: built on meta, so
+        # that no rank ever holds all of it
+        fillable = workload.load_weights or workload.init_weights
+        on_meta = fillable is not None and shards_parameters(spec)
+        with torch.device("meta" if on_meta else info.device):
             model = workload.build_model(spec)
         torch.manual_seed(spec.seed + info.rank)
         flops_per_token = workload.flops_per_token(model, spec)
-        model = parallelize(model, spec, info, workload.blocks(model))
+        model = parallelize(model, spec, info, workload.blocks(model), workload.tensor_plan)
+        if on_meta:
+            model.to_empty(device=info.device)  # uninitialised: a checkpoint or weights fill it
         probe = stragglers.attach(model)
         where = stragglers.places(info.control_group, *stragglers.here())
         optimizer = build_optimizer(model, spec, info)
@@ -100,8 +108,13 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         ckpt.claim()
         if ckpt.load():
             state.resumes += 1
+        elif workload.load_weights is not None:
+            load_weights(workload, model, spec, info)
+        elif on_meta:
+            assert workload.init_weights is not None
+            workload.init_weights(model, spec.seed)
         layout = plan_layout(spec, info, state)
-        loader = StepLoader(dataset, spec.seed, layout, info.rank, info.device)
+        loader = StepLoader(dataset, spec.seed, layout, info.data_rank, info.device)
         eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
         timer = step_timer(info.device)
         report = Reporter(
@@ -185,6 +198,15 @@ def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) ->
     return code
 
 
+def load_weights(workload: Workload, model: nn.Module, spec: TrainerSpec, info: DistInfo) -> None:
+    """The workload's starting weights; a folder that does not fit the model is permanent."""
+    assert workload.load_weights is not None
+    try:
+        workload.load_weights(model, spec, info.checkpoint_group)
+    except (ValueError, CheckpointException) as e:
+        raise ConfigError(f"weightsPath: {str(e).strip().splitlines()[-1]}") from e
+
+
 def configure_determinism(spec: TrainerSpec) -> None:
     """Deterministic kernels when asked (bitwise resumes on GPU); else allow TF32 matmuls."""
     if spec.deterministic:
@@ -196,15 +218,19 @@ def configure_determinism(spec: TrainerSpec) -> None:
 
 
 def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
-    """Split the constant global batch over the current world; say so when it changed."""
-    layout = Layout(spec.global_batch_size, spec.micro_batch_size, info.world_size)
+    """Split the constant global batch over the current data-parallel ranks (the world, with
+    no tensor parallelism); say so when their number changed."""
+    ranks = info.data_size
+    what = "world size" if info.tensor_size == 1 else "data-parallel size"
+    layout = Layout(spec.global_batch_size, spec.micro_batch_size, ranks)
     accum = layout.grad_accum_steps
-    if state.world_size and state.world_size != info.world_size:
+    if state.world_size and state.world_size != ranks:
         log.info(
-            "world size changed %d → %d: gradient accumulation %d → %d micro-steps, "
+            "%s changed %d → %d: gradient accumulation %d → %d micro-steps, "
             "global batch stays %d sequences",
+            what,
             state.world_size,
-            info.world_size,
+            ranks,
             state.grad_accum_steps,
             accum,
             spec.global_batch_size,
@@ -216,26 +242,28 @@ def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
             spec.global_batch_size,
         )
     log.info(
-        "global batch %d sequences over world size %d: %s (%d tokens per step, strategy %s, "
-        "device %s)",
+        "global batch %d sequences over %s %d: %s (%d tokens per step, strategy %s%s, device %s)",
         spec.global_batch_size,
-        info.world_size,
+        what,
+        ranks,
         layout.describe(),
         spec.tokens_per_step,
         spec.strategy,
+        f" × tensor {info.tensor_size}" if info.tensor_size > 1 else "",
         info.device,
     )
-    idle = sum(layout.samples(r) < accum for r in range(info.world_size))
+    idle = sum(layout.samples(r) < accum for r in range(ranks))
     if idle:
         log.warning(
             "%d of %d ranks hold fewer sequences than micro-steps and compute a weightless "
             "filler micro-batch to stay in step: a globalBatchSize that is a multiple of "
             "microBatchSize × %d avoids that waste",
             idle,
-            info.world_size,
-            info.world_size,
+            ranks,
+            ranks,
         )
-    state.world_size, state.grad_accum_steps = info.world_size, accum
+    # TrainState.world_size is the layout's: data-parallel ranks
+    state.world_size, state.grad_accum_steps = ranks, accum
     state.global_batch_size = spec.global_batch_size
     return layout
 
@@ -288,7 +316,12 @@ def evaluate(
     model.eval()
     weighted = 0.0
     for batch, weight in eval_batches(
-        dataset, spec.micro_batch_size, spec.eval_batches, info.rank, info.world_size, info.device
+        dataset,
+        spec.micro_batch_size,
+        spec.eval_batches,
+        info.data_rank,
+        info.data_size,
+        info.device,
     ):
         with autocast(spec, model, info.device):
             weighted += loss_fn(model, batch).item() * weight
@@ -354,6 +387,8 @@ class Reporter:
         m.total_steps.set(self.spec.steps)
         m.step.set(state.step)
         m.world_size.set(self.info.world_size)
+        m.data_parallel_size.set(self.info.data_size)
+        m.tensor_parallel_size.set(self.info.tensor_size)
         m.grad_accum_steps.set(self.layout.grad_accum_steps)
         m.global_batch.set(self.layout.global_batch_size)
         m.restarts.inc(self.elastic_restarts)
@@ -378,7 +413,8 @@ class Reporter:
             self._collective_wait = (self._collective_wait or 0.0) + waited
         self._timed()
         m.data_wait.inc(data_wait)
-        m.tokens.inc(self.layout.samples(self.info.rank) * self.spec.seq_len)
+        if self.info.rank % self.info.tensor_size == 0:  # a tensor group's tokens count once
+            m.tokens.inc(self.layout.samples(self.info.data_rank) * self.spec.seq_len)
         m.learning_rate.set(lr)
         self._window_steps += 1
         self._data_wait += data_wait
@@ -419,7 +455,7 @@ class Reporter:
         self.progress.update(force=True, **self._record(state))
         log.info(
             "step %d/%d | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | mfu %s | "
-            "%.1f ms/step (data %.1f ms) | world %d × accum %d%s",
+            "%.1f ms/step (data %.1f ms) | world %d%s × accum %d%s",
             state.step,
             self.spec.steps,
             mean_loss,
@@ -430,6 +466,9 @@ class Reporter:
             step_time * 1e3,
             data_wait * 1e3,
             self.info.world_size,
+            f" (data {self.info.data_size} × tensor {self.info.tensor_size})"
+            if self.info.tensor_size > 1
+            else "",
             self.layout.grad_accum_steps,
             f" | slowest rank {self.slowest.rank} ×{self.slowest.slowdown:.2f}"
             if self.slowest is not None

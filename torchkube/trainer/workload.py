@@ -1,24 +1,33 @@
 """What gets trained: the public seam for a user's own model, dataset and loss.
 
 The trainer needs four things from a workload and nothing else: a way to build the model, a
-map-style training dataset (``__len__`` + ``__getitem__``), a loss, and — for FSDP and
-``compile`` — the repeated blocks to shard or compile one by one. The built-in GPT on a token
-file is just one :class:`Workload`; see docs/trainer.md for a custom one.
+map-style training dataset (``__len__`` + ``__getitem__``), a loss, and — for FSDP, activation
+checkpointing and ``compile`` — the repeated blocks to shard, recompute or compile one by one.
+Tensor parallelism needs the model's plan, and starting from published weights a loader. The
+built-in GPT and Llama-family models on a token file are just :class:`Workload` s; see
+docs/trainer.md for a custom one.
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from torchkube.api.trainer import TrainerSpec
+from torchkube.api.trainer import TrainerSpec, is_llama_family
+from torchkube.trainer import hf
 from torchkube.trainer.data import TokenDataset
+from torchkube.trainer.llama import PRESETS as LLAMA_PRESETS
+from torchkube.trainer.llama import Llama, LlamaConfig, tensor_parallel_plan
 from torchkube.trainer.model import GPT, PRESETS, GPTConfig, cross_entropy_loss, pad_vocab
+from torchkube.trainer.parallel import TensorPlan
 from torchkube.trainer.prepare import sample_data_paths
 from torchkube.trainer.tokens import read_header, resolve_token_files
+from torchkube.trainer.weights import init_sharded, load_pretrained
 
 Batch = Any  # whatever torch.utils.data.default_collate makes of the dataset's items
 
@@ -42,8 +51,18 @@ class Workload:
     ``build_model`` runs under ``torch.device(<the process's device>)`` after the seed is set,
     so every rank builds identical weights. ``loss_fn(model, batch)`` returns the mean loss
     of one micro-batch; ``batch`` is the collated dataset items, already on the device.
-    ``flops_per_token`` enables the MFU metric; ``blocks`` are sharded (FSDP) or compiled
-    individually, the rest of the model with the root.
+    ``flops_per_token`` enables the MFU metric; ``blocks`` are sharded (FSDP), recomputed
+    (activation checkpointing) or compiled individually, the rest of the model with the root.
+
+    ``tensor_plan(model, tensor)`` says how to split the model's modules over ``tensor``
+    ranks (``parallel.TensorPlan``; ValueError when the model's shape does not divide).
+
+    Starting weights, when a run begins without a checkpoint: ``load_weights(model, spec,
+    group)`` reads published ones into the parallelised model; ``init_weights(model, seed)``
+    draws random ones, each parameter a function of the seed and its name, as
+    ``build_model`` does. With either, a model that will be sharded (FSDP2, HSDP, tensor
+    parallelism) is built under the meta device and materialised, uninitialised, after
+    parallelisation, so that no rank ever holds all of it.
     """
 
     build_model: Callable[[TrainerSpec], nn.Module]
@@ -52,6 +71,9 @@ class Workload:
     eval_dataset: Callable[[TrainerSpec], Dataset | None] = _no_eval
     blocks: Callable[[nn.Module], Sequence[nn.Module]] = _no_blocks
     flops_per_token: Callable[[nn.Module, TrainerSpec], float | None] = _unknown_flops
+    tensor_plan: TensorPlan | None = None
+    load_weights: Callable[[nn.Module, TrainerSpec, dist.ProcessGroup], None] | None = None
+    init_weights: Callable[[nn.Module, int], None] | None = None
 
 
 def data_paths(spec: TrainerSpec) -> tuple[str, str | None]:
@@ -62,11 +84,16 @@ def data_paths(spec: TrainerSpec) -> tuple[str, str | None]:
     return train, spec.eval_data_path or val
 
 
-def gpt_config(spec: TrainerSpec) -> GPTConfig:
-    """The preset's shape, the spec's context length, the data's vocabulary."""
-    vocab = spec.vocab_size or max(
+def data_vocab_size(spec: TrainerSpec) -> int:
+    """The vocabulary the spec sets, else the largest the training data's headers record."""
+    return spec.vocab_size or max(
         read_header(p).vocab_size for p in resolve_token_files(data_paths(spec)[0])
     )
+
+
+def gpt_config(spec: TrainerSpec) -> GPTConfig:
+    """The preset's shape, the spec's context length, the data's vocabulary."""
+    vocab = data_vocab_size(spec)
     return replace(
         PRESETS[spec.model],
         block_size=spec.seq_len,
@@ -75,12 +102,16 @@ def gpt_config(spec: TrainerSpec) -> GPTConfig:
     )
 
 
-def _gpt_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+def _next_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     x, y = batch
     return cross_entropy_loss(model(x), y)
 
 
-def _gpt_eval_data(spec: TrainerSpec) -> Dataset | None:
+def _train_tokens(spec: TrainerSpec) -> Dataset:
+    return TokenDataset(data_paths(spec)[0], spec.seq_len)
+
+
+def _eval_tokens(spec: TrainerSpec) -> Dataset | None:
     path = data_paths(spec)[1]
     return TokenDataset(path, spec.seq_len) if path else None
 
@@ -99,9 +130,54 @@ def gpt_workload() -> Workload:
     """The built-in workload: a GPT preset on a memory-mapped token file."""
     return Workload(
         build_model=lambda spec: GPT(gpt_config(spec)),
-        train_dataset=lambda spec: TokenDataset(data_paths(spec)[0], spec.seq_len),
-        loss_fn=_gpt_loss,
-        eval_dataset=_gpt_eval_data,
+        train_dataset=_train_tokens,
+        loss_fn=_next_token_loss,
+        eval_dataset=_eval_tokens,
         blocks=_gpt_blocks,
         flops_per_token=_gpt_flops,
     )
+
+
+def llama_config(spec: TrainerSpec) -> LlamaConfig:
+    """The weights folder's config.json, as it is; else the preset's shape with the spec's
+    context length and the data's vocabulary."""
+    if spec.weights_path:
+        return LlamaConfig(**hf.llama_fields(hf.read_config(Path(spec.weights_path))))
+    return replace(
+        LLAMA_PRESETS[spec.model],
+        max_seq_len=spec.seq_len,
+        vocab_size=pad_vocab(data_vocab_size(spec)),
+    )
+
+
+def _llama(model: nn.Module) -> Llama:
+    assert isinstance(model, Llama)
+    return model
+
+
+def _load_llama_weights(model: nn.Module, spec: TrainerSpec, group: dist.ProcessGroup) -> None:
+    assert spec.weights_path is not None
+    load_pretrained(model, Path(spec.weights_path), group)  # logs what it read
+
+
+def llama_workload(from_weights: bool = False) -> Workload:
+    """A Llama-family preset on a memory-mapped token file; with ``from_weights``, starting
+    from the Hugging Face-format folder at ``spec.weightsPath``."""
+    return Workload(
+        build_model=lambda spec: Llama(llama_config(spec)),
+        train_dataset=_train_tokens,
+        loss_fn=_next_token_loss,
+        eval_dataset=_eval_tokens,
+        blocks=lambda model: list(_llama(model).layers),
+        flops_per_token=lambda model, spec: _llama(model).flops_per_token(spec.seq_len),
+        tensor_plan=lambda model, tensor: tensor_parallel_plan(_llama(model).config, tensor),
+        load_weights=_load_llama_weights if from_weights else None,
+        init_weights=lambda model, seed: init_sharded(model, _llama(model).initial_value, seed),
+    )
+
+
+def builtin_workload(spec: TrainerSpec) -> Workload:
+    """The workload ``spec.model`` names."""
+    if is_llama_family(spec.model):
+        return llama_workload(from_weights=spec.weights_path is not None)
+    return gpt_workload()

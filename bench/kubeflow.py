@@ -1,0 +1,235 @@
+"""Kubeflow's training-operator (v1.8.1, PyTorchJob) beside torchkube, on the same cluster.
+
+The peer is installed as its own manifests install it, minus what a process outside the
+cluster cannot have: its CRD from the module's ``manifests/base/crds``, the ``kubeflow``
+namespace, the empty Secret its certificate rotator fills, and its
+ValidatingWebhookConfiguration with ``failurePolicy: Ignore`` (the webhook Service has no
+endpoints here: the apiserver then skips the call instead of refusing every PyTorchJob). The
+rotator writes the certificates into the Secret; a pod would see them mounted at
+controller-runtime's serving-certificate folder, so they are copied there. Then it runs as a
+process with the admin kubeconfig — the same footing as the torchkube operator in these
+benchmarks.
+
+Its jobs are timed with the same pod watch as torchkube's. A PyTorchJob of N workers is one
+``Master`` and N-1 ``Worker`` replicas (N pods), each with the GPUs and KWOK placement a
+torchkube worker gets.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import subprocess
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from bench.common import proc_cpu_seconds, proc_peak_rss_bytes
+from bench.kube import BENCH_LABEL, JOB_KINDS
+from testbed.kwok import kwok_toleration
+from testbed.ports import free_port
+from testbed.process import Process
+from testbed.wait import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "kubeflow"
+SECRET = "training-operator-webhook-cert"
+WEBHOOK_CONFIGURATION = "validator.training-operator.kubeflow.org"
+GROUP, VERSION, PLURAL = JOB_KINDS[1]
+JOB_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+CERT_DIR = Path(tempfile.gettempdir()) / "k8s-webhook-server" / "serving-certs"
+"""controller-runtime's default serving-certificate folder (``<temp dir>/k8s-webhook-server/
+serving-certs``), where the operator's webhook server reads its key pair."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """The built operator and the module source its manifests come from."""
+
+    module_dir: Path
+    bin_dir: Path
+
+    @property
+    def binary(self) -> Path:
+        return self.bin_dir / "training-operator.v1"
+
+
+def build() -> Build:
+    """Build (or find, cached by pin) the peer with ``hack/build-peers.sh``."""
+    out = subprocess.run(
+        [str(ROOT / "hack" / "build-peers.sh")], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"hack/build-peers.sh failed:\n{out.stderr[-3000:]}")
+    module_dir, bin_dir = out.stdout.strip().splitlines()[-2:]
+    return Build(Path(module_dir), Path(bin_dir))
+
+
+def _manifest(build: Build, relative: str) -> list[dict[str, Any]]:
+    text = (build.module_dir / "manifests" / "base" / relative).read_text()
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def install(api: Any, build: Build) -> None:
+    """The PyTorchJob CRD, the namespace, the Secret, the webhook configuration."""
+    ext: Any = client.ApiextensionsV1Api(api)
+    core: Any = client.CoreV1Api(api)
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    [crd] = _manifest(build, "crds/kubeflow.org_pytorchjobs.yaml")
+    with contextlib.suppress(client.ApiException):
+        ext.create_custom_resource_definition(crd)
+    with contextlib.suppress(client.ApiException):
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    with contextlib.suppress(client.ApiException):
+        core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": SECRET}})
+    [webhooks] = _manifest(build, "webhook/manifests.yaml")
+    webhooks["metadata"] = {"name": WEBHOOK_CONFIGURATION}
+    for hook in webhooks["webhooks"]:
+        hook["failurePolicy"] = "Ignore"
+        hook["clientConfig"]["service"].update(name="training-operator", namespace=NAMESPACE)
+    with contextlib.suppress(client.ApiException):
+        admission.create_validating_webhook_configuration(webhooks)
+
+    def established() -> bool:
+        found = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        return any(
+            c.type == "Established" and c.status == "True"
+            for c in (found.status.conditions if found.status else None) or []
+        )
+
+    wait_for(established, 60, what="the PyTorchJob CRD to be Established")
+
+
+class KubeflowOperator:
+    """``training-operator.v1 --enable-scheme=pytorchjob`` as a process, with its ports."""
+
+    def __init__(self, build: Build, kubeconfig: Path, log_path: Path, threads: int = 1) -> None:
+        self.build = build
+        self.kubeconfig = kubeconfig
+        self.metrics_port, self.probe_port, self.webhook_port = (free_port() for _ in range(3))
+        self.threads = threads
+        self.process = Process(
+            "kubeflow-training-operator",
+            [
+                str(build.binary),
+                "--enable-scheme=pytorchjob",
+                f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+                f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+                f"--webhook-server-port={self.webhook_port}",
+                f"--controller-threads={threads}",
+                "--zap-log-level=info",
+            ],
+            log_path,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        )
+
+    def start(self, api: Any, timeout: float = 120) -> KubeflowOperator:
+        self.process.start()
+        core: Any = client.CoreV1Api(api)
+
+        def certificates() -> dict[str, str] | None:
+            self.process.check_alive()
+            data = core.read_namespaced_secret(SECRET, NAMESPACE).data or {}
+            return data if {"tls.crt", "tls.key"} <= set(data) else None
+
+        data = wait_for(certificates, timeout, what="the peer's certificate rotator")
+        CERT_DIR.mkdir(parents=True, exist_ok=True)
+        for key in ("tls.crt", "tls.key", "ca.crt"):
+            if key in data:
+                (CERT_DIR / key).write_bytes(base64.b64decode(data[key]))
+        wait_for(self._ready, timeout, what="the peer's /readyz")
+        return self
+
+    def restarted(self, api: Any) -> KubeflowOperator:
+        """Stop this process and start a fresh one with the same build and kubeconfig."""
+        self.stop()
+        return KubeflowOperator(
+            self.build, self.kubeconfig, self.process.log_path, self.threads
+        ).start(api)
+
+    def _ready(self) -> bool:
+        self.process.check_alive()
+        try:
+            url = f"http://127.0.0.1:{self.probe_port}/readyz"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        return proc_cpu_seconds(self.pid)
+
+    def peak_rss(self) -> int:
+        return proc_peak_rss_bytes(self.pid)
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+
+
+def pytorchjob_body(
+    name: str, workers: int, *, gpus: int = 1, group: str = "scale", restart: str = "OnFailure"
+) -> dict[str, Any]:
+    """A PyTorchJob of ``workers`` pods (a Master and workers-1 Workers) placed like a
+    torchkube job's workers: ``gpus`` each, on the KWOK nodes labelled ``group``."""
+
+    def replica(count: int) -> dict[str, Any]:
+        return {
+            "replicas": count,
+            "restartPolicy": restart,
+            "template": {
+                "spec": {
+                    "tolerations": [kwok_toleration()],
+                    "nodeSelector": {BENCH_LABEL: group},
+                    "containers": [
+                        {
+                            "name": "pytorch",
+                            "image": "torchkube/trainer:0.1.0",
+                            "resources": {"limits": {"nvidia.com/gpu": gpus}},
+                        }
+                    ],
+                }
+            },
+        }
+
+    specs = {"Master": replica(1)}
+    if workers > 1:
+        specs["Worker"] = replica(workers - 1)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {"pytorchReplicaSpecs": specs},
+    }
+
+
+def create_pytorchjob(api: Any, namespace: str, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body
+    )
+
+
+def requests_total(metrics_text: str) -> float:
+    """The peer's API requests so far (client-go's ``rest_client_requests_total``)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("rest_client_requests_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -1,0 +1,145 @@
+"""Plain torchrun, the reference of ``recovery_e2e``: the same trainer, job and kill, launched
+as ``torchrun --nnodes=1:2 --rdzv-backend=c10d`` is on two nodes.
+
+Two agents on loopback, one worker each. Its rendezvous store lives inside the first agent
+(``is_host=true``), as the c10d backend puts it in the agent on the endpoint's host. The
+rendezvous settings are torchrun's defaults (last call 30 s, keep-alive 5 s × 3, monitor
+interval 0.1 s), or the ones torchkube passes (from the same job), so a comparison can tell
+the part of the gain that is settings from the part that is design.
+
+A kill takes a whole agent's process tree, as losing its node does: ``other`` is the agent
+without the store, ``host`` the one with it (what losing rank 0's node means for torchrun).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchkube.api import TrainingJob
+from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
+from torchkube.local.processes import kill_tree
+from torchkube.local.runner import free_port
+from torchkube.local.threads import threads_per_process
+from torchkube.operator.builders import torchrun_args, trainer_env
+
+AGENTS = 2
+
+
+def torchkube_rdzv_conf(job: TrainingJob) -> tuple[str, str]:
+    """The ``--rdzv-conf`` (without ``is_host``) and ``--monitor-interval`` torchkube's pods
+    get for ``job``."""
+    args = torchrun_args(job, endpoint="127.0.0.1:0", local_addr="127.0.0.1", nproc=1)
+    conf = next(a for a in args if a.startswith("--rdzv-conf=")).split("=", 1)[1]
+    monitor = next(a for a in args if a.startswith("--monitor-interval=")).split("=", 1)[1]
+    parts = [p for p in conf.split(",") if not p.startswith("is_host=")]
+    return ",".join(parts), monitor
+
+
+@dataclass
+class PlainResult:
+    """What a run with one kill left behind."""
+
+    killed_at: float | None
+    """Unix time of the kill (None: training ended before the kill step)."""
+    log_dir: Path
+    exit_codes: list[int | None]
+    finished: bool
+    """The trainer reported every step done."""
+
+
+class PlainTorchrun:
+    """Two plain torchrun agents for ``job`` in ``workdir``; ``settings`` is ``defaults`` or
+    ``torchkube`` (the rendezvous settings torchkube's pods get)."""
+
+    def __init__(self, job: TrainingJob, workdir: Path, settings: str) -> None:
+        if settings not in ("defaults", "torchkube"):
+            raise ValueError(f"settings must be 'defaults' or 'torchkube', not {settings!r}")
+        self.job, self.workdir, self.settings = job, workdir, settings
+        self.checkpoint_dir = workdir / "checkpoints"
+        self.log_dir = workdir / "logs"
+        self.port = free_port()
+        self.agents: list[subprocess.Popen[bytes]] = []
+
+    def command(self, host: bool) -> list[str]:
+        replicas = self.job.spec.replicas
+        flags = [
+            f"--nnodes={replicas.min}:{replicas.max}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--rdzv-id={self.job.name}",
+            "--max-restarts=10",
+        ]
+        is_host = f"is_host={str(host).lower()}"
+        if self.settings == "torchkube":
+            conf, monitor = torchkube_rdzv_conf(self.job)
+            flags += [f"--rdzv-conf={conf},{is_host}", f"--monitor-interval={monitor}"]
+        else:
+            flags.append(f"--rdzv-conf={is_host}")
+        return [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "torchkube.trainer"]
+
+    def env(self, index: int) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+        env |= trainer_env(self.job, index)
+        cpus = len(os.sched_getaffinity(0))
+        env |= {
+            Env.CHECKPOINT_DIR: str(self.checkpoint_dir),
+            Env.METRICS_PORT: "0",
+            "OMP_NUM_THREADS": str(threads_per_process(cpus, AGENTS, 1)),
+            "LOGLEVEL": "INFO",  # the agents' rendezvous milestones, with times
+        }
+        return env
+
+    def progress(self) -> ProgressReport | None:
+        try:
+            return ProgressReport.model_validate_json(
+                (self.checkpoint_dir / PROGRESS_FILE).read_text()
+            )
+        except (OSError, ValueError):
+            return None
+
+    def run(self, kill_step: int, victim: str, timeout: float) -> PlainResult:
+        """Train; once past ``kill_step`` SIGKILL the ``victim`` agent's tree (``host`` or
+        ``other``); wait for the survivor to end (or ``timeout`` seconds in all)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        killed_at: float | None = None
+        try:
+            for index in range(AGENTS):
+                self.agents.append(
+                    subprocess.Popen(
+                        self.command(host=index == 0),
+                        env=self.env(index),
+                        stdout=(self.log_dir / f"worker-{index}.log").open("ab"),
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            doomed = self.agents[0 if victim == "host" else 1]
+            survivor = self.agents[1 if victim == "host" else 0]
+            while time.monotonic() < deadline and survivor.poll() is None:
+                record = self.progress()
+                if killed_at is None and record and record.step >= kill_step:
+                    killed_at = time.time()
+                    kill_tree(doomed.pid)
+                    doomed.wait()
+                time.sleep(0.1)
+        finally:
+            for agent in self.agents:
+                if agent.poll() is None:
+                    kill_tree(agent.pid)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    agent.wait(timeout=30)
+        record = self.progress()
+        return PlainResult(
+            killed_at,
+            self.log_dir,
+            [agent.returncode for agent in self.agents],
+            bool(record and record.finished),
+        )

@@ -1,0 +1,55 @@
+"""CI's regression guard for the operator's speed (see bench/guard.py): jobs of 8 and 64
+workers on the session's cluster, apply → every worker Running, against the last recorded
+``bench/results/operator_scale.json``. Fails only on a gross regression; prints the figures
+either way."""
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kube_jobs import Job
+
+from bench import guard
+from bench.kube import PodWatch
+from bench.operator_scale import all_running
+from testbed.kwok import NodePool
+from torchkube.api import labels as lbl
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TRIALS = {8: 3, 64: 1}
+
+
+def apply_to_running(
+    api: Any, namespace: str, make_job: Callable[..., Job], pool: NodePool, workers: int, name: str
+) -> float:
+    selector = f"{lbl.JOB_NAME}={name},{lbl.ROLE}={lbl.ROLE_WORKER}"
+    with PodWatch(api, namespace, selector) as watch:
+        started = time.monotonic()
+        job = make_job(name, pool, replicas={"min": workers, "max": workers}, resources={"gpus": 1})
+        running = all_running(watch, workers, 60 + workers, f"job {name}") - started
+    job.delete()
+    return running
+
+
+def test_apply_to_running_has_not_regressed_grossly(
+    api_client: Any,
+    namespace: str,
+    make_job: Callable[..., Job],
+    isolated_pool: Callable[..., NodePool],
+) -> None:
+    pool = isolated_pool(nodes=8)
+    apply_to_running(api_client, namespace, make_job, pool, 8, "warmup")
+    checks = []
+    for workers, trials in TRIALS.items():
+        times = [
+            apply_to_running(api_client, namespace, make_job, pool, workers, f"g{workers}-{i}")
+            for i in range(trials)
+        ]
+        figure = f"{workers} workers, idle: apply → all Running, torchkube"
+        recorded = guard.baseline("operator_scale", figure)
+        checks.append(guard.Check(figure, statistics.median(times), recorded))
+    print("\n" + guard.report(checks))
+    assert guard.passed(checks), guard.report(checks)
