@@ -379,9 +379,9 @@ class Controller:
             self.kube.patch(kind, namespace, child, patch)
         if decided.create_children:
             self._note_refusals(self.kube.create_all(decided.create_children), memory)
-        if st.changed(body.get("status"), planned):
+        if patch := st.merge_patch(body.get("status"), planned):
             memory.job = self.kube.patch_status(
-                namespace, name, planned, body.get("metadata", {}).get("resourceVersion")
+                namespace, name, patch, body.get("metadata", {}).get("resourceVersion")
             )
         now = time.monotonic()
         if decided.mark_recorded:
