@@ -44,6 +44,7 @@ from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
 from testbed.ports import free_port
 from testbed.process import Process, tail
 from testbed.wait import WaitTimeout, wait_for
+from torchkube.elastic.warm import workers_of
 
 if TYPE_CHECKING:
     from testbed.cluster import Cluster
@@ -585,3 +586,37 @@ def log_tail(node: RealNode, lines: int = 30) -> str:
         if proc is not None:
             parts.append(f"--- {proc.log_path} ---\n{tail(proc.log_path, lines)}")
     return "\n".join(parts)
+
+
+def pod_process(pod_uid: str, command: bytes, without: bytes | None = None) -> int:
+    """The host pid of the process in a real node's pod (by its cgroup) whose command line
+    holds ``command`` and not ``without``; the harness runs as root on the nodes' host."""
+    wanted = {f"pod{pod_uid}", f"pod{pod_uid.replace('-', '_')}"}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            cgroup = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if without is not None and without in cmdline:
+            continue
+        if command in cmdline and any(w in cgroup for w in wanted):
+            return int(proc.name)
+    raise ClusterError("real nodes", f"no {command.decode()} process in pod {pod_uid} here")
+
+
+def trainer_process(pod_uid: str) -> int:
+    """A worker pod's training process: forked from its launcher's forkserver (warm
+    workers), or started by torchrun as ``python -m torchkube.trainer``."""
+    launcher = pod_process(pod_uid, b"torchkube.elastic.launch")
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            tree.setdefault(parent, []).append(int(stat.parent.name))
+    workers = workers_of(launcher, tree)
+    if not workers:
+        raise ClusterError("real nodes", f"no training process in pod {pod_uid} here")
+    return workers[0]

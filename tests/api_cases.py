@@ -79,6 +79,24 @@ BAD_SPECS = [
     BadSpec("name-too-long", {}, "metadata.name", "at most 40 characters", name="a" + "b" * 45),
     BadSpec("keep-one-checkpoint", {"checkpoint": {"keep": 1}}, "checkpoint.keep", "2"),
     BadSpec(
+        "spares-below-max",
+        {"replicas": {"min": 1, "max": 4, "desired": 2, "spares": 1}},
+        "replicas",
+        "spares to 0 before scaling below max",
+    ),
+    BadSpec(
+        "straggler-slowdown-one",
+        {"failurePolicy": {"stragglerSlowdown": 1.0}},
+        "failurePolicy.stragglerSlowdown",
+        "1.1",
+    ),
+    BadSpec(
+        "negative-hang-timeout",
+        {"failurePolicy": {"hangTimeoutSeconds": -5}},
+        "failurePolicy.hangTimeoutSeconds",
+        "0",
+    ),
+    BadSpec(
         "data-two-sources",
         {"data": {"source": {"path": "/corpus", "url": "https://example.org/a.txt"}}},
         "data",

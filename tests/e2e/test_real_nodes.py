@@ -36,7 +36,8 @@ from testbed.docker import Docker, DockerDaemon, build_image, ensure_base_image
 from testbed.errors import ClusterError
 from testbed.operator import OperatorProcess
 from testbed.prometheus import Prometheus, pod_monitor_job
-from testbed.realnodes import REAL_NODE_LABEL, LoadedImage
+from testbed.realnodes import REAL_NODE_LABEL, LoadedImage, pod_process, trainer_process
+from testbed.throttle import throttle_cpu
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, VERSION
@@ -471,20 +472,49 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
 
 def _container_pid(pod: Any, command: bytes) -> int:
     """The host pid of the process in ``pod``'s containers whose command line holds
-    ``command``, found by the pod's cgroup; the test runs as root on the nodes' host."""
-    uid = pod.metadata.uid
-    wanted = {f"pod{uid}", f"pod{uid.replace('-', '_')}"}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            cgroup = (proc / "cgroup").read_text()
-        except OSError:
-            continue
-        if command in cmdline and any(w in cgroup for w in wanted):
-            return int(proc.name)
-    raise AssertionError(f"no {command.decode()} process of pod {pod.metadata.name} here")
+    ``command``; the test runs as root on the nodes' host."""
+    return pod_process(pod.metadata.uid, command)
+
+
+def _trainer_pid(pod: Any) -> int:
+    return trainer_process(pod.metadata.uid)
+
+
+def _rank(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(item for item in environ if item.startswith(b"RANK="))[5:])
+
+
+def _logs(cluster: Cluster, namespace: str, pod: str) -> str:
+    return subprocess.run(
+        [
+            str(cluster.binaries().path("kubectl")),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "logs",
+            "-n",
+            namespace,
+            pod,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+
+
+def _resumed_after(job: RealJob, before: dict[str, Any]) -> Callable[[], dict[str, Any] | None]:
+    """A report written after a resume from a checkpoint, past the step it resumed at (or the
+    final one, when the rest of the run took less than a poll)."""
+
+    def resumed() -> dict[str, Any] | None:
+        report = job.progress()
+        again = int(report.get("resumes") or 0) > int(before.get("resumes") or 0) and (
+            int(report.get("step") or 0) > int(report.get("lastCheckpointStep") or 0)
+            or report.get("finished") is True
+        )
+        return report if again else None
+
+    return resumed
 
 
 def test_killed_worker_container_is_replaced_and_resumes(
@@ -993,3 +1023,192 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         say(f"{checked} dashboard expressions returned data for {job.namespace}/{job.name}")
         delete_volume(api, corpus_pv)
     _helm(real_cluster, home, "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait")
+
+
+def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """A worker's trainer SIGSTOPped mid-training (a wedged GPU, a dead mount): its pod stays
+    Running while the other rank waits in the all-reduce. The launcher's watchdog finds it
+    after hangTimeoutSeconds, prints its stacks to the pod's log and ends the pod (124); the
+    operator records a Hang naming the stopped rank, replaces the pod, and the job resumes
+    from its checkpoint and ends Succeeded with exactly its steps."""
+    steps, every, hang = 400, 20, 15
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-hang", name="hang"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["failurePolicy"]["hangTimeoutSeconds"] = hang
+        job.apply(manifest)
+        wait_for(
+            _past(job, every + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        victim = next(p for p in job.pods() if p.status.phase == "Running")
+        pid = _trainer_pid(victim)
+        rank, before = _rank(pid), job.progress()
+        say(f"SIGSTOP rank {rank} (pod {victim.metadata.name}) at step {before.get('step')}")
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        def hang_recorded() -> dict[str, Any] | None:
+            last = job.status().get("lastFailure") or {}
+            return last if last.get("reason") == "Hang" else None
+
+        failure = wait_for(hang_recorded, hang + 60, what="a Hang", describe_last=job.describe)
+        detected = time.monotonic() - stopped
+        assert failure["pod"] == victim.metadata.name and failure["exitCode"] == 124, failure
+        assert f"rank {rank} (pid" in failure["message"], failure
+        assert "stopped by a signal" in failure["message"], failure
+        wait_for(
+            _resumed_after(job, before), 180, what="training resumed", describe_last=job.describe
+        )
+        say(
+            f"SIGSTOP -> Hang in the status {detected:.1f}s (hang timeout {hang}s), "
+            f"-> training again {time.monotonic() - stopped:.1f}s"
+        )
+        logs = _logs(real_cluster, job.namespace, victim.metadata.name)
+        assert "Python stacks of every thread" in logs and "train_step" in logs, logs[-3000:]
+
+        phase = job.wait_finished()
+        report, final = job.progress(), job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert int(report.get("resumes") or 0) >= 1, report
+        hangs = [f for f in final.get("failures") or [] if f["reason"] == "Hang"]
+        assert len(hangs) == 1 and final["restartsCountTowardsMax"] == 1, final
+
+
+def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """One worker's container held to a twentieth of a CPU (a cgroup quota on the node): its
+    rank computes several times slower than the other, the job's status names it as the
+    slowest rank with its pod and node; with replaceStragglers its pod is replaced after
+    stragglerSeconds, away from its node, and the job still ends with exactly its steps.
+
+    The tiny model's steps take milliseconds, so two unthrottled ranks sharing this 2-core
+    machine already differ by up to 2×: the test asks for 3× and throttles the rank that is
+    not the slowest before."""
+    steps, every, slowdown = 600, 20, 3.0
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-slow", name="slow"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["failurePolicy"] |= {
+            "replaceStragglers": True,
+            "stragglerSeconds": 20,
+            "stragglerSlowdown": slowdown,
+        }
+        job.apply(manifest)
+        wait_for(
+            _past(job, every + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        before = job.status().get("slowestRank") or {}
+        victim = next(
+            p
+            for p in job.pods()
+            if p.status.phase == "Running" and p.metadata.name != before.get("pod")
+        )
+        say(f"1/20 of a CPU for {victim.metadata.name} at {job.progress().get('step')}: {before}")
+        with throttle_cpu(_trainer_pid(victim), share=0.05, in_place=True):
+            throttled = time.monotonic()
+
+            def reported() -> dict[str, Any] | None:
+                slowest = job.status().get("slowestRank") or {}
+                mine = slowest.get("pod") == victim.metadata.name
+                return slowest if mine and slowest.get("slowdown", 0) >= slowdown else None
+
+            slowest = wait_for(
+                reported, 120, what="the straggler in the status", describe_last=job.describe
+            )
+            say(f"reported after {time.monotonic() - throttled:.1f}s: {slowest}")
+            assert slowest["node"] == victim.spec.node_name
+
+            def replaced() -> dict[str, Any] | None:
+                last = job.status().get("lastFailure") or {}
+                return last if last.get("reason") == "Straggler" else None
+
+            failure = wait_for(
+                replaced, 120, what="the straggler replaced", describe_last=job.describe
+            )
+            say(f"replaced after {time.monotonic() - throttled:.1f}s: {failure['message']}")
+        assert failure["pod"] == victim.metadata.name and failure["node"] == victim.spec.node_name
+
+        phase = job.wait_finished()
+        report, final = job.progress(), job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert final.get("restartsCountTowardsMax", 0) == 0, final
+
+
+def test_a_spare_takes_a_deleted_workers_place(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """A 2-worker job with one hot spare: the spare pod runs, its launcher stands by in the
+    rendezvous (no trainer, not Ready). A training worker's pod deleted: it writes its
+    emergency checkpoint and leaves the rendezvous, the spare takes its place at world size 2
+    without waiting for a new pod, a new spare is created behind it, and the job ends with
+    exactly its steps."""
+    steps, every = 500, 50
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-spare", name="spare"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["replicas"] = {"min": 2, "max": 2, "spares": 1}
+        job.apply(manifest)
+        wait_for(
+            lambda: _past(job, every + 5, world=2)() and job.status().get("spares") == 1,
+            300,
+            what="2 workers past a checkpoint and a spare",
+            describe_last=job.describe,
+        )
+        pods = [p for p in job.pods() if p.status.phase == "Running"]
+        ready = [p for p in pods if _ready(p)]
+        [spare] = [p for p in pods if p not in ready]
+        logs = _logs(real_cluster, job.namespace, spare.metadata.name)
+        assert "standing by as a spare" in logs, logs[-2000:]
+        victim, before = ready[0], job.progress()
+        say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
+        deleted = time.monotonic()
+        _kubectl(
+            real_cluster, "delete", "pod", "-n", job.namespace, victim.metadata.name, "--wait=false"
+        )
+        again = wait_for(
+            _resumed_after(job, before), 120, what="training again", describe_last=job.describe
+        )
+        say(f"kubectl delete pod -> training again {time.monotonic() - deleted:.1f}s: {again}")
+        assert again.get("worldSize") == 2 or again.get("finished") is True, again
+        assert "the spare joins round" in _logs(real_cluster, job.namespace, spare.metadata.name)
+        wait_for(
+            lambda: job.status().get("spares") == 1 and len(job.running_workers()) == 3,
+            120,
+            what="a new spare behind it",
+            describe_last=job.describe,
+        )
+
+        phase = job.wait_finished()
+        report, final = job.progress(), job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert [f["reason"] for f in final.get("failures") or []] == ["Deleted"], final

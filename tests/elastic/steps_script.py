@@ -1,9 +1,10 @@
 """A minimal elastic workload for launcher/store tests: all-reduce steps, resumable from a file.
 
-Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every step, in one
-``write`` so a worker killed mid-step leaves either the whole line or none; a restarted group
-continues after the last line. (Keeping the count in a second file raced: a worker stopped
-between the two writes lost a step.)
+It beats its heartbeat after every step, as the trainer does (the launcher's hang watchdog
+reads it). Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every
+step, in one ``write`` so a worker killed mid-step leaves either the whole line or none; a
+restarted group continues after the last line. (Keeping the count in a second file raced: a
+worker stopped between the two writes lost a step.)
 """
 
 import os
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from torchkube.elastic.heartbeat import Heartbeat
 
 
 def main() -> None:
@@ -24,6 +27,7 @@ def main() -> None:
         Path(os.environ["TORCHKUBE_PERMANENT_ERROR_FILE"]).write_text("bad config: steps < 0\n")
         sys.exit(3)
     dist.init_process_group("gloo")
+    heartbeat = Heartbeat.from_env()
     rank, world = dist.get_rank(), dist.get_world_size()
     log_path = out / "steps.log"
     lines = log_path.read_text().split() if log_path.exists() else []
@@ -33,6 +37,7 @@ def main() -> None:
         dist.all_reduce(value)
         assert int(value.item()) == world
         step += 1
+        heartbeat.beat(step)
         if rank == 0:
             with log_path.open("a", buffering=1) as log:
                 log.write(f"{step} {world} {os.environ.get('AGENT', '?')}\n")

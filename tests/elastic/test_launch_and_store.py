@@ -6,125 +6,15 @@ a returning agent is taken back in, worker exit codes reach the container, and a
 error stops the pod at once instead of looping through torchrun's restarts.
 """
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agents import Store, kill_agent, launch, rdzv_args, steps, wait_for
 
-from testbed.ports import free_port
 from torchkube.api.contract import ExitCode
 
-SCRIPT = Path(__file__).with_name("steps_script.py")
 pytestmark = pytest.mark.slow
-
-
-def rdzv_args(port: int, *, nnodes: str = "1:2", max_restarts: int = 10) -> list[str]:
-    conf = (
-        "is_host=false,join_timeout=90,last_call_timeout=2,close_timeout=5,"
-        "keep_alive_interval=1,keep_alive_max_attempt=3"
-    )
-    return [
-        f"--nnodes={nnodes}",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=test-job",
-        f"--rdzv-conf={conf}",
-        f"--max-restarts={max_restarts}",
-        "--monitor-interval=0.5",
-        "--local-addr=127.0.0.1",
-    ]
-
-
-def launch(args: list[str], out: Path, agent: str, **env: str) -> subprocess.Popen[bytes]:
-    log = (out / f"{agent}.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "torchkube.elastic.launch", *args, str(SCRIPT)],
-        env={**os.environ, "OUT": str(out), "AGENT": agent, **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-class Store:
-    """The rendezvous store process, killable and restartable on its port like the store
-    pod's container (restartPolicy Always: same name, same address)."""
-
-    def __init__(self, out: Path) -> None:
-        self.port = free_port()
-        self.out = out
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchkube.elastic.store", "--port", str(self.port)],
-            stdout=(self.out / "store.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=20)
-
-
-@pytest.fixture
-def store_process(tmp_path: Path) -> Iterator[Store]:
-    process = Store(tmp_path)
-    process.start()
-    yield process
-    if process.proc is not None and process.proc.poll() is None:
-        assert process.stop() == 0
-
-
-@pytest.fixture
-def store(store_process: Store) -> int:
-    return store_process.port
-
-
-def steps(out: Path) -> list[tuple[int, int, str]]:
-    path = out / "steps.log"
-    if not path.exists():
-        return []
-    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
-    return [(int(step), int(world), agent) for step, world, agent in rows]
-
-
-def wait_for(predicate, timeout: float, what: str, out: Path):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
-
-
-def kill_agent(out: Path, agent: str) -> None:
-    """SIGKILL an agent and its workers, as a node loss would. torchrun starts each worker
-    in a session of its own, so they are found by their environment, not their group."""
-    wanted = {f"OUT={out}".encode(), f"AGENT={agent}".encode()}
-    for proc in Path("/proc").iterdir():
-        try:
-            environ = set((proc / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if proc.name.isdigit() and wanted <= environ:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(proc.name), signal.SIGKILL)
 
 
 def test_killing_the_rank0_agent_leaves_the_survivor_training(store: int, tmp_path: Path) -> None:

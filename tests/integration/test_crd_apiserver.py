@@ -94,6 +94,16 @@ def test_scale_subresource_moves_desired_within_bounds(custom: Any, namespace: s
     assert "must lie between" in raised.value.body
 
 
+def test_a_job_with_spares_is_not_scaled_below_max(custom: Any, namespace: str) -> None:
+    """Spares stand by beyond max: kubectl scale below max is refused with what to do."""
+    create(custom, namespace, job("spr", {"replicas": {"min": 1, "max": 4, "spares": 1}}))
+    with pytest.raises(ApiException) as raised:
+        custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, PLURAL, "spr", {"spec": {"replicas": 2}}
+        )
+    assert "set spares to 0 before scaling below max" in raised.value.body
+
+
 def test_status_is_a_subresource(custom: Any, namespace: str) -> None:
     create(custom, namespace, job("st", {}))
     custom.patch_namespaced_custom_object(

@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.api import labels as lbl
+from torchkube.api.times import format_time
 from torchkube.local.plot import read_run, render
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -49,12 +51,14 @@ JOB = "quickstart"
 class FakeTrainer:
     """What the KWOK job's trainer would report on ``GET /progress`` (KWOK pods run nothing):
     4 steps a second while every worker runs, a checkpoint every 20 steps, and after a worker
-    is lost a restart from the newest checkpoint 1 s after all workers run again."""
+    is lost a restart from the newest checkpoint 1 s after all workers run again. Rank 1 is
+    the slowest rank, 1.2× the other's compute time, or 3× while its pod is ``straggler``."""
 
     def __init__(self, api: Any, namespace: str, reports: dict[tuple[str, str], Any]) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.reports = namespace, reports
         self.step = self.checkpoint = self.resumes = 0
+        self.straggler: str | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -94,7 +98,17 @@ class FakeTrainer:
                 "lastCheckpointStep": self.checkpoint,
                 "resumes": self.resumes,
                 "finished": False,
+                "updated": format_time(datetime.now(UTC)),
             }
+            if members:
+                slowdown = 3.0 if members[1] == self.straggler else 1.2
+                report["slowestRank"] = {
+                    "rank": 1,
+                    "pod": members[1],
+                    "computeSeconds": 0.25 * slowdown / (1 + slowdown),
+                    "medianSeconds": 0.25 / (1 + slowdown),
+                    "slowdown": slowdown,
+                }
             for pod in members:
                 self.reports[(self.namespace, pod)] = report
 
@@ -198,6 +212,7 @@ def kwok_job(api: Any, namespace: str, pool: NodePool, volume_dir: Path) -> None
         "spec": {
             "replicas": {"min": 2, "max": 2},
             "resources": {"gpus": 8},
+            "failurePolicy": {"replaceStragglers": True, "stragglerSeconds": 10},
             "scheduling": {
                 "tolerations": [kwok_toleration()],
                 "nodeSelector": {POOL_LABEL: pool.name},
@@ -268,8 +283,8 @@ def test_dashboards_and_docs_against_a_real_prometheus(
         trainer_text = trainer.metrics_text()  # while it runs: a fast run is over in 40 s
         kwok_job(api_client, namespace, pool, tmp_path / "volume")
         try:
-            with FakeTrainer(api_client, namespace, progress_reports.reports):
-                run_kwok_scenario(api_client, namespace, prom)
+            with FakeTrainer(api_client, namespace, progress_reports.reports) as fake:
+                run_kwok_scenario(api_client, namespace, prom, fake)
             output = trainer.wait(timeout=300)
         finally:
             delete_volume(api_client, volume)
@@ -304,8 +319,9 @@ def test_dashboards_and_docs_against_a_real_prometheus(
     assert picture.read_bytes()[:4] == b"\x89PNG"
 
 
-def run_kwok_scenario(api: Any, namespace: str, prom: Prometheus) -> None:
-    """Start, a worker exiting 137, then the node of another worker deleted."""
+def run_kwok_scenario(api: Any, namespace: str, prom: Prometheus, fake: FakeTrainer) -> None:
+    """Start, a worker exiting 137, the node of another worker deleted, a worker ended by its
+    hang watchdog (124), then the slowest rank a straggler until its pod is replaced."""
     wait_for(lambda: len(running_workers(api, namespace)) == 2, 60, what="2 running workers")
     prom.wait_for_series(
         f'torchkube_job_restarts_total{{namespace="{namespace}", job="{JOB}", reason="ExitCode"}}'
@@ -319,3 +335,22 @@ def run_kwok_scenario(api: Any, namespace: str, prom: Prometheus) -> None:
     faults.delete_node(api, pod.spec.node_name, wait=False)
     wait_restored(api, namespace, 2, {pod.metadata.name, pod.spec.node_name})
     time.sleep(5)
+    hung = running_workers(api, namespace)[0].metadata.name
+    faults.fail_pod(api, hung, namespace, exit_code=124)
+    wait_restored(api, namespace, 3, {hung})
+    time.sleep(5)
+    slow = max(p.metadata.name for p in running_workers(api, namespace))
+    fake.straggler = slow  # rank 1 of the sorted members: 3× the median for 10 s → replaced
+
+    def straggler_replaced() -> dict[str, Any] | None:
+        status = job_status(api, namespace)
+        last = status.get("lastFailure") or {}
+        names = {p.metadata.name for p in running_workers(api, namespace)}
+        done = last.get("reason") == "Straggler" and len(names) == 2 and slow not in names
+        return status if done else None
+
+    wait_for(straggler_replaced, 60, what="the straggler replaced")
+    time.sleep(5)  # its replacement reports as rank 1, at 1.2×: no longer a straggler
+    status = job_status(api, namespace)
+    assert "exitCode" not in status["lastFailure"], status["lastFailure"]  # the Hang's is gone
+    assert "stragglingSince" not in status["slowestRank"], status["slowestRank"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from torchkube.api.contract import HANG_REPORT
 from torchkube.local.processes import children_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,3 +132,39 @@ def test_invalid_job_is_refused_with_the_field(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "spec.replicas" in result.stderr and "less than or equal" in result.stderr
+
+
+def test_a_hung_worker_is_stopped_and_a_spare_takes_its_place(tmp_path: Path) -> None:
+    """A training worker's trainer SIGSTOPped at step 60 (a wedged GPU, a dead mount): its launcher
+    finds it after hangTimeoutSeconds, dumps its stacks and ends it with exit code 124, the
+    operator's policy records a Hang; the spare standing by takes its place at once and the
+    run ends with every step."""
+    job = tmp_path / "spare.yaml"
+    job.write_text(
+        EXAMPLE.read_text()
+        .replace("replicas: {min: 2, max: 2}", "replicas: {min: 2, max: 2, spares: 1}")
+        .replace("maxRestarts: 5", "maxRestarts: 5\n    hangTimeoutSeconds: 10")
+    )
+    workdir = tmp_path / "run"
+    cli = [sys.executable, "-m", "torchkube.cli", "run", str(job), "--workdir", str(workdir)]
+    result = subprocess.run(
+        [*cli, "--chaos-stop-at-step", "60"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    logs = {p.name: p.read_text() for p in (workdir / "logs").glob("worker-*")}
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{logs}"
+    print(result.stdout[-800:])
+    final = json.loads((workdir / "checkpoints" / "progress.json").read_text())
+    assert final["finished"] and final["step"] == 200 and final["worldSize"] == 2
+    stopped = re.search(r"chaos: SIGSTOP a training process of worker (\d)", result.stdout)
+    assert stopped, result.stdout
+    victim = stopped.group(1)
+    assert f"worker {victim} stopped (chaos: hung) at step" in result.stdout
+    assert "exited with 124" not in result.stdout, "one hang, one failure"
+    log = logs[f"worker-{victim}.log"]
+    hung = next(line for line in log.splitlines() if line.startswith(HANG_REPORT))
+    assert "stopped by a signal" in hung and "Python stacks of every thread" in hung
+    spares = [name for name, text in logs.items() if "the spare joins round" in text]
+    assert spares and spares != [f"worker-{victim}.log"], "the spare took the hung one's place"

@@ -32,7 +32,7 @@ def test_wire_form_is_camel_case_and_round_trips() -> None:
     manifest = job("demo", {"replicas": {"min": 2, "max": 4}, "nprocPerNode": 8})
     tj = TrainingJob.model_validate(manifest)
     wire = tj.to_wire()
-    assert wire["spec"]["replicas"] == {"min": 2, "max": 4}
+    assert wire["spec"]["replicas"] == {"min": 2, "max": 4, "spares": 0}
     assert wire["spec"]["nprocPerNode"] == 8
     assert "failurePolicy" in wire["spec"] and "failure_policy" not in wire["spec"]
     assert TrainingJob.model_validate(wire) == tj

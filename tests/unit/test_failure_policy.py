@@ -198,3 +198,37 @@ def test_rendezvous_exit_is_infrastructure() -> None:
     assert lost.reason == "RendezvousFailed" and lost.infrastructure
     assert not lost.counts(FailurePolicySpec())
     assert isinstance(lost, Failure)
+
+
+def test_a_hang_is_its_own_retryable_reason_and_spends_the_budget() -> None:
+    found = classify_exit(
+        ExitCode.HUNG,
+        "torchkube: hang: rank 3 (pid 9, stopped by a signal) finished no step for 61s",
+        FailurePolicySpec(),
+        "pod w-1",
+    )
+    assert (found.reason, found.retryable, found.infrastructure) == ("Hang", True, False)
+    assert "rank 3" in found.message and found.counts(FailurePolicySpec())
+
+
+def test_a_hung_pod_is_recorded_with_its_ranks_once_and_replaced() -> None:
+    message = "torchkube: hang: rank 1 (pid 7, stopped by a signal) finished no step for 62s"
+    hung = pod(1, phase="Failed", exit_code=int(ExitCode.HUNG), message=message)
+    result = run(make_job(running_status()), [pod(0), hung, pod(2), pod(3), store()])
+    last = result.status.last_failure
+    assert last is not None and last.reason == "Hang" and "rank 1" in last.message
+    assert result.status.restarts == result.status.restarts_count_towards_max == 1
+    assert [e.reason for e in result.events] == ["Hang"]
+    assert created_slots(result) == [1]
+    again = run(make_job(result.status), [pod(0), hung, pod(2), pod(3), store()])
+    assert again.status.restarts == 1, "counted once"
+
+
+def test_a_straggler_replacement_is_free() -> None:
+    from torchkube.api.status import SlowestRank
+
+    slowest = SlowestRank(rank=2, pod="w-2", node="n2", slowdown=2.5)
+    found = failure.straggler_failure(slowest, FailurePolicySpec(), None)
+    assert found.reason == "Straggler" and found.infrastructure
+    assert not found.counts(FailurePolicySpec())
+    assert found.counts(FailurePolicySpec(countInfrastructureFailures=True))

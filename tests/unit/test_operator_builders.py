@@ -210,3 +210,26 @@ def test_torchrun_gives_workers_the_pods_grace_for_their_emergency_checkpoint() 
     """torchrun SIGKILLs its workers 30 s after SIGTERM by default, whatever the pod's grace."""
     job = make_job(checkpoint={"terminationGracePeriodSeconds": 300})
     assert "--shutdown-timeout=298" in builders.torchrun_args(job)
+
+
+def test_workers_get_the_hang_timeout_and_their_own_names() -> None:
+    """Unset: the launcher derives the timeout (empty); 0 turns the watchdog off."""
+    pods = {
+        str(hang): env(
+            builders.worker_pod(make_job(failurePolicy={"hangTimeoutSeconds": hang}), 0, "a")
+        )
+        for hang in (None, 0, 45)
+    }
+    assert [pods[key]["TORCHKUBE_HANG_TIMEOUT_SECONDS"] for key in ("None", "0", "45")] == [
+        "",
+        "0",
+        "45",
+    ]
+    assert pods["None"]["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert pods["None"]["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_spares_raise_torchruns_restart_budget_for_their_membership_changes() -> None:
+    plain = builders.torchrun_max_restarts(make_job(replicas={"min": 2, "max": 4}))
+    spared = builders.torchrun_max_restarts(make_job(replicas={"min": 2, "max": 4, "spares": 2}))
+    assert spared == plain + 4

@@ -108,6 +108,36 @@ def test_status_to_wire_drops_numbers_json_cannot_carry_and_cuts_long_text() -> 
     assert len(wire["lastFailure"]["message"]) == 4096
 
 
+def test_status_patch_clears_what_the_plan_no_longer_has() -> None:
+    """A Straggler after a Hang: the stored lastFailure's exit code must go, and so must a
+    rank's stragglingSince once it keeps up (a plain merge of the planned status kept both)."""
+    stored = {
+        "phase": "Running",
+        "restarts": 3,
+        "conditions": [{"type": "Running", "status": "True"}],
+        "lastFailure": {"reason": "Hang", "exitCode": 124, "pod": "w-0"},
+        "slowestRank": {"rank": 1, "slowdown": 3.0, "stragglingSince": "2026-11-23T18:44:05Z"},
+        "progress": {"step": 10, "loss": 3.0},
+    }
+    planned = {
+        "phase": "Running",
+        "restarts": 3,
+        "conditions": [{"type": "Running", "status": "True"}],
+        "lastFailure": {"reason": "Straggler", "pod": "w-1"},
+        "slowestRank": {"rank": 1, "slowdown": 1.2},
+    }
+    patch = st.merge_patch(stored, planned)
+    assert patch == {
+        "lastFailure": {"reason": "Straggler", "exitCode": None, "pod": "w-1"},
+        "slowestRank": {"slowdown": 1.2, "stragglingSince": None},
+        "progress": None,
+    }
+    assert st.merge_patch(planned, planned) == {}
+    assert st.merge_patch(None, planned) == planned
+    conditions = [{"type": "Running", "status": "False"}]
+    assert st.merge_patch(stored, stored | {"conditions": conditions}) == {"conditions": conditions}
+
+
 def test_status_that_would_be_refused_is_an_error_naming_the_field() -> None:
     with pytest.raises(st.StatusError, match=r"status\.phase"):
         st.to_wire({"phase": "Exploded"})

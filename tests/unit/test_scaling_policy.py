@@ -63,6 +63,16 @@ def test_a_minority_of_nodes_lost_is_a_loss() -> None:
     assert scaling.partition(nodes) is None
 
 
+def test_nodes_with_a_hung_or_straggling_worker_are_avoided_too() -> None:
+    when = format_time(NOW - timedelta(minutes=5))
+    records = [
+        FailureRecord(reason="Hang", node="n4", time=when),
+        FailureRecord(reason="Straggler", node="n5", time=when),
+        FailureRecord(reason="ExitCode", node="n6", time=when),
+    ]
+    assert scaling.avoided_nodes(records, NOW) == ["n4", "n5"]
+
+
 def unreachable(status: str, ago: float) -> dict[str, str]:
     return {
         "type": "NodesUnreachable",

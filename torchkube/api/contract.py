@@ -41,6 +41,20 @@ class Env(StrEnum):
     :attr:`ExitCode.CONFIG_ERROR` instead of being restarted by torchrun."""
     PEAK_FLOPS = "TORCHKUBE_PEAK_FLOPS"
     """The user's: the device's peak FLOP/s for MFU, where the built-in table has none."""
+    POD_NAME = "POD_NAME"
+    NODE_NAME = "NODE_NAME"
+    """The worker's pod and node (the downward API; ``torchkube run`` names its workers), so
+    the trainer can say where its slowest rank runs."""
+    HANG_TIMEOUT_SECONDS = "TORCHKUBE_HANG_TIMEOUT_SECONDS"
+    """``failurePolicy.hangTimeoutSeconds`` for the launcher's hang watchdog: a number of
+    seconds, ``0`` (off), or empty (derived from the step time, :mod:`torchkube.api.hang`)."""
+    WARM_WORKERS = "TORCHKUBE_WARM_WORKERS"
+    """``0``: the launcher starts workers as torchrun does, fresh interpreters, instead of
+    forking them from a server that imported torch once (``torchkube.elastic.warm``)."""
+    HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
+    """Set by the launcher: each worker process writes its heartbeat (its last finished step)
+    and, when the launcher asks, the Python stacks of all its threads here
+    (:mod:`torchkube.elastic.heartbeat`). Unset: no heartbeat, no hang detection."""
 
 
 class ExitCode(IntEnum):
@@ -57,6 +71,9 @@ class ExitCode(IntEnum):
     """A newer rendezvous round owns the checkpoint folder; this process was stale."""
     RENDEZVOUS_LOST = 75
     """The rendezvous store stayed unreachable for a whole join timeout (EX_TEMPFAIL)."""
+    HUNG = 124
+    """A worker finished no step for ``failurePolicy.hangTimeoutSeconds``; the launcher dumped
+    its stacks and stopped it (124, as ``timeout(1)`` ends)."""
     NOT_EXECUTABLE = 126
     NOT_FOUND = 127
     SIGTERM = 143
@@ -79,8 +96,33 @@ TRAINING_FINISHED = "torchkube: training finished"
 takes a worker that exited 0 as the end of training only with this line (for the built-in
 trainer): torchrun agents can also exit 0 when their rendezvous closes early."""
 
+STANDBY_RELEASED = "torchkube: standby released"
+"""What a hot spare's launcher writes to its termination message when it exits 0 without
+ever training: the job's rendezvous closed (training ended) while it stood by. Neither the
+end of training nor a failure."""
+
+HANG_REPORT = "torchkube: hang:"
+"""The start of a hung worker's termination message: which ranks stopped stepping, for how
+long, and the innermost frames of their main threads."""
+
 PROGRESS_FILE = "progress.json"
 """Rank 0's :class:`ProgressReport`, in the checkpoint folder (also served as ``/progress``)."""
+
+
+class RankTiming(BaseModel):
+    """The slowest rank of the last log window, as rank 0 reports it: its compute time per
+    step (the step less the time it waited in collectives for the other ranks) against the
+    median of the other ranks'. In a synchronous job every rank's step takes as long as the
+    slowest one's; only the compute part tells them apart."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    rank: int = Field(ge=0, description="Global rank of the slowest process.")
+    pod: str | None = Field(default=None, description="Its pod (``POD_NAME``).")
+    node: str | None = Field(default=None, description="Its node (``NODE_NAME``).")
+    compute_seconds: float = Field(ge=0, description="Its compute time per step.")
+    median_seconds: float = Field(ge=0, description="The other ranks' median compute time.")
+    slowdown: float = Field(ge=0, description="compute_seconds / median_seconds.")
 
 
 class ProgressReport(BaseModel):
@@ -107,6 +149,11 @@ class ProgressReport(BaseModel):
     )
     data_wait_seconds: float | None = Field(
         default=None, description="Seconds this process waited for input."
+    )
+    slowest_rank: RankTiming | None = Field(
+        default=None,
+        description="The slowest rank of the last log window (None: one rank, or the split "
+        "of compute and wait is not measured for the strategy).",
     )
     finished: bool = Field(default=False, description="Every step is done.")
     error: str | None = Field(default=None, description="Why the trainer cannot run.")

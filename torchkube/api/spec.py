@@ -83,6 +83,12 @@ class ReplicasSpec(ApiModel):
             "replicas.desired (what kubectl scale sets) must lie between replicas.min and "
             "replicas.max",
         ),
+        (
+            "!has(self.spares) || self.spares == 0 || !has(self.desired) || "
+            "self.desired == self.max",
+            "replicas.spares stand by beyond replicas.max, so a job with spares runs at "
+            "replicas.max: set spares to 0 before scaling below max",
+        ),
     )
 
     min: int = Field(
@@ -97,6 +103,15 @@ class ReplicasSpec(ApiModel):
         le=10000,
         description="Workers wanted now; moved by the scale subresource. Unset means max.",
     )
+    spares: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Hot spares: worker pods started beyond max (image pulled, Python and "
+        "torch imported, joined to the rendezvous as standbys) that take a lost worker's "
+        "place at the next round without waiting for scheduling or start-up. Each holds a "
+        "worker's resources (its GPUs) idle while it waits.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -109,12 +124,24 @@ class ReplicasSpec(ApiModel):
                 f"replicas.desired ({self.desired}) must lie between replicas.min ({self.min}) "
                 f"and replicas.max ({self.max})"
             )
+        if self.spares and self.desired is not None and self.desired != self.max:
+            raise ValueError(
+                f"replicas.spares ({self.spares}) stand by beyond replicas.max, so a job with "
+                f"spares runs at replicas.max ({self.max}), not replicas.desired "
+                f"({self.desired}): set spares to 0 before scaling below max"
+            )
         return self
 
     @property
     def target(self) -> int:
         """The worker count the operator steers towards."""
         return self.max if self.desired is None else self.desired
+
+    @property
+    def pods(self) -> int:
+        """Worker pods the operator keeps: the target and the spares standing by beyond it
+        (the rendezvous takes at most ``max`` of them into a round)."""
+        return self.target + self.spares
 
 
 class StoreSpec(ApiModel):
@@ -285,6 +312,8 @@ FailureReason = Literal[
     "Deleted",
     "RendezvousStoreLost",
     "RendezvousFailed",
+    "Hang",
+    "Straggler",
     "Unknown",
 ]
 
@@ -377,6 +406,35 @@ class FailurePolicySpec(ApiModel):
         le=3600,
         description="How long a node may be NotReady before its workers are replaced "
         "elsewhere (Kubernetes itself waits 300 s).",
+    )
+    hang_timeout_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="A worker that finishes no training step for this long is hung: its "
+        "Python stacks go to its log, its pod ends with reason Hang and training restarts "
+        "from the newest checkpoint. Unset: ten times the median step time, at least 60 s "
+        "(and below trainer.collectiveTimeoutSeconds); 0 turns hang detection off.",
+    )
+    replace_stragglers: bool = Field(
+        default=False,
+        description="Replace the pod of a rank whose compute time per step stays above "
+        "stragglerSlowdown × the other ranks' median for stragglerSeconds, and prefer other "
+        "nodes for its replacement for an hour. Off: stragglers are only reported "
+        "(status.slowestRank).",
+    )
+    straggler_slowdown: float = Field(
+        default=1.5,
+        ge=1.1,
+        le=100,
+        description="How much slower than the other ranks' median a rank must be to count as "
+        "a straggler.",
+    )
+    straggler_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="How long a rank must stay a straggler before its pod is replaced.",
     )
 
     @model_validator(mode="after")

@@ -63,6 +63,28 @@ class ProgressRecord(ApiModel):
     )
 
 
+class SlowestRank(ApiModel):
+    """The rank that computes slowest, as the trainer last reported it, and how long it has
+    been a straggler (over ``failurePolicy.stragglerSlowdown``) without a break."""
+
+    rank: int = Field(ge=0, description="Global rank of the slowest training process.")
+    pod: str | None = Field(default=None, max_length=253, description="The pod it runs in.")
+    node: str | None = Field(default=None, max_length=253, description="The node it runs on.")
+    slowdown: float = Field(
+        ge=0, description="Its compute time per step over the other ranks' median."
+    )
+    compute_seconds: float = Field(default=0, ge=0, description="Its compute time per step.")
+    median_seconds: float = Field(
+        default=0, ge=0, description="The other ranks' median compute time per step."
+    )
+    straggling_since: str | None = Field(
+        default=None,
+        description="Since when it has been slower than failurePolicy.stragglerSlowdown × the "
+        "median without a break; unset while it is not.",
+        json_schema_extra=DATE_TIME,
+    )
+
+
 DataPhase = Literal["Preparing", "Prepared", "Failed"]
 
 
@@ -148,6 +170,17 @@ class TrainingJobStatus(ApiModel):
         description="Share of the job's wall time (suspended time left out) spent on training "
         "progress it kept, rather than lost to scheduling, start-up, failure recovery, re-done "
         "steps, checkpoint stalls or hangs (docs/metrics.md).",
+    )
+    slowest_rank: SlowestRank | None = Field(
+        default=None,
+        description="The slowest rank of the last progress report (compute time per step "
+        "against the other ranks' median): where a straggler is, and for how long.",
+    )
+    spares: int = Field(
+        default=0,
+        ge=0,
+        description="Hot spares standing by: Running worker pods beyond the desired count "
+        "(replicas.spares).",
     )
     start_time: str | None = Field(
         default=None,

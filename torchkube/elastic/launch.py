@@ -24,6 +24,17 @@ adds:
   back and re-joins; every agent does the same, so the job resumes as one new round. Only if
   the store stays away for a whole ``join_timeout`` does the launcher exit, with
   ``ExitCode.RENDEZVOUS_LOST`` (75), which the operator counts as an infrastructure failure.
+* **A hung worker is found, shown and stopped.** Workers beat once per step into
+  ``$TORCHKUBE_HEARTBEAT_DIR`` (``torchkube.elastic.heartbeat``); the watchdog thread
+  (``torchkube.elastic.watchdog``) finds a worker that finished no step for the hang timeout,
+  prints the Python stacks of all its threads, stops the pod's workers and exits with
+  ``ExitCode.HUNG`` and the stuck ranks in the termination message.
+* **Warm workers** (``torchkube.elastic.warm``): each round's workers are forked from a
+  server that imported torch once, instead of starting fresh interpreters.
+* **Spares and stopped agents** (``torchkube.elastic.torchrun``): a spare released when
+  training ends exits 0 with ``STANDBY_RELEASED``; an agent stopped by a signal or a hang
+  leaves the rendezvous at once, so the next round (with a spare in it) forms without
+  waiting for its keep-alive to expire.
 
 Run: ``python -m torchkube.elastic.launch [torchrun arguments] script-or--m-module [args]``.
 """
@@ -39,7 +50,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchkube.api.contract import TERMINATION_LOG, Env, ExitCode
+from torchkube.api.contract import STANDBY_RELEASED, TERMINATION_LOG, Env, ExitCode
+from torchkube.api.hang import parse_configured
+from torchkube.elastic import torchrun, warm
+from torchkube.elastic.watchdog import Board, Watchdog
 
 POLL_SECONDS = 0.2
 REJOIN_DELAY_SECONDS = 1.0
@@ -162,22 +176,78 @@ def _log(message: str) -> None:
 
 
 def _report(message: str) -> None:
-    print(f"torchkube: {message}", file=sys.stderr, flush=True)
+    """One line on stderr and the container's termination message (``torchkube run`` points
+    ``TORCHKUBE_TERMINATION_LOG`` at a file of its own)."""
+    line = message if message.startswith("torchkube:") else f"torchkube: {message}"
+    print(line, file=sys.stderr, flush=True)
+    path = Path(os.environ.get(Env.TERMINATION_LOG) or TERMINATION_LOG)
     with contextlib.suppress(OSError):  # not in a pod: stderr is enough
-        TERMINATION_LOG.write_text(message[-4096:])
+        path.write_text(message[-4096:])
+
+
+def _start_watchdog(folder: Path, args: list[str], hang_marker: Path) -> Watchdog | None:
+    """Heartbeats and the hang watchdog, unless ``failurePolicy.hangTimeoutSeconds`` is 0."""
+    configured = parse_configured(os.environ.get(Env.HANG_TIMEOUT_SECONDS))
+    if configured is not None and configured <= 0:
+        return None
+    os.environ[Env.HEARTBEAT_DIR] = str(folder / "heartbeats")
+
+    def hung(report: str) -> None:
+        hang_marker.write_text(report)
+        os.kill(os.getpid(), signal.SIGTERM)  # stop torchrun as on a pod deletion
+
+    board = Board(_option(args, "rdzv-endpoint"), _option(args, "rdzv-id") or "none")
+    where = os.environ.get(Env.POD_NAME) or socket.gethostname()
+    return Watchdog(
+        folder / "heartbeats", configured, board, where, hung, _log, torchrun.healthy_workers
+    ).start()
+
+
+def _ended(error: BaseException, markers: tuple[Path, Path]) -> int | None:
+    """The launcher's exit code when torchrun ended for a reason it knows, else None."""
+    permanent, hang = markers
+    if permanent.exists():
+        _report(f"permanent error, not retrying: {permanent.read_text().strip()}")
+        return ExitCode.CONFIG_ERROR
+    if hang.exists():
+        torchrun.leave()
+        _report(hang.read_text())
+        return ExitCode.HUNG
+    if _caused_by(error, torchrun.StandbyReleased):
+        _log("the rendezvous closed while this spare stood by: training is over")
+        _report(STANDBY_RELEASED)
+        return ExitCode.OK
+    return None
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    marker = Path(tempfile.mkdtemp(prefix="torchkube-")) / "permanent-error"
+    folder = Path(tempfile.mkdtemp(prefix="torchkube-"))
+    marker, hang_marker = folder / "permanent-error", folder / "hang"
     os.environ[Env.PERMANENT_ERROR_FILE] = str(marker)
     done = threading.Event()
     threading.Thread(target=_watch, args=(marker, done), daemon=True).start()
     args = sys.argv[1:] if argv is None else argv
+    watchdog = _start_watchdog(folder, args, hang_marker)
     budget = _join_timeout(args)
     _lose_a_forgetful_store()
+    torchrun.track()
+    if warm.enabled():
+        warm.patch_torchrun()
+        warm.start(args)
     lost_since: float | None = None
     try:
         while True:
@@ -186,14 +256,16 @@ def main(argv: list[str] | None = None) -> int:
                 run(parse_args(args))
                 return 0
             except BaseException as error:  # torchrun signals failures with several types
-                if isinstance(error, KeyboardInterrupt | SystemExit) and not marker.exists():
+                ended = _ended(error, (marker, hang_marker))
+                if ended is not None:
+                    return ended
+                if isinstance(error, KeyboardInterrupt | SystemExit):
                     raise
-                if marker.exists():
-                    _report(f"permanent error, not retrying: {marker.read_text().strip()}")
-                    return ExitCode.CONFIG_ERROR
                 why = _rendezvous_lost(error)
                 if why is None:
                     code = _exit_code(error)
+                    if getattr(error, "sigval", None) is not None:
+                        torchrun.leave()  # deleted or preempted: the others need not wait
                     _report(f"workers failed with exit code {code}: {error}")
                     return code
                 now = time.monotonic()
@@ -208,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     return ExitCode.RENDEZVOUS_LOST
     finally:
         done.set()
+        if watchdog is not None:
+            watchdog.stop()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,14 @@ if TYPE_CHECKING:
     "restarted in place, as its pod's container would be.",
 )
 @click.option(
+    "--chaos-stop-at-step",
+    "chaos_stop_steps",
+    type=int,
+    multiple=True,
+    help="SIGSTOP a worker's training process when training reaches this step (repeatable): "
+    "a hang, which the launcher's watchdog finds after failurePolicy.hangTimeoutSeconds.",
+)
+@click.option(
     "--chaos-no-restart",
     is_flag=True,
     help="Leave killed workers dead, as a node that never comes back (an elastic job, "
@@ -57,6 +65,7 @@ def run_command(
     chaos_every: float | None,
     chaos_worker: int | None,
     chaos_store_steps: tuple[int, ...],
+    chaos_stop_steps: tuple[int, ...],
     chaos_no_restart: bool,
 ) -> None:
     """Run JOB_FILE here: torchrun agents on loopback stand in for pods, a folder for the PVC.
@@ -88,6 +97,7 @@ def run_command(
         chaos_worker,
         restart=not chaos_no_restart,
         store_at_steps=sorted(chaos_store_steps),
+        stop_at_steps=sorted(chaos_stop_steps),
     )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
     _prepare_data(job, run.checkpoint_dir)

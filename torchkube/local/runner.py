@@ -14,8 +14,11 @@ whole tree the way a pod deletion would: every agent gets SIGTERM, its workers w
 emergency checkpoint within the job's ``terminationGracePeriodSeconds``, then whatever is left
 is killed. Nothing keeps running or writing into the work dir after the command returns.
 
-``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, so recovery can be
-watched.
+``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, or stops one
+with SIGSTOP, as a wedged GPU would leave it (the launcher's hang watchdog finds it), so
+recovery can be watched. ``replicas.spares`` starts that many extra workers, which stand by in
+the rendezvous as a pod would; ``failurePolicy.replaceStragglers`` restarts the worker of a
+persistently slow rank, with the operator's straggler policy (``torchkube.operator.stragglers``).
 """
 
 import contextlib
@@ -35,16 +38,24 @@ from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
+from torchkube.api.status import SlowestRank
+from torchkube.elastic.warm import workers_of
 from torchkube.local.display import Failure, Summary, progress_line
-from torchkube.local.processes import descendants, kill_tree
+from torchkube.local.processes import children_of, descendants, kill_tree
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
+from torchkube.operator import stragglers
 from torchkube.operator.builders import torchrun_args, trainer_env
 from torchkube.operator.failure import Ledger
 
 POLL_SECONDS = 0.25
 STORE_STOP_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def worker_name(index: int) -> str:
+    """What a local worker is called where a pod's name would be (``POD_NAME``)."""
+    return f"worker-{index}"
 
 
 def free_port() -> int:
@@ -66,6 +77,8 @@ class Chaos:
     (a node that never comes back): an elastic job must carry on without it."""
     store_at_steps: list[int] = field(default_factory=list)
     """Steps at which the rendezvous store is SIGKILLed (it is restarted like its pod)."""
+    stop_at_steps: list[int] = field(default_factory=list)
+    """Steps at which a worker's training process is SIGSTOPped: a hang."""
 
     def due(self, step: int, now: float, last_kill: float, started: float) -> bool:
         if self.at_steps and step >= self.at_steps[0]:
@@ -81,6 +94,12 @@ class Chaos:
             return True
         return False
 
+    def stop_due(self, step: int) -> bool:
+        if self.stop_at_steps and step >= self.stop_at_steps[0]:
+            self.stop_at_steps.pop(0)
+            return True
+        return False
+
 
 @dataclass
 class _Worker:
@@ -89,6 +108,8 @@ class _Worker:
     log: Path
     started: datetime
     done: bool = False
+    released: bool = False
+    """Stopped on purpose (a straggler): its exit is no failure, and it is started again."""
 
 
 class LocalRun:
@@ -109,7 +130,7 @@ class LocalRun:
         self.workdir = workdir
         self.checkpoint_dir = workdir / "checkpoints"
         self.log_dir = workdir / "logs"
-        self.count = workers or job.spec.replicas.target
+        self.count = workers or job.spec.replicas.pods
         self.chaos = chaos or Chaos()
         self.out = out
         self.nproc = nproc
@@ -124,6 +145,9 @@ class LocalRun:
         """Workers to start again, and when (the failure policy's backoff)."""
         self._kills = 0
         self._stop: int | None = None
+        self.slowest: SlowestRank | None = None
+        self._hung: dict[int, Failure] = {}
+        """Workers chaos stopped, until their launcher ends them: one failure each."""
 
     # ------------------------------------------------------------------ processes
     def _env(self, index: int) -> dict[str, str]:
@@ -136,6 +160,7 @@ class LocalRun:
             str(self.metrics_ports[index]) if self.job.spec.metrics.enabled else "0"
         )
         env[Env.TERMINATION_LOG] = str(self.log_dir / f"worker-{index}.termination")
+        env[Env.POD_NAME], env[Env.NODE_NAME] = worker_name(index), socket.gethostname()
         cpus = len(os.sched_getaffinity(0))
         env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
         for variable in self.job.spec.env:
@@ -252,6 +277,10 @@ class LocalRun:
                 return self._finish(True, "training completed", started, record)
             if record and self.chaos.store_due(step):
                 self._kill_store(record, now)
+            if record and self.chaos.stop_due(step):
+                self._stop_one(record, now)
+            if record:
+                self._replace_straggler(record, now)
             if record and self.chaos.due(step, now, last_kill, started):
                 last_kill = now
                 self._kill_one(record, now)
@@ -304,6 +333,10 @@ class LocalRun:
             code = worker.proc.poll()
             if code is None or worker.done:
                 continue
+            if worker.released:
+                del self.workers[worker.index]
+                self._start_worker(worker.index)
+                continue
             if code == 0:
                 worker.done = True
                 if all(w.done for w in self.workers.values()) and not self.waiting:
@@ -316,7 +349,12 @@ class LocalRun:
                 f"worker {worker.index}",
                 started=worker.started,
             )
-            if not any(f.worker == worker.index and f.recovered_at is None for f in self.failures):
+            hung = self._hung.pop(worker.index, None)
+            if hung is not None:  # the stopped rank's last steps may have shown meanwhile
+                hung.recovered_at = None
+            elif not any(
+                f.worker == worker.index and f.recovered_at is None for f in self.failures
+            ):
                 self.failures.append(
                     self._display_failure(worker.index, f"exited with {code}", record, now)
                 )
@@ -353,6 +391,52 @@ class LocalRun:
         self._account(found)
         if self.chaos.restart:
             self._start_worker(index)
+
+    def _stop_one(self, record: ProgressReport, now: float) -> None:
+        """SIGSTOP one training process of a worker: it hangs mid-step, its launcher's
+        watchdog finds it after the hang timeout and ends the worker with exit code 124."""
+        tree = children_of()
+        order = [(self._kills + i) % self.count for i in range(self.count)]
+        self._kills += 1
+        candidates = [self.chaos.worker] if self.chaos.worker is not None else order
+        training = [
+            (i, trainers)
+            for i in candidates
+            if i in self.workers and (trainers := workers_of(self.workers[i].proc.pid, tree))
+        ]
+        if not training:  # a spare stands by without a trainer
+            self.out.write(f"\nchaos: no training process to stop at step {record.step}\n")
+            return
+        index, trainers = training[0]
+        self.out.write(
+            f"\nchaos: SIGSTOP a training process of worker {index} at step {record.step}\n"
+        )
+        stopped = self._display_failure(index, "stopped (chaos: hung)", record, now)
+        self.failures.append(stopped)
+        self._hung[index] = stopped
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(trainers[0], signal.SIGSTOP)
+
+    def _replace_straggler(self, record: ProgressReport, now: float) -> None:
+        """The operator's straggler policy on this run's workers: the slowest rank tracked,
+        and its worker stopped gracefully (emergency checkpoint) and started again once it
+        has been a straggler for ``stragglerSeconds``."""
+        at = datetime.now(UTC)
+        job_policy = self.job.spec.failure_policy
+        self.slowest = stragglers.track(self.slowest, record, job_policy, at)
+        name = stragglers.overdue(self.slowest, job_policy, at)
+        index = next((i for i in self.workers if worker_name(i) == name), None)
+        if index is None or self.slowest is None or not stragglers.fresh(record, at):
+            return
+        worker = self.workers[index]
+        if worker.released or worker.proc.poll() is not None:
+            return
+        self.out.write(f"\nstraggler: replacing worker {index} (rank {self.slowest.rank})\n")
+        self.failures.append(self._display_failure(index, "replaced (straggler)", record, now))
+        self._account(policy.straggler_failure(self.slowest, job_policy, worker.started))
+        worker.released = True
+        self.slowest = self.slowest.model_copy(update={"straggling_since": None})
+        worker.proc.send_signal(signal.SIGTERM)
 
     def _kill_store(self, record: ProgressReport, now: float) -> None:
         if self.store is None or self.store.poll() is not None:

@@ -68,7 +68,7 @@ def torchrun_max_restarts(job: TrainingJob) -> int:
     operator enforces ``failurePolicy.maxRestarts`` itself at the pod level.
     """
     replicas = job.spec.replicas
-    return job.spec.failure_policy.max_restarts + 2 * replicas.max + 2
+    return job.spec.failure_policy.max_restarts + 2 * (replicas.max + replicas.spares) + 2
 
 
 SHUTDOWN_MARGIN_SECONDS = 2
@@ -132,9 +132,11 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
     """The pod's side of the contract (torchkube/api/contract.py), shared with
-    ``torchkube run``: who the worker is, every checkpoint setting, the trainer's spec."""
+    ``torchkube run``: who the worker is, every checkpoint setting, the hang timeout, the
+    trainer's spec."""
     spec = job.spec
     ckpt = spec.checkpoint
+    hang = spec.failure_policy.hang_timeout_seconds
     return {
         "PYTHONUNBUFFERED": "1",
         Env.JOB_NAME: job.name,
@@ -146,6 +148,7 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         Env.CHECKPOINT_KEEP: str(ckpt.keep),
         Env.CHECKPOINT_MODE: ckpt.mode,
         Env.METRICS_PORT: str(spec.metrics.port if spec.metrics.enabled else 0),
+        Env.HANG_TIMEOUT_SECONDS: "" if hang is None else str(hang),
         Env.TRAINER_CONFIG: json.dumps(spec.trainer_config().to_wire(), sort_keys=True),
     }
 
@@ -154,8 +157,8 @@ def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
     """The pod's identity, the trainer's variables, then the user's env (which may override)."""
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
-        _field_env("POD_NAME", "metadata.name"),
-        _field_env("NODE_NAME", "spec.nodeName"),
+        _field_env(Env.POD_NAME, "metadata.name"),
+        _field_env(Env.NODE_NAME, "spec.nodeName"),
     ]
     env += [{"name": k, "value": v} for k, v in trainer_env(job, index).items()]
     env += [variable.to_wire() for variable in job.spec.env]

@@ -379,9 +379,9 @@ class Controller:
             self.kube.patch(kind, namespace, child, patch)
         if decided.create_children:
             self._note_refusals(self.kube.create_all(decided.create_children), memory)
-        if st.changed(body.get("status"), planned):
+        if patch := st.merge_patch(body.get("status"), planned):
             memory.job = self.kube.patch_status(
-                namespace, name, planned, body.get("metadata", {}).get("resourceVersion")
+                namespace, name, patch, body.get("metadata", {}).get("resourceVersion")
             )
         now = time.monotonic()
         if decided.mark_recorded:
@@ -435,6 +435,10 @@ class Controller:
             memory.startup_observed = bool(job.status and job.status.start_time)
         if memory.goodput is not None:
             metrics.GOODPUT.set(ns, job.name, memory.goodput)
+        slowest = decided.status.slowest_rank
+        metrics.job_observed(
+            ns, job.name, decided.status.spares, slowest.slowdown if slowest else None
+        )
         for failure in decided.failures:
             metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()
             if failure.reason == "NodeLost":

@@ -24,7 +24,7 @@ from typing import Any
 
 from torchkube.api.contract import ExitCode
 from torchkube.api.spec import FailurePolicySpec, FailureReason
-from torchkube.api.status import FailureRecord, TrainingJobStatus
+from torchkube.api.status import FailureRecord, SlowestRank, TrainingJobStatus
 from torchkube.api.times import format_time, parse_time
 from torchkube.operator import pods as p
 
@@ -40,9 +40,18 @@ PREEMPTION_REASONS = frozenset({"PreemptionByScheduler"})
 EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
 NODE_LOSS_REASONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
 INFRASTRUCTURE_REASONS: frozenset[str] = frozenset(
-    {"NodeLost", "Preempted", "Evicted", "Deleted", "RendezvousStoreLost", "RendezvousFailed"}
+    {
+        "NodeLost",
+        "Preempted",
+        "Evicted",
+        "Deleted",
+        "RendezvousStoreLost",
+        "RendezvousFailed",
+        "Straggler",
+    }
 )
-"""Causes outside the training code: they restart training but are free by default."""
+"""Causes outside the training code: they restart training but are free by default. A hang
+is not among them: a deadlock in the training code hangs too, and must not loop for ever."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,16 @@ def classify_exit(
             subject,
             node,
             0,
+            True,
+            started,
+        )
+    if exit_code == ExitCode.HUNG:
+        return Failure(
+            "Hang",
+            f"{subject} hung (exit code {exit_code}){tail}",
+            subject,
+            node,
+            exit_code,
             True,
             started,
         )
@@ -192,6 +211,28 @@ def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
         True,
         None,
         p.restart_count(pod) + (1 if lost else 0),
+    )
+
+
+def straggler_failure(
+    slowest: SlowestRank, policy: FailurePolicySpec, started: datetime | None
+) -> Failure:
+    """The pod of a rank the straggler policy replaces (``slowest.pod``): free, an
+    infrastructure cause, and its node is avoided for a while (``scaling.avoided_nodes``)."""
+    pod_name = slowest.pod or f"rank {slowest.rank}"
+    where = f"pod {pod_name}" + (f" on node {slowest.node}" if slowest.node else "")
+    return Failure(
+        "Straggler",
+        f"{where}: rank {slowest.rank} computed {slowest.slowdown:.2f}× slower than the other "
+        f"ranks' median ({slowest.compute_seconds * 1e3:.1f} ms vs "
+        f"{slowest.median_seconds * 1e3:.1f} ms per step) for "
+        f"{policy.straggler_seconds}s or more (failurePolicy.stragglerSlowdown "
+        f"{policy.straggler_slowdown}); replacing it, preferring other nodes",
+        pod_name,
+        slowest.node,
+        None,
+        True,
+        started,
     )
 
 

@@ -141,7 +141,8 @@ class Kube:
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None
     ) -> dict[str, Any]:
-        """Merge-patch the status subresource; returns the updated job.
+        """Merge-patch the status subresource (``status``: a merge patch, see
+        ``status.merge_patch``); returns the updated job.
 
         With ``resource_version`` the patch applies only to that version of the job (409
         otherwise): an operator that lost its Lease without knowing cannot overwrite what the

@@ -65,6 +65,17 @@ RECOVERY = Histogram(
     ["namespace"],
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
 )
+SPARES = Gauge(
+    "torchkube_job_spares",
+    "Hot spares standing by: Running worker pods beyond the desired count (status.spares).",
+    ["namespace", "job"],
+)
+SLOWEST_SLOWDOWN = Gauge(
+    "torchkube_job_slowest_rank_slowdown",
+    "The slowest rank's compute time per step over the other ranks' median "
+    "(status.slowestRank.slowdown); absent while not measured.",
+    ["namespace", "job"],
+)
 RECONCILE = Histogram(
     "torchkube_reconcile_duration_seconds",
     "Time to reconcile one job, API calls included.",
@@ -146,6 +157,17 @@ def job_seen(namespace: str, job: str) -> None:
     POD_REPLACEMENTS.labels(namespace)
     NODE_LOSS.labels(namespace)
     RECOVERY.labels(namespace)
+    SPARES.labels(namespace, job)
+
+
+def job_observed(namespace: str, job: str, spares: int, slowdown: float | None) -> None:
+    """The job's spares and slowest rank, as its status says."""
+    SPARES.labels(namespace, job).set(spares)
+    if slowdown is None:
+        with contextlib.suppress(KeyError):
+            SLOWEST_SLOWDOWN.remove(namespace, job)
+    else:
+        SLOWEST_SLOWDOWN.labels(namespace, job).set(slowdown)
 
 
 def job_gone(namespace: str, job: str) -> None:
@@ -153,4 +175,7 @@ def job_gone(namespace: str, job: str) -> None:
     for reason in FAILURE_REASONS:
         with contextlib.suppress(KeyError):
             RESTARTS.remove(namespace, job, reason)
+    for gauge in (SPARES, SLOWEST_SLOWDOWN):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, job)
     GOODPUT.remove(namespace, job)

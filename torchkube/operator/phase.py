@@ -58,7 +58,7 @@ def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
 def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
     running = [pod for pod in workers if p.state(pod) == "running"]
     minimum = ctx.spec.replicas.min
-    ctx.plan.all_running = len(running) == ctx.spec.replicas.target
+    ctx.plan.all_running = len(running) == ctx.spec.replicas.pods
     if len(running) >= minimum:
         if ctx.status.phase != "Running":
             ctx.event("Normal", "Running", f"{len(running)} workers running")
@@ -76,8 +76,13 @@ def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
 
 
 def counts(ctx: Context, workers: list[dict[str, Any]]) -> None:
+    """Replica counts for ``kubectl get`` and the scale subresource, and the spares: Running
+    worker pods beyond the target stand by (the rendezvous takes at most ``max`` into a
+    round, and the target is ``max`` whenever spares are set)."""
     ready = sum(1 for pod in workers if p.is_ready(pod))
     target = ctx.spec.replicas.target
+    running = sum(1 for pod in workers if p.state(pod) == "running")
+    ctx.status.spares = min(ctx.spec.replicas.spares, max(0, running - target))
     ctx.status.replicas = len(workers)
     ctx.status.ready_replicas = ready
     ctx.status.desired_replicas = target

@@ -14,8 +14,9 @@ in order:
   (``lifecycle``) → deadlines (``lifecycle``) → ``spec.data`` prepared, else the prepare pod
   and nothing more (``preparation``) → sort the job's own pods → new failures
   (``failure``): permanent or over budget → Failed, else record, back off, replace → success
-  (``lifecycle``) → refused creates → scale to the target (``scaling``) → keep the store →
-  blocked and unschedulable pods, phase and counts (``phase``).
+  (``lifecycle``) → refused creates → the slowest rank, a straggler replaced (``stragglers``)
+  → scale to the target and its spares (``scaling``) → keep the store → blocked and
+  unschedulable pods, phase, counts and spares (``phase``).
 """
 
 import math
@@ -25,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api import labels as lbl
-from torchkube.api.contract import ProgressReport
+from torchkube.api.contract import STANDBY_RELEASED, ProgressReport
 from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
 from torchkube.api.times import parse_time
 from torchkube.operator import (
@@ -36,6 +37,7 @@ from torchkube.operator import (
     phase,
     preparation,
     scaling,
+    stragglers,
 )
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
@@ -49,6 +51,7 @@ KEEP_FAILED_PODS = 5
 
 RELEASE_SCALE_DOWN = "scale-down"
 RELEASE_DUPLICATE = "duplicate"
+RELEASE_STRAGGLER = "straggler"
 
 
 @dataclass
@@ -61,6 +64,8 @@ class _Pods:
     failed: list[dict[str, Any]] = field(default_factory=list)
     new_failures: list[Failure] = field(default_factory=list)
     deleting: list[dict[str, Any]] = field(default_factory=list)
+    released: list[dict[str, Any]] = field(default_factory=list)
+    """Spares that exited 0 when the rendezvous closed while they stood by."""
     lost_store: bool = False
 
     @property
@@ -141,6 +146,8 @@ class _Sorter:
     def _worker(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:
         if state == "succeeded" and lifecycle.finished_training(self.ctx, pod):
             out.succeeded.append(pod)
+        elif state == "succeeded" and STANDBY_RELEASED in p.termination_message(pod):
+            out.released.append(pod)
         elif state in ("succeeded", "failed") or lost:
             out.failed.append(pod)
             if not self.counted(pod):
@@ -186,7 +193,7 @@ class _Sorter:
         return (
             self._running_job()
             and self._released_by_someone(pod)
-            and index < self.ctx.spec.replicas.target
+            and index < self.ctx.spec.replicas.pods
             and index not in out.live_workers
         )
 
@@ -216,7 +223,7 @@ def _record_failures(ctx: Context, new: list[Failure]) -> bool:
         others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
         ctx.event(
             "Warning",
-            first.reason if first.infrastructure else "WorkerFailed",
+            first.reason if first.infrastructure or first.reason == "Hang" else "WorkerFailed",
             f"{first.message}{others}; restarting from the latest checkpoint "
             f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
         )
@@ -242,13 +249,45 @@ def _creates_allowed(ctx: Context) -> bool:
     return True
 
 
-def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
-    surplus, missing = scaling.surplus_and_missing(
-        sorted_pods.live_workers, ctx.spec.replicas.target, ctx.now
+def _replace_straggler(ctx: Context, sorted_pods: _Pods) -> bool:
+    """``status.slowestRank`` from the trainer's last report; with ``replaceStragglers``, the
+    pod of a rank that stayed a straggler long enough is replaced now. False when recording
+    it failed the job."""
+    policy, report = ctx.spec.failure_policy, ctx.observed.progress
+    slowest = stragglers.track(ctx.status.slowest_rank, report, policy, ctx.now)
+    ctx.status.slowest_rank = slowest
+    if ctx.status.phase != "Running" or not stragglers.fresh(report, ctx.now):
+        return True
+    wait = stragglers.wait_seconds(slowest, policy, ctx.now)
+    if wait is not None and wait > 0:
+        ctx.plan.requeue(wait)
+    name = stragglers.overdue(slowest, policy, ctx.now)
+    pod = next(
+        (w for w in sorted_pods.workers if p.name(w) == name and p.state(w) == "running"), None
     )
-    target = ctx.spec.replicas.target
+    if pod is None or slowest is None:
+        return True
+    if not _record_failures(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]):
+        return False
+    ctx.plan.delete(pod, why=RELEASE_STRAGGLER)
+    slot = sorted_pods.live_workers[p.slot(pod)]
+    slot.remove(pod)
+    if not slot:
+        del sorted_pods.live_workers[p.slot(pod)]
+    ctx.status.slowest_rank = slowest.model_copy(update={"straggling_since": None})
+    return True
+
+
+def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
+    pods = ctx.spec.replicas.pods
+    surplus, missing = scaling.surplus_and_missing(
+        sorted_pods.live_workers,
+        pods,
+        ctx.now,
+        occupied=[p.slot(pod) for pod in sorted_pods.released],
+    )
     for pod in surplus:
-        ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= target else RELEASE_DUPLICATE)
+        ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= pods else RELEASE_DUPLICATE)
     if not missing or not may_create:
         return
     ledger = Ledger.of(ctx.status)
@@ -339,6 +378,9 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
             f"{refused.message}. This pod spec can never be created here; fix "
             "scheduling.podTemplate or the namespace's policy and create the job again",
         )
+        lifecycle.clean_up_finished(ctx, owned)
+        return ctx.done()
+    if not _replace_straggler(ctx, sorted_pods):
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
     may_create = children_ready and _creates_allowed(ctx)

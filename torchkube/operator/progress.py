@@ -44,7 +44,8 @@ def read_progress(
         and p.role(pod) == lbl.ROLE_WORKER
         and pod.get("status", {}).get("podIP")
     ]
-    candidates.sort(key=lambda pod: p.name(pod) != preferred)
+    # The pod that answered last, then Ready ones: a spare standing by has no trainer to ask.
+    candidates.sort(key=lambda pod: (p.name(pod) != preferred, not p.is_ready(pod)))
     for pod in candidates[:MAX_TRIES]:
         url = template.format(
             pod_ip=pod["status"]["podIP"],

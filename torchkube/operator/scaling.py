@@ -16,7 +16,11 @@ from torchkube.api.times import parse_time
 from torchkube.operator import pods as p
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
-"""How long replacements prefer other nodes than one that lost a worker."""
+"""How long replacements prefer other nodes than one that lost a worker, had a hung one or
+a straggler."""
+AVOIDED_REASONS = frozenset({"NodeLost", "Hang", "Straggler"})
+"""Failures that say something about the node: it died, a worker hung on it (a wedged GPU,
+a dead mount) or computed far slower there than elsewhere."""
 
 PARTITION_SHARE = 0.55
 PARTITION_MIN_NODES = 3
@@ -31,10 +35,14 @@ _STATE_RANK = {"running": 0, "pending": 1}
 
 
 def surplus_and_missing(
-    live: dict[int, list[dict[str, Any]]], target: int, now: datetime
+    live: dict[int, list[dict[str, Any]]],
+    target: int,
+    now: datetime,
+    occupied: Iterable[int] = (),
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """Pods to delete (slots above the target, and all but one pod per slot) and the slots
-    that have no pod.
+    that have no pod (``occupied`` ones excepted: a spare released at the end keeps its
+    slot, refilling it would only start a pod that finds the rendezvous closed).
 
     Of several pods in one slot (a create whose answer was lost and retried, an operator
     restarted mid-create) the Running one stays — it may be training — and among equals
@@ -45,17 +53,19 @@ def surplus_and_missing(
             pods, key=lambda pod: (_STATE_RANK.get(p.state(pod), 2), p.created(pod) or now)
         )
         surplus += ordered if index >= target else ordered[1:]
-    missing = [index for index in range(target) if index not in live]
+    taken = set(live) | set(occupied)
+    missing = [index for index in range(target) if index not in taken]
     return surplus, missing
 
 
 def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
-    """Nodes that lost a worker of the job within ``AVOID_LOST_NODES_FOR``."""
+    """Nodes that lost a worker of the job, or had a hung or straggling one, within
+    ``AVOID_LOST_NODES_FOR``."""
     nodes = set()
     for record in history:
         when = parse_time(record.time)
         if (
-            record.reason == "NodeLost"
+            record.reason in AVOIDED_REASONS
             and record.node
             and when is not None
             and now - when < AVOID_LOST_NODES_FOR

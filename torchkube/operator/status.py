@@ -55,9 +55,23 @@ def to_wire(status: TrainingJobStatus | dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def changed(stored: dict[str, Any] | None, planned: dict[str, Any]) -> bool:
-    """Whether the planned status (wire form) differs from what the job holds."""
-    return planned != (stored or {})
+def merge_patch(stored: dict[str, Any] | None, planned: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns the stored status into the planned one:
+    what changed, and ``null`` for what the plan no longer has. Sending the planned status
+    itself would merge it into the stored one, so a field the plan clears (an exit code a
+    later failure lacks, ``slowestRank.stragglingSince`` once the rank keeps up) would stay.
+    Lists are replaced whole, as a merge patch does. Empty: nothing to write."""
+    stored = stored or {}
+    patch: dict[str, Any] = {key: None for key in stored if key not in planned}
+    for key, value in planned.items():
+        before = stored.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif key not in stored or before != value:
+            patch[key] = value
+    return patch
 
 
 @dataclass(frozen=True)

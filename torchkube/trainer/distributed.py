@@ -108,6 +108,8 @@ def setup(spec: TrainerSpec) -> DistInfo:
     device = pick_device(spec, local_rank)
     timeout = timedelta(seconds=spec.collective_timeout_seconds)
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        nccl_timeouts(spec.collective_timeout_seconds)
     if "RANK" in os.environ:
         dist.init_process_group(
             backend, timeout=timeout, device_id=device if device.type == "cuda" else None
@@ -138,6 +140,35 @@ def setup(spec: TrainerSpec) -> DistInfo:
     )
 
 
+NCCL_HEARTBEAT_MARGIN_SECONDS = 60
+
+
+def nccl_timeouts(collective_timeout_seconds: int) -> None:
+    """NCCL settings that make a blocked collective end at ``collectiveTimeoutSeconds``
+    (``init_process_group``'s timeout) instead of blocking for ever, agreeing with the
+    launcher's hang watchdog, which acts before it (``torchkube.api.hang``). The user's own
+    values in ``spec.env`` win. Not measured here (no GPU in CI).
+
+    - ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``: on a timed-out or failed collective, abort the
+      communicators and end the process (torchrun then restarts the round);
+    - ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``: the monitor that kills a process whose NCCL
+      watchdog thread is itself stuck waits past the collective timeout, so it never fires
+      first;
+    - ``TORCH_NCCL_DUMP_ON_TIMEOUT`` with a trace buffer: the flight recorder writes which
+      collective each rank was in when it timed out.
+    """
+    defaults = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(
+            collective_timeout_seconds + NCCL_HEARTBEAT_MARGIN_SECONDS
+        ),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    }
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
+
+
 def check_tensor_size(tensor: int, local_world_size: int) -> None:
     """A tensor group must fit in one pod: ``tensor`` divides the pod's process count (which
     admission checks against nprocPerNode; here against what torchrun really started)."""
@@ -162,6 +193,17 @@ def teardown(after_error: bool = False) -> None:
         dist.destroy_process_group()
     except Exception as e:  # a broken group cannot be left cleanly; the process ends anyway
         log.warning("process group teardown: %s", e)
+
+
+def gather_across_ranks(values: list[float], group: dist.ProcessGroup) -> list[list[float]]:
+    """Every rank's few host-side numbers, in rank order (one all-gather)."""
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(gathered, mine, group=group)
+    return [t.tolist() for t in gathered]
 
 
 def mean_across_ranks(values: list[float], group: dist.ProcessGroup) -> list[float]:

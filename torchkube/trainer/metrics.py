@@ -176,6 +176,28 @@ class TrainMetrics:
         self.resumes = counter(
             "torchkube_train_resumes_total", "Times this job resumed from a checkpoint."
         )
+        self.last_step_time = gauge(
+            "torchkube_train_last_step_timestamp_seconds",
+            "Unix time this rank last finished a step (its heartbeat; a hang stops it).",
+        )
+        self.step_compute = gauge(
+            "torchkube_train_step_compute_seconds",
+            "This rank's compute time per step, last log window: the step less its wait for "
+            "the other ranks (ddp and zero1 on CPU).",
+        )
+        self.step_wait = gauge(
+            "torchkube_train_step_wait_seconds",
+            "This rank's wait per step for the other ranks in the gradient all-reduce, last "
+            "log window (ddp and zero1 on CPU).",
+        )
+        self.slowest_rank = gauge(
+            "torchkube_train_slowest_rank",
+            "The rank with the longest compute time per step, last log window (rank 0 only).",
+        )
+        self.slowest_slowdown = gauge(
+            "torchkube_train_slowest_rank_slowdown",
+            "The slowest rank's compute time per step over the other ranks' median (rank 0).",
+        )
         self.world_size = gauge("torchkube_train_world_size", "Processes in the current job.")
         self.data_parallel_size = gauge(
             "torchkube_train_data_parallel_size",

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,12 +20,19 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
-from torchkube.api.contract import TRAINING_FINISHED
+from torchkube.api.contract import TRAINING_FINISHED, RankTiming
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer import distributed
+from torchkube.elastic.heartbeat import Heartbeat
+from torchkube.trainer import distributed, stragglers
 from torchkube.trainer.checkpoint import CheckpointManager, FencedError, TrainState
 from torchkube.trainer.data import Layout, StepLoader, eval_batches
-from torchkube.trainer.distributed import DistInfo, StepAgreement, StopRequest, mean_across_ranks
+from torchkube.trainer.distributed import (
+    DistInfo,
+    StepAgreement,
+    StopRequest,
+    gather_across_ranks,
+    mean_across_ranks,
+)
 from torchkube.trainer.loader import (
     EXIT_CONFIG_ERROR,
     EXIT_FAILURE,
@@ -68,6 +76,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         if info.local_rank == 0
         else None
     )
+    heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
     try:
         # --- setup: the same seed on every rank gives every rank the same initial weights;
         # then each rank draws (dropout) from a stream of its own, seed + rank, as nanoGPT does
@@ -84,6 +93,8 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         model = parallelize(model, spec, info, workload.blocks(model), workload.tensor_plan)
         if on_meta:
             model.to_empty(device=info.device)  # uninitialised: a checkpoint or weights fill it
+        probe = stragglers.attach(model)
+        where = stragglers.places(info.control_group, *stragglers.here())
         optimizer = build_optimizer(model, spec, info)
         scheduler = LambdaLR(optimizer, lr_lambda(spec))
         state = TrainState()
@@ -107,7 +118,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
         timer = step_timer(info.device)
         report = Reporter(
-            spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token, timer
+            spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token, timer, where
         )
         report.started(state)
         agreement = StepAgreement(info.control_group, lambda: stop.requested)
@@ -127,21 +138,25 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             )
             timer.stop()
             state.step += 1
+            heartbeat.beat(state.step)
             state.consumed_samples += layout.global_batch_size
             stop_now, save_now = agreement.result()
-            report.step(state, data_wait, float(scheduler.get_last_lr()[0]))
+            waited = probe.take() if probe is not None else None
+            report.step(state, data_wait, float(scheduler.get_last_lr()[0]), waited)
             last = state.step == spec.steps
             if state.step % spec.log_interval_steps == 0 or last or stop_now:
                 report.log(state, loss, grad_norm)
             if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
-                report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
+                with heartbeat.pausing("evaluation"):
+                    report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
             ckpt.poll()
-            if last:
-                ckpt.save(state.step, blocking=True)
-            elif stop_now:
-                ckpt.save_on_stop(state.step)
-            elif save_now:
-                ckpt.save(state.step)
+            with heartbeat.pausing("checkpoint"):
+                if last:
+                    ckpt.save(state.step, blocking=True)
+                elif stop_now:
+                    ckpt.save_on_stop(state.step)
+                elif save_now:
+                    ckpt.save(state.step)
             report.checkpointed()
             if stop_now:
                 break
@@ -160,6 +175,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         return EXIT_OK
     finally:
         stop.close()
+        heartbeat.close()
         if server is not None:
             server.close()
 
@@ -327,8 +343,10 @@ class Reporter:
         ckpt: CheckpointManager,
         flops_per_token: float | None,
         timer: StepTimer,
+        where: list[tuple[str, str]],
     ):
         self.spec, self.info, self.layout = spec, info, layout
+        self.where = where
         self.timer = timer
         self.metrics, self.progress, self.ckpt = metrics, progress, ckpt
         self.flops_per_token = flops_per_token
@@ -339,9 +357,11 @@ class Reporter:
         self._window_start = time.monotonic()
         self._window_steps = self._timed_steps = 0
         self._step_time = self._data_wait = 0.0
+        self._collective_wait: float | None = None
         self._data_wait_total = 0.0
         self._lr = 0.0
         self.loss: float | None = None
+        self.slowest: RankTiming | None = None
         self.tokens_per_second = 0.0
         self._published_checkpoint = ckpt.last_step
 
@@ -358,6 +378,7 @@ class Reporter:
             "resumes": state.resumes,
             "checkpoint_blocking_seconds": round(self.ckpt.blocked_seconds, 3),
             "data_wait_seconds": round(self._data_wait_total, 3),
+            "slowest_rank": self.slowest,
             "finished": False,
         }
 
@@ -382,9 +403,14 @@ class Reporter:
             self._step_time += seconds
             self._timed_steps += 1
 
-    def step(self, state: TrainState, data_wait: float, lr: float) -> None:
+    def step(self, state: TrainState, data_wait: float, lr: float, waited: float | None) -> None:
+        """One step done; ``waited``: its time in collectives for the other ranks (None:
+        not measured for this strategy and device)."""
         m = self.metrics
         m.step.set(state.step)
+        m.last_step_time.set(time.time())
+        if waited is not None:
+            self._collective_wait = (self._collective_wait or 0.0) + waited
         self._timed()
         m.data_wait.inc(data_wait)
         if self.info.rank % self.info.tensor_size == 0:  # a tensor group's tokens count once
@@ -406,15 +432,20 @@ class Reporter:
         n = max(1, self._window_steps)
         loss_value = loss.item()  # syncs with the GPU, so waiting for the step times is free
         self._timed(wait=True)
-        mean_loss, step_time, data_wait = mean_across_ranks(
-            [loss_value, self._step_time / max(1, self._timed_steps), self._data_wait / n],
-            self.info.control_group,
+        own_step = self._step_time / max(1, self._timed_steps)
+        own_wait = -1.0 if self._collective_wait is None else self._collective_wait / n
+        ranks = gather_across_ranks(
+            [loss_value, own_step, self._data_wait / n, own_wait], self.info.control_group
         )
+        means = [statistics.fmean(rank[i] for rank in ranks) for i in range(3)]
+        mean_loss, step_time, data_wait = means
+        self._compare_ranks(ranks)
         elapsed = time.monotonic() - self._window_start
         self.loss = mean_loss
         self.tokens_per_second = self._window_steps * self.spec.tokens_per_step / max(elapsed, 1e-9)
         self._window_start, self._window_steps, self._timed_steps = time.monotonic(), 0, 0
         self._step_time = self._data_wait = 0.0
+        self._collective_wait = None
         mfu = None
         if self.flops_per_token and self.peak:
             mfu = self.flops_per_token * self.tokens_per_second / (self.info.world_size * self.peak)
@@ -424,7 +455,7 @@ class Reporter:
         self.progress.update(force=True, **self._record(state))
         log.info(
             "step %d/%d | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | mfu %s | "
-            "%.1f ms/step (data %.1f ms) | world %d%s × accum %d",
+            "%.1f ms/step (data %.1f ms) | world %d%s × accum %d%s",
             state.step,
             self.spec.steps,
             mean_loss,
@@ -439,7 +470,25 @@ class Reporter:
             if self.info.tensor_size > 1
             else "",
             self.layout.grad_accum_steps,
+            f" | slowest rank {self.slowest.rank} ×{self.slowest.slowdown:.2f}"
+            if self.slowest is not None
+            else "",
         )
+
+    def _compare_ranks(self, ranks: list[list[float]]) -> None:
+        """Each rank's compute time per step (its step less its wait in collectives) into the
+        metrics, and the slowest rank into the report; a wait of -1 means not measured."""
+        own_step, own_wait = ranks[self.info.rank][1], ranks[self.info.rank][3]
+        if own_wait < 0:
+            self.slowest = None
+            return
+        self.metrics.step_wait.set(own_wait)
+        self.metrics.step_compute.set(max(0.0, own_step - own_wait))
+        compute = [max(0.0, step - wait) for _, step, _, wait in ranks]
+        self.slowest = stragglers.slowest(compute, self.where)
+        if self.slowest is not None and self.info.is_main:
+            self.metrics.slowest_rank.set(self.slowest.rank)
+            self.metrics.slowest_slowdown.set(self.slowest.slowdown)
 
     def eval(self, state: TrainState, loss: float) -> None:
         self.metrics.eval_loss.set(loss)

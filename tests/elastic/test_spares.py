@@ -1,0 +1,58 @@
+"""Hot spares with real torchrun agents on loopback: an agent beyond ``--nnodes`` max stands
+by in the rendezvous (no worker, no restart of the others), takes a stopped agent's place at
+the next round, and is let go with exit 0 and ``STANDBY_RELEASED`` when training ends."""
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from agents import kill_agent, launch, rdzv_args, steps, wait_for, worker_pids
+
+from torchkube.api.contract import STANDBY_RELEASED, ExitCode
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
+    store: int, tmp_path: Path
+) -> None:
+    args = rdzv_args(store, nnodes="1:2")
+    env = {"STEPS": "250", "STEP_SECONDS": "0.05"}
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        log = str(tmp_path / f"{name}.termination")
+        return launch(args, tmp_path, name, TORCHKUBE_TERMINATION_LOG=log, **env)
+
+    agents = {name: start(name) for name in ("a", "b")}
+    try:
+        wait_for(lambda: len(steps(tmp_path)) >= 10, 120, "two agents training", tmp_path)
+        agents["c"] = start("c")
+        time.sleep(8)  # long enough to join, and to restart the others if it wrongly did
+        assert worker_pids(tmp_path, "c") == [], "a spare must not train"
+        assert {a for _, w, a in steps(tmp_path)[-5:]} <= {"a", "b"}
+        assert all(w == 2 for _, w, _ in steps(tmp_path))
+
+        agents["b"].send_signal(signal.SIGTERM)  # b's pod deleted
+        stopped_at, last = time.monotonic(), steps(tmp_path)[-1][0]
+        assert agents["b"].wait(timeout=60) == ExitCode.SIGTERM
+        wait_for(
+            lambda: worker_pids(tmp_path, "c") and any(s > last for s, _, _ in steps(tmp_path)),
+            60,
+            "the spare training in b's place",
+            tmp_path,
+        )
+        print(f"training again with the spare {time.monotonic() - stopped_at:.1f}s after SIGTERM")
+        assert all(w == 2 for s, w, _ in steps(tmp_path) if s > last), "the world must stay 2"
+
+        agents["b"] = start("b")  # the operator's new spare behind it
+        for name in ("a", "c"):
+            assert agents[name].wait(timeout=180) == 0
+        assert agents["b"].wait(timeout=60) == 0
+    finally:
+        for name in agents:
+            kill_agent(tmp_path, name)
+    assert (tmp_path / "b.termination").read_text().strip() == STANDBY_RELEASED
+    numbers = [s for s, _, _ in steps(tmp_path)]
+    assert numbers == list(range(1, 251)), "a step was lost or repeated"

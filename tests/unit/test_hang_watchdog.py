@@ -1,0 +1,199 @@
+"""The hang rule (torchkube/api/hang.py) and the launcher's watchdog decisions
+(torchkube/elastic/watchdog.py) on heartbeats written by hand; the watchdog with real
+processes is tests/elastic/test_watchdog.py."""
+
+from pathlib import Path
+
+import pytest
+
+from torchkube.api.hang import HANG_MIN_SECONDS, hang_timeout, parse_configured
+from torchkube.elastic.heartbeat import Beat, Heartbeat
+from torchkube.elastic.watchdog import (
+    PEER_GRACE_SECONDS,
+    Declaration,
+    Verdict,
+    Watchdog,
+    describe,
+    innermost_frames,
+    judge,
+    looks_stuck,
+)
+
+T0 = 1_000_000.0
+
+
+def beat(rank: int, stepped: float | None, written: float, pid: int = 0, **kw: object) -> Beat:
+    fields: dict = {"median_step_seconds": 0.5, "collective_timeout_seconds": 600, **kw}
+    return Beat(rank, rank, pid or 100 + rank, T0, written, 7, stepped, **fields)
+
+
+def sleeping(pid: int) -> str:
+    return "S"
+
+
+def test_the_timeout_follows_the_step_time_with_a_floor_and_a_ceiling() -> None:
+    assert hang_timeout(None, None) == HANG_MIN_SECONDS
+    assert hang_timeout(None, 0.5) == HANG_MIN_SECONDS  # 10 × 0.5 s is less than a minute
+    assert hang_timeout(None, 30.0) == 300.0
+    assert hang_timeout(None, 30.0, collective_timeout_seconds=200) == 170.0  # below the NCCL one
+    assert hang_timeout(None, 30.0, collective_timeout_seconds=70) == HANG_MIN_SECONDS
+    assert hang_timeout(45, 30.0) == 45.0  # configured: as it is
+    assert hang_timeout(0, 30.0) is None  # off
+
+
+def test_the_environment_says_derive_off_or_seconds() -> None:
+    assert parse_configured(None) is None and parse_configured("") is None
+    assert parse_configured("0") == 0 and parse_configured("90") == 90.0
+
+
+def test_no_verdict_while_a_worker_steps_or_before_the_first_step() -> None:
+    now = T0 + 500
+    assert judge([beat(0, now - 1, now)], now, None, sleeping) is None
+    assert judge([beat(0, None, now)], now, 5, sleeping) is None
+    assert judge([beat(0, now - 59, now)], now, None, sleeping) is None
+
+
+def test_a_stopped_process_is_the_culprit_and_a_waiting_one_is_not() -> None:
+    now = T0 + 500
+    frozen = beat(1, now - 70, written=now - 69)  # its heartbeat thread stopped with it
+    waiting = beat(0, now - 70, written=now)
+    verdict = judge([waiting, frozen], now, None, sleeping)
+    assert verdict == Verdict(idle=70, timeout=60, stuck=(frozen,), stopped=True)
+    stopped = beat(1, now - 70, written=now)  # SIGSTOP seen by its state before its beat
+    verdict = judge([waiting, stopped], now, None, lambda pid: "T" if pid == 101 else "S")
+    assert verdict is not None and verdict.stuck == (stopped,) and verdict.stopped
+
+
+def test_without_a_stopped_process_every_worker_is_stuck_but_only_waiting() -> None:
+    now = T0 + 500
+    beats = [beat(0, now - 61, now), beat(1, now - 61, now)]
+    verdict = judge(beats, now, None, sleeping)
+    assert verdict is not None and not verdict.stopped and verdict.stuck == tuple(beats)
+
+
+class Board:
+    def __init__(self, declared: Declaration | None = None, wins: bool = True) -> None:
+        self.declared, self.wins = declared, wins
+        self.claims: list[Declaration] = []
+
+    def read(self) -> Declaration | None:
+        return self.declared
+
+    def claim(self, declaration: Declaration, older_than: float) -> bool:
+        self.claims.append(declaration)
+        return self.wins
+
+
+def watchdog(board: Board, hung: list[str]) -> Watchdog:
+    return Watchdog(
+        folder=Path("/nonexistent"),
+        configured=None,
+        board=board,  # type: ignore[arg-type]
+        where="pod-a",
+        hung=hung.append,
+        log=lambda line: None,
+        current=set,
+    )
+
+
+def test_a_peers_declaration_restarts_waiting_workers_without_ending_the_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = T0 + 500
+    killed: list[set[int]] = []
+    board = Board(Declaration(now - 2, "pod-b", (3,), stopped=True))
+    hung: list[str] = []
+    dog = watchdog(board, hung)
+    monkeypatch.setattr(dog, "_kill", killed.append)
+    dog.check([beat(0, now - 20, now)], now)
+    assert killed == [{100}] and hung == []
+
+
+def test_an_old_declaration_is_ignored() -> None:
+    now = T0 + 500
+    board = Board(Declaration(now - 300, "pod-b", (3,), stopped=True))
+    hung: list[str] = []
+    dog = watchdog(board, hung)
+    dog.check([beat(0, now - 20, now)], now)
+    assert hung == [] and board.claims == []
+
+
+def test_nobody_stopped_the_first_to_claim_ends_its_pod_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = T0 + 500
+    monkeypatch.setattr("torchkube.elastic.watchdog.dump_stacks", lambda folder, beats: "")
+    monkeypatch.setattr("torchkube.elastic.watchdog.process_state", lambda pid: "S")
+    board = Board()
+    hung: list[str] = []
+    early = watchdog(board, hung)
+    early.check([beat(0, now - 61, now)], now)  # past the timeout, within the grace
+    assert hung == [] and board.claims == []
+    late = watchdog(board, hung)
+    monkeypatch.setattr(late, "_kill", lambda pids: None)
+    late.check([beat(0, now - 61 - PEER_GRACE_SECONDS, now)], now)
+    assert len(board.claims) == 1 and len(hung) == 1
+    assert "every rank waits" in hung[0]
+
+
+def test_looks_stuck_waits_a_few_steps_first() -> None:
+    now = T0 + 500
+    assert not looks_stuck([beat(0, now - 2, now)], now)
+    assert looks_stuck([beat(0, now - 6, now)], now)
+    assert not looks_stuck([beat(0, now - 6, now, median_step_seconds=3.0)], now)
+
+
+DUMP = """--- rank 1 (local rank 0, pid 7)
+Thread 0x01 (most recent call first):
+  File "threading.py", line 331 in wait
+  File "threading.py", line 1045 in _bootstrap_inner
+  File "threading.py", line 1002 in _bootstrap
+
+Current thread 0x02 (most recent call first):
+  File "train.py", line 270 in train_step
+  File "train.py", line 117 in train
+  File "multiprocessing/process.py", line 314 in _bootstrap
+  File "multiprocessing/forkserver.py", line 274 in main"""
+
+
+def test_the_message_names_the_main_threads_innermost_frames() -> None:
+    frames = innermost_frames(DUMP, 1, frames=2)
+    assert frames == 'File "train.py", line 270 in train_step ← File "train.py", line 117 in train'
+    assert innermost_frames(DUMP, 5) == ""
+    stuck = (beat(1, T0, T0, pid=7),)
+    text = describe(Verdict(62.4, 60, stuck, True), {7: "T"})
+    assert text == "rank 1 (pid 7, stopped by a signal) finished no step for 62s (hang timeout 60s)"
+
+
+def test_declarations_survive_the_store() -> None:
+    declared = Declaration(T0, "pod-b", (1, 2), stopped=False)
+    assert Declaration.from_json(declared.to_json()) == declared
+    assert Declaration.from_json(b"garbage") is None
+
+
+def test_a_checkpoint_or_evaluation_is_allowed_the_collective_timeout() -> None:
+    now = T0 + 1000
+    saving = beat(0, now - 300, now - 300, paused="checkpoint")  # a stopped one would be found
+    assert judge([saving], now, None, sleeping) is None
+    stuck = beat(0, now - 601, now - 601, paused="checkpoint")
+    verdict = judge([stuck], now, None, sleeping)
+    assert verdict is not None and verdict.timeout == 600
+
+
+def test_a_heartbeat_without_a_launcher_does_nothing(tmp_path: Path) -> None:
+    idle = Heartbeat(None)
+    idle.beat(1)
+    with idle.pausing("checkpoint"):
+        pass
+    idle.close()
+    live = Heartbeat(tmp_path, rank=3, local_rank=1, collective_timeout_seconds=90)
+    try:
+        live.beat(1)
+        with live.pausing("evaluation"):
+            assert live.snapshot().paused == "evaluation"
+        live.beat(2)
+        written = live.snapshot()
+        assert (written.rank, written.step, written.paused) == (3, 2, None)
+        assert written.median_step_seconds is not None and written.median_step_seconds < 1
+    finally:
+        live.close()

@@ -1,0 +1,122 @@
+"""Straggler policy: the slowest rank in status, since when it straggles, and its pod
+replaced when it stays one (torchkube/operator/stragglers.py, through the planner)."""
+
+from datetime import timedelta
+from typing import Any
+
+from planner import NOW, created_slots, make_job, pod, run, running_status, store
+
+from torchkube.api import labels as lbl
+from torchkube.api.contract import ProgressReport
+from torchkube.api.spec import FailurePolicySpec
+from torchkube.api.status import SlowestRank
+from torchkube.api.times import format_time
+from torchkube.operator import stragglers
+
+REPLACE = {"replaceStragglers": True, "stragglerSeconds": 120}
+
+
+def report(pod_name: str, slowdown: float, age: float = 5, rank: int = 2) -> ProgressReport:
+    return ProgressReport.model_validate(
+        {
+            "step": 500,
+            "updated": format_time(NOW - timedelta(seconds=age)),
+            "slowestRank": {
+                "rank": rank,
+                "pod": pod_name,
+                "node": "n2",
+                "computeSeconds": 0.3 * slowdown,
+                "medianSeconds": 0.3,
+                "slowdown": slowdown,
+            },
+        }
+    )
+
+
+def slow_since(seconds: float, pod_name: str, rank: int = 2) -> dict[str, Any]:
+    return SlowestRank(
+        rank=rank,
+        pod=pod_name,
+        node="n2",
+        slowdown=2.0,
+        straggling_since=format_time(NOW - timedelta(seconds=seconds)),
+    ).to_wire()
+
+
+def test_a_straggler_is_timed_from_when_it_first_was_one() -> None:
+    policy = FailurePolicySpec()
+    first = stragglers.track(None, report("p2", 2.0), policy, NOW)
+    assert first is not None and first.straggling_since == format_time(NOW)
+    later = stragglers.track(first, report("p2", 1.8), policy, NOW + timedelta(minutes=3))
+    assert later is not None and later.straggling_since == format_time(NOW)
+    another = stragglers.track(later, report("p3", 1.9, rank=3), policy, NOW + timedelta(minutes=4))
+    assert another is not None and another.straggling_since == format_time(
+        NOW + timedelta(minutes=4)
+    )
+    recovered = stragglers.track(later, report("p2", 1.2), policy, NOW + timedelta(minutes=4))
+    assert recovered is not None and recovered.straggling_since is None
+    assert recovered.slowdown == 1.2 and recovered.node == "n2"
+    assert stragglers.track(later, None, policy, NOW) is None
+
+
+def test_only_a_straggler_past_its_time_is_due_and_only_with_the_policy_on() -> None:
+    slow = SlowestRank.model_validate(slow_since(130, "p2"))
+    assert stragglers.overdue(slow, FailurePolicySpec(**REPLACE), NOW) == "p2"
+    assert stragglers.overdue(slow, FailurePolicySpec(), NOW) is None
+    young = SlowestRank.model_validate(slow_since(60, "p2"))
+    assert stragglers.overdue(young, FailurePolicySpec(**REPLACE), NOW) is None
+
+
+def test_a_persistent_straggler_is_replaced_gracefully_and_its_node_avoided() -> None:
+    workers = [pod(i, node="n2" if i == 2 else "n1") for i in range(4)]
+    victim = workers[2]["metadata"]["name"]
+    job = make_job(running_status(slowestRank=slow_since(125, victim)), failurePolicy=REPLACE)
+    result = run(job, [*workers, store()], progress=report(victim, 2.0))
+    assert result.delete_pods == [(victim, False)], "graceful: the emergency checkpoint"
+    assert result.release == {victim: "straggler"}
+    assert created_slots(result) == [2]
+    last = result.status.last_failure
+    assert last is not None and (last.reason, last.pod, last.node) == ("Straggler", victim, "n2")
+    assert "2.00× slower" in last.message and result.status.restarts_count_towards_max == 0
+    assert [e.reason for e in result.events] == ["Straggler"]
+    assert result.status.slowest_rank is not None
+    assert result.status.slowest_rank.straggling_since is None
+    affinity = result.create_pods[0]["spec"]["affinity"]["nodeAffinity"]
+    avoided = affinity["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+    assert avoided["matchExpressions"][0]["values"] == ["n2"]
+
+    # Next pass: the pod is going (released), the old report still names it: nothing more.
+    going = pod(2, node="n2", deleting=True, labels={lbl.RELEASED: "straggler"})
+    going["metadata"]["name"] = victim
+    again = run(
+        make_job(result.status, failurePolicy=REPLACE),
+        [workers[0], workers[1], going, workers[3], *result.create_pods, store()],
+        progress=report(victim, 2.0),
+    )
+    assert again.status.restarts == result.status.restarts and again.delete_pods == []
+
+
+def test_without_the_policy_a_straggler_is_only_reported() -> None:
+    workers = [pod(i) for i in range(4)]
+    victim = workers[2]["metadata"]["name"]
+    job = make_job(running_status(slowestRank=slow_since(3600, victim)))
+    result = run(job, [*workers, store()], progress=report(victim, 3.0))
+    assert result.delete_pods == [] and result.status.restarts == 0
+    slowest = result.status.slowest_rank
+    assert slowest is not None and slowest.pod == victim and slowest.slowdown == 3.0
+
+
+def test_a_stale_report_is_shown_not_acted_on() -> None:
+    workers = [pod(i) for i in range(4)]
+    victim = workers[2]["metadata"]["name"]
+    job = make_job(running_status(slowestRank=slow_since(600, victim)), failurePolicy=REPLACE)
+    result = run(job, [*workers, store()], progress=report(victim, 2.0, age=300))
+    assert result.delete_pods == []
+
+
+def test_the_straggler_is_replaced_on_time_not_at_the_next_resync() -> None:
+    workers = [pod(i) for i in range(4)]
+    victim = workers[2]["metadata"]["name"]
+    job = make_job(running_status(slowestRank=slow_since(100, victim)), failurePolicy=REPLACE)
+    result = run(job, [*workers, store()], progress=report(victim, 2.0))
+    assert result.delete_pods == [] and result.requeue_after == 20

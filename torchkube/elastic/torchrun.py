@@ -1,0 +1,136 @@
+"""What hot spares, fast replacements and the hang watchdog need from torchrun's agent.
+
+**Spares stand by in torch's own redundancy list.** An agent that arrives when a round already
+has ``--nnodes`` max participants is kept in the rendezvous state's redundancy list: it sends
+keep-alives, is not counted as a node waiting to join (so it never restarts the round of the
+others), and has no join timeout. When a participant goes (its pod deleted, its node lost),
+the round has room again: the spare moves to the wait list, the survivors restart into the
+next round and the spare is in it — its pod already scheduled, its image pulled, Python and
+torch imported. The operator runs ``replicas.spares`` such pods beyond ``replicas.max``.
+
+Two things around it are added here:
+
+* **A spare released at the end is not a failure.** When training ends, the finishing agent
+  closes the rendezvous; a spare still standing by gets torch's graceful exit, which torchrun
+  2.15 turns into an ``AttributeError``. An agent that never joined a round raises
+  :class:`StandbyReleased` instead, and the launcher exits 0 with ``STANDBY_RELEASED``.
+* **A stopped agent leaves at once.** An agent stopped by a signal (pod deletion, preemption, a
+  hang) does not close the rendezvous (that would end the job), so the others waited for its
+  keep-alive to expire (``keep_alive_interval × keep_alive_max_attempt``) before a round
+  without it could form. :func:`leave` takes it out of the participants right away.
+* **The watchdog judges only the workers torchrun runs now.** :func:`healthy_workers` is the
+  agent's worker pids while it holds them healthy: a worker of an ended round (dying, or its
+  heartbeat file not yet replaced) is never taken for a hung one.
+"""
+
+import sys
+import time
+from typing import Any
+
+LEAVE_SECONDS = 5.0
+
+
+def _say(message: str) -> None:
+    print(f"torchkube: {message}", file=sys.stderr, flush=True)
+
+
+class StandbyReleased(Exception):
+    """The job's rendezvous closed while this agent stood by, never having trained."""
+
+
+class _Tracked:
+    standing_by: float | None = None
+    """Since when this agent stands by in the redundancy list (monotonic), if it does."""
+    handler: Any = None
+    """The agent's rendezvous handler (the launcher runs one agent at a time)."""
+    agent: Any = None
+    """The agent, once it started workers."""
+    joined = False
+    """Whether this launcher's agent ever got into a round."""
+
+
+def track() -> None:
+    """Wrap torch's c10d rendezvous handler once per process (see the module docstring)."""
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousGracefulExitError,
+    )
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        _DistributedRendezvousOpExecutor,
+    )
+
+    handler_class: Any = DynamicRendezvousHandler
+    if getattr(handler_class, "_torchkube_tracked", False):
+        return
+    original = handler_class.next_rendezvous
+
+    def next_rendezvous(self: Any) -> Any:
+        _Tracked.handler = self
+        try:
+            info = original(self)
+        except (RendezvousGracefulExitError, RendezvousClosedError) as error:
+            if not _Tracked.joined:
+                raise StandbyReleased(str(error)) from error
+            raise
+        _Tracked.joined = True
+        if _Tracked.standing_by is not None:
+            waited = time.monotonic() - _Tracked.standing_by
+            _Tracked.standing_by = None
+            round_ = self._state_holder.state.round
+            _say(f"the spare joins round {round_} after standing by for {waited:.0f}s")
+        return info
+
+    handler_class.next_rendezvous = next_rendezvous
+    handler_class._torchkube_tracked = True
+
+    executor_class: Any = _DistributedRendezvousOpExecutor
+    add_to_redundancy_list = executor_class._add_to_redundancy_list
+
+    def _add_to_redundancy_list(self: Any) -> None:
+        if _Tracked.standing_by is None:
+            _Tracked.standing_by = time.monotonic()
+            round_, workers = self._state.round, self._settings.max_nodes
+            _say(f"standing by as a spare: round {round_} already has its {workers} workers")
+        add_to_redundancy_list(self)
+
+    executor_class._add_to_redundancy_list = _add_to_redundancy_list
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    agent_class: Any = LocalElasticAgent
+    start_workers = agent_class._start_workers
+
+    def _start_workers(self: Any, worker_group: Any) -> Any:
+        _Tracked.agent = self
+        return start_workers(self, worker_group)
+
+    agent_class._start_workers = _start_workers
+
+
+def healthy_workers() -> set[int]:
+    """The pids of the workers torchrun runs and holds healthy now (empty between rounds)."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    agent = _Tracked.agent
+    if agent is None or agent._worker_group.state != WorkerState.HEALTHY:
+        return set()
+    pcontext = agent._pcontext
+    return set(pcontext.pids().values()) if pcontext is not None else set()
+
+
+def leave() -> bool:
+    """Take this agent out of the current round's participants now (best effort); True when
+    it was done. Call it only once the agent has stopped its workers."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+    handler = _Tracked.handler
+    if handler is None:
+        return False
+    try:
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + LEAVE_SECONDS)
+    except Exception as error:  # the store is away: the keep-alive expiry does it instead
+        _say(f"could not leave the rendezvous ({error}); the others wait for its keep-alive")
+        return False
+    return True
