@@ -20,6 +20,7 @@ ORDER = [
     "operator_scale_fleet",
     "operator_recovery",
     "recovery_e2e",
+    "real_node_recovery",
     "trainer_throughput",
     "trainer_throughput_gpu",
     "checkpoint_cost",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
-#   NAME: operator_scale, operator_recovery, recovery_e2e, trainer_throughput, checkpoint_cost,
-#         or all (each of them, one after the other, with ARGS ignored)
+#   NAME: operator_scale, operator_recovery, recovery_e2e, real_node_recovery,
+#         trainer_throughput, checkpoint_cost, or all (each of them, one after the other, with
+#         ARGS ignored)
 # Then refresh the tables in docs/benchmarks.md and bench/README.md from bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,13 +15,19 @@ shift
 VENV=$(hack/bootstrap.sh)
 export PATH="$VENV/bin:$PATH"
 case "$name" in
-  all | operator_scale | operator_recovery)
+  operator_scale | operator_recovery)
     TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
+    export TORCHKUBE_BIN_DIR
+    ;;
+  all | real_node_recovery) # real kubelet nodes: Docker, containerd, the kubelet
+    hack/install-system-deps.sh
+    TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh all | tail -n 1)
     export TORCHKUBE_BIN_DIR
     ;;
 esac
 if [ "$name" = all ]; then
-  for one in operator_scale operator_recovery recovery_e2e trainer_throughput checkpoint_cost; do
+  for one in operator_scale operator_recovery recovery_e2e real_node_recovery trainer_throughput \
+    checkpoint_cost; do
     python -m "bench.$one"
   done
 else

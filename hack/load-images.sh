@@ -12,7 +12,8 @@
 # IMAGE is a tag in the local Docker engine (DOCKER_HOST is honoured; DOCKER names another
 # client binary, CTR another ctr). For containerd, a node that already holds the same image ID
 # under that name is skipped (the ID is kept as a label on the image), and the image is saved
-# from Docker once and imported into the nodes in parallel. Pods then use the image with
+# from Docker once and imported into the nodes in parallel; an older image under that name is
+# removed first, so a node keeps one version of each. Pods then use the image with
 # `imagePullPolicy: IfNotPresent` (or Never):
 #
 #   docker build --target operator -t torchkube/operator:dev .
@@ -85,6 +86,10 @@ has_image() { # SOCKET REF ID: the node holds REF with our ID label
 
 import_into() { # SOCKET ARCHIVE REF ID
     local started=$SECONDS
+    # An older build under the same name goes first, and its layers with it (--sync waits for
+    # containerd's garbage collection): a node keeps one version of each image, not every one
+    # ever loaded (a 6 GB trainer image per rebuild filled the disk).
+    "$ctr" --address "$1" --namespace k8s.io images rm --sync "$3" >/dev/null 2>&1 || true
     "$ctr" --address "$1" --namespace k8s.io images import "$2" >/dev/null ||
         die "ctr images import into $1 failed"
     "$ctr" --address "$1" --namespace k8s.io images label "$3" "$ID_LABEL=$4" >/dev/null ||
