@@ -180,6 +180,19 @@ def test_a_checkpoint_or_evaluation_is_allowed_the_collective_timeout() -> None:
     assert verdict is not None and verdict.timeout == 600
 
 
+def test_a_worker_stopped_by_a_signal_during_a_save_is_the_culprit_at_the_hang_timeout() -> None:
+    """SIGSTOP while an async checkpoint is being written: no save stops itself, so it is
+    found at the hang timeout, not the collective one (on real nodes its waiting peer was
+    named instead, after the peer grace)."""
+    now = T0 + 1000
+    stopped = beat(1, now - 61, now - 61, paused="checkpoint")
+    waiting = beat(0, now - 61, now)
+    verdict = judge([waiting, stopped], now, None, lambda pid: "T" if pid == 101 else "S")
+    assert verdict == Verdict(idle=61, timeout=60, stuck=(stopped,), stopped=True)
+    on_disk = beat(1, now - 61, now - 61, paused="checkpoint")  # D: a slow disk, not a hang
+    assert judge([on_disk], now, None, lambda pid: "D") is None
+
+
 def test_a_heartbeat_without_a_launcher_does_nothing(tmp_path: Path) -> None:
     idle = Heartbeat(None)
     idle.beat(1)

@@ -49,6 +49,9 @@ FROZEN_SECONDS = 10.0
 STOPPED_STATES = frozenset({"T", "t", "D"})
 """Main-thread states of a worker that cannot finish its step by itself: stopped (SIGSTOP,
 a debugger) or uninterruptible sleep (a dead network mount)."""
+SIGNAL_STOPPED_STATES = frozenset({"T", "t"})
+"""The stopped states no checkpoint or evaluation explains: a save may sleep in ``D`` on its
+disk, or hold the GIL so that the heartbeat thread is silent, but it never stops itself."""
 PEER_GRACE_SECONDS = 15.0
 """How long past the timeout waiting workers give a culprit elsewhere to be found."""
 STUCK_SECONDS = 5.0
@@ -88,9 +91,14 @@ def judge(
     limits = [b.collective_timeout_seconds for b in stepping if b.collective_timeout_seconds]
     collective = min(limits) if limits else None
     timeout = hang_timeout(configured, statistics.median(medians) if medians else None, collective)
-    if timeout is not None and collective and any(b.paused for b in stepping):
+    if timeout is None:
+        return None
+    signalled = tuple(b for b in beats if states(b.pid) in SIGNAL_STOPPED_STATES)
+    if signalled and idle >= timeout:  # stopped, even in the middle of a save: the culprit
+        return Verdict(idle, timeout, signalled, True)
+    if collective and any(b.paused for b in stepping):
         timeout = max(timeout, collective)  # a checkpoint or evaluation: its collectives decide
-    if timeout is None or idle < timeout:
+    if idle < timeout:
         return None
     stopped = tuple(
         b for b in beats if now - b.written > FROZEN_SECONDS or states(b.pid) in STOPPED_STATES
