@@ -3,10 +3,16 @@
 The server gets a random loopback port, a config file and a data dir in a folder of its own,
 and a 1 s scrape interval, so a test sees a metric within seconds of it being exposed. Static
 targets are addresses on 127.0.0.1 given by the test (KWOK's made-up pod IPs are never
-scraped); on real nodes, :func:`pod_monitor_job` discovers pods through Kubernetes as
-prometheus-operator does from the chart's PodMonitors. ``honor_labels`` is on, as it must be
-for torchkube's metrics (their ``namespace`` and ``job`` labels name the TrainingJob, not the
+scraped); on real nodes, :func:`pod_monitor_job` turns the chart's PodMonitors into the scrape
+configs prometheus-operator generates from them. ``honor_labels`` is on, as it must be for
+torchkube's metrics (their ``namespace`` and ``job`` labels name the TrainingJob, not the
 scrape target; see docs/metrics.md).
+
+Debian builds Prometheus without its Kubernetes service discovery (``kubernetes_sd_configs``
+is not a known field there), so :class:`PodDiscovery` does that part: it lists the pods
+through the API every second and writes them, one target per named container port with the
+``__meta_kubernetes_pod_*`` labels Kubernetes SD gives (role pod), to a file Prometheus reads
+through ``file_sd_configs``. The PodMonitor's relabeling rules then apply unchanged.
 
 A missing binary or a server that does not start raises :class:`ClusterError` with the log
 tail: tests that need Prometheus fail loudly instead of skipping.
@@ -18,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -65,18 +72,30 @@ def _label_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def pod_monitor_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PodMonitorJob:
+    """A PodMonitor's scrape job: its scrape config, and the namespaces whose pods are
+    discovered for it (None: every namespace)."""
+
+    name: str
+    namespaces: Sequence[str] | None
+    kubeconfig: Path
+    config: Mapping[str, Any]
+
+    def scrape_config(self, targets_file: Path) -> dict[str, Any]:
+        sd = {"files": [str(targets_file)], "refresh_interval": "1s"}
+        return {**self.config, "file_sd_configs": [sd]}
+
+
+def pod_monitor_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str) -> PodMonitorJob:
     """A prometheus-operator PodMonitor (as the chart renders it) as the scrape config the
-    operator would generate from it: pods discovered through ``kubernetes_sd_configs`` (role
-    pod) in its namespaces, kept by its label selector and port name, with the ``namespace``,
-    ``pod`` and ``container`` target labels. Prometheus runs on this machine, so it reaches the
-    API with ``kubeconfig`` and the pods at their IPs through the real nodes' bridges."""
+    operator would generate from it: pods of its namespaces (role pod discovery, see
+    :class:`PodDiscovery`), kept by its label selector and port name, with the ``namespace``,
+    ``pod`` and ``container`` target labels. Prometheus runs on this machine, so it reaches
+    the pods at their IPs through the real nodes' bridges."""
     spec = monitor["spec"]
     (endpoint,) = spec["podMetricsEndpoints"]
-    sd: dict[str, Any] = {"role": "pod", "kubeconfig_file": str(kubeconfig)}
     names = spec.get("namespaceSelector", {}).get("matchNames")
-    if names:
-        sd["namespaces"] = {"names": list(names)}
     relabel: list[dict[str, Any]] = [
         {
             "action": "keep",
@@ -104,15 +123,96 @@ def pod_monitor_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str)
         {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
     ]
     metadata = monitor["metadata"]
-    return {
-        "job_name": f"podMonitor/{metadata['namespace']}/{metadata['name']}",
+    name = f"podMonitor/{metadata['namespace']}/{metadata['name']}"
+    config = {
+        "job_name": name,
         "scrape_interval": interval,
         "scrape_timeout": interval,
         "metrics_path": endpoint.get("path", "/metrics"),
         "honor_labels": bool(endpoint.get("honorLabels")),
-        "kubernetes_sd_configs": [sd],
         "relabel_configs": relabel,
     }
+    return PodMonitorJob(name, list(names) if names else None, kubeconfig, config)
+
+
+def pod_targets(pods: Sequence[Any]) -> list[dict[str, Any]]:
+    """Target groups as Prometheus' Kubernetes SD (role pod) makes them: one per named
+    container port of a pod with an IP, with its ``__meta_kubernetes_*`` labels."""
+    groups = []
+    for pod in pods:
+        ip = pod.status.pod_ip
+        if not ip:
+            continue
+        meta: dict[str, str] = {
+            "__meta_kubernetes_namespace": pod.metadata.namespace,
+            "__meta_kubernetes_pod_name": pod.metadata.name,
+            "__meta_kubernetes_pod_ip": ip,
+            "__meta_kubernetes_pod_phase": pod.status.phase or "",
+            "__meta_kubernetes_pod_node_name": pod.spec.node_name or "",
+        }
+        for key, value in (pod.metadata.labels or {}).items():
+            meta[f"__meta_kubernetes_pod_label_{_label_name(key)}"] = value
+            meta[f"__meta_kubernetes_pod_labelpresent_{_label_name(key)}"] = "true"
+        for container in pod.spec.containers:
+            for port in container.ports or []:
+                if not port.name:
+                    continue
+                labels = meta | {
+                    "__meta_kubernetes_pod_container_name": container.name,
+                    "__meta_kubernetes_pod_container_port_name": port.name,
+                    "__meta_kubernetes_pod_container_port_number": str(port.container_port),
+                }
+                groups.append({"targets": [f"{ip}:{port.container_port}"], "labels": labels})
+    return groups
+
+
+class PodDiscovery:
+    """Kubernetes pod discovery for one :class:`PodMonitorJob`, written for ``file_sd``:
+    every second, the pods of its namespaces as :func:`pod_targets` (see the module
+    docstring for why)."""
+
+    INTERVAL = 1.0
+
+    def __init__(self, job: PodMonitorJob, targets_file: Path) -> None:
+        self.job, self.targets_file = job, targets_file
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="pod-discovery", daemon=True)
+        self.error: Exception | None = None
+
+    def _list(self, core: Any) -> list[Any]:
+        if self.job.namespaces is None:
+            return list(core.list_pod_for_all_namespaces().items)
+        return [p for ns in self.job.namespaces for p in core.list_namespaced_pod(ns).items]
+
+    def write(self, groups: list[dict[str, Any]]) -> None:
+        """Replace the targets file at once (a rename), so Prometheus never reads half."""
+        partial = self.targets_file.with_suffix(".tmp")
+        partial.write_text(json.dumps(groups))
+        partial.replace(self.targets_file)
+
+    def _run(self) -> None:
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=str(self.job.kubeconfig))
+        core = client.CoreV1Api(api)
+        try:
+            while not self.stopped.wait(self.INTERVAL):
+                try:
+                    self.write(pod_targets(self._list(core)))
+                    self.error = None
+                except Exception as error:  # an apiserver restart: keep the last targets
+                    self.error = error
+        finally:
+            api.close()
+
+    def start(self) -> PodDiscovery:
+        self.write([])
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
 
 
 class PrometheusError(RuntimeError):
@@ -137,13 +237,14 @@ class Prometheus:
         workdir: Path,
         jobs: Sequence[ScrapeJob],
         scrape_interval: str = "1s",
-        discovered: Sequence[Mapping[str, Any]] = (),
+        discovered: Sequence[PodMonitorJob] = (),
     ) -> None:
-        """``jobs`` are static loopback targets; ``discovered`` are ready scrape configs
-        (:func:`pod_monitor_job`) that find their targets through Kubernetes."""
+        """``jobs`` are static loopback targets; ``discovered`` PodMonitor jobs
+        (:func:`pod_monitor_job`) whose targets are the cluster's pods."""
         self.workdir = workdir
         self.jobs = list(jobs)
-        self.discovered = [dict(job) for job in discovered]
+        self.discovered = list(discovered)
+        self.discoveries: list[PodDiscovery] = []
         self.scrape_interval = scrape_interval
         self.port = 0
         self.process: Process | None = None
@@ -153,14 +254,20 @@ class Prometheus:
         return f"http://127.0.0.1:{self.port}"
 
     # ------------------------------------------------------------------ life cycle
+    def _targets_file(self, index: int) -> Path:
+        return self.workdir / f"pods-{index}.json"
+
     def write_config(self) -> Path:
+        discovered = [
+            job.scrape_config(self._targets_file(index))
+            for index, job in enumerate(self.discovered)
+        ]
         config = {
             "global": {
                 "scrape_interval": self.scrape_interval,
                 "evaluation_interval": self.scrape_interval,
             },
-            "scrape_configs": [job.config(self.scrape_interval) for job in self.jobs]
-            + self.discovered,
+            "scrape_configs": [job.config(self.scrape_interval) for job in self.jobs] + discovered,
         }
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -171,6 +278,10 @@ class Prometheus:
         binary = find_binary()
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.write_config()
+        self.discoveries = [
+            PodDiscovery(job, self._targets_file(index)).start()
+            for index, job in enumerate(self.discovered)
+        ]
         for attempt in range(attempts):
             self.port = free_port()
             data = self.workdir / "data"
@@ -209,6 +320,8 @@ class Prometheus:
             return False
 
     def stop(self) -> None:
+        for discovery in self.discoveries:
+            discovery.stop()
         if self.process is not None:
             self.process.stop(timeout=10)
 

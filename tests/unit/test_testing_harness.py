@@ -290,3 +290,49 @@ def test_namespace_names_are_valid_and_unique() -> None:
     assert first != second
     assert len(first) <= 63
     assert all(c.isalnum() or c == "-" for c in first) and first == first.lower()
+
+
+def test_pod_discovery_gives_each_named_port_the_labels_kubernetes_sd_would() -> None:
+    """Debian's Prometheus has no Kubernetes SD; the harness's file-based stand-in must give
+    the PodMonitor's relabeling rules what they read."""
+    from kubernetes import client
+
+    from testbed.prometheus import pod_monitor_job, pod_targets
+
+    def pod(name: str, ip: str | None, phase: str = "Running") -> client.V1Pod:
+        ports = [client.V1ContainerPort(name="metrics", container_port=9400)]
+        ports.append(client.V1ContainerPort(container_port=29500))  # unnamed: not a target
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name=name, namespace="ns", labels={"torchkube.io/role": "worker"}
+            ),
+            spec=client.V1PodSpec(
+                node_name="n1", containers=[client.V1Container(name="worker", ports=ports)]
+            ),
+            status=client.V1PodStatus(pod_ip=ip, phase=phase),
+        )
+
+    [group] = pod_targets([pod("w-0", "10.0.0.5"), pod("w-1", None, "Pending")])
+    assert group["targets"] == ["10.0.0.5:9400"]
+    labels = group["labels"]
+    assert labels["__meta_kubernetes_pod_label_torchkube_io_role"] == "worker"
+    assert labels["__meta_kubernetes_pod_labelpresent_torchkube_io_role"] == "true"
+    assert labels["__meta_kubernetes_pod_container_port_name"] == "metrics"
+    assert (labels["__meta_kubernetes_namespace"], labels["__meta_kubernetes_pod_name"]) == (
+        "ns",
+        "w-0",
+    )
+    monitor = {
+        "metadata": {"namespace": "ns", "name": "workers"},
+        "spec": {
+            "selector": {"matchLabels": {"torchkube.io/role": "worker"}},
+            "podMetricsEndpoints": [{"port": "metrics", "honorLabels": True}],
+            "namespaceSelector": {"matchNames": ["ns"]},
+        },
+    }
+    job = pod_monitor_job(monitor, Path("k.conf"), "1s")
+    assert job.namespaces == ["ns"]
+    config = job.scrape_config(Path("/tmp/pods-0.json"))
+    assert config["file_sd_configs"] == [{"files": ["/tmp/pods-0.json"], "refresh_interval": "1s"}]
+    used = {name for rule in config["relabel_configs"] for name in rule["source_labels"]}
+    assert used <= set(labels), used - set(labels)
