@@ -787,7 +787,216 @@ def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
         assert final.get("phase") == "Succeeded"
 
 
+def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """A worker's trainer SIGSTOPped mid-training (a wedged GPU, a dead mount): its pod stays
+    Running while the other rank waits in the all-reduce. The launcher's watchdog finds it
+    after hangTimeoutSeconds, prints its stacks to the pod's log and ends the pod (124); the
+    operator records a Hang naming the stopped rank, replaces the pod, and the job resumes
+    from its checkpoint and ends Succeeded with exactly its steps."""
+    steps, every, hang = 400, 20, 15
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-hang", name="hang"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["failurePolicy"]["hangTimeoutSeconds"] = hang
+        job.apply(manifest)
+        wait_for(
+            _past(job, every + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        victim = next(p for p in job.pods() if p.status.phase == "Running")
+        pid, before = _trainer_pid(victim), job.progress()
+        say(f"SIGSTOP pod {victim.metadata.name}'s trainer at step {before.get('step')}")
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        def hang_recorded() -> dict[str, Any] | None:
+            last = job.status().get("lastFailure") or {}
+            return last if last.get("reason") == "Hang" else None
+
+        failure = wait_for(hang_recorded, hang + 60, what="a Hang", describe_last=job.describe)
+        detected = time.monotonic() - stopped
+        assert failure["pod"] == victim.metadata.name and failure["exitCode"] == 124, failure
+        # its rank, as the launcher knows it (a worker forked from the warm server keeps the
+        # server's /proc environ, so the test cannot read RANK there)
+        assert re.search(r"rank [01] \(pid \d+", failure["message"]), failure
+        assert "stopped by a signal" in failure["message"], failure
+        wait_for(
+            _resumed_after(job, before), 180, what="training resumed", describe_last=job.describe
+        )
+        say(
+            f"SIGSTOP -> Hang in the status {detected:.1f}s (hang timeout {hang}s), "
+            f"-> training again {time.monotonic() - stopped:.1f}s"
+        )
+        logs = _logs(real_cluster, job.namespace, victim.metadata.name)
+        assert "Python stacks of every thread" in logs and "train_step" in logs, logs[-3000:]
+
+        phase = job.wait_finished()
+        report, final = job.progress(), job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert int(report.get("resumes") or 0) >= 1, report
+        hangs = [f for f in final.get("failures") or [] if f["reason"] == "Hang"]
+        assert len(hangs) == 1 and final["restartsCountTowardsMax"] == 1, final
+
+
+def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """One worker's container held to a twentieth of a CPU (a cgroup quota on the node): its
+    rank computes several times slower than the other, the job's status names it as the
+    slowest rank with its pod and node; with replaceStragglers its pod is replaced after
+    stragglerSeconds, away from its node, and the job still ends with exactly its steps.
+
+    The tiny model's steps take milliseconds, so two unthrottled ranks sharing this 2-core
+    machine already differ by up to 2×: the test asks for 3× and throttles the rank that is
+    not the slowest before."""
+    steps, every, slowdown = 600, 20, 3.0
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-slow", name="slow"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["failurePolicy"] |= {
+            "replaceStragglers": True,
+            "stragglerSeconds": 20,
+            "stragglerSlowdown": slowdown,
+        }
+        job.apply(manifest)
+        wait_for(
+            _past(job, every + 5, world=2),
+            300,
+            what="2 workers past a checkpoint",
+            describe_last=job.describe,
+        )
+        before = job.status().get("slowestRank") or {}
+        victim = next(
+            p
+            for p in job.pods()
+            if p.status.phase == "Running" and p.metadata.name != before.get("pod")
+        )
+        say(f"1/20 of a CPU for {victim.metadata.name} at {job.progress().get('step')}: {before}")
+        with throttle_cpu(_trainer_pid(victim), share=0.05, in_place=True):
+            throttled = time.monotonic()
+
+            def reported() -> dict[str, Any] | None:
+                slowest = job.status().get("slowestRank") or {}
+                mine = slowest.get("pod") == victim.metadata.name
+                return slowest if mine and slowest.get("slowdown", 0) >= slowdown else None
+
+            slowest = wait_for(
+                reported, 120, what="the straggler in the status", describe_last=job.describe
+            )
+            say(f"reported after {time.monotonic() - throttled:.1f}s: {slowest}")
+            assert slowest["node"] == victim.spec.node_name
+
+            def replaced() -> dict[str, Any] | None:
+                last = job.status().get("lastFailure") or {}
+                return last if last.get("reason") == "Straggler" else None
+
+            failure = wait_for(
+                replaced, 120, what="the straggler replaced", describe_last=job.describe
+            )
+            say(f"replaced after {time.monotonic() - throttled:.1f}s: {failure['message']}")
+        assert failure["pod"] == victim.metadata.name and failure["node"] == victim.spec.node_name
+
+        phase = job.wait_finished()
+        report, final = job.progress(), job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert final.get("restartsCountTowardsMax", 0) == 0, final
+
+
+def test_a_spare_takes_a_deleted_workers_place(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """A 2-worker job with one hot spare: the spare pod runs, its launcher stands by in the
+    rendezvous (no trainer, not Ready). A training worker's pod deleted: it writes its
+    emergency checkpoint and leaves the rendezvous, the spare takes its place at world size 2
+    without waiting for a new pod, a new spare is created behind it, and the job ends with
+    exactly its steps."""
+    steps, every = 500, 50
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-spare", name="spare"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["replicas"] = {"min": 2, "max": 2, "spares": 1}
+        job.apply(manifest)
+        wait_for(
+            lambda: _past(job, every + 5, world=2)() and job.status().get("spares") == 1,
+            300,
+            what="2 workers past a checkpoint and a spare",
+            describe_last=job.describe,
+        )
+
+        def two_training_one_standing_by() -> tuple[list[Any], Any] | None:
+            """The two training pods are Ready (their trainers serve /progress); the spare,
+            with no trainer, never is. A training pod may lag in turning Ready."""
+            pods = [p for p in job.pods() if p.status.phase == "Running"]
+            ready = [p for p in pods if _ready(p)]
+            waiting = [p for p in pods if not _ready(p)]
+            return (ready, waiting[0]) if len(ready) == 2 and len(waiting) == 1 else None
+
+        ready, spare = wait_for(
+            two_training_one_standing_by, 120, what="2 Ready workers and a spare pod"
+        )
+
+        def spare_logs() -> str:
+            return _logs(real_cluster, job.namespace, spare.metadata.name)
+
+        wait_for(  # its launcher imports torch for the warm server, then joins the rendezvous
+            lambda: "standing by as a spare" in spare_logs(),
+            120,
+            what="the spare standing by",
+            describe_last=lambda: spare_logs()[-2000:],
+        )
+        victim, before = ready[0], job.progress()
+        say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
+        deleted = time.monotonic()
+        _kubectl(
+            real_cluster, "delete", "pod", "-n", job.namespace, victim.metadata.name, "--wait=false"
+        )
+        again = wait_for(
+            _resumed_after(job, before), 120, what="training again", describe_last=job.describe
+        )
+        say(f"kubectl delete pod -> training again {time.monotonic() - deleted:.1f}s: {again}")
+        assert again.get("worldSize") == 2 or again.get("finished") is True, again
+        assert "the spare joins round" in spare_logs()
+        wait_for(
+            lambda: job.status().get("spares") == 1 and len(job.running_workers()) == 3,
+            120,
+            what="a new spare behind it",
+            describe_last=job.describe,
+        )
+
+        phase = job.wait_finished()
+        report, final = job.progress(), job.status()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert [f["reason"] for f in final.get("failures") or []] == ["Deleted"], final
+
+
 # ------------------------------------------------------------------- the user's path, as pods
+# Last in this module: it installs and uninstalls the chart's operator beside the harness's
+# operator process, and the jobs of the tests after it were never reconciled.
 OPERATOR_TAG = "torchkube/operator:test"
 USER_PATH_UNEXERCISED = (
     'reason="Hang"',  # no hang, no straggler here: each has its own test below
@@ -1043,210 +1252,3 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         say(f"{checked} dashboard expressions returned data for {job.namespace}/{job.name}")
         delete_volume(api, corpus_pv)
     _helm(real_cluster, home, "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait")
-
-
-def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
-    real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
-    say: Say,
-) -> None:
-    """A worker's trainer SIGSTOPped mid-training (a wedged GPU, a dead mount): its pod stays
-    Running while the other rank waits in the all-reduce. The launcher's watchdog finds it
-    after hangTimeoutSeconds, prints its stacks to the pod's log and ends the pod (124); the
-    operator records a Hang naming the stopped rank, replaces the pod, and the job resumes
-    from its checkpoint and ends Succeeded with exactly its steps."""
-    steps, every, hang = 400, 20, 15
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-hang", name="hang"
-    ) as job:
-        manifest = _job_manifest(job.name, job.namespace, steps, every)
-        manifest["spec"]["failurePolicy"]["hangTimeoutSeconds"] = hang
-        job.apply(manifest)
-        wait_for(
-            _past(job, every + 5, world=2),
-            300,
-            what="2 workers past a checkpoint",
-            describe_last=job.describe,
-        )
-        victim = next(p for p in job.pods() if p.status.phase == "Running")
-        pid, before = _trainer_pid(victim), job.progress()
-        say(f"SIGSTOP pod {victim.metadata.name}'s trainer at step {before.get('step')}")
-        os.kill(pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-
-        def hang_recorded() -> dict[str, Any] | None:
-            last = job.status().get("lastFailure") or {}
-            return last if last.get("reason") == "Hang" else None
-
-        failure = wait_for(hang_recorded, hang + 60, what="a Hang", describe_last=job.describe)
-        detected = time.monotonic() - stopped
-        assert failure["pod"] == victim.metadata.name and failure["exitCode"] == 124, failure
-        # its rank, as the launcher knows it (a worker forked from the warm server keeps the
-        # server's /proc environ, so the test cannot read RANK there)
-        assert re.search(r"rank [01] \(pid \d+", failure["message"]), failure
-        assert "stopped by a signal" in failure["message"], failure
-        wait_for(
-            _resumed_after(job, before), 180, what="training resumed", describe_last=job.describe
-        )
-        say(
-            f"SIGSTOP -> Hang in the status {detected:.1f}s (hang timeout {hang}s), "
-            f"-> training again {time.monotonic() - stopped:.1f}s"
-        )
-        logs = _logs(real_cluster, job.namespace, victim.metadata.name)
-        assert "Python stacks of every thread" in logs and "train_step" in logs, logs[-3000:]
-
-        phase = job.wait_finished()
-        report, final = job.progress(), job.status()
-        assert phase == "Succeeded", job.describe()
-        assert report.get("finished") is True and report.get("step") == steps, report
-        assert int(report.get("resumes") or 0) >= 1, report
-        hangs = [f for f in final.get("failures") or [] if f["reason"] == "Hang"]
-        assert len(hangs) == 1 and final["restartsCountTowardsMax"] == 1, final
-
-
-def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
-    real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
-    say: Say,
-) -> None:
-    """One worker's container held to a twentieth of a CPU (a cgroup quota on the node): its
-    rank computes several times slower than the other, the job's status names it as the
-    slowest rank with its pod and node; with replaceStragglers its pod is replaced after
-    stragglerSeconds, away from its node, and the job still ends with exactly its steps.
-
-    The tiny model's steps take milliseconds, so two unthrottled ranks sharing this 2-core
-    machine already differ by up to 2×: the test asks for 3× and throttles the rank that is
-    not the slowest before."""
-    steps, every, slowdown = 600, 20, 3.0
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-slow", name="slow"
-    ) as job:
-        manifest = _job_manifest(job.name, job.namespace, steps, every)
-        manifest["spec"]["failurePolicy"] |= {
-            "replaceStragglers": True,
-            "stragglerSeconds": 20,
-            "stragglerSlowdown": slowdown,
-        }
-        job.apply(manifest)
-        wait_for(
-            _past(job, every + 5, world=2),
-            300,
-            what="2 workers past a checkpoint",
-            describe_last=job.describe,
-        )
-        before = job.status().get("slowestRank") or {}
-        victim = next(
-            p
-            for p in job.pods()
-            if p.status.phase == "Running" and p.metadata.name != before.get("pod")
-        )
-        say(f"1/20 of a CPU for {victim.metadata.name} at {job.progress().get('step')}: {before}")
-        with throttle_cpu(_trainer_pid(victim), share=0.05, in_place=True):
-            throttled = time.monotonic()
-
-            def reported() -> dict[str, Any] | None:
-                slowest = job.status().get("slowestRank") or {}
-                mine = slowest.get("pod") == victim.metadata.name
-                return slowest if mine and slowest.get("slowdown", 0) >= slowdown else None
-
-            slowest = wait_for(
-                reported, 120, what="the straggler in the status", describe_last=job.describe
-            )
-            say(f"reported after {time.monotonic() - throttled:.1f}s: {slowest}")
-            assert slowest["node"] == victim.spec.node_name
-
-            def replaced() -> dict[str, Any] | None:
-                last = job.status().get("lastFailure") or {}
-                return last if last.get("reason") == "Straggler" else None
-
-            failure = wait_for(
-                replaced, 120, what="the straggler replaced", describe_last=job.describe
-            )
-            say(f"replaced after {time.monotonic() - throttled:.1f}s: {failure['message']}")
-        assert failure["pod"] == victim.metadata.name and failure["node"] == victim.spec.node_name
-
-        phase = job.wait_finished()
-        report, final = job.progress(), job.status()
-        assert phase == "Succeeded", job.describe()
-        assert report.get("finished") is True and report.get("step") == steps, report
-        assert final.get("restartsCountTowardsMax", 0) == 0, final
-
-
-def test_a_spare_takes_a_deleted_workers_place(
-    real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
-    say: Say,
-) -> None:
-    """A 2-worker job with one hot spare: the spare pod runs, its launcher stands by in the
-    rendezvous (no trainer, not Ready). A training worker's pod deleted: it writes its
-    emergency checkpoint and leaves the rendezvous, the spare takes its place at world size 2
-    without waiting for a new pod, a new spare is created behind it, and the job ends with
-    exactly its steps."""
-    steps, every = 500, 50
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-spare", name="spare"
-    ) as job:
-        manifest = _job_manifest(job.name, job.namespace, steps, every)
-        manifest["spec"]["replicas"] = {"min": 2, "max": 2, "spares": 1}
-        job.apply(manifest)
-        wait_for(
-            lambda: _past(job, every + 5, world=2)() and job.status().get("spares") == 1,
-            300,
-            what="2 workers past a checkpoint and a spare",
-            describe_last=job.describe,
-        )
-
-        def two_training_one_standing_by() -> tuple[list[Any], Any] | None:
-            """The two training pods are Ready (their trainers serve /progress); the spare,
-            with no trainer, never is. A training pod may lag in turning Ready."""
-            pods = [p for p in job.pods() if p.status.phase == "Running"]
-            ready = [p for p in pods if _ready(p)]
-            waiting = [p for p in pods if not _ready(p)]
-            return (ready, waiting[0]) if len(ready) == 2 and len(waiting) == 1 else None
-
-        ready, spare = wait_for(
-            two_training_one_standing_by, 120, what="2 Ready workers and a spare pod"
-        )
-
-        def spare_logs() -> str:
-            return _logs(real_cluster, job.namespace, spare.metadata.name)
-
-        wait_for(  # its launcher imports torch for the warm server, then joins the rendezvous
-            lambda: "standing by as a spare" in spare_logs(),
-            120,
-            what="the spare standing by",
-            describe_last=lambda: spare_logs()[-2000:],
-        )
-        victim, before = ready[0], job.progress()
-        say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
-        deleted = time.monotonic()
-        _kubectl(
-            real_cluster, "delete", "pod", "-n", job.namespace, victim.metadata.name, "--wait=false"
-        )
-        again = wait_for(
-            _resumed_after(job, before), 120, what="training again", describe_last=job.describe
-        )
-        say(f"kubectl delete pod -> training again {time.monotonic() - deleted:.1f}s: {again}")
-        assert again.get("worldSize") == 2 or again.get("finished") is True, again
-        assert "the spare joins round" in spare_logs()
-        wait_for(
-            lambda: job.status().get("spares") == 1 and len(job.running_workers()) == 3,
-            120,
-            what="a new spare behind it",
-            describe_last=job.describe,
-        )
-
-        phase = job.wait_finished()
-        report, final = job.progress(), job.status()
-        assert phase == "Succeeded", job.describe()
-        assert report.get("finished") is True and report.get("step") == steps, report
-        assert [f["reason"] for f in final.get("failures") or []] == ["Deleted"], final
