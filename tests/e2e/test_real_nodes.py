@@ -172,8 +172,10 @@ def _namespace(api: Any, name: str) -> str:
     return name
 
 
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    proc = subprocess.run(
+def _run_kubectl(
+    cluster: Cluster, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(cluster.binaries().path("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args],
         input=stdin,
         capture_output=True,
@@ -181,6 +183,10 @@ def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
         timeout=60,
         check=False,
     )
+
+
+def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    proc = _run_kubectl(cluster, *args, stdin=stdin)
     assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
     return proc.stdout
 
@@ -482,20 +488,8 @@ def _trainer_pid(pod: Any) -> int:
 
 
 def _logs(cluster: Cluster, namespace: str, pod: str) -> str:
-    return subprocess.run(
-        [
-            str(cluster.binaries().path("kubectl")),
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "logs",
-            "-n",
-            namespace,
-            pod,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
+    """The pod's log, empty while its container has not started (callers poll it)."""
+    return _run_kubectl(cluster, "logs", "-n", namespace, pod).stdout
 
 
 def _resumed_after(job: RealJob, before: dict[str, Any]) -> Callable[[], dict[str, Any] | None]:
@@ -838,7 +832,10 @@ def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
             f"-> training again {time.monotonic() - stopped:.1f}s"
         )
         logs = _logs(real_cluster, job.namespace, victim.metadata.name)
-        assert "Python stacks of every thread" in logs and "train_step" in logs, logs[-3000:]
+        # The stopped rank's stacks: wherever the signal caught it (a step, a save, the loss
+        # all-gather of a log line), its main thread is inside the trainer's loop.
+        assert "Python stacks of every thread" in logs, logs[-3000:]
+        assert "torchkube/trainer/train.py" in logs, logs[-3000:]
 
         phase = job.wait_finished()
         report, final = job.progress(), job.status()
@@ -995,8 +992,6 @@ def test_a_spare_takes_a_deleted_workers_place(
 
 
 # ------------------------------------------------------------------- the user's path, as pods
-# Last in this module: it installs and uninstalls the chart's operator beside the harness's
-# operator process, and the jobs of the tests after it were never reconciled.
 OPERATOR_TAG = "torchkube/operator:test"
 USER_PATH_UNEXERCISED = (
     'reason="Hang"',  # no hang, no straggler here: each has its own test below
@@ -1027,6 +1022,23 @@ def _helm(cluster: Cluster, home: Path, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.fixture
+def chart_operator_instead_of_harness(
+    real_cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> Iterator[Path]:
+    """The chart's pods are the only operator while the test runs (the harness's process is
+    stopped); afterwards, however the test ended, the release is gone and the harness's
+    process runs again: the module's other tests share it. Yields the helm home."""
+    home = tmp_path / "helm"
+    operator.stop()
+    try:
+        yield home
+    finally:
+        uninstall = ("uninstall", RELEASE, "--namespace", OPERATOR_NS, "--ignore-not-found")
+        _helm(real_cluster, home, *uninstall, "--wait")
+        operator.start()
+
+
 def _operator_pods(api: Any) -> list[Any]:
     core: Any = client.CoreV1Api(api)
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
@@ -1048,7 +1060,7 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
     docker: Docker,
     base_image: str,
     trainer_image: LoadedImage,
-    operator: OperatorProcess,
+    chart_operator_instead_of_harness: Path,
     api: Any,
     tmp_path: Path,
     say: Say,
@@ -1061,7 +1073,6 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
     the operator and worker pods from the chart's PodMonitors and answers the dashboards."""
     nodes = real_cluster.real_nodes
     assert nodes is not None
-    operator.stop()  # the harness' operator steps aside: the chart's pods are the operator now
     for node in nodes.nodes:
         if not node.alive:  # lost by an earlier test of this module
             node.restart()
@@ -1085,7 +1096,7 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
     # --create-namespace", with the locally loaded image and two replicas.
     readme = (REPO / "README.md").read_text()
     assert "--set image.repository=torchkube/operator,image.tag=" in readme
-    home = tmp_path / "helm"
+    home = chart_operator_instead_of_harness
     installed = time.monotonic()
     _helm(
         real_cluster,
@@ -1251,4 +1262,3 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         )
         say(f"{checked} dashboard expressions returned data for {job.namespace}/{job.name}")
         delete_volume(api, corpus_pv)
-    _helm(real_cluster, home, "uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait")

@@ -7,10 +7,14 @@ import math
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
+from torchkube.operator import kube as kube_module
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
+from torchkube.operator.decision import Event, Plan
 
 KEY = ("ns", "demo")
 
@@ -178,3 +182,67 @@ def test_a_job_the_model_refuses_gets_a_condition_and_one_event() -> None:
     assert condition["type"] == "Invalid" and condition["status"] == "True"
     assert "replicas" in condition["message"] and condition["observedGeneration"] == 3
     assert kube.events[0][:2] == ("Warning", "ValidationFailed")
+
+
+class _KubeRefusingPods(_RecordingKube):
+    """An apiserver that takes the status write, then answers the pod deletes and creates
+    with 429 (``storage is (re)initializing`` while it restarts its watch cache)."""
+
+    def label_pods(self, _ns: str, _labels: dict[str, dict[str, str]]) -> None:
+        pass
+
+    def delete_pods(self, *_args: Any) -> None:
+        raise ApiException(status=429, reason="Too Many Requests")
+
+
+def test_the_events_of_a_recorded_failure_survive_a_refused_pod_write() -> None:
+    """The status write ends the failure's incident: the next plan sees it recorded and opens
+    no incident, so an event not sent with this plan is never sent (a node loss on real nodes
+    left only Created and Running in ``kubectl describe``)."""
+    kube = _KubeRefusingPods()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {"restarts": 0}}
+    decided = Plan(
+        delete_pods=[("demo-worker-1-abcde", True)],
+        mark_recorded={"demo-worker-1-abcde": "true"},
+        events=[Event("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")],
+    )
+    with pytest.raises(ApiException):
+        controller._execute(KEY, body, decided, {"restarts": 1}, _Memory())
+    assert kube.status == [{"restarts": 1}]
+    assert kube.events == [("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")]
+
+
+class _Response:
+    data = b"{}"
+
+
+class _CoreBusyAtFirst:
+    """``create_namespaced_event`` refused with ``refusals`` statuses, then taken."""
+
+    def __init__(self, *refusals: int) -> None:
+        self.refusals = list(refusals)
+        self.attempts = 0
+        self.created = 0
+
+    def create_namespaced_event(self, *_args: Any, **_kwargs: Any) -> _Response:
+        self.attempts += 1
+        if self.refusals:
+            raise ApiException(status=self.refusals.pop(0))
+        self.created += 1
+        return _Response()
+
+
+@pytest.mark.parametrize(
+    ("refusals", "attempts", "created"),
+    [((429, 503), 3, 1), ((429, 429, 429, 429), 3, 0), ((403,), 1, 0)],
+)
+def test_an_event_refused_for_the_moment_is_sent_again(
+    monkeypatch: pytest.MonkeyPatch, refusals: tuple[int, ...], attempts: int, created: int
+) -> None:
+    monkeypatch.setattr(kube_module, "EVENT_RETRY_DELAYS", (0.0, 0.0))
+    kube = kube_module.Kube(ApiClient(), concurrency=1)
+    core = _CoreBusyAtFirst(*refusals)
+    kube.core = core  # type: ignore[assignment]
+    kube.event({"metadata": {"name": "demo", "namespace": "ns"}}, "Warning", "NodeLost", "n2")
+    assert (core.attempts, core.created) == (attempts, created)

@@ -372,7 +372,9 @@ class Controller:
     ) -> None:
         """Carry out a plan: the status first, so nothing is done that the status does not
         know about (a failure the status lost would be forgotten, a permanent one retried);
-        then labels, deletions, creations, events."""
+        then its events, which only this plan has (the next one finds the failure recorded
+        and opens no incident), so a refused pod write cannot lose them; then labels,
+        deletions, creations."""
         namespace, name = key
         self._check_leading()
         for kind, child, patch in decided.patch_children:
@@ -383,6 +385,8 @@ class Controller:
             memory.job = self.kube.patch_status(
                 namespace, name, patch, body.get("metadata", {}).get("resourceVersion")
             )
+        for event in decided.events:
+            self.kube.event(body, event.type, event.reason, event.message)
         now = time.monotonic()
         if decided.mark_recorded:
             recorded = decided.mark_recorded.items()
@@ -400,8 +404,6 @@ class Controller:
                 if result.body is not None:
                     memory.created[result.body["metadata"]["name"]] = (now, p.slim(result.body))
             self._note_refusals(results, memory)
-        for event in decided.events:
-            self.kube.event(body, event.type, event.reason, event.message)
         if decided.delete_job:
             self.kube.delete_job(namespace, name)
 

@@ -10,6 +10,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,9 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 """(connect, read) seconds for every request."""
 
 EVENT_CACHE_SIZE = 4096
+EVENT_RETRY_DELAYS = (0.2, 1.0)
+"""Seconds before each retry of an event the apiserver refused for the moment (429, 5xx):
+a failure's event is sent with the plan that records it, or never."""
 """Events remembered for aggregation (a repeat bumps ``count`` instead of a new object)."""
 
 
@@ -194,17 +198,25 @@ class Kube:
             if known is not None:
                 known.count += 1
                 self._events.move_to_end(key)
-        try:
-            if known is not None and self._bump_event(meta["namespace"], known, now):
+        for delay in (*EVENT_RETRY_DELAYS, None):
+            try:
+                if known is not None and self._bump_event(meta["namespace"], known, now):
+                    return
+                name = f"{meta['name']}.{secrets.token_hex(8)}"
+                self._create_event(job, name, type_, reason, message, now)
+                with self._events_lock:
+                    self._events[key] = _RecordedEvent(name, 1)
+                    while len(self._events) > EVENT_CACHE_SIZE:
+                        self._events.popitem(last=False)
                 return
-            name = f"{meta['name']}.{secrets.token_hex(8)}"
-            self._create_event(job, name, type_, reason, message, now)
-            with self._events_lock:
-                self._events[key] = _RecordedEvent(name, 1)
-                while len(self._events) > EVENT_CACHE_SIZE:
-                    self._events.popitem(last=False)
-        except ApiException as error:
-            log.warning("could not record event %s on %s: %s", reason, meta["name"], error.reason)
+            except ApiException as error:
+                transient = error.status == 429 or (error.status or 0) >= 500
+                if delay is None or not transient:
+                    log.warning(
+                        "could not record event %s on %s: %s", reason, meta["name"], error.reason
+                    )
+                    return
+                time.sleep(delay)
 
     def _bump_event(self, namespace: str, known: _RecordedEvent, now: datetime) -> bool:
         patch = {"count": known.count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
