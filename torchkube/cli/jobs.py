@@ -292,19 +292,25 @@ class Jobs:
 
     # --- logs ----------------------------------------------------------------------------
 
+    def _trainer_log(self, pod: str, tail: int | None, **options: Any) -> Any:
+        """The raw response of a log request for the trainer container (``container=trainer``:
+        sidecars may exist)."""
+        if tail is not None:
+            options["tail_lines"] = tail
+        return self.core.read_namespaced_pod_log(
+            pod,
+            self.namespace,
+            container=lbl.TRAINER_CONTAINER,
+            _preload_content=False,
+            **options,
+        )
+
     def log(self, pod: str, tail: int | None = None, timestamps: bool = False) -> str:
-        """The trainer container's log so far (``container=trainer``: sidecars may exist)."""
-        kwargs: dict[str, Any] = {"tail_lines": tail} if tail is not None else {}
+        """The trainer's log so far."""
         action = f'read the log of pod "{pod}" in namespace "{self.namespace}"'
         with translate(action, self.target, resource="pods"):
-            response = self.core.read_namespaced_pod_log(
-                pod,
-                self.namespace,
-                container=lbl.TRAINER_CONTAINER,
-                timestamps=timestamps,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-                **kwargs,
+            response = self._trainer_log(
+                pod, tail, timestamps=timestamps, _request_timeout=REQUEST_TIMEOUT
             )
             text: str = response.data.decode(errors="replace")
         return text
@@ -329,17 +335,9 @@ class Jobs:
 
         No read timeout: a training run can be quiet for minutes between log lines.
         """
-        kwargs: dict[str, Any] = {"tail_lines": tail} if tail is not None else {}
         action = f'follow the log of pod "{pod}" in namespace "{self.namespace}"'
         with translate(action, self.target, resource="pods"):
-            response = self.core.read_namespaced_pod_log(
-                pod,
-                self.namespace,
-                container=lbl.TRAINER_CONTAINER,
-                follow=True,
-                _preload_content=False,
-                **kwargs,
-            )
+            response = self._trainer_log(pod, tail, follow=True)
         try:
             with translate(action, self.target, resource="pods"):
                 pending = b""

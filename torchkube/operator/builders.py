@@ -12,6 +12,7 @@ elect a new rank 0 among themselves, and the replacement joins the next round. T
 holds no training state, restarts in place on a crash, and is recreated on node loss.
 """
 
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -130,10 +131,11 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
-    """The pod's side of the contract (torchkube/api/contract.py), shared with
-    ``torchkube run``: who the worker is, every checkpoint setting, the hang timeout, the
-    trainer's spec."""
+def job_trainer_env(job: TrainingJob) -> dict[str, str]:
+    """The part of the pod's side of the contract (torchkube/api/contract.py) that every
+    worker shares: the job, every checkpoint setting, the hang timeout, the trainer's spec.
+    In the cluster it is the job's ConfigMap, not each pod's env: a tenth of the bytes of
+    every pod the apiserver, etcd, the scheduler and every watcher handle."""
     spec = job.spec
     ckpt = spec.checkpoint
     hang = spec.failure_policy.hang_timeout_seconds
@@ -141,7 +143,6 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         Env.JOB_NAME: job.name,
         Env.JOB_NAMESPACE: job.namespace,
-        Env.REPLICA_INDEX: str(index),
         Env.CHECKPOINT_DIR: ckpt.mount_path,
         Env.CHECKPOINT_INTERVAL_STEPS: str(ckpt.interval_steps),
         Env.CHECKPOINT_INTERVAL_SECONDS: str(ckpt.interval_seconds or 0),
@@ -153,14 +154,44 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
     }
 
 
+def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
+    """Worker ``index``'s whole side of the contract, as ``torchkube run`` sets it."""
+    return {**job_trainer_env(job), Env.REPLICA_INDEX: str(index)}
+
+
+def _shared_env(job: TrainingJob) -> dict[str, str]:
+    return {str(key): value for key, value in job_trainer_env(job).items()}
+
+
+def trainer_config_map_name(job: TrainingJob) -> str:
+    """``<job>-trainer-<hash of its data>``: a spec edit that changes the environment makes
+    a new ConfigMap (the old one stays for the workers that read it, until the job goes)."""
+    data = json.dumps(_shared_env(job), sort_keys=True).encode()
+    return f"{job.name}-trainer-{hashlib.sha256(data).hexdigest()[:10]}"
+
+
+def trainer_config_map(job: TrainingJob) -> dict[str, Any]:
+    """The workers' shared environment (``envFrom``). Immutable and named by its content, so
+    the operator never needs to modify a ConfigMap (its role may create them, not patch or
+    delete them) and nobody can edit one under a running job; a deleted one is recreated."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, trainer_config_map_name(job), lbl.job_labels(job.name)),
+        "immutable": True,
+        "data": _shared_env(job),
+    }
+
+
 def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
-    """The pod's identity, the trainer's variables, then the user's env (which may override)."""
+    """The pod's identity, then the user's env, which overrides the shared variables of
+    ``envFrom`` (Kubernetes gives ``env`` precedence over ``envFrom``)."""
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
         _field_env(Env.POD_NAME, "metadata.name"),
         _field_env(Env.NODE_NAME, "spec.nodeName"),
+        {"name": Env.REPLICA_INDEX, "value": str(index)},
     ]
-    env += [{"name": k, "value": v} for k, v in trainer_env(job, index).items()]
     env += [variable.to_wire() for variable in job.spec.env]
     return env
 
@@ -285,6 +316,7 @@ def worker_pod(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": torchrun_args(job),
+        "envFrom": [{"configMapRef": {"name": trainer_config_map_name(job)}}],
         "env": worker_env(job, index),
         "resources": worker_resources(job),
         "volumeMounts": [
