@@ -134,8 +134,8 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def job_trainer_env(job: TrainingJob) -> dict[str, str]:
     """The part of the pod's side of the contract (torchkube/api/contract.py) that every
     worker shares: the job, every checkpoint setting, the hang timeout, the trainer's spec.
-    In the cluster it is the job's ConfigMap, not each pod's env: a tenth of the bytes of
-    every pod the apiserver, etcd, the scheduler and every watcher handle."""
+    In the cluster it is the job's ConfigMap, not each pod's env: a third of the bytes of
+    every worker pod the apiserver, etcd, the scheduler and every watcher handle."""
     spec = job.spec
     ckpt = spec.checkpoint
     hang = spec.failure_policy.hang_timeout_seconds

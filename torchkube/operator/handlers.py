@@ -6,10 +6,10 @@ uninstalling the operator never leaves jobs stuck Terminating.
 
 Pods, Services, claims and ConfigMaps are watched with a server-side label selector (the
 job-name label): the operator never receives the events of the rest of the cluster's pods.
-Every handler is a
-coroutine: the event handlers feed the controller's queue, which is only safe on the event
-loop, and the index functions are quick enough to run there too — kopf runs plain functions
-in a thread pool, and the hop there and back for every pod event cost more than the indexing.
+Every handler is a coroutine: the event handlers feed the controller's queue, which is only
+safe on the event loop, and the index functions are quick enough to run there too — kopf
+runs plain functions in a thread pool, and the hop there and back for every pod event cost
+more than the indexing.
 """
 
 import asyncio
