@@ -1035,8 +1035,10 @@ def chart_operator_instead_of_harness(
         yield home
     finally:
         uninstall = ("uninstall", RELEASE, "--namespace", OPERATOR_NS, "--ignore-not-found")
-        _helm(real_cluster, home, *uninstall, "--wait")
-        operator.start()
+        try:
+            _helm(real_cluster, home, *uninstall, "--wait")
+        finally:
+            operator.start()
 
 
 def _operator_pods(api: Any) -> list[Any]:

@@ -176,6 +176,18 @@ def test_pod_template_override_merges_into_the_worker() -> None:
     assert pod["spec"]["priorityClassName"] == "high"
 
 
+def test_a_templates_env_from_cannot_override_the_jobs_contract() -> None:
+    """The last ``envFrom`` source wins: the job's ConfigMap goes after the user's."""
+    users = {"secretRef": {"name": "hf-token"}}
+    job = make_job(
+        scheduling={
+            "podTemplate": {"spec": {"containers": [{"name": "trainer", "envFrom": [users]}]}}
+        }
+    )
+    sources = container(builders.worker_pod(job, 0, "a"))["envFrom"]
+    assert sources == [users, {"configMapRef": {"name": builders.trainer_config_map_name(job)}}]
+
+
 def test_rendezvous_store_pod_and_service() -> None:
     job = make_job(rendezvous={"port": 29500})
     store = builders.rendezvous_pod(job, "s1")

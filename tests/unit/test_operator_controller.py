@@ -246,3 +246,37 @@ def test_an_event_refused_for_the_moment_is_sent_again(
     kube.core = core  # type: ignore[assignment]
     kube.event({"metadata": {"name": "demo", "namespace": "ns"}}, "Warning", "NodeLost", "n2")
     assert (core.attempts, core.created) == (attempts, created)
+
+
+class _KubeRefusingConfigMaps(_RecordingKube):
+    """A namespace whose ResourceQuota has no room for one more ConfigMap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[kube_module.CreateResult]:
+        results = []
+        for body in bodies:
+            if body["kind"] == "ConfigMap":
+                quota = ApiException(status=403, reason="Forbidden")
+                results.append(kube_module.CreateResult(refused=quota))
+            else:
+                self.created.append(body["metadata"]["name"])
+                results.append(kube_module.CreateResult(body=body))
+        return results
+
+
+def test_no_worker_is_created_while_its_config_map_is_refused() -> None:
+    """Without its ConfigMap a worker would hold its GPU in CreateContainerConfigError."""
+    kube = _KubeRefusingConfigMaps()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+    config = {"kind": "ConfigMap", "metadata": {"name": "demo-trainer-0123456789"}}
+    worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
+    memory = _Memory()
+    decided = Plan(create_children=[config], create_pods=[worker])
+    controller._execute(KEY, body, decided, {"phase": "Pending"}, memory)
+    assert kube.created == [], "no pod while a child is refused"
+    assert memory.refused is not None and memory.refused.what == "ConfigMap demo-trainer-0123456789"
+    assert not memory.refused.permanent, "a child's refusal is retried, whatever its code"

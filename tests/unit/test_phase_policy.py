@@ -27,6 +27,15 @@ def test_invalid_image_name_fails_at_once() -> None:
     assert condition(result, "Failed")["reason"] == "InvalidImageName"
 
 
+def test_a_refused_child_is_reported_by_name_and_never_fails_the_job() -> None:
+    refused = Refusal(422, "Unprocessable Entity", "data: too long", NOW, what="ConfigMap x")
+    result = run(make_job(), [], refused=refused)
+    assert result.status.phase == "Pending"
+    assert "Failed" not in [c.type for c in result.status.conditions]
+    blocked = condition(result, "PodsBlocked")
+    assert blocked["reason"] == "CreateRefused" and "create ConfigMap x (422" in blocked["message"]
+
+
 def test_create_refused_for_quota_backs_off_and_says_so() -> None:
     refused = Refusal(403, "Forbidden", "exceeded quota: gpus, requested: nvidia.com/gpu=8", NOW, 3)
     result = run(make_job(), [], refused=refused)

@@ -303,6 +303,16 @@ def _volumes(job: TrainingJob) -> list[dict[str, Any]]:
     ]
 
 
+def _shared_env_last(pod_spec: dict[str, Any], shared: dict[str, Any]) -> None:
+    """The job's ConfigMap after a podTemplate's own ``envFrom`` sources (the last source
+    wins), so a user's ConfigMap or Secret cannot override the operator's contract; the
+    user's ``env`` (``spec.env``) still can, as it always could."""
+    for container in pod_spec["containers"]:
+        if container.get("name") == lbl.TRAINER_CONTAINER:
+            sources = [s for s in container.get("envFrom", []) if s != shared]
+            container["envFrom"] = [*sources, shared]
+
+
 def worker_pod(
     job: TrainingJob, index: int, suffix: str, avoid_nodes: Iterable[str] = ()
 ) -> dict[str, Any]:
@@ -350,6 +360,7 @@ def worker_pod(
     }
     if template.spec:
         pod_spec = merge_pod_spec(pod_spec, template.spec)
+        _shared_env_last(pod_spec, container["envFrom"][0])
     metadata = _metadata(
         job, name, {**template.labels, **lbl.worker_labels(job.name, index, job.uid)}
     )

@@ -370,23 +370,34 @@ class Controller:
         planned: dict[str, Any],
         memory: _Memory,
     ) -> None:
-        """Carry out a plan: the status first, so nothing is done that the status does not
-        know about (a failure the status lost would be forgotten, a permanent one retried);
-        then its events, which only this plan has (the next one finds the failure recorded
-        and opens no incident), so a refused pod write cannot lose them; then labels,
-        deletions, creations."""
+        """Carry out a plan: the children (no pod is created while one is refused: a worker
+        without its ConfigMap or claim would hold its GPU and never start), the status, so
+        nothing is done that the status does not know about (a failure the status lost would
+        be forgotten, a permanent one retried), then labels, deletions, creations — and the
+        plan's events however those end: only this plan has them (the next one finds the
+        failure recorded and opens no incident)."""
         namespace, name = key
         self._check_leading()
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
+        children_refused = False
         if decided.create_children:
-            self._note_refusals(self.kube.create_all(decided.create_children), memory)
+            results = self.kube.create_all(decided.create_children)
+            self._note_refusals(decided.create_children, results, memory)
+            children_refused = any(r.refused is not None for r in results)
         if patch := st.merge_patch(body.get("status"), planned):
             memory.job = self.kube.patch_status(
                 namespace, name, patch, body.get("metadata", {}).get("resourceVersion")
             )
-        for event in decided.events:
-            self.kube.event(body, event.type, event.reason, event.message)
+        try:
+            self._write_pods(namespace, decided, memory, create=not children_refused)
+        finally:
+            for event in decided.events:
+                self.kube.event(body, event.type, event.reason, event.message)
+        if decided.delete_job:
+            self.kube.delete_job(namespace, name)
+
+    def _write_pods(self, namespace: str, decided: Plan, memory: _Memory, create: bool) -> None:
         now = time.monotonic()
         if decided.mark_recorded:
             recorded = decided.mark_recorded.items()
@@ -397,26 +408,26 @@ class Controller:
             self._check_leading()
             self.kube.delete_pods(namespace, decided.delete_pods, decided.release)
             memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
-        if decided.create_pods:
+        if decided.create_pods and create:
             self._check_leading()
             results = self.kube.create_all(decided.create_pods)
             for result in results:
                 if result.body is not None:
                     memory.created[result.body["metadata"]["name"]] = (now, p.slim(result.body))
-            self._note_refusals(results, memory)
-        if decided.delete_job:
-            self.kube.delete_job(namespace, name)
+            self._note_refusals(decided.create_pods, results, memory)
 
     @staticmethod
-    def _note_refusals(results: list[Any], memory: _Memory) -> None:
+    def _note_refusals(bodies: list[dict[str, Any]], results: list[Any], memory: _Memory) -> None:
         """Remember the apiserver's refusal (the planner backs off and reports it) or forget
         it once a create went through."""
-        refused = [r.refused for r in results if r.refused is not None]
+        refused = [(b, r.refused) for b, r in zip(bodies, results, strict=True) if r.refused]
         if not refused:
             if any(r.body is not None for r in results):
                 memory.refused = None
             return
-        error = refused[0]
+        body, error = refused[0]
+        kind = body["kind"]
+        what = "a pod" if kind == "Pod" else f"{kind} {body['metadata']['name']}"
         attempts = memory.refused.attempts + 1 if memory.refused is not None else 1
         memory.refused = Refusal(
             code=int(error.status or 0),
@@ -424,6 +435,7 @@ class Controller:
             message=_api_message(error),
             at=datetime.now(UTC),
             attempts=attempts,
+            what=what,
         )
         log.warning("create refused (%s): %s", error.status, memory.refused.message)
 

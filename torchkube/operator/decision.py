@@ -34,18 +34,22 @@ class Event:
 @dataclass(frozen=True)
 class Refusal:
     """The apiserver refused to create a pod of the job (quota, Pod Security admission, a
-    webhook, an invalid pod spec)."""
+    webhook, an invalid pod spec), or one of its children (``what``: "ConfigMap x")."""
 
     code: int
     reason: str
     message: str
     at: datetime
     attempts: int = 1
+    what: str = "a pod"
 
     @property
     def permanent(self) -> bool:
         """Refusals the same pod spec can never get past: an invalid pod (422) or one the
-        namespace's Pod Security level forbids. Quota and webhooks may let it through later."""
+        namespace's Pod Security level forbids. Quota and webhooks may let it through later;
+        a child's refusal is retried (the pod spec is not what is wrong)."""
+        if self.what != "a pod":
+            return False
         return self.code == 422 or (self.code == 403 and "violates PodSecurity" in self.message)
 
     @property

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -42,10 +43,10 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 """(connect, read) seconds for every request."""
 
 EVENT_CACHE_SIZE = 4096
+"""Events remembered for aggregation (a repeat bumps ``count`` instead of a new object)."""
 EVENT_RETRY_DELAYS = (0.2, 1.0)
 """Seconds before each retry of an event the apiserver refused for the moment (429, 5xx):
 a failure's event is sent with the plan that records it, or never."""
-"""Events remembered for aggregation (a repeat bumps ``count`` instead of a new object)."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,9 @@ class Kube:
                     )
                     return
                 time.sleep(delay)
+            except (urllib3.exceptions.HTTPError, OSError) as error:  # a record, not a step
+                log.warning("could not record event %s on %s: %s", reason, meta["name"], error)
+                return
 
     def _bump_event(self, namespace: str, known: _RecordedEvent, now: datetime) -> bool:
         patch = {"count": known.count, "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ")}

@@ -324,8 +324,8 @@ def _refusal(ctx: Context) -> tuple[str, str] | None:
     if refused is None:
         return None
     return (
-        "PodCreateRefused",
-        f"the apiserver refused to create a pod ({refused.code} {refused.reason}): "
+        "PodCreateRefused" if refused.what == "a pod" else "CreateRefused",
+        f"the apiserver refused to create {refused.what} ({refused.code} {refused.reason}): "
         f"{refused.message}; retrying every {int(refused.retry_after)}s",
     )
 
