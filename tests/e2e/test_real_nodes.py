@@ -382,12 +382,23 @@ class RealJob(Job):
         delete_volume(self.api, self.volume)
 
 
+def _power_on_lost_nodes(cluster: Cluster) -> None:
+    """Every node up again: a test that pulled a node's plug leaves it down, and the tests
+    after it are written for the module's two nodes."""
+    nodes = cluster.real_nodes
+    assert nodes is not None
+    for node in nodes.nodes:
+        if not node.alive:
+            node.restart()
+
+
 @contextlib.contextmanager
 def real_job(
     cluster: Cluster, api: Any, operator: OperatorProcess, say: Say, tmp: Path, **where: str
 ) -> Iterator[RealJob]:
-    """A RealJob (``namespace``, ``name``) deleted afterwards; a failure keeps the cluster's
-    logs and prints the operator's."""
+    """A RealJob (``namespace``, ``name``) on both nodes, deleted afterwards; a failure keeps
+    the cluster's logs and prints the operator's."""
+    _power_on_lost_nodes(cluster)
     job = RealJob(cluster, api, where["namespace"], where["name"], tmp)
     try:
         yield job
@@ -1075,9 +1086,7 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
     the operator and worker pods from the chart's PodMonitors and answers the dashboards."""
     nodes = real_cluster.real_nodes
     assert nodes is not None
-    for node in nodes.nodes:
-        if not node.alive:  # lost by an earlier test of this module
-            node.restart()
+    _power_on_lost_nodes(real_cluster)
     started = time.monotonic()
     build_image(docker, REPO, "operator", OPERATOR_TAG, {"PYTHON_BASE": base_image}, report=say)
     env = {**os.environ, "DOCKER": str(docker.client), "DOCKER_HOST": docker.host}
