@@ -9,7 +9,6 @@ from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
 from torchkube.api.status import TrainingJobStatus
 from torchkube.api.times import format_time
-from torchkube.operator import builders
 from torchkube.operator import pods as p
 from torchkube.operator.planner import Observed, Plan, plan
 from torchkube.operator.pods import NodeHealth, slim
@@ -136,13 +135,8 @@ def store(node: str = "n1", phase: str = "Running", **kw: Any) -> dict[str, Any]
     return pod(0, phase=phase, node=node, role="rendezvous", **kw)
 
 
-def child(
-    kind: str,
-    name: str,
-    owner: str | None = "u1",
-    **meta: Any,
-) -> dict[str, Any]:
-    """A Service, claim or ConfigMap as the operator's watch cache keeps it."""
+def child(kind: str, name: str, owner: str | None = "u1", **meta: Any) -> dict[str, Any]:
+    """A Service or claim as the operator's watch cache keeps it."""
     refs = [{"uid": owner, "controller": True}] if owner else []
     selector = {lbl.JOB_NAME: "demo", lbl.JOB_UID: "u1"} if kind == "Service" else None
     body = {
@@ -154,13 +148,8 @@ def child(
     return p.slim_child(body)
 
 
-def own_children(job: TrainingJob | None = None) -> list[dict[str, Any]]:
-    """The Service, claim and workers' ConfigMap the operator made for ``job``."""
-    return [
-        child("Service", "demo"),
-        child("PersistentVolumeClaim", "demo-checkpoints"),
-        child("ConfigMap", builders.trainer_config_map_name(job or make_job())),
-    ]
+def own_children() -> list[dict[str, Any]]:
+    return [child("Service", "demo"), child("PersistentVolumeClaim", "demo-checkpoints")]
 
 
 def run(
@@ -170,7 +159,7 @@ def run(
     now: datetime = NOW,
     **kw: Any,
 ) -> Plan:
-    kw.setdefault("children", own_children(job) if job.status else [])
+    kw.setdefault("children", own_children() if job.status else [])
     suffixes = (f"s{i}" for i in count())
     observed = Observed(  # the operator plans on slimmed pods (its watch cache keeps no more)
         job=job,

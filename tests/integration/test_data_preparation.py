@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from kube_jobs import Job
-from kubernetes import client
 
 from testbed import faults
 from testbed.wait import wait_for
@@ -60,12 +59,8 @@ def test_workers_start_only_after_the_prepare_pod_succeeded(
     assert data["trainTokens"] == 123_456 and data["tokenizerNote"].startswith("bytes:")
     ready = next(c for c in job.status()["conditions"] if c["type"] == "DataReady")
     assert ready["status"] == "True" and "123,456 training" in ready["message"]
-    [source] = workers[0].spec.containers[0].env_from
-    shared = client.CoreV1Api(api_client).read_namespaced_config_map(
-        source.config_map_ref.name, job.namespace
-    )
-    trainer = json.loads(shared.data["TORCHKUBE_TRAINER_CONFIG"])
-    assert trainer["dataPath"] == "/checkpoints/data/train.bin"
+    env = {e.name: e.value for e in workers[0].spec.containers[0].env}
+    assert json.loads(env["TORCHKUBE_TRAINER_CONFIG"])["dataPath"] == "/checkpoints/data/train.bin"
     assert any(e.reason == "DataPrepared" for e in job.events())
 
 

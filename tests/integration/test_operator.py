@@ -46,11 +46,6 @@ def test_four_worker_job_gets_its_objects(
     assert service.spec.cluster_ip == "None"
     claim = core.read_namespaced_persistent_volume_claim("four-checkpoints", job.namespace)
     assert claim.metadata.owner_references[0].uid == uid
-    sources = {s.config_map_ref.name for pod in workers for s in pod.spec.containers[0].env_from}
-    [shared_name] = sources
-    shared = core.read_namespaced_config_map(shared_name, job.namespace)
-    assert shared.metadata.owner_references[0].uid == uid and shared.immutable
-    assert shared.data["TORCHKUBE_JOB_NAME"] == "four"
     status = job.wait(lambda: job.status().get("workers") == "4/4" and job.status(), 30, "4/4")
     assert status["selector"] == "torchkube.io/job-name=four,torchkube.io/role=worker"
     assert status["observedGeneration"] == 1 and "startTime" in status
@@ -393,13 +388,12 @@ def test_deleting_the_job_collects_everything(
         return (
             not core.list_namespaced_pod(job.namespace, label_selector=selector).items
             and not core.list_namespaced_service(job.namespace, label_selector=selector).items
-            and not core.list_namespaced_config_map(job.namespace, label_selector=selector).items
             and not core.list_namespaced_persistent_volume_claim(
                 job.namespace, label_selector=selector
             ).items
         )
 
-    wait_for(collected, 60, what="garbage collection of the job's pods, service, config, claim")
+    wait_for(collected, 60, what="garbage collection of the job's pods, service and claim")
 
 
 def test_operator_killed_mid_failure_creates_no_duplicates(

@@ -302,35 +302,3 @@ def test_repeated_events_are_one_event_with_a_count(
     events = [e for e in job.events() if e.reason == "Repeated"]
     assert len(events) == 1 and events[0].count == 3
     assert json.dumps(events[0].message) == json.dumps("the same thing again")
-
-
-def test_the_workers_config_map_cannot_be_edited_and_comes_back_when_deleted(
-    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
-) -> None:
-    """The ConfigMap is every worker's environment (``envFrom``): a replacement started
-    without it would wait in CreateContainerConfigError, one started after an edit would
-    train with another configuration than its peers. It is immutable, and recreated."""
-    pool = isolated_pool(nodes=1)
-    job = make_job("shared", pool, replicas={"min": 1, "max": 1})
-    [worker] = job.wait_running(1)
-    core = client.CoreV1Api(api_client)
-    [source] = worker.spec.containers[0].env_from
-    name = source.config_map_ref.name
-    wanted = core.read_namespaced_config_map(name, job.namespace).data
-    with pytest.raises(ApiException) as refused:
-        edit = {"data": {"TORCHKUBE_CHECKPOINT_KEEP": "99"}}
-        core.patch_namespaced_config_map(name, job.namespace, edit)
-    assert refused.value.status == 422, refused.value
-    core.delete_namespaced_config_map(name, job.namespace)
-
-    def back() -> Any:
-        try:
-            return core.read_namespaced_config_map(name, job.namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    recreated = job.wait(back, 30, "the ConfigMap recreated")
-    assert recreated.data == wanted and recreated.immutable
-    assert recreated.metadata.owner_references[0].uid == job.get()["metadata"]["uid"]

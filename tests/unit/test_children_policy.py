@@ -17,7 +17,6 @@ from planner import (
 )
 
 from torchkube.api import labels as lbl
-from torchkube.operator import builders
 
 
 def test_recreated_job_ignores_its_namesakes_terminating_pods_and_waits_for_its_children() -> None:
@@ -30,12 +29,6 @@ def test_recreated_job_ignores_its_namesakes_terminating_pods_and_waits_for_its_
         child(
             "PersistentVolumeClaim",
             "demo-checkpoints",
-            owner="old-uid",
-            deletionTimestamp="2026-11-23T12:00:00Z",
-        ),
-        child(
-            "ConfigMap",
-            builders.trainer_config_map_name(make_job()),
             owner="old-uid",
             deletionTimestamp="2026-11-23T12:00:00Z",
         ),
@@ -58,8 +51,7 @@ def test_a_foreign_service_is_reported_not_adopted() -> None:
 
 
 def test_a_claim_left_without_owner_is_used() -> None:
-    ours = own_children()
-    children = [ours[0], child("PersistentVolumeClaim", "demo-checkpoints", owner=None), ours[2]]
+    children = [own_children()[0], child("PersistentVolumeClaim", "demo-checkpoints", owner=None)]
     result = run(make_job(), [], children=children)
     assert condition(result, "Created")["status"] == "True"
     assert result.create_children == [] and created_slots(result) == [0, 1, 2, 3]
@@ -70,38 +62,9 @@ def test_children_are_ensured_on_every_reconcile() -> None:
     result = run(
         make_job(running_status()),
         [pod(i) for i in range(4)] + [store()],
-        children=own_children()[1:],
+        children=[own_children()[1]],
     )
     assert [c["kind"] for c in result.create_children] == ["Service"]
-
-
-def test_a_deleted_config_map_comes_back_with_the_specs_values() -> None:
-    job = make_job(running_status())
-    result = run(job, [pod(i) for i in range(4)] + [store()], children=own_children(job)[:2])
-    assert result.create_children == [builders.trainer_config_map(job)]
-
-
-def test_a_spec_edit_makes_a_new_config_map_and_leaves_the_old_one() -> None:
-    """The ConfigMap is immutable and named by its content: a new environment is a new
-    ConfigMap (the running workers keep reading theirs), never an edit of the old one."""
-    before = make_job(running_status())
-    after = make_job(running_status(), checkpoint={"keep": 7})
-    result = run(after, [pod(i) for i in range(4)] + [store()], children=own_children(before))
-    assert [c["metadata"]["name"] for c in result.create_children] == [
-        builders.trainer_config_map_name(after)
-    ]
-    assert builders.trainer_config_map_name(after) != builders.trainer_config_map_name(before)
-    assert result.patch_children == [] and result.delete_pods == []
-
-
-def test_a_foreign_config_map_of_the_jobs_name_is_reported_not_used() -> None:
-    name = builders.trainer_config_map_name(make_job())
-    children = [*own_children()[:2], child("ConfigMap", name, owner=None)]
-    result = run(make_job(), [], children=children)
-    created = condition(result, "Created")
-    assert created["status"] == "False" and created["reason"] == "NameConflict"
-    assert f"ConfigMap {name} exists and belongs to another object" in created["message"]
-    assert result.create_pods == [], "no worker may start on another object's environment"
 
 
 def test_a_service_with_an_old_selector_is_repaired() -> None:

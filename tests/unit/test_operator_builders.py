@@ -18,14 +18,8 @@ def container(pod: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod["spec"]["containers"] if c["name"] == lbl.TRAINER_CONTAINER)
 
 
-def env(job: TrainingJob, pod: dict[str, Any]) -> dict[str, Any]:
-    """What the trainer's environment will be: the job's ConfigMap (``envFrom``), then the
-    pod's ``env``, which Kubernetes lets win."""
-    [source] = container(pod)["envFrom"]
-    config = builders.trainer_config_map(job)
-    assert source == {"configMapRef": {"name": config["metadata"]["name"]}}
-    own = {e["name"]: e.get("value", e.get("valueFrom")) for e in container(pod)["env"]}
-    return {**config["data"], **own}
+def env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(pod)["env"]}
 
 
 def test_worker_runs_torchrun_against_the_dedicated_store() -> None:
@@ -72,7 +66,7 @@ def test_worker_gets_gpus_volume_env_and_readiness() -> None:
     assert {"name": "checkpoints", "mountPath": "/ckpt"} in c["volumeMounts"]
     claim = pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
     assert claim == "demo-checkpoints"
-    variables = env(job, pod)
+    variables = env(pod)
     assert variables["TORCHKUBE_CHECKPOINT_DIR"] == "/ckpt"
     assert variables["TORCHKUBE_CHECKPOINT_INTERVAL_STEPS"] == "50"
     assert variables["TORCHKUBE_CHECKPOINT_KEEP"] == "2"
@@ -80,42 +74,6 @@ def test_worker_gets_gpus_volume_env_and_readiness() -> None:
     assert variables["NCCL_DEBUG"] == "INFO"
     assert json.loads(variables["TORCHKUBE_TRAINER_CONFIG"])["model"] == "tiny"
     assert c["readinessProbe"]["httpGet"]["path"] == "/progress"
-
-
-def test_the_shared_environment_is_the_jobs_config_map_and_the_pod_keeps_its_own() -> None:
-    """Every worker reads the job's ConfigMap; its own env holds only who it is and the
-    user's variables, which override the shared ones (``env`` wins over ``envFrom``)."""
-    job = make_job(
-        env=[{"name": "TORCHKUBE_CHECKPOINT_KEEP", "value": "9"}],
-        trainer={"model": "tiny", "steps": 20, "warmupSteps": 2},
-    )
-    config = builders.trainer_config_map(job)
-    assert config["kind"] == "ConfigMap" and config["immutable"] is True
-    assert config["metadata"]["name"] == builders.trainer_config_map_name(job)
-    assert config["metadata"]["name"].startswith("demo-trainer-")
-    assert config["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    assert config["metadata"]["labels"][lbl.JOB_NAME] == "demo"
-    assert set(config["data"]) == set(builders.trainer_env(job, 0)) - {"TORCHKUBE_REPLICA_INDEX"}
-    pods = [builders.worker_pod(job, index, "a") for index in (0, 3)]
-    own = [[e["name"] for e in container(pod)["env"]] for pod in pods]
-    assert (
-        own[0]
-        == own[1]
-        == [
-            "POD_IP",
-            "POD_NAME",
-            "NODE_NAME",
-            "TORCHKUBE_REPLICA_INDEX",
-            "TORCHKUBE_CHECKPOINT_KEEP",
-        ]
-    )
-    assert [env(job, pod)["TORCHKUBE_REPLICA_INDEX"] for pod in pods] == ["0", "3"]
-    assert env(job, pods[0])["TORCHKUBE_CHECKPOINT_KEEP"] == "9"
-    assert "TORCHKUBE_TRAINER_CONFIG" not in json.dumps(pods[0])
-    # what ``torchkube run`` sets for a worker is what a pod ends up with
-    assert builders.trainer_env(job, 3) | {"TORCHKUBE_CHECKPOINT_KEEP": "9"} == {
-        k: v for k, v in env(job, pods[1]).items() if isinstance(v, str) and k != "POD_IP"
-    }
 
 
 def test_replacements_avoid_lost_nodes_within_every_user_term() -> None:
@@ -174,18 +132,6 @@ def test_pod_template_override_merges_into_the_worker() -> None:
     assert pod["metadata"]["annotations"] == {"a": "b"}
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
     assert pod["spec"]["priorityClassName"] == "high"
-
-
-def test_a_templates_env_from_cannot_override_the_jobs_contract() -> None:
-    """The last ``envFrom`` source wins: the job's ConfigMap goes after the user's."""
-    users = {"secretRef": {"name": "hf-token"}}
-    job = make_job(
-        scheduling={
-            "podTemplate": {"spec": {"containers": [{"name": "trainer", "envFrom": [users]}]}}
-        }
-    )
-    sources = container(builders.worker_pod(job, 0, "a"))["envFrom"]
-    assert sources == [users, {"configMapRef": {"name": builders.trainer_config_map_name(job)}}]
 
 
 def test_rendezvous_store_pod_and_service() -> None:
@@ -268,10 +214,12 @@ def test_torchrun_gives_workers_the_pods_grace_for_their_emergency_checkpoint() 
 
 def test_workers_get_the_hang_timeout_and_their_own_names() -> None:
     """Unset: the launcher derives the timeout (empty); 0 turns the watchdog off."""
-    jobs = {
-        str(hang): make_job(failurePolicy={"hangTimeoutSeconds": hang}) for hang in (None, 0, 45)
+    pods = {
+        str(hang): env(
+            builders.worker_pod(make_job(failurePolicy={"hangTimeoutSeconds": hang}), 0, "a")
+        )
+        for hang in (None, 0, 45)
     }
-    pods = {key: env(job, builders.worker_pod(job, 0, "a")) for key, job in jobs.items()}
     assert [pods[key]["TORCHKUBE_HANG_TIMEOUT_SECONDS"] for key in ("None", "0", "45")] == [
         "",
         "0",

@@ -248,8 +248,8 @@ def test_an_event_refused_for_the_moment_is_sent_again(
     assert (core.attempts, core.created) == (attempts, created)
 
 
-class _KubeRefusingConfigMaps(_RecordingKube):
-    """A namespace whose ResourceQuota has no room for one more ConfigMap."""
+class _KubeRefusingClaims(_RecordingKube):
+    """A namespace whose ResourceQuota has no room for one more claim."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -258,7 +258,7 @@ class _KubeRefusingConfigMaps(_RecordingKube):
     def create_all(self, bodies: list[dict[str, Any]]) -> list[kube_module.CreateResult]:
         results = []
         for body in bodies:
-            if body["kind"] == "ConfigMap":
+            if body["kind"] == "PersistentVolumeClaim":
                 quota = ApiException(status=403, reason="Forbidden")
                 results.append(kube_module.CreateResult(refused=quota))
             else:
@@ -267,16 +267,17 @@ class _KubeRefusingConfigMaps(_RecordingKube):
         return results
 
 
-def test_no_worker_is_created_while_its_config_map_is_refused() -> None:
-    """Without its ConfigMap a worker would hold its GPU in CreateContainerConfigError."""
-    kube = _KubeRefusingConfigMaps()
+def test_no_worker_is_created_while_its_claim_is_refused() -> None:
+    """Without its checkpoint claim a worker would wait unschedulable, its slot taken."""
+    kube = _KubeRefusingClaims()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
-    config = {"kind": "ConfigMap", "metadata": {"name": "demo-trainer-0123456789"}}
+    claim = {"kind": "PersistentVolumeClaim", "metadata": {"name": "demo-checkpoints"}}
     worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
     memory = _Memory()
-    decided = Plan(create_children=[config], create_pods=[worker])
+    decided = Plan(create_children=[claim], create_pods=[worker])
     controller._execute(KEY, body, decided, {"phase": "Pending"}, memory)
     assert kube.created == [], "no pod while a child is refused"
-    assert memory.refused is not None and memory.refused.what == "ConfigMap demo-trainer-0123456789"
+    assert memory.refused is not None
+    assert memory.refused.what == "PersistentVolumeClaim demo-checkpoints"
     assert not memory.refused.permanent, "a child's refusal is retried, whatever its code"

@@ -27,11 +27,7 @@ from torchkube.operator.pods import NodeHealth, slim
 
 def test_new_job_creates_children_workers_and_store() -> None:
     result = run(make_job(), [])
-    assert [c["kind"] for c in result.create_children] == [
-        "Service",
-        "ConfigMap",
-        "PersistentVolumeClaim",
-    ]
+    assert [c["kind"] for c in result.create_children] == ["Service", "PersistentVolumeClaim"]
     assert created_slots(result) == [0, 1, 2, 3]
     assert sum(p["metadata"]["labels"][lbl.ROLE] == "rendezvous" for p in result.create_pods) == 1
     assert result.status.phase == "Pending"

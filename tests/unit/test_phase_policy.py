@@ -28,12 +28,13 @@ def test_invalid_image_name_fails_at_once() -> None:
 
 
 def test_a_refused_child_is_reported_by_name_and_never_fails_the_job() -> None:
-    refused = Refusal(422, "Unprocessable Entity", "data: too long", NOW, what="ConfigMap x")
+    what = "PersistentVolumeClaim demo-checkpoints"
+    refused = Refusal(422, "Unprocessable Entity", "spec: invalid", NOW, what=what)
     result = run(make_job(), [], refused=refused)
     assert result.status.phase == "Pending"
     assert "Failed" not in [c.type for c in result.status.conditions]
     blocked = condition(result, "PodsBlocked")
-    assert blocked["reason"] == "CreateRefused" and "create ConfigMap x (422" in blocked["message"]
+    assert blocked["reason"] == "CreateRefused" and f"create {what} (422" in blocked["message"]
 
 
 def test_create_refused_for_quota_backs_off_and_says_so() -> None:

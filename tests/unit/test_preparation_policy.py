@@ -159,9 +159,8 @@ def test_prepare_pod_reads_the_source_claim_and_writes_to_the_checkpoint_volume(
     assert body["spec"]["restartPolicy"] == "Never"
     # The workers then read what it wrote.
     worker = builders.worker_pod(job, 0, "x")
-    source = worker["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
-    assert source == builders.trainer_config_map_name(job)
-    trainer = json.loads(builders.trainer_config_map(job)["data"]["TORCHKUBE_TRAINER_CONFIG"])
+    env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+    trainer = json.loads(env["TORCHKUBE_TRAINER_CONFIG"])
     assert trainer["dataPath"] == "/checkpoints/data/train.bin"
     assert trainer["evalDataPath"] == "/checkpoints/data/val.bin"
 

@@ -12,7 +12,6 @@ elect a new rank 0 among themselves, and the replacement joins the next round. T
 holds no training state, restarts in place on a crash, and is recreated on node loss.
 """
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -131,11 +130,10 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def job_trainer_env(job: TrainingJob) -> dict[str, str]:
-    """The part of the pod's side of the contract (torchkube/api/contract.py) that every
-    worker shares: the job, every checkpoint setting, the hang timeout, the trainer's spec.
-    In the cluster it is the job's ConfigMap, not each pod's env: a third of the bytes of
-    every worker pod the apiserver, etcd, the scheduler and every watcher handle."""
+def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
+    """The pod's side of the contract (torchkube/api/contract.py), shared with
+    ``torchkube run``: who the worker is, every checkpoint setting, the hang timeout, the
+    trainer's spec."""
     spec = job.spec
     ckpt = spec.checkpoint
     hang = spec.failure_policy.hang_timeout_seconds
@@ -143,6 +141,7 @@ def job_trainer_env(job: TrainingJob) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         Env.JOB_NAME: job.name,
         Env.JOB_NAMESPACE: job.namespace,
+        Env.REPLICA_INDEX: str(index),
         Env.CHECKPOINT_DIR: ckpt.mount_path,
         Env.CHECKPOINT_INTERVAL_STEPS: str(ckpt.interval_steps),
         Env.CHECKPOINT_INTERVAL_SECONDS: str(ckpt.interval_seconds or 0),
@@ -154,44 +153,14 @@ def job_trainer_env(job: TrainingJob) -> dict[str, str]:
     }
 
 
-def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
-    """Worker ``index``'s whole side of the contract, as ``torchkube run`` sets it."""
-    return {**job_trainer_env(job), Env.REPLICA_INDEX: str(index)}
-
-
-def _shared_env(job: TrainingJob) -> dict[str, str]:
-    return {str(key): value for key, value in job_trainer_env(job).items()}
-
-
-def trainer_config_map_name(job: TrainingJob) -> str:
-    """``<job>-trainer-<hash of its data>``: a spec edit that changes the environment makes
-    a new ConfigMap (the old one stays for the workers that read it, until the job goes)."""
-    data = json.dumps(_shared_env(job), sort_keys=True).encode()
-    return f"{job.name}-trainer-{hashlib.sha256(data).hexdigest()[:10]}"
-
-
-def trainer_config_map(job: TrainingJob) -> dict[str, Any]:
-    """The workers' shared environment (``envFrom``). Immutable and named by its content, so
-    the operator never needs to modify a ConfigMap (its role may create them, not patch or
-    delete them) and nobody can edit one under a running job; a deleted one is recreated."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(job, trainer_config_map_name(job), lbl.job_labels(job.name)),
-        "immutable": True,
-        "data": _shared_env(job),
-    }
-
-
 def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
-    """The pod's identity, then the user's env, which overrides the shared variables of
-    ``envFrom`` (Kubernetes gives ``env`` precedence over ``envFrom``)."""
+    """The pod's identity, the trainer's variables, then the user's env (which may override)."""
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
         _field_env(Env.POD_NAME, "metadata.name"),
         _field_env(Env.NODE_NAME, "spec.nodeName"),
-        {"name": Env.REPLICA_INDEX, "value": str(index)},
     ]
+    env += [{"name": k, "value": v} for k, v in trainer_env(job, index).items()]
     env += [variable.to_wire() for variable in job.spec.env]
     return env
 
@@ -303,16 +272,6 @@ def _volumes(job: TrainingJob) -> list[dict[str, Any]]:
     ]
 
 
-def _shared_env_last(pod_spec: dict[str, Any], shared: dict[str, Any]) -> None:
-    """The job's ConfigMap after a podTemplate's own ``envFrom`` sources (the last source
-    wins), so a user's ConfigMap or Secret cannot override the operator's contract; the
-    user's ``env`` (``spec.env``) still can, as it always could."""
-    for container in pod_spec["containers"]:
-        if container.get("name") == lbl.TRAINER_CONTAINER:
-            sources = [s for s in container.get("envFrom", []) if s != shared]
-            container["envFrom"] = [*sources, shared]
-
-
 def worker_pod(
     job: TrainingJob, index: int, suffix: str, avoid_nodes: Iterable[str] = ()
 ) -> dict[str, Any]:
@@ -326,7 +285,6 @@ def worker_pod(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": torchrun_args(job),
-        "envFrom": [{"configMapRef": {"name": trainer_config_map_name(job)}}],
         "env": worker_env(job, index),
         "resources": worker_resources(job),
         "volumeMounts": [
@@ -360,7 +318,6 @@ def worker_pod(
     }
     if template.spec:
         pod_spec = merge_pod_spec(pod_spec, template.spec)
-        _shared_env_last(pod_spec, container["envFrom"][0])
     metadata = _metadata(
         job, name, {**template.labels, **lbl.worker_labels(job.name, index, job.uid)}
     )

@@ -1,6 +1,5 @@
-"""Children policy: the job's headless Service, its workers' shared environment (an immutable
-ConfigMap named by its content) and its checkpoint claim exist, are the job's own, and are
-recreated when someone deletes them; a Service whose selector someone edited is repaired.
+"""Children policy: the job's headless Service and checkpoint claim exist, are the job's own,
+and are recreated when someone deletes them.
 
 Ownership is decided by the controller ``ownerReference``'s UID, never by name or label: after
 ``kubectl delete tj x && kubectl apply -f x.yaml`` the old job's Service and claim may still be
@@ -43,7 +42,7 @@ def _problem(ctx: Context, found: dict[str, Any], kind: str, name: str) -> str |
 
 def ensure(ctx: Context, children: list[dict[str, Any]]) -> bool:
     """Plan the creation (or repair) of the job's children; True when pods may be created."""
-    wanted = [builders.headless_service(ctx.job), builders.trainer_config_map(ctx.job)]
+    wanted = [builders.headless_service(ctx.job)]
     if ctx.spec.checkpoint.creates_claim:
         wanted.append(builders.checkpoint_claim(ctx.job))
     problems: list[str] = []
@@ -68,15 +67,8 @@ def ensure(ctx: Context, children: list[dict[str, Any]]) -> bool:
         ctx.plan.requeue(5)
         return False
     if not ctx.is_true(cond.CREATED):
-        ctx.set(
-            cond.CREATED, True, "Created", "service, trainer config and checkpoint volume in place"
-        )
-        ctx.event(
-            "Normal",
-            "Created",
-            f"created service {ctx.job.name}, config map "
-            f"{builders.trainer_config_map_name(ctx.job)} and checkpoint volume",
-        )
+        ctx.set(cond.CREATED, True, "Created", "service and checkpoint volume in place")
+        ctx.event("Normal", "Created", f"created service {ctx.job.name} and checkpoint volume")
     return True
 
 

@@ -371,7 +371,7 @@ class Controller:
         memory: _Memory,
     ) -> None:
         """Carry out a plan: the children (no pod is created while one is refused: a worker
-        without its ConfigMap or claim would hold its GPU and never start), the status, so
+        without its claim would wait unschedulable), the status, so
         nothing is done that the status does not know about (a failure the status lost would
         be forgotten, a permanent one retried), then labels, deletions, creations — and the
         plan's events however those end: only this plan has them (the next one finds the

@@ -34,7 +34,8 @@ class Event:
 @dataclass(frozen=True)
 class Refusal:
     """The apiserver refused to create a pod of the job (quota, Pod Security admission, a
-    webhook, an invalid pod spec), or one of its children (``what``: "ConfigMap x")."""
+    webhook, an invalid pod spec), or one of its children (``what``: "PersistentVolumeClaim
+    x")."""
 
     code: int
     reason: str

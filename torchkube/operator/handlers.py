@@ -4,12 +4,11 @@ Only indexes and event handlers are registered, so kopf puts no finalizer on Tra
 a job can be deleted while the operator is down (garbage collection removes its pods), and
 uninstalling the operator never leaves jobs stuck Terminating.
 
-Pods, Services, claims and ConfigMaps are watched with a server-side label selector (the
-job-name label): the operator never receives the events of the rest of the cluster's pods.
-Every handler is a coroutine: the event handlers feed the controller's queue, which is only
-safe on the event loop, and the index functions are quick enough to run there too — kopf
-runs plain functions in a thread pool, and the hop there and back for every pod event cost
-more than the indexing.
+Pods, Services and claims are watched with a server-side label selector (the job-name label):
+the operator never receives the events of the rest of the cluster's pods. Every handler is a
+coroutine: the event handlers feed the controller's queue, which is only safe on the event
+loop, and the index functions are quick enough to run there too — kopf runs plain functions
+in a thread pool, and the hop there and back for every pod event cost more than the indexing.
 """
 
 import asyncio
@@ -32,7 +31,7 @@ from torchkube.operator.leader import LeaderElection, own_namespace
 from torchkube.operator.pods import node_health, slim, slim_child
 
 JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
-CHILD_RESOURCES = ("pods", "services", "persistentvolumeclaims", "configmaps")
+CHILD_RESOURCES = ("pods", "services", "persistentvolumeclaims")
 log = logging.getLogger(__name__)
 PHASE_GAUGE_PERIOD = 5.0
 
@@ -126,20 +125,13 @@ async def job_claims(
     return {(namespace, labels[lbl.JOB_NAME]): slim_child(dict(body))}
 
 
-@kopf.index("configmaps", labels=JOB_PODS)
-async def job_config_maps(
-    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[Any, Any]:
-    return {(namespace, labels[lbl.JOB_NAME]): slim_child(dict(body))}
-
-
 @kopf.index("nodes")
 async def nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {name: node_health(dict(body))}
 
 
 class _Children(Mapping[Any, list[Any]]):
-    """The job's Services, claims and ConfigMaps, their indexes read as one."""
+    """The job's Services and claims, both indexes read as one."""
 
     def __init__(self, *indexes: Mapping[Any, Any]) -> None:
         self.indexes = indexes
@@ -165,7 +157,7 @@ def _controller(memo: Any, indexes: dict[str, Any]) -> Controller:
         indexes["trainingjobs"],
         indexes["job_pods"],
         indexes["nodes"],
-        _Children(indexes["job_services"], indexes["job_claims"], indexes["job_config_maps"]),
+        _Children(indexes["job_services"], indexes["job_claims"]),
     )
     return controller
 
@@ -191,13 +183,6 @@ async def service_changed(
 
 @kopf.on.event("persistentvolumeclaims", labels=JOB_PODS)
 async def claim_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
-) -> None:
-    _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
-
-
-@kopf.on.event("configmaps", labels=JOB_PODS)
-async def config_map_changed(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:
     _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))

@@ -32,7 +32,6 @@ _CREATE: dict[str, str] = {
     "Pod": "create_namespaced_pod",
     "Service": "create_namespaced_service",
     "PersistentVolumeClaim": "create_namespaced_persistent_volume_claim",
-    "ConfigMap": "create_namespaced_config_map",
 }
 _PATCH: dict[str, str] = {
     "Service": "patch_namespaced_service",

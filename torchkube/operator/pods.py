@@ -75,7 +75,7 @@ def slim(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def slim_child(body: dict[str, Any]) -> dict[str, Any]:
-    """What the operator reads of a Service, PersistentVolumeClaim or ConfigMap it owns."""
+    """What the operator reads of a Service or PersistentVolumeClaim it owns."""
     metadata = body.get("metadata", {})
     return {
         "kind": body.get("kind", ""),

@@ -108,11 +108,6 @@ events. kopf reads the jobs and pods through watches; it never patches them (no 
 - apiGroups: [""]
   resources: [services, persistentvolumeclaims]
   verbs: [get, list, watch, create, patch]
-# Each job's workers' environment: immutable and named by its content, so created and never
-# changed (no update, patch or delete on anyone's ConfigMap); watched to recreate a deleted one.
-- apiGroups: [""]
-  resources: [configmaps]
-  verbs: [list, watch, create]
 # Repeated events are aggregated: a count bump is a patch.
 - apiGroups: [""]
   resources: [events]
