@@ -383,8 +383,7 @@ class RealJob(Job):
 
 
 def _power_on_lost_nodes(cluster: Cluster) -> None:
-    """Every node up again: a test that pulled a node's plug leaves it down, and the tests
-    after it are written for the module's two nodes."""
+    """Every node up again (a test that pulled a node's plug leaves it down)."""
     nodes = cluster.real_nodes
     assert nodes is not None
     for node in nodes.nodes:
@@ -394,17 +393,22 @@ def _power_on_lost_nodes(cluster: Cluster) -> None:
 
 @contextlib.contextmanager
 def real_job(
-    cluster: Cluster, api: Any, operator: OperatorProcess, say: Say, tmp: Path, **where: str
+    cluster: Cluster,
+    api: Any,
+    operator: OperatorProcess | None,
+    say: Say,
+    tmp: Path,
+    **where: str,
 ) -> Iterator[RealJob]:
-    """A RealJob (``namespace``, ``name``) on both nodes, deleted afterwards; a failure keeps
-    the cluster's logs and prints the operator's."""
-    _power_on_lost_nodes(cluster)
+    """A RealJob (``namespace``, ``name``) deleted afterwards; a failure keeps the cluster's
+    logs and prints the harness operator's (None: the chart's pods are the operator)."""
     job = RealJob(cluster, api, where["namespace"], where["name"], tmp)
     try:
         yield job
     except BaseException:
         cluster.mark_failed()
-        say(f"operator log:\n{operator.tail(60)}")
+        if operator is not None:
+            say(f"operator log:\n{operator.tail(60)}")
         raise
     finally:
         job.delete()
@@ -987,11 +991,7 @@ def test_a_spare_takes_a_deleted_workers_place(
         )
         say(f"kubectl delete pod -> training again {time.monotonic() - deleted:.1f}s: {again}")
         assert again.get("worldSize") == 2 or again.get("finished") is True, again
-        # The place goes to an agent already standing by: the spare, or the deleted pod's
-        # replacement when it was up first (both wait in the rendezvous; who joins is a race).
-        # Either way the round forms once: a round restarting for an agent that cannot get
-        # in would resume over and over.
-        assert int(again.get("resumes") or 0) <= int(before.get("resumes") or 0) + 2, again
+        assert "the spare joins round" in spare_logs()
         wait_for(
             lambda: job.status().get("spares") == 1 and len(job.running_workers()) == 3,
             120,
@@ -1161,7 +1161,7 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
     with (
         Prometheus(tmp_path / "prometheus", [], discovered=scrape) as prom,
         real_job(
-            real_cluster, api, operator, say, tmp_path, namespace="user-path", name="user-path"
+            real_cluster, api, None, say, tmp_path, namespace="user-path", name="user-path"
         ) as job,
     ):
         corpus = tmp_path / "corpus"
