@@ -8,7 +8,15 @@ the round has room again: the spare moves to the wait list, the survivors restar
 next round and the spare is in it — its pod already scheduled, its image pulled, Python and
 torch imported. The operator runs ``replicas.spares`` such pods beyond ``replicas.max``.
 
-Two things around it are added here:
+Three things around it are added here:
+
+* **A full round never restarts for an agent that cannot get in.** An agent that arrives while
+  a round re-forms (its pod replaced a deleted one) lands in torch's *wait list*; once the
+  round is full again it stays there, counted as waiting, so the participants restart to let
+  it in, the first of them to leave the old round lands in the wait list in turn, and the
+  round restarts every few seconds for good (seen on real nodes: 207 resumes in 10 minutes).
+  Here a wait-listed agent of a full, complete round moves to the redundancy list (it is a
+  spare), and such an agent is not counted as waiting.
 
 * **A spare released at the end is not a failure.** When training ends, the finishing agent
   closes the rendezvous; a spare still standing by gets torch's graceful exit, which torchrun
@@ -83,6 +91,7 @@ def track() -> None:
 
     handler_class.next_rendezvous = next_rendezvous
     handler_class._torchkube_tracked = True
+    _spare_when_full(handler_class)
 
     executor_class: Any = _DistributedRendezvousOpExecutor
     add_to_redundancy_list = executor_class._add_to_redundancy_list
@@ -106,6 +115,44 @@ def track() -> None:
         return start_workers(self, worker_group)
 
     agent_class._start_workers = _start_workers
+
+
+def round_is_full(state: Any, max_nodes: int) -> bool:
+    """A complete round with ``max_nodes`` participants: nobody else can get in."""
+    return bool(state.complete) and len(state.participants) >= max_nodes
+
+
+def _spare_when_full(handler_class: Any) -> None:
+    """See the module docstring: wait-listed agents of a full round become spares."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        _Action,
+        _RendezvousJoinOp,
+    )
+
+    join_class: Any = _RendezvousJoinOp
+    join = join_class.__call__
+
+    def join_call(self: Any, ctx: Any, deadline: float) -> Any:
+        state = ctx.state
+        if (
+            not state.closed
+            and ctx.node in state.wait_list
+            and ctx.node not in state.participants
+            and round_is_full(state, ctx.settings.max_nodes)
+        ):
+            return _Action.REMOVE_FROM_WAIT_LIST  # then, the round being full: redundancy
+        return join(self, ctx, deadline)
+
+    join_class.__call__ = join_call
+    waiting = handler_class.num_nodes_waiting
+
+    def num_nodes_waiting(self: Any) -> int:
+        count: int = waiting(self)
+        if count and round_is_full(self._state_holder.state, self._settings.max_nodes):
+            return 0
+        return count
+
+    handler_class.num_nodes_waiting = num_nodes_waiting
 
 
 def healthy_workers() -> set[int]:
