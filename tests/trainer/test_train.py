@@ -51,9 +51,12 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
     assert record["lastCheckpointStep"] == 30 and record["worldSize"] == 1
     assert record["tokensPerSecond"] > 0 and record["resumes"] == 0
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10", "step-20", "step-30"]
-    # a finished job that starts again does nothing and stays finished
+    # a finished job that starts again (a pod restarted after the last checkpoint) does
+    # nothing, stays finished, and still reports the loss it finished with
     assert run_tiny(token_data, tmp_path, steps=30) == EXIT_OK
-    assert progress(tmp_path)["finished"] is True and progress(tmp_path)["resumes"] == 1
+    again = progress(tmp_path)
+    assert again["finished"] is True and again["resumes"] == 1
+    assert again["loss"] == record["loss"]
 
 
 def sigterm_during_step(step: int) -> Workload:

@@ -87,13 +87,16 @@ class TrainState(Stateful):
     world_size: int = 0  # layout at save time, to log a resize on resume
     grad_accum_steps: int = 0
     global_batch_size: int = 0
+    # The loss last reported. Saved so that a process resumed from the final checkpoint,
+    # which runs no step, still reports the loss training finished with.
+    loss: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key, value in state_dict.items():
-            setattr(self, key, int(value))
+            setattr(self, key, value if key == "loss" else int(value))
 
 
 @dataclass
@@ -384,7 +387,11 @@ class CheckpointManager:
             MODEL: model_sd,
             OPTIMIZER: {"state": optim_state},
             LR_SCHEDULER: self.lr_scheduler.state_dict(),
-            TRAIN_STATE: TrainState().state_dict(),
+            TRAIN_STATE: {  # a key a checkpoint of an older version lacks keeps its default
+                key: value
+                for key, value in TrainState().state_dict().items()
+                if f"{TRAIN_STATE}.{key}" in saved
+            },
         }
         rng_key = f"rank{self.info.rank}"
         if f"{RNG}.{rng_key}.cpu" in saved:  # absent for a rank the writing world did not have

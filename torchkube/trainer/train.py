@@ -360,7 +360,6 @@ class Reporter:
         self._collective_wait: float | None = None
         self._data_wait_total = 0.0
         self._lr = 0.0
-        self.loss: float | None = None
         self.slowest: RankTiming | None = None
         self.tokens_per_second = 0.0
         self._published_checkpoint = ckpt.last_step
@@ -370,7 +369,7 @@ class Reporter:
         return {
             "step": state.step,
             "total_steps": self.spec.steps,
-            "loss": self.loss,
+            "loss": state.loss,
             "tokens_per_second": round(self.tokens_per_second, 1),
             "world_size": self.info.world_size,
             "last_checkpoint_step": self.ckpt.last_step,
@@ -441,7 +440,7 @@ class Reporter:
         mean_loss, step_time, data_wait = means
         self._compare_ranks(ranks)
         elapsed = time.monotonic() - self._window_start
-        self.loss = mean_loss
+        state.loss = mean_loss
         self.tokens_per_second = self._window_steps * self.spec.tokens_per_step / max(elapsed, 1e-9)
         self._window_start, self._window_steps, self._timed_steps = time.monotonic(), 0, 0
         self._step_time = self._data_wait = 0.0
@@ -510,7 +509,7 @@ class Reporter:
         log.info(
             "finished: %d steps, final loss %s",
             state.step,
-            f"{self.loss:.4f}" if self.loss is not None else "n/a",
+            "n/a" if state.loss is None else f"{state.loss:.4f}",
         )
 
 
