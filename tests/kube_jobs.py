@@ -119,6 +119,18 @@ class Job:
         selector = f"involvedObject.name={self.name},involvedObject.kind=TrainingJob"
         return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
 
+    def wait_event(self, reason: str, timeout: float = 15, containing: str = "") -> list[Any]:
+        """The job's events of ``reason`` (whose message holds ``containing``), waited for: the
+        operator sends a plan's events after its status and pod writes, so a test that saw the
+        status or the pods may look a moment before the event is there."""
+        return self.wait(
+            lambda: [
+                e for e in self.events() if e.reason == reason and containing in (e.message or "")
+            ],
+            timeout,
+            f"a {reason} event" + (f" naming {containing}" if containing else ""),
+        )
+
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         return wait_for(
             predicate,

@@ -61,7 +61,7 @@ def test_workers_start_only_after_the_prepare_pod_succeeded(
     assert ready["status"] == "True" and "123,456 training" in ready["message"]
     env = {e.name: e.value for e in workers[0].spec.containers[0].env}
     assert json.loads(env["TORCHKUBE_TRAINER_CONFIG"])["dataPath"] == "/checkpoints/data/train.bin"
-    assert any(e.reason == "DataPrepared" for e in job.events())
+    job.wait_event("DataPrepared")
 
 
 def test_a_permanent_prepare_failure_fails_the_job_with_its_reason(

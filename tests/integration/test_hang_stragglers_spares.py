@@ -35,7 +35,7 @@ def test_a_hung_worker_is_a_hang_incident_and_is_replaced(
     assert "rank 1" in last["message"] and "train_step" in last["message"]
     assert status["restartsCountTowardsMax"] == 1
     job.wait(lambda: job.replacements(1, victim), 30, "a replacement for the hung worker")
-    events = job.wait(lambda: [e for e in job.events() if e.reason == "Hang"], 30, "a Hang event")
+    events = job.wait_event("Hang", 30)
     assert (
         victim in events[0].message and "restarting from the latest checkpoint" in events[0].message
     )

@@ -70,10 +70,7 @@ def test_failed_worker_is_replaced_and_counted(
         status["lastFailure"]["exitCode"] == 137 and status["lastFailure"]["reason"] == "ExitCode"
     )
     assert replacement[0].metadata.name != victim.metadata.name
-    events = job.wait(
-        lambda: [e for e in job.events() if e.reason == "WorkerFailed"], 30, "a WorkerFailed event"
-    )
-    assert victim.metadata.name in events[0].message
+    job.wait_event("WorkerFailed", 30, containing=victim.metadata.name)
 
 
 @pytest.mark.parametrize("force", [True, False], ids=["force", "graceful"])
@@ -216,7 +213,7 @@ def test_node_loss_is_replaced_within_the_grace_on_another_node(
     assert lost and {f["node"] for f in lost} == {lost_node}, status["failures"]
     assert status.get("restartsCountTowardsMax", 0) == 0
     assert status["restarts"] == 1, "the worker and the store (if it was there): one incident"
-    assert any(e.reason == "NodeLost" and lost_node in e.message for e in job.events())
+    job.wait_event("NodeLost", containing=lost_node)
 
 
 def test_deleted_node_is_replaced(
@@ -347,7 +344,7 @@ def test_suspend_and_resume(
     assert core.read_namespaced_persistent_volume_claim("susp-checkpoints", job.namespace)
     job.patch({"runPolicy": {"suspend": False}})
     job.wait_running(2)
-    assert any(e.reason == "Resumed" for e in job.events())
+    job.wait_event("Resumed")
     assert job.status().get("restarts", 0) == 0
 
 

@@ -150,7 +150,7 @@ def test_quota_refusal_is_reported_and_the_job_starts_once_it_lifts(
     )
     blocked = _condition(job, "PodsBlocked")
     assert "exceeded quota" in blocked["message"]
-    assert "PodCreateRefused" in [e.reason for e in job.events()]
+    job.wait_event("PodCreateRefused")
     core.delete_namespaced_resource_quota("two-pods", namespace)
     job.wait_running(2, timeout=120)
     # The refused pod may be the store (the workers then run already): it is created at the
