@@ -1,0 +1,67 @@
+"""How often a waiting agent reads the rendezvous state (torchkube/elastic/torchrun.py): every
+hand-over of a re-forming round waits for a poll, so torch's one-second poll cost a recovery
+seconds. Two real rendezvous handlers on a loopback TCPStore, as two launchers would be."""
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousParameters, utils
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+from torchkube.elastic import torchrun
+
+
+def test_the_poll_is_short_for_small_rounds_and_torchs_for_large_ones() -> None:
+    assert torchrun.poll_seconds(2) == torchrun.FASTEST_POLL_SECONDS
+    assert torchrun.poll_seconds(64) == pytest.approx(0.25)
+    assert torchrun.poll_seconds(256) == torchrun.poll_seconds(4096) == 1.0
+
+
+def _handler(server: TCPStore) -> Any:
+    """An agent's handler with its own connection to the store, as each launcher has."""
+    store = TCPStore("127.0.0.1", server.port, is_master=False)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=f"127.0.0.1:{server.port}",
+        run_id="job",
+        min_nodes=2,
+        max_nodes=2,
+        join_timeout=30,
+        last_call_timeout=1,
+        keep_alive_interval=2,
+    )
+    return create_handler(store, C10dRendezvousBackend(store, "job"), params)
+
+
+def test_an_agent_waiting_for_the_round_reads_the_state_at_the_short_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torchrun.track()
+    waits: list[float | tuple[float, float]] = []
+    sleep = utils._delay
+
+    def recorded(seconds: float | tuple[float, float]) -> None:
+        waits.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(utils, "_delay", recorded)
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    first, second = _handler(server), _handler(server)
+    done: list[Any] = []
+    waiting = threading.Thread(target=lambda: done.append(first.next_rendezvous()))
+    waiting.start()
+    time.sleep(0.5)  # the first agent polls for the second one meanwhile
+    done.append(second.next_rendezvous())
+    waiting.join(timeout=10)
+    try:
+        assert len(done) == 2, "both agents are in the round"
+        poll = torchrun.poll_seconds(2)
+        assert first._state_holder._cache_duration == poll
+        assert poll in waits and torchrun.TORCH_POLL_SECONDS not in waits, waits
+    finally:
+        for handler in (first, second):
+            handler.shutdown()
