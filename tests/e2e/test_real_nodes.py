@@ -1262,9 +1262,23 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         time.sleep(3)  # the last scrapes
         window_end = time.time()
 
-        up = {t["labels"]["pod"]: t["health"] for t in prom.targets() if "pod" in t["labels"]}
+        def targets() -> dict[str, tuple[str, str]]:
+            return {
+                t["labels"]["pod"]: (t["health"], t.get("lastError", ""))
+                for t in prom.targets()
+                if "pod" in t["labels"]
+            }
+
+        # The leader's scrape must succeed — within a few tries: right after a change of leader
+        # and a node loss, with a trainer on every core, one 1 s scrape can time out.
+        up = targets()
         say(f"Prometheus discovered {sorted(up)}")
-        assert up.get(holder) == "up", (holder, up)
+        wait_for(
+            lambda: targets().get(holder, ("",))[0] == "up",
+            30,
+            what=f"the leader {holder} scraped by Prometheus",
+            describe_last=lambda: str(targets()),
+        )
         # the workers were scraped while they trained (a finished worker is no target now)
         scraped = prom.query_range(
             f'up{{namespace="{job.namespace}", pod=~"{job.name}-worker-.*"}} == 1',
