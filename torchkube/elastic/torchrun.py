@@ -8,7 +8,7 @@ the round has room again: the spare moves to the wait list, the survivors restar
 next round and the spare is in it — its pod already scheduled, its image pulled, Python and
 torch imported. The operator runs ``replicas.spares`` such pods beyond ``replicas.max``.
 
-Three things around it are added here:
+Around it, this module adds:
 
 * **A full round never restarts for an agent that cannot get in.** An agent that arrives while
   a round re-forms (its pod replaced a deleted one) lands in torch's *wait list*; once the
