@@ -68,6 +68,13 @@ def all_created(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
     )
 
 
+def all_bound(watch: PodWatch) -> float:
+    """When the scheduler's last binding was seen: created → bound is the scheduler's share,
+    bound → Running the node's."""
+    with watch.cond:
+        return max(p.bound or 0.0 for p in watch.pods.values())
+
+
 def all_running(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
     return watch.wait(
         lambda seen: (
@@ -141,13 +148,15 @@ class SideBySide:
             timeout = 120 + workers
             created = all_created(watch, workers, timeout, contender.name) - started
             running = all_running(watch, workers, timeout, contender.name) - started
+            bound = all_bound(watch) - started
             extra = len(watch.pods) - workers
         settle(contender)
         requests = contender.requests() - requests_before
         cpu = contender.cpu_seconds() - cpu_before
         log(
             f"{contender.name}, {condition}, {workers} workers{self.label}: created "
-            f"{created:.2f}s, Running {running:.2f}s, {requests:.0f} requests, CPU {cpu:.2f}s"
+            f"{created:.2f}s, bound {bound:.2f}s, Running {running:.2f}s, {requests:.0f} requests,"
+            f" CPU {cpu:.2f}s"
             + (f", {extra} EXTRA pods" if extra else "")
             + ("" if record else " (warm-up, not recorded)")
         )
@@ -164,6 +173,7 @@ class SideBySide:
                     "condition": condition,
                     "workers": workers,
                     "all_created_s": round(created, 3),
+                    "all_bound_s": round(bound, 3),
                     "all_running_s": round(running, 3),
                     "extra_pods": extra,
                     "requests": requests,
