@@ -277,6 +277,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+SHUTDOWN_POLL_SECONDS = 0.05
+"""How often the metrics thread looks for a shutdown request. ``close()`` waits for it, and a
+worker that fails (a dead peer) closes the server before it exits: socketserver's default
+half second was up to half a second more before the launcher saw the failure."""
+
+
 class MetricsServer(ThreadingHTTPServer):
     """``/metrics`` (Prometheus text format) and ``/progress`` (JSON) on a background thread."""
 
@@ -285,7 +291,12 @@ class MetricsServer(ThreadingHTTPServer):
     def __init__(self, port: int, registry: CollectorRegistry, progress: ProgressReporter):
         super().__init__(("", port), _Handler)
         self.registry, self.progress = registry, progress
-        self._thread = threading.Thread(target=self.serve_forever, name="metrics", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever,
+            args=(SHUTDOWN_POLL_SECONDS,),
+            name="metrics",
+            daemon=True,
+        )
         self._thread.start()
 
     def close(self) -> None:
