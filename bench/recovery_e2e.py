@@ -1,16 +1,20 @@
 """Recovery end to end: SIGKILL a worker → training makes progress again, and where the time goes.
 
-Run: ``python -m bench.recovery_e2e`` (≈ 12 min; ``--trials N``, ``--cases replaced,gone``).
+Run: ``python -m bench.recovery_e2e`` (≈ 14 min; ``--trials N``, ``--cases replaced,gone,crashed``).
 
 Uses the local runner (``torchkube run``: real torchrun agents through
 ``torchkube.elastic.launch`` on loopback, the dedicated rendezvous store process, the built-in
-trainer on CPU) with the quick start's tiny GPT and 2 workers. Two cases:
+trainer on CPU) with the quick start's tiny GPT and 2 workers. Three cases:
 
 - **replaced**: a fixed-size job (``replicas: {min: 2, max: 2}``); the killed worker is
   started again at once, as the operator creates a replacement pod.
 - **gone**: an elastic job (``replicas: {min: 1, max: 2}``); the killed worker never comes
   back (``Chaos(restart=False)``, ``torchkube run --chaos-no-restart``), so the survivor must
   carry on alone.
+- **crashed**: the fixed-size job; only worker 0's training process is SIGKILLed, as a CUDA
+  error or the OOM killer ends it (``Chaos(crash_at_steps=…)``, ``torchkube run
+  --chaos-crash-at-step``): both launchers live on and restart the round in place, so nothing
+  waits for a keep-alive to expire and detection is on the critical path.
 
 Plain torchrun runs the ``gone`` case as the reference, in the same benchmark run, interleaved
 with torchkube's trials (:mod:`bench.plain_torchrun`: two agents, the rendezvous store inside
@@ -19,12 +23,14 @@ the first): with torchrun's default rendezvous settings, and with the settings t
 once with the store's agent killed — rank 0's node lost — which torchkube survives because its
 store is a process of its own.
 
-Worker 0 is SIGKILLed (its whole process tree, as a node loss would) once training passed
-``--kill-step``. The split comes from the time stamps of the logs (torchrun's agent logs at
-INFO through ``LOGLEVEL=INFO``; the trainer logs every step here):
+Worker 0 is SIGKILLed (its whole process tree, as a node loss would; in ``crashed`` its
+training process alone) once training passed ``--kill-step``. The split comes from the time
+stamps of the logs (torchrun's agent logs at INFO through ``LOGLEVEL=INFO``; the trainer logs
+every step here):
 
 - **detection**: kill → a surviving agent logs ``Worker group FAILED`` (its worker hit the
-  gloo error from the dead peer, and the agent noticed);
+  gloo error from the dead peer, and the agent noticed; when a trainer crashed, whichever
+  agent is first);
 - **re-rendezvous**: → that agent logs ``Rendezvous complete`` for the new round;
 - **worker start**: → the new rank 0 starts loading the checkpoint (the load's end minus its
   logged duration): process spawn, ``import torch``, process groups, model build. The trainer
@@ -182,7 +188,7 @@ def split_recovery(lines: list[LogLine], killed_at: float) -> Split:
 # ----------------------------------------------------------------------------- the runs
 def job_manifest(case: str, steps: int, interval: int) -> dict[str, Any]:
     """The quick start's job (tiny GPT, 2 CPU workers), logging every step."""
-    replicas = {"min": 2, "max": 2} if case == "replaced" else {"min": 1, "max": 2}
+    replicas = {"min": 1, "max": 2} if case == "gone" else {"min": 2, "max": 2}
     return {
         "apiVersion": "torchkube.io/v1alpha1",
         "kind": "TrainingJob",
@@ -237,7 +243,11 @@ def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
     from torchkube.local.runner import Chaos, LocalRun
 
     job = TrainingJob.model_validate(job_manifest(case, args.steps, args.interval))
-    chaos = Chaos(at_steps=[args.kill_step], worker=0, restart=case == "replaced")
+    chaos = (
+        Chaos(crash_at_steps=[args.kill_step], worker=0)
+        if case == "crashed"
+        else Chaos(at_steps=[args.kill_step], worker=0, restart=case == "replaced")
+    )
     os.environ["LOGLEVEL"] = "INFO"  # torchrun's agents: rendezvous milestones with times
     run = LocalRun(job, workdir, workers=2, chaos=chaos, out=io.StringIO())
     offset = time.time() - time.monotonic()
@@ -339,7 +349,7 @@ def compare(results: Results, ours: Figure, references: dict[str, CaseFigures]) 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery_e2e", description=__doc__)
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--cases", default="gone,replaced")
+    parser.add_argument("--cases", default="gone,replaced,crashed")
     parser.add_argument(
         "--reference-trials", type=int, default=3, help="plain torchrun trials per setting"
     )
@@ -360,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     labels = {
         "gone": "killed, never back (1:2)",
         "replaced": "killed, replaced (2:2)",
+        "crashed": "trainer crashed, restarted in place (2:2)",
         **{case: f"{REFERENCES[case]} (1:2)" for case in references},
     }
     figures = {

@@ -46,12 +46,16 @@ def run(workdir: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], d
 
 
 def test_chaos_run_finishes_with_the_same_loss(tmp_path: Path) -> None:
-    """A worker SIGKILLed at step 70, the rendezvous store at step 140: both are restarted as
-    their pods would be, and the run ends exactly where a calm one does. (Before the store
-    was restarted, its loss failed every worker again and again until maxRestarts ran out.)"""
+    """A worker SIGKILLed at step 70, a training process alone at step 100 (a crash), the
+    rendezvous store at step 140: the worker and the store are restarted as their pods would
+    be, the crashed process by its launcher, and the run ends exactly where a calm one does.
+    (Before the store was restarted, its loss failed every worker again and again until
+    maxRestarts ran out.)"""
     calm, calm_final = run(tmp_path / "calm")
     chaos, chaos_final = run(
-        tmp_path / "chaos", "--chaos-at-step", "70", "--chaos-store-at-step", "140"
+        tmp_path / "chaos",
+        *("--chaos-at-step", "70", "--chaos-crash-at-step", "100"),
+        *("--chaos-store-at-step", "140"),
     )
     print(calm.stdout[-800:], chaos.stdout[-1200:], sep="\n")
     assert calm_final["finished"] and chaos_final["finished"]
@@ -62,10 +66,15 @@ def test_chaos_run_finishes_with_the_same_loss(tmp_path: Path) -> None:
     # step it sees at or past the one asked for (70 → 70..79 on a quiet machine, later if busy).
     worker_kill = re.search(r"worker 0 killed \(chaos\) at step (\d+)", chaos.stdout)
     store_kill = re.search(r"rendezvous store killed \(chaos\) at step (\d+)", chaos.stdout)
+    crash = re.search(r"worker (\d) crashed \(chaos\) at step (\d+)", chaos.stdout)
     assert worker_kill and 70 <= int(worker_kill[1]) < 140, chaos.stdout
+    assert crash and 100 <= int(crash[2]) < 140, chaos.stdout
+    assert "chaos: SIGKILL a training process of worker" in chaos.stdout
     assert store_kill and 140 <= int(store_kill[1]) < 200, chaos.stdout
     logs = "".join(p.read_text() for p in (tmp_path / "chaos" / "logs").glob("worker-*.log"))
     assert "re-joining through a new connection to the store" in logs
+    # the crash: its launcher's log has the failure with its traceback, and a new round
+    assert "terminated with signal SIGKILL" in logs and "Traceback" in logs
     assert chaos_final["loss"] == calm_final["loss"], "resumed training must be bitwise identical"
 
 

@@ -50,6 +50,14 @@ if TYPE_CHECKING:
     "a hang, which the launcher's watchdog finds after failurePolicy.hangTimeoutSeconds.",
 )
 @click.option(
+    "--chaos-crash-at-step",
+    "chaos_crash_steps",
+    type=int,
+    multiple=True,
+    help="SIGKILL a worker's training process when training reaches this step (repeatable): "
+    "a crash its launcher restarts in place.",
+)
+@click.option(
     "--chaos-no-restart",
     is_flag=True,
     help="Leave killed workers dead, as a node that never comes back (an elastic job, "
@@ -66,6 +74,7 @@ def run_command(
     chaos_worker: int | None,
     chaos_store_steps: tuple[int, ...],
     chaos_stop_steps: tuple[int, ...],
+    chaos_crash_steps: tuple[int, ...],
     chaos_no_restart: bool,
 ) -> None:
     """Run JOB_FILE here: torchrun agents on loopback stand in for pods, a folder for the PVC.
@@ -98,6 +107,7 @@ def run_command(
         restart=not chaos_no_restart,
         store_at_steps=sorted(chaos_store_steps),
         stop_at_steps=sorted(chaos_stop_steps),
+        crash_at_steps=sorted(chaos_crash_steps),
     )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
     _prepare_data(job, run.checkpoint_dir)

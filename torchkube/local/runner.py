@@ -14,11 +14,12 @@ whole tree the way a pod deletion would: every agent gets SIGTERM, its workers w
 emergency checkpoint within the job's ``terminationGracePeriodSeconds``, then whatever is left
 is killed. Nothing keeps running or writing into the work dir after the command returns.
 
-``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, or stops one
-with SIGSTOP, as a wedged GPU would leave it (the launcher's hang watchdog finds it), so
-recovery can be watched. ``replicas.spares`` starts that many extra workers, which stand by in
-the rendezvous as a pod would; ``failurePolicy.replaceStragglers`` restarts the worker of a
-persistently slow rank, with the operator's straggler policy (``torchkube.operator.stragglers``).
+``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, kills a worker's
+training process alone, as a crash would, or stops one with SIGSTOP, as a wedged GPU would
+leave it (the launcher's hang watchdog finds it), so recovery can be watched.
+``replicas.spares`` starts that many extra workers, which stand by in the rendezvous as a pod
+would; ``failurePolicy.replaceStragglers`` restarts the worker of a persistently slow rank,
+with the operator's straggler policy (``torchkube.operator.stragglers``).
 """
 
 import contextlib
@@ -79,6 +80,9 @@ class Chaos:
     """Steps at which the rendezvous store is SIGKILLed (it is restarted like its pod)."""
     stop_at_steps: list[int] = field(default_factory=list)
     """Steps at which a worker's training process is SIGSTOPped: a hang."""
+    crash_at_steps: list[int] = field(default_factory=list)
+    """Steps at which a worker's training process is SIGKILLed and its launcher lives on: a
+    crash (a CUDA error, the kernel's OOM killer), which torchrun restarts in place."""
 
     def due(self, step: int, now: float, last_kill: float, started: float) -> bool:
         if self.at_steps and step >= self.at_steps[0]:
@@ -95,10 +99,18 @@ class Chaos:
         return False
 
     def stop_due(self, step: int) -> bool:
-        if self.stop_at_steps and step >= self.stop_at_steps[0]:
-            self.stop_at_steps.pop(0)
-            return True
-        return False
+        return _due(self.stop_at_steps, step)
+
+    def crash_due(self, step: int) -> bool:
+        return _due(self.crash_at_steps, step)
+
+
+def _due(steps: list[int], step: int) -> bool:
+    """Whether training reached the first of ``steps`` (taken off the list if so)."""
+    if steps and step >= steps[0]:
+        steps.pop(0)
+        return True
+    return False
 
 
 @dataclass
@@ -278,7 +290,9 @@ class LocalRun:
             if record and self.chaos.store_due(step):
                 self._kill_store(record, now)
             if record and self.chaos.stop_due(step):
-                self._stop_one(record, now)
+                self._signal_trainer(record, now, signal.SIGSTOP)
+            if record and self.chaos.crash_due(step):
+                self._signal_trainer(record, now, signal.SIGKILL)
             if record:
                 self._replace_straggler(record, now)
             if record and self.chaos.due(step, now, last_kill, started):
@@ -392,9 +406,10 @@ class LocalRun:
         if self.chaos.restart:
             self._start_worker(index)
 
-    def _stop_one(self, record: ProgressReport, now: float) -> None:
+    def _signal_trainer(self, record: ProgressReport, now: float, sig: signal.Signals) -> None:
         """SIGSTOP one training process of a worker: it hangs mid-step, its launcher's
-        watchdog finds it after the hang timeout and ends the worker with exit code 124."""
+        watchdog finds it after the hang timeout and ends the worker with exit code 124. Or
+        SIGKILL it: its launcher restarts the round in place, and no worker exits here."""
         tree = children_of()
         order = [(self._kills + i) % self.count for i in range(self.count)]
         self._kills += 1
@@ -405,17 +420,20 @@ class LocalRun:
             if i in self.workers and (trainers := workers_of(self.workers[i].proc.pid, tree))
         ]
         if not training:  # a spare stands by without a trainer
-            self.out.write(f"\nchaos: no training process to stop at step {record.step}\n")
+            self.out.write(f"\nchaos: no training process to {sig.name} at step {record.step}\n")
             return
         index, trainers = training[0]
         self.out.write(
-            f"\nchaos: SIGSTOP a training process of worker {index} at step {record.step}\n"
+            f"\nchaos: {sig.name} a training process of worker {index} at step {record.step}\n"
         )
-        stopped = self._display_failure(index, "stopped (chaos: hung)", record, now)
-        self.failures.append(stopped)
-        self._hung[index] = stopped
+        hung = sig == signal.SIGSTOP
+        what = "stopped (chaos: hung)" if hung else "crashed (chaos)"
+        failure = self._display_failure(index, what, record, now)
+        self.failures.append(failure)
+        if hung:
+            self._hung[index] = failure
         with contextlib.suppress(ProcessLookupError):
-            os.kill(trainers[0], signal.SIGSTOP)
+            os.kill(trainers[0], sig)
 
     def _replace_straggler(self, record: ProgressReport, now: float) -> None:
         """The operator's straggler policy on this run's workers: the slowest rank tracked,
