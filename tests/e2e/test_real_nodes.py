@@ -1096,7 +1096,7 @@ def _metrics_endpoint_state(api: Any, pod_name: str, port: int = 8080) -> str:
         )
         parts.append(f"ip {' '.join(what)}: {shown.stdout.strip()}{shown.stderr.strip()}")
     try:
-        pid = pod_process(pod.metadata.uid, b"operator")
+        pid = _container_pid(pod, b"operator")
         listening = subprocess.run(
             ["nsenter", "-t", str(pid), "-n", "ss", "-ltn"],
             capture_output=True,

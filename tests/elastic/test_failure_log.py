@@ -1,7 +1,7 @@
 """How fast an agent reports a failed worker (torchkube/elastic/torchrun.py). torch formats an
 exception in its log records by first importing ``torch._dynamo``, and a warm worker's failure
-is such a record: the survivor's agent spent 1.6–2 s importing the compiler stack before it
-restarted the round. Each case runs in a fresh interpreter, as an agent is one."""
+is such a record: the survivor's agent spent 1.4–2.4 s (2 cores) importing the compiler stack
+before it restarted the round. Each case runs in a fresh interpreter, as an agent is one."""
 
 import subprocess
 import sys

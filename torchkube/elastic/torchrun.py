@@ -34,9 +34,9 @@ Around it, this module adds:
   store sees at most about 256 reads a second from waiting agents whatever the size.
 * **A failed worker is reported at once.** torch's log formatter imports ``torch._dynamo``
   (the compiler stack: sympy, fx, inductor) before it formats a record's exception, and a warm
-  worker's failure is logged with its exception: the surviving agent spent 1.6–2 s importing
-  before it restarted the round, every recovery. :func:`report_failures_lightly` renders the
-  traceback into the message itself, with the standard formatter.
+  worker's failure is logged with its exception: the surviving agent spent 1.4–2.4 s (2 cores)
+  importing before it restarted the round, every recovery. :func:`report_failures_lightly`
+  renders the traceback into the message itself, with the standard formatter.
 * **The watchdog judges only the workers torchrun runs now.** :func:`healthy_workers` is the
   agent's worker pids while it holds them healthy: a worker of an ended round (dying, or its
   heartbeat file not yet replaced) is never taken for a hung one.

@@ -85,18 +85,14 @@ class Chaos:
     crash (a CUDA error, the kernel's OOM killer), which torchrun restarts in place."""
 
     def due(self, step: int, now: float, last_kill: float, started: float) -> bool:
-        if self.at_steps and step >= self.at_steps[0]:
-            self.at_steps.pop(0)
+        if _due(self.at_steps, step):
             return True
         if self.every_seconds is not None:
             return now - max(last_kill, started) >= self.every_seconds
         return False
 
     def store_due(self, step: int) -> bool:
-        if self.store_at_steps and step >= self.store_at_steps[0]:
-            self.store_at_steps.pop(0)
-            return True
-        return False
+        return _due(self.store_at_steps, step)
 
     def stop_due(self, step: int) -> bool:
         return _due(self.stop_at_steps, step)
