@@ -245,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     budget = _join_timeout(args)
     _lose_a_forgetful_store()
     torchrun.track()
-    torchrun.report_failures_lightly()
     if warm.enabled():
         warm.patch_torchrun()
         warm.start(args)
