@@ -255,9 +255,17 @@ def test_scale_down_and_up_through_the_scale_subresource(
     job.wait_running(4)
     status = job.status()
     assert status.get("restarts", 0) == 0, "a resize is not a failure"
-    read = custom.get_namespaced_custom_object_scale(
-        GROUP, VERSION, job.namespace, PLURAL, job.name
-    )
+
+    def read_scale() -> dict[str, Any]:
+        return dict(
+            custom.get_namespaced_custom_object_scale(
+                GROUP, VERSION, job.namespace, PLURAL, job.name
+            )
+        )
+
+    # the pods run before the operator's next status write counts them
+    job.wait(lambda: read_scale()["status"]["replicas"] == 4, 15, "status.replicas 4")
+    read = read_scale()
     assert read["spec"]["replicas"] == 4 and read["status"]["replicas"] == 4
 
 
