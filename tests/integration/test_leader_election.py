@@ -79,3 +79,50 @@ def test_a_leader_whose_renew_hangs_steps_down_within_the_deadline(
 
     stepped_down = asyncio.run(scenario())
     assert stepped_down <= 2.0 + 0.3 + 0.5, f"still leading {stepped_down:.1f}s after the stall"
+
+
+class _GatedReads:
+    """The real Lease API, whose next read waits at a gate: a renew caught in flight."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.armed = False
+
+    def read_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            self.gate.wait(10)
+        return self.api.read_namespaced_lease(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+
+def test_a_renew_in_flight_at_shutdown_does_not_take_the_released_lease_again(
+    api_client: Any, namespace: str
+) -> None:
+    """Shutdown cancels the renew loop, but not a renew call already in its thread. Released
+    while that call waits, the Lease must stay free: before, the late renew read the released
+    Lease and took it again, and the standby waited a whole lease duration (18.5 s in CI)."""
+    elector = LeaderElection(api_client, namespace, "tk-release", lease_seconds=30)
+    assert elector.try_acquire_or_renew()
+    elector.leading.set()
+    gated = _GatedReads(elector.api)
+    elector.api = gated  # type: ignore[assignment]
+    gated.armed = True
+    renew = threading.Thread(target=elector.try_acquire_or_renew)
+    renew.start()
+    assert gated.entered.wait(10)
+    release = threading.Thread(target=elector.release)
+    release.start()
+    time.sleep(0.3)  # the release waits for the call in flight (before: it went ahead)
+    gated.gate.set()
+    renew.join(10)
+    release.join(10)
+    assert not elector.leading.is_set()
+    standby = LeaderElection(api_client, namespace, "tk-release", lease_seconds=30)
+    standby.identity += "-b"
+    assert standby.try_acquire_or_renew(), "the released Lease is free for the standby at once"
+    assert not elector.try_acquire_or_renew(), "a released elector never takes the Lease again"

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -20,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
+RELEASE_ATTEMPTS = 3
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -57,6 +59,13 @@ class LeaderElection:
         self._observed: tuple[str | None, str | None] = (None, None)
         self._observed_at = 0.0
         self._renewed_at = 0.0
+        # One Lease call at a time, and none after the release: a renew still in flight when
+        # shutdown cancels ``run`` (a thread cannot be cancelled) would otherwise write the
+        # Lease between the release's read and write (the release then fails with 409), or
+        # read the released Lease and take it again — either way the standby waits a full
+        # lease duration for a leader that is gone.
+        self._lease_lock = threading.Lock()
+        self._released = False
 
     async def run(self) -> None:
         """Acquire, renew, and step down when renewing fails past the deadline.
@@ -91,6 +100,10 @@ class LeaderElection:
             await asyncio.sleep(self.retry_seconds)
 
     def try_acquire_or_renew(self) -> bool:
+        with self._lease_lock:
+            return not self._released and self._acquire_or_renew()
+
+    def _acquire_or_renew(self) -> bool:
         now = datetime.now(UTC)
         try:
             lease = self.api.read_namespaced_lease(
@@ -132,19 +145,31 @@ class LeaderElection:
     def release(self) -> None:
         """Hand the Lease over at once on shutdown (client-go's ReleaseOnCancel), so a rolling
         update does not wait a full lease duration for the next leader."""
-        if not self.leading.is_set():
-            return
-        self.leading.clear()
-        lease = self.api.read_namespaced_lease(self.name, self.namespace)
-        if lease.spec is None or lease.spec.holder_identity != self.identity:
-            return
-        lease.spec.holder_identity = ""
-        lease.spec.lease_duration_seconds = 1
-        lease.spec.renew_time = datetime.now(UTC)
-        try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
-        except ApiException as error:
-            log.warning("could not release the lease: %s", error.reason)
+        was_leading = self.leading.is_set()
+        self.leading.clear()  # stop acting now, even while a renew call still holds the lock
+        with self._lease_lock:
+            self._released = True
+            if not was_leading:
+                return
+            for _ in range(RELEASE_ATTEMPTS):
+                lease = self.api.read_namespaced_lease(
+                    self.name, self.namespace, _request_timeout=self._timeout()
+                )
+                if lease.spec is None or lease.spec.holder_identity != self.identity:
+                    return
+                lease.spec.holder_identity = ""
+                lease.spec.lease_duration_seconds = 1
+                lease.spec.renew_time = datetime.now(UTC)
+                try:
+                    self.api.replace_namespaced_lease(
+                        self.name, self.namespace, lease, _request_timeout=self._timeout()
+                    )
+                    return
+                except ApiException as error:
+                    if error.status != 409:  # 409: written meanwhile; read it again
+                        log.warning("could not release the lease: %s", error.reason)
+                        return
+            log.warning("could not release the lease: it kept changing under the release")
 
     def _create(self, now: datetime) -> bool:
         body = client.V1Lease(
