@@ -330,3 +330,14 @@ def test_slim_pod_keeps_every_field_the_operator_reads_and_drops_the_spec() -> N
     small["status"]["conditions"].clear()
     small["metadata"]["labels"].clear()
     assert full["status"]["conditions"] and full["metadata"]["labels"], "slim must copy"
+
+
+def test_an_incident_with_a_lost_node_is_named_after_the_node_whatever_failed_first() -> None:
+    """The store and a worker on the same lost node fail together: one incident, and its
+    event says NodeLost and names the node (it said RendezvousStoreLost when the store came
+    first, so a user looking for the lost node did not find it)."""
+    pods = [store("n2"), pod(0, node="n1"), pod(1, node="n2"), pod(2, node="n1"), pod(3)]
+    lost = run(make_job(running_status()), pods, {"n1": READY})
+    assert lost.status.restarts == 1
+    assert [e.reason for e in lost.events] == ["NodeLost"], lost.events
+    assert "n2" in lost.events[0].message and "1 more failing together" in lost.events[0].message

@@ -265,8 +265,6 @@ class Outcome:
     restarts: int
     counted: int
     records: list[FailureRecord] = field(default_factory=list)
-    new_incidents: list[Failure] = field(default_factory=list)
-    """The first failure of each incident opened by this batch (one event each)."""
     fail_reason: str | None = None
     fail_message: str = ""
 
@@ -316,7 +314,6 @@ def account(
         if not joins:
             out.restarts += 1
             began, charged = now, False
-            out.new_incidents.append(failure)
         counts = failure.counts(policy)
         if counts and not charged:
             out.counted += 1

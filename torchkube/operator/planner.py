@@ -219,7 +219,10 @@ def _record_failures(ctx: Context, new: list[Failure]) -> bool:
     max_restarts = ctx.spec.failure_policy.max_restarts
     for incident in range(before.restarts + 1, outcome.restarts + 1):
         members = [r for r in outcome.records if r.incident == incident]
-        first = next(f for f in outcome.new_incidents if f.pod == members[0].pod)
+        # A lost node names the incident whichever of its pods was seen first: it is the
+        # cause of the others' failures, and what the user has to look at.
+        headline = next((r for r in members if r.reason == "NodeLost"), members[0])
+        first = next(f for f in new if f.pod == headline.pod and f.reason == headline.reason)
         others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
         ctx.event(
             "Warning",
