@@ -210,3 +210,40 @@ def test_a_heartbeat_without_a_launcher_does_nothing(tmp_path: Path) -> None:
         assert written.median_step_seconds is not None and written.median_step_seconds < 1
     finally:
         live.close()
+
+
+def test_a_failed_check_does_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog is a daemon thread: an exception escaping one poll (say, torch's agent
+    read while it changes rounds) ended it silently, a later hang of this pod was never
+    declared, and its peers blamed themselves after the grace."""
+    monkeypatch.setattr("torchkube.elastic.watchdog.POLL_SECONDS", 0.01)
+    monkeypatch.setattr("torchkube.elastic.watchdog.process_state", lambda pid: "T")
+    monkeypatch.setattr("torchkube.elastic.watchdog.dump_stacks", lambda folder, beats: "")
+    now = T0 + 500
+    frozen = beat(0, now - 70, written=now - 69)  # its heartbeat thread stopped with it
+    monkeypatch.setattr("torchkube.elastic.watchdog.read_beats", lambda folder: [frozen])
+    monkeypatch.setattr("torchkube.elastic.watchdog.time.time", lambda: now)
+    calls: list[int] = []
+
+    def current() -> set[int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the agent is between rounds")
+        return {100}
+
+    hung: list[str] = []
+    logged: list[str] = []
+    dog = Watchdog(
+        folder=Path("/nonexistent"),
+        configured=None,
+        board=Board(),  # type: ignore[arg-type]
+        where="pod-a",
+        hung=hung.append,
+        log=logged.append,
+        current=current,
+    )
+    monkeypatch.setattr(dog, "_kill", lambda pids: None)
+    dog.start()
+    dog._thread.join(5)
+    assert len(hung) == 1 and "stopped" in hung[0], (hung, logged)
+    assert any("between rounds" in line for line in logged), logged

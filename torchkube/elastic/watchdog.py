@@ -312,11 +312,17 @@ class Watchdog:
         self._done.set()
 
     def _run(self) -> None:
+        failed = ""
         while not self._done.wait(POLL_SECONDS):
-            current = self.current()
-            beats = [b for b in read_beats(self.folder) if b.pid in current - self._handled]
-            if beats:
-                self.check(beats, time.time())
+            try:
+                current = self.current()
+                beats = [b for b in read_beats(self.folder) if b.pid in current - self._handled]
+                if beats:
+                    self.check(beats, time.time())
+            except Exception as error:  # one bad poll must not end hang detection for good
+                if repr(error) != failed:
+                    failed = repr(error)
+                    self.log(f"hang watchdog: a check failed ({failed}); checking on")
 
     def check(self, beats: Sequence[Beat], now: float) -> None:
         verdict = judge(beats, now, self.configured)
