@@ -49,6 +49,28 @@ def delete_link(name: str) -> None:
     subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
 
 
+def ports_of(bridge: str) -> list[str]:
+    """The links attached to ``bridge`` (the host ends of its pods' veth pairs)."""
+    out = subprocess.run(
+        ["ip", "-o", "link", "show", "master", bridge], capture_output=True, text=True, check=False
+    ).stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+
+
+def unplug_pods(bridge: str) -> list[str]:
+    """Take every pod off ``bridge``, as a reboot does, and return the ports deleted: the host
+    end of each veth pair goes (the pair with it, even when its namespace outlived the
+    deletion of its name), and the bridge forgets the addresses it learnt. Suspected cause of
+    a pod started after a node's restart being unreachable (connections timed out): a pod
+    from before the power loss still on the bridge with the same address (the node's IPAM
+    state goes with the power loss)."""
+    ports = ports_of(bridge)
+    for port in ports:
+        delete_link(port)
+    subprocess.run(["ip", "neigh", "flush", "dev", bridge], capture_output=True, check=False)
+    return ports
+
+
 def delete_netns_in(subnet: ipaddress.IPv4Network) -> None:
     """Delete the named network namespaces whose pod address is in ``subnet``."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)

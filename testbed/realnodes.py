@@ -80,6 +80,8 @@ class RealNode:
         self.root_dir: Path = self.dir / "containerd-root"  # the cached slot, once claimed
         self._root_lock: IO[str] | None = None
         self.started_in_s: float | None = None
+        self.unplugged_at_restart: list[str] = []
+        """The pods' veth ends the last power-on found still on the bridge and deleted."""
         """Seconds from starting the nodes until this one was Ready."""
 
     # -------------------------------------------------------------- containerd root (cached)
@@ -324,6 +326,9 @@ class RealNode:
         self.kill()
         host.unmount_under([self.state_dir])
         network.delete_netns_in(self.subnet)
+        self.unplugged_at_restart = network.unplug_pods(self.bridge)
+        if left := network.ports_of(self.bridge):
+            raise RuntimeError(f"{self.name}: pods still on {self.bridge} at power-on: {left}")
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._start_containerd()
@@ -343,6 +348,7 @@ class RealNode:
             "kubelet_pid": self.kubelet.pid if self.kubelet else None,
             "containerd_pid": self.containerd.pid if self.containerd else None,
             "started_in_s": self.started_in_s,
+            "unplugged_at_restart": self.unplugged_at_restart,
         }
 
 
