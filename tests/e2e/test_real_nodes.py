@@ -854,7 +854,22 @@ def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
 
         failure = wait_for(hang_recorded, hang + 60, what="a Hang", describe_last=job.describe)
         detected = time.monotonic() - stopped
-        assert failure["pod"] == victim.metadata.name and failure["exitCode"] == 124, failure
+
+        def launchers() -> str:
+            """Each pod's launcher lines (its watchdog's among them): who saw what, when."""
+            return "\n".join(
+                f"--- {pod.metadata.name}\n"
+                + "\n".join(
+                    line[:300]
+                    for line in _logs(real_cluster, job.namespace, pod.metadata.name).splitlines()
+                    if line.startswith("torchkube:")
+                )
+                for pod in job.pods()
+            )
+
+        assert failure["pod"] == victim.metadata.name and failure["exitCode"] == 124, (
+            f"{failure}\n{launchers()}"
+        )
         # its rank, as the launcher knows it (a worker forked from the warm server keeps the
         # server's /proc environ, so the test cannot read RANK there)
         assert re.search(r"rank [01] \(pid \d+", failure["message"]), failure
