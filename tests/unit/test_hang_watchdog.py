@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from torchkube.api.hang import HANG_MIN_SECONDS, hang_timeout, parse_configured
-from torchkube.elastic.heartbeat import Beat, Heartbeat
+from torchkube.elastic.heartbeat import Beat, Heartbeat, beat_file
 from torchkube.elastic.watchdog import (
     PEER_GRACE_SECONDS,
     Declaration,
@@ -210,6 +210,20 @@ def test_a_heartbeat_without_a_launcher_does_nothing(tmp_path: Path) -> None:
         assert written.median_step_seconds is not None and written.median_step_seconds < 1
     finally:
         live.close()
+
+
+def test_the_first_step_is_on_disk_at_once(tmp_path: Path) -> None:
+    """A worker stopped less than a heartbeat period after its first step left a file that
+    showed no step, and the watchdog took it for one still starting: never a hang (the
+    real-node hang test's SIGSTOP came 0.3 s into training and the waiting pod was blamed)."""
+    heartbeat = Heartbeat(tmp_path, rank=1, local_rank=0)
+    try:
+        assert Beat.from_json(beat_file(tmp_path, 0).read_text()).stepped is None
+        heartbeat.beat(1)
+        on_disk = Beat.from_json(beat_file(tmp_path, 0).read_text())
+        assert on_disk.step == 1 and on_disk.stepped is not None
+    finally:
+        heartbeat.close()
 
 
 def test_a_failed_check_does_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:

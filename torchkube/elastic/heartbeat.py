@@ -108,6 +108,7 @@ class Heartbeat:
         self._paused: str | None = None
         self._durations: deque[float] = deque(maxlen=STEP_WINDOW)
         self._stop = threading.Event()
+        self._writing = threading.Lock()
         self._stacks: IO[str] | None = None
         self._thread: threading.Thread | None = None
         if folder is None:
@@ -132,11 +133,17 @@ class Heartbeat:
         )
 
     def beat(self, step: int) -> None:
-        """Step ``step`` is finished. Cheap enough for every step: two assignments."""
+        """Step ``step`` is finished. Cheap enough for every step: two assignments, and one
+        write at the first step: until the file shows a step, the watchdog takes the worker
+        for one still starting, and a worker stopped before the thread's next write (a hang
+        in its first second of training) was never judged."""
         now = time.time()
+        first = self._stepped is None and self._step is None
         if self._stepped is not None:
             self._durations.append(now - self._stepped)
         self._step, self._stepped = step, now
+        if first:
+            self._write()
 
     @contextlib.contextmanager
     def pausing(self, what: str) -> Iterator[None]:
@@ -171,7 +178,8 @@ class Heartbeat:
             return
         path = beat_file(self.folder, self.local_rank)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        with contextlib.suppress(OSError):  # a full disk must not stop training
+        # The thread and the first beat share the temporary file.
+        with self._writing, contextlib.suppress(OSError):  # a full disk must not stop training
             tmp.write_text(self.snapshot().to_json())
             os.replace(tmp, path)
 
