@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = _join_timeout(args)
     _lose_a_forgetful_store()
     torchrun.track()
+    torchrun.report_failures_lightly()
     if warm.enabled():
         warm.patch_torchrun()
         warm.start(args)
