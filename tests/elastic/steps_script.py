@@ -32,6 +32,7 @@ def main() -> None:
     log_path = out / "steps.log"
     lines = log_path.read_text().split() if log_path.exists() else []
     step = int(lines[-3]) if lines else 0
+    heartbeat.training()
     while step < total:
         value = torch.ones(1)
         dist.all_reduce(value)

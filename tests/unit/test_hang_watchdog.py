@@ -2,12 +2,17 @@
 (torchkube/elastic/watchdog.py) on heartbeats written by hand; the watchdog with real
 processes is tests/elastic/test_watchdog.py."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from torchkube.api.hang import HANG_MIN_SECONDS, hang_timeout, parse_configured
-from torchkube.elastic.heartbeat import Beat, Heartbeat, beat_file
+from torchkube.elastic.heartbeat import FIRST_STEP, Beat, Heartbeat, beat_file, read_beats
 from torchkube.elastic.watchdog import (
     PEER_GRACE_SECONDS,
     Declaration,
@@ -224,6 +229,69 @@ def test_the_first_step_is_on_disk_at_once(tmp_path: Path) -> None:
         assert on_disk.step == 1 and on_disk.stepped is not None
     finally:
         heartbeat.close()
+
+
+def test_the_loop_beginning_is_on_disk_and_the_first_step_is_no_step_time(
+    tmp_path: Path,
+) -> None:
+    heartbeat = Heartbeat(tmp_path, rank=1, local_rank=0)
+    try:
+        heartbeat.training()
+        on_disk = Beat.from_json(beat_file(tmp_path, 0).read_text())
+        assert (on_disk.step, on_disk.paused) == (None, FIRST_STEP)
+        assert on_disk.stepped is not None
+        time.sleep(0.3)  # a slow first step (a compile): not the pace of training
+        heartbeat.beat(1)
+        heartbeat.beat(2)
+        on_disk = Beat.from_json(beat_file(tmp_path, 0).read_text())
+        assert (on_disk.step, on_disk.paused) == (1, None)
+        median = heartbeat.snapshot().median_step_seconds
+        assert median is not None and median < 0.1
+    finally:
+        heartbeat.close()
+
+
+def test_the_first_step_is_judged_like_a_pause_but_a_stopped_worker_is_a_hang() -> None:
+    now = T0 + 500
+    compiling = beat(0, now - 100, now, median_step_seconds=None, paused=FIRST_STEP)
+    compiling = Beat(**{**compiling.__dict__, "step": None})
+    assert judge([compiling], now, 15, sleeping) is None  # the collective timeout: 600 s
+    assert judge([compiling], now, 15, lambda pid: "T") == Verdict(
+        idle=100, timeout=15, stuck=(compiling,), stopped=True
+    )
+    starting = Beat(**{**compiling.__dict__, "stepped": None, "paused": None})
+    assert judge([starting], now, 15, lambda pid: "T") is None  # start-up: its own timeouts
+
+
+WORKER_STOPPED_BEFORE_ITS_FIRST_STEP = """
+import os, signal, sys
+from pathlib import Path
+from torchkube.elastic.heartbeat import Heartbeat
+Heartbeat(Path(sys.argv[1])).training()
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_worker_stopped_before_its_first_step_is_found(tmp_path: Path) -> None:
+    """A worker SIGSTOPped between start-up and its first step was never judged: the watchdog
+    only looked at workers that had stepped, and its peers waited for the collective timeout."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER_STOPPED_BEFORE_ITS_FIRST_STEP, str(tmp_path)]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while (
+            not (beats := read_beats(tmp_path))
+            or os.waitid(os.P_PID, worker.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT) is None
+        ):
+            assert time.monotonic() < deadline, "the worker never began training and stopped"
+            time.sleep(0.05)
+        verdict = judge(beats, time.time() + 20, 15)
+        assert verdict is not None and verdict.stopped
+        assert [b.pid for b in verdict.stuck] == [worker.pid]
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
 
 
 def test_a_failed_check_does_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,9 +16,15 @@ A phase between steps that may outlast the hang timeout — an evaluation, a che
 runs inside :meth:`Heartbeat.pausing`: the watchdog then allows it the collective timeout (a
 collective inside it gives up then anyway) instead of the hang timeout.
 
+:meth:`Heartbeat.training` marks where the loop begins. Before it (rendezvous, a checkpoint's
+load) start-up has timeouts of its own and the watchdog leaves the worker alone; from it the
+first step is judged like a pause — it may compile for minutes, so waiting is allowed the
+collective timeout — except that a worker stopped by a signal is a hang at the plain timeout.
+
 Any training script can use it (the built-in trainer does)::
 
     heartbeat = Heartbeat.from_env()
+    heartbeat.training()
     for step in ...:
         train_step()
         heartbeat.beat(step)
@@ -49,6 +55,8 @@ BEAT_SECONDS = 1.0
 STEP_WINDOW = 64
 """Step durations the median step time is taken over."""
 STACK_SIGNAL = signal.SIGUSR1
+FIRST_STEP = "first step"
+"""What a worker that began training but finished no step yet is doing, in its file."""
 
 
 def beat_file(folder: Path, local_rank: int) -> Path:
@@ -132,17 +140,27 @@ class Heartbeat:
             collective_timeout_seconds,
         )
 
+    def training(self) -> None:
+        """The training loop begins: from now a worker that finishes no step is judged (see
+        the module docstring). Written at once: a worker stopped before the thread's next
+        write would otherwise look like one still starting."""
+        self._stepped, self._paused = time.time(), FIRST_STEP
+        self._write()
+
     def beat(self, step: int) -> None:
         """Step ``step`` is finished. Cheap enough for every step: two assignments, and one
         write at the first step: until the file shows a step, the watchdog takes the worker
         for one still starting, and a worker stopped before the thread's next write (a hang
-        in its first second of training) was never judged."""
+        in its first second of training) was never judged. The first step's time (a compile,
+        a cold cache) is not a step time the hang timeout should follow."""
         now = time.time()
-        first = self._stepped is None and self._step is None
-        if self._stepped is not None:
+        first = self._step is None
+        if not first and self._stepped is not None:
             self._durations.append(now - self._stepped)
         self._step, self._stepped = step, now
         if first:
+            if self._paused == FIRST_STEP:
+                self._paused = None
             self._write()
 
     @contextlib.contextmanager

@@ -6,7 +6,9 @@ reads its own workers' heartbeats (``torchkube.elastic.heartbeat``) once a secon
 them finished a step for the hang timeout (``torchkube.api.hang``) it looks for the cause:
 
 Between two steps, an evaluation or a checkpoint save that says so (``Heartbeat.pausing``) is
-allowed the collective timeout instead: a slow save is not a hang.
+allowed the collective timeout instead: a slow save is not a hang. So is the first step after
+the loop begins (``Heartbeat.training``; a compile), but a worker stopped by a signal is a
+hang at the plain timeout wherever it stopped.
 
 * **A stopped worker** — its heartbeat thread stopped writing, or its main thread is stopped
   (``T``, e.g. SIGSTOP) or in uninterruptible sleep (``D``, a dead NFS mount): this pod is the
@@ -81,8 +83,10 @@ def judge(
     configured: float | None,
     states: Callable[[int], str | None] = process_state,
 ) -> Verdict | None:
-    """This pod's verdict from its workers' heartbeats; None while they step (or before their
-    first step: start-up has timeouts of its own)."""
+    """This pod's verdict from its workers' heartbeats; None while they step, or before the
+    training loop begins (``Heartbeat.training``: start-up has timeouts of its own). The first
+    step is judged like a pause (its own times are not known; it may compile), except for a
+    worker stopped by a signal."""
     stepping = [b for b in beats if b.stepped is not None]
     if not stepping:
         return None
@@ -109,7 +113,7 @@ def judge(
 
 
 def stuck_for(beats: Sequence[Beat], now: float) -> float:
-    """Seconds since this pod's workers last finished a step (0 before their first)."""
+    """Seconds since this pod's workers last finished a step, or began training (0 before)."""
     times = [b.stepped for b in beats if b.stepped is not None]
     return now - max(times) if times else 0.0
 

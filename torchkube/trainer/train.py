@@ -124,6 +124,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         agreement = StepAgreement(info.control_group, lambda: stop.requested)
 
         # --- loop
+        heartbeat.training()
         while state.step < spec.steps:
             agreement.start(save=info.is_main and ckpt.due(state.step + 1))
             timer.start()
