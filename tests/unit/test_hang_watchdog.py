@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -253,13 +254,14 @@ def test_the_loop_beginning_is_on_disk_and_the_first_step_is_no_step_time(
 
 def test_the_first_step_is_judged_like_a_pause_but_a_stopped_worker_is_a_hang() -> None:
     now = T0 + 500
-    compiling = beat(0, now - 100, now, median_step_seconds=None, paused=FIRST_STEP)
-    compiling = Beat(**{**compiling.__dict__, "step": None})
+    compiling = replace(
+        beat(0, now - 100, now, median_step_seconds=None, paused=FIRST_STEP), step=None
+    )
     assert judge([compiling], now, 15, sleeping) is None  # the collective timeout: 600 s
     assert judge([compiling], now, 15, lambda pid: "T") == Verdict(
         idle=100, timeout=15, stuck=(compiling,), stopped=True
     )
-    starting = Beat(**{**compiling.__dict__, "stepped": None, "paused": None})
+    starting = replace(compiling, stepped=None, paused=None)
     assert judge([starting], now, 15, lambda pid: "T") is None  # start-up: its own timeouts
 
 
