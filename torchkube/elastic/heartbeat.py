@@ -14,7 +14,8 @@ needs neither the main thread nor the interpreter lock, into ``stacks-<LOCAL_RAN
 
 A phase between steps that may outlast the hang timeout — an evaluation, a checkpoint save —
 runs inside :meth:`Heartbeat.pausing`: the watchdog then allows it the collective timeout (a
-collective inside it gives up then anyway) instead of the hang timeout.
+collective inside it gives up then anyway) instead of the hang timeout — the one the heartbeat
+was given (``collective_timeout_seconds``); without it, a pause gets the hang timeout too.
 
 :meth:`Heartbeat.training` marks where the loop begins. Before it (rendezvous, a checkpoint's
 load) start-up has timeouts of its own and the watchdog leaves the worker alone; from it the
