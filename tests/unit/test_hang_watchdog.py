@@ -3,9 +3,11 @@
 processes is tests/elastic/test_watchdog.py."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,16 +15,25 @@ from pathlib import Path
 import pytest
 
 from torchkube.api.hang import HANG_MIN_SECONDS, hang_timeout, parse_configured
-from torchkube.elastic.heartbeat import FIRST_STEP, Beat, Heartbeat, beat_file, read_beats
+from torchkube.elastic.heartbeat import (
+    BEAT_SECONDS,
+    FIRST_STEP,
+    Beat,
+    Heartbeat,
+    beat_file,
+    read_beats,
+)
 from torchkube.elastic.watchdog import (
     PEER_GRACE_SECONDS,
     Declaration,
     Verdict,
     Watchdog,
     describe,
+    dump_stacks,
     innermost_frames,
     judge,
     looks_stuck,
+    signal_thread,
 )
 
 T0 = 1_000_000.0
@@ -149,17 +160,23 @@ def test_looks_stuck_waits_a_few_steps_first() -> None:
     assert not looks_stuck([beat(0, now - 6, now, median_step_seconds=3.0)], now)
 
 
-DUMP = """--- rank 1 (local rank 0, pid 7)
-Thread 0x01 (most recent call first):
-  File "threading.py", line 331 in wait
-  File "threading.py", line 1045 in _bootstrap_inner
-  File "threading.py", line 1002 in _bootstrap
+DUMP = """--- rank 0 (local rank 1, pid 8)
+Main thread 8:
+  File "train.py", line 88 in train_step
 
-Current thread 0x02 (most recent call first):
+Thread 10 (torchkube-heartbeat):
+  File "threading.py", line 331 in wait
+--- rank 1 (local rank 0, pid 7)
+Main thread 7:
   File "train.py", line 270 in train_step
   File "train.py", line 117 in train
   File "multiprocessing/process.py", line 314 in _bootstrap
-  File "multiprocessing/forkserver.py", line 274 in main"""
+  File "multiprocessing/forkserver.py", line 274 in main
+
+Thread 9 (torchkube-heartbeat):
+  File "threading.py", line 331 in wait
+  File "threading.py", line 1045 in _bootstrap_inner
+  File "threading.py", line 1002 in _bootstrap"""
 
 
 def test_the_message_names_the_main_threads_innermost_frames() -> None:
@@ -331,3 +348,96 @@ def test_a_failed_check_does_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) 
     dog._thread.join(5)
     assert len(hung) == 1 and "stopped" in hung[0], (hung, logged)
     assert any("between rounds" in line for line in logged), logged
+
+
+WORKER_WITH_THREADS_COMING_AND_GOING = """
+import sys, threading, time
+from pathlib import Path
+from torchkube.elastic.heartbeat import Heartbeat
+
+def deep(depth):
+    return time.sleep(3600) if depth == 0 else deep(depth - 1)
+
+def short_lived_threads():
+    while True:
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+
+def the_main_loop():
+    heartbeat.beat(1)
+    while True:
+        sum(range(100))
+
+heartbeat = Heartbeat(Path(sys.argv[1]))
+heartbeat.training()
+for _ in range(4):  # deep stacks: an all-threads dump takes long enough to meet a thread's end
+    threading.Thread(target=deep, args=(100,), daemon=True).start()
+for _ in range(8):
+    threading.Thread(target=short_lived_threads, daemon=True).start()
+print("ready", flush=True)
+the_main_loop()
+"""
+
+
+def test_stacks_of_a_stopped_worker_whose_threads_come_and_go(tmp_path: Path) -> None:
+    """faulthandler's all-threads dump walks the other threads while they run (the stopped
+    worker is continued so that its handler can answer): a thread ending meanwhile frees the
+    state the dump reads, and the worker died of a segmentation fault with half a dump (a
+    real-node hang test, CI stop 25; here about one dump in fifty crashed). Each thread now
+    writes its own stack, one at a time."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER_WITH_THREADS_COMING_AND_GOING, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+        time.sleep(BEAT_SECONDS * 1.5)  # the heartbeat thread wrote the threads it saw
+        dumps, until = 0, time.monotonic() + 10
+        while time.monotonic() < until:
+            worker.send_signal(signal.SIGSTOP)
+            (found,) = read_beats(tmp_path)
+            dump = dump_stacks(tmp_path, [found], wait=2)
+            assert worker.poll() is None, f"the worker died ({worker.returncode}) after {dumps}"
+            assert "in the_main_loop" in innermost_frames(dump, 0), dump
+            assert len(re.findall(r"\(deep\)\):\n  File ", dump)) == 4, dump  # each answered
+            dumps += 1
+            worker.send_signal(signal.SIGCONT)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+
+
+def test_a_thread_is_signalled_alone_and_a_gone_one_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tgkill`` reaches one thread of another process (``os.kill`` reaches whichever the
+    kernel picks); without it (a C library before glibc 2.30) only the main thread is asked."""
+    received: list[int] = []
+    ready = threading.Event()
+
+    def waiting() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+        ready.set()
+        received.append(signal.sigwait([signal.SIGUSR2]))
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    try:
+        thread = threading.Thread(target=waiting)
+        thread.start()
+        ready.wait()
+        assert thread.native_id is not None
+        assert signal_thread(os.getpid(), thread.native_id, signal.SIGUSR2)
+        thread.join(timeout=5)
+        assert received == [signal.SIGUSR2] and not thread.is_alive()
+        deadline = time.monotonic() + 5  # join returns a moment before the thread is gone
+        while signal_thread(os.getpid(), thread.native_id, 0):
+            assert time.monotonic() < deadline, "an ended thread is still signalled"
+            time.sleep(0.01)
+
+        monkeypatch.setattr("torchkube.elastic.watchdog._TGKILL", None)
+        assert not signal_thread(os.getpid(), os.getpid() + 1, 0)  # another thread: not asked
+        assert signal_thread(os.getpid(), os.getpid(), 0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])

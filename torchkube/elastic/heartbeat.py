@@ -8,9 +8,12 @@ wrote them: a step count that stops moving says the worker stopped training; a w
 stops moving says the whole process stopped (SIGSTOP, a wedged driver call holding the
 interpreter). The launcher (``torchkube.elastic.watchdog``) reads those files.
 
-The heartbeat also registers :mod:`faulthandler` on ``SIGUSR1``: the launcher sends it to a
-hung worker to get the Python stacks of all its threads, written by a C signal handler that
-needs neither the main thread nor the interpreter lock, into ``stacks-<LOCAL_RANK>.txt``.
+The heartbeat also registers :mod:`faulthandler` on ``SIGUSR1``, and its file lists the
+worker's Python threads: the launcher sends the signal to each thread of a hung worker, one at
+a time, and each writes its own Python stack — from a C signal handler that needs neither the
+main thread nor the interpreter lock — into ``stacks-<LOCAL_RANK>.txt``. Not faulthandler's
+all-threads dump: it reads the other threads' frames while they run, and a thread ending
+meanwhile crashes the worker half-way through its stacks.
 
 A phase between steps that may outlast the hang timeout — an evaluation, a checkpoint save —
 runs inside :meth:`Heartbeat.pausing`: the watchdog then allows it the collective timeout (a
@@ -87,6 +90,9 @@ class Beat:
     collective_timeout_seconds: float | None = None
     paused: str | None = None
     """What the worker does between two steps that may outlast the hang timeout, if anything."""
+    threads: tuple[tuple[int, str], ...] = ()
+    """The worker's Python threads at the last write: native id (the main thread's is the
+    pid) and name. A thread started since is not asked for its stack."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -94,7 +100,17 @@ class Beat:
     @classmethod
     def from_json(cls, text: str) -> "Beat":
         fields: dict[str, Any] = json.loads(text)
+        fields["threads"] = tuple((int(i), str(n)) for i, n in fields.get("threads") or ())
         return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+
+
+def python_threads() -> tuple[tuple[int, str], ...]:
+    """This process's Python threads (native id, name), the ones the launcher asks for stacks."""
+    return tuple(
+        (thread.native_id, thread.name)
+        for thread in threading.enumerate()
+        if thread.native_id is not None
+    )
 
 
 class Heartbeat:
@@ -124,7 +140,7 @@ class Heartbeat:
             return
         folder.mkdir(parents=True, exist_ok=True)
         self._stacks = stack_file(folder, local_rank).open("w")
-        faulthandler.register(STACK_SIGNAL, file=self._stacks, all_threads=True)
+        faulthandler.register(STACK_SIGNAL, file=self._stacks, all_threads=False)
         self._write()
         self._thread = threading.Thread(target=self._run, name="torchkube-heartbeat", daemon=True)
         self._thread.start()
@@ -190,6 +206,7 @@ class Heartbeat:
             median_step_seconds=statistics.median(durations) if durations else None,
             collective_timeout_seconds=self.collective_timeout_seconds,
             paused=self._paused,
+            threads=python_threads(),
         )
 
     def _write(self) -> None:

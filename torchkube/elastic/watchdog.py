@@ -13,7 +13,8 @@ hang at the plain timeout wherever it stopped.
 * **A stopped worker** — its heartbeat thread stopped writing, or its main thread is stopped
   (``T``, e.g. SIGSTOP) or in uninterruptible sleep (``D``, a dead NFS mount): this pod is the
   culprit. The launcher gets the Python stacks of every thread of the stuck workers
-  (``SIGUSR1`` to their faulthandler, ``SIGCONT`` so a stopped one can answer) and prints them
+  (``SIGUSR1`` to each thread's faulthandler in turn, ``SIGCONT`` so a stopped one can
+  answer) and prints them
   to the pod's log, kills its workers, tells the other pods through the rendezvous store, and
   exits with ``ExitCode.HUNG``; the termination message names the ranks, so the job's status
   records a ``Hang`` failure with them and the operator replaces the pod.
@@ -29,6 +30,8 @@ nothing. Without the store (it is being replaced) a launcher decides from its ow
 """
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import signal
@@ -60,7 +63,13 @@ STUCK_SECONDS = 5.0
 """Workers without a step this long (and past three step times) ask the store whether a peer
 declared a hang."""
 DUMP_WAIT_SECONDS = 3.0
-"""How long to wait for a stuck worker's stacks (one in a ``D`` state may never answer)."""
+"""How long to wait for one thread's stack (one in a ``D`` state may never answer)."""
+DUMP_QUIET_SECONDS = 0.05
+"""A thread whose stack stopped growing this long (at a line's end) finished writing it."""
+DUMP_POLL_SECONDS = 0.01
+MAIN_THREAD = "Main thread"
+"""How a dump names each worker's main thread, the one the termination message quotes."""
+_TGKILL = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
 MESSAGE_FRAMES = 4
 """Innermost frames of a culprit's main thread in the termination message."""
 
@@ -200,46 +209,117 @@ class Board:
 
 
 def dump_stacks(folder: Path, beats: Sequence[Beat], wait: float = DUMP_WAIT_SECONDS) -> str:
-    """The Python stacks of every thread of ``beats``' processes, from their faulthandler.
+    """The Python stacks of every thread of ``beats``' processes, each written by the thread
+    itself (see ``torchkube.elastic.heartbeat``).
 
-    A stopped process is continued so that its signal handler can run, and stopped again as
-    soon as its stacks are written (it is killed right after: it must not train on with the
-    others meanwhile); one in uninterruptible sleep answers only when the sleep ends, maybe
-    never."""
-    offsets = {}
-    for beat in beats:
-        path = stack_file(folder, beat.local_rank)
-        offsets[beat.local_rank] = path.stat().st_size if path.exists() else 0
+    The threads of one process are asked one at a time (their handlers share one file, and
+    faulthandler ignores a second thread's signal while the first writes); the processes at
+    once. A stopped process is continued so that its handlers can run, and stopped again once
+    its threads answered (it is killed right after: it must not train on with the others
+    meanwhile). A thread in uninterruptible sleep answers only when the sleep ends, maybe
+    never: each thread is given ``wait`` seconds, and the main thread, the one a dead mount
+    holds, is asked last."""
+    askings = [_Asking(folder, beat) for beat in beats]
+    for asking in askings:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(beat.pid, STACK_SIGNAL)
-            os.kill(beat.pid, signal.SIGCONT)
-
-    def written() -> dict[int, str]:
-        texts = {}
-        for beat in beats:
-            with contextlib.suppress(OSError), stack_file(folder, beat.local_rank).open() as f:
-                f.seek(offsets[beat.local_rank])
-                texts[beat.local_rank] = f.read()
-        return texts
-
-    deadline = time.monotonic() + wait
-    texts = written()
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        again = written()
-        if again == texts and all("File" in t for t in again.values()):
-            break  # every process answered and finished writing
-        texts = again
-    for beat in beats:
+            os.kill(asking.beat.pid, signal.SIGCONT)
+    while not all(asking.done for asking in askings):
+        for asking in askings:
+            asking.poll(time.monotonic(), wait)
+        time.sleep(DUMP_POLL_SECONDS)
+    for asking in askings:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(beat.pid, signal.SIGSTOP)
-    sections = []
-    for beat in beats:
-        text = texts.get(beat.local_rank, "").rstrip()
-        body = text or "(no answer: the process did not run its signal handler)"
+            os.kill(asking.beat.pid, signal.SIGSTOP)
+    return "\n".join(asking.text() for asking in askings)
+
+
+class _Asking:
+    """One process's threads asked for their stacks in turn: the next is asked once the last
+    one's text stopped growing, ended in a full line, or ``wait`` passed."""
+
+    def __init__(self, folder: Path, beat: Beat) -> None:
+        self.beat = beat
+        self.path = stack_file(folder, beat.local_rank)
+        others = [(tid, name) for tid, name in beat.threads if tid != beat.pid]
+        self.queue = [*others, (beat.pid, "main")]
+        self.stacks: dict[int, str] = {}
+        self.current: tuple[int, str] | None = None
+        self.asked_at = self.changed_at = 0.0
+        self.offset = 0
+        self.seen = ""
+
+    @property
+    def done(self) -> bool:
+        return self.current is None and not self.queue
+
+    def poll(self, now: float, wait: float) -> None:
+        if self.current is None:
+            if self.queue:
+                self._ask(self.queue.pop(0), now)
+            return
+        tid = self.current[0]
+        text = self._read()
+        if text != self.seen:
+            self.seen, self.changed_at = text, now
+        if text and text.endswith("\n") and now - self.changed_at >= DUMP_QUIET_SECONDS:
+            self._answered(text)
+        elif not text and not _thread_alive(self.beat.pid, tid):
+            self._answered("")  # it ended before it could answer
+        elif now - self.asked_at >= wait:
+            self._answered(text or "(no answer: the thread did not run its signal handler)\n")
+
+    def text(self) -> str:
+        """``--- rank …`` then the main thread, then the others, as the worker listed them."""
+        beat = self.beat
         title = f"--- rank {beat.rank} (local rank {beat.local_rank}, pid {beat.pid})"
-        sections.append(f"{title}\n{body}")
-    return "\n".join(sections)
+        blocks = [f"{MAIN_THREAD} {beat.pid}:\n{self.stacks.get(beat.pid, '').rstrip()}"]
+        blocks += [
+            f"Thread {tid} ({name}):\n{self.stacks[tid].rstrip()}"
+            for tid, name in beat.threads
+            if tid != beat.pid and self.stacks.get(tid)
+        ]
+        return "\n".join([title, "\n\n".join(blocks)])
+
+    def _ask(self, thread: tuple[int, str], now: float) -> None:
+        self.current, self.asked_at, self.changed_at, self.seen = thread, now, now, ""
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        if not signal_thread(self.beat.pid, thread[0], STACK_SIGNAL):
+            self._answered("")
+
+    def _answered(self, text: str) -> None:
+        assert self.current is not None
+        header = "Stack (most recent call first):\n"
+        self.stacks[self.current[0]] = text.removeprefix(header)
+        self.current = None
+
+    def _read(self) -> str:
+        with contextlib.suppress(OSError), self.path.open() as f:
+            f.seek(self.offset)
+            return f.read()
+        return ""
+
+
+def signal_thread(pid: int, tid: int, signum: int) -> bool:
+    """``signum`` to thread ``tid`` of process ``pid`` alone (``tgkill``); False when the
+    thread is gone. ``os.kill`` would go to whichever thread the kernel picks: without
+    ``tgkill`` (a C library older than glibc 2.30) only the main thread is asked that way
+    (the kernel offers a process's signal to its main thread first)."""
+    if _TGKILL is None:
+        if tid != pid:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+            return True
+        return False
+    if _TGKILL(pid, tid, signum) == 0:
+        return True
+    if ctypes.get_errno() == errno.ESRCH:
+        return False
+    raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {signum})")
+
+
+def _thread_alive(pid: int, tid: int) -> bool:
+    return Path(f"/proc/{pid}/task/{tid}").exists()
 
 
 def innermost_frames(dump: str, rank: int, frames: int = MESSAGE_FRAMES) -> str:
@@ -248,9 +328,7 @@ def innermost_frames(dump: str, rank: int, frames: int = MESSAGE_FRAMES) -> str:
     if f"--- rank {rank} " not in dump:
         return ""
     section = dump.split(f"--- rank {rank} ", 1)[1].split("\n--- rank ", 1)[0]
-    threads = [t for t in section.split("\n\n") if "most recent call first" in t]
-    # Other threads start in threading's _bootstrap_inner; the main thread does not.
-    main = next((t for t in threads if "in _bootstrap_inner" not in t), "")
+    main = next((t for t in section.split("\n\n") if f"\n{MAIN_THREAD} " in f"\n{t}"), "")
     lines = [line.strip() for line in main.splitlines() if line.strip().startswith("File ")]
     return " ← ".join(lines[:frames])
 
