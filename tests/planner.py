@@ -71,11 +71,13 @@ def pod(
     finished_ago: float | None = None,
     restarts: int = 0,
     waiting: tuple[str, str] | None = None,
+    warm: bool = True,
 ) -> dict[str, Any]:
     """A pod of job ``demo`` (uid u1) in slot ``slot``.
 
     ``deleting``: a graceful delete was asked for ``deleted_ago`` seconds ago (``grace``
-    seconds of grace); ``finished_ago``: when its container ended."""
+    seconds of grace); ``finished_ago``: when its container ended; ``warm``: a Running pod's
+    container passed its startup probe (its launcher can start workers warm)."""
     name = f"demo-{role}-{slot}-{next(_ids)}"
     meta: dict[str, Any] = {
         "name": name,
@@ -104,7 +106,9 @@ def pod(
         container["state"] = {"terminated": terminated}
     elif waiting is not None:
         container["state"] = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
-    if restarts or "state" in container:
+    if phase == "Running":
+        container["started"] = warm
+    if restarts or "state" in container or phase == "Running":
         status["containerStatuses"] = [container]
     spec = {"nodeName": node} if node else {}
     return {"metadata": meta, "spec": spec, "status": status}

@@ -1015,6 +1015,11 @@ def test_a_spare_takes_a_deleted_workers_place(
             what="the spare standing by",
             describe_last=lambda: spare_logs()[-2000:],
         )
+        # Counted in status.spares only once warm: its container passed the startup probe,
+        # which waits for the launcher's server to have imported torch and the trainer.
+        (counted,) = [p for p in job.pods() if p.metadata.name == spare.metadata.name]
+        assert counted.status.container_statuses[0].started is True, counted.status
+        assert "workers start warm: their server imported torch" in spare_logs(), spare_logs()
         victim, before = ready[0], job.progress()
         say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
         deleted = time.monotonic()

@@ -1,10 +1,14 @@
 """The pure builders: whole objects for a job, checked field by field where it matters."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
+from torchkube.api.contract import Env
 from torchkube.operator import builders
 
 
@@ -233,3 +237,19 @@ def test_spares_raise_torchruns_restart_budget_for_their_membership_changes() ->
     plain = builders.torchrun_max_restarts(make_job(replicas={"min": 2, "max": 4}))
     spared = builders.torchrun_max_restarts(make_job(replicas={"min": 2, "max": 4, "spares": 2}))
     assert spared == plain + 4
+
+
+def test_the_startup_probe_passes_once_the_launcher_can_start_workers_warm(
+    tmp_path: Path,
+) -> None:
+    """The container is ``started`` (and a spare counted) only once the launcher created its
+    warm file; the probe runs the probe's own command, with this machine's Python."""
+    pod = builders.worker_pod(make_job(), 0, "a")
+    probe = container(pod)["startupProbe"]
+    command = probe["exec"]["command"]
+    assert command[-1] == env(pod)[Env.WARM_FILE]
+    local = [sys.executable, *command[1:-1], str(tmp_path / "warm")]
+    assert subprocess.run(local).returncode != 0
+    (tmp_path / "warm").touch()
+    assert subprocess.run(local).returncode == 0
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 300, "torch may import slowly"

@@ -51,6 +51,11 @@ class Env(StrEnum):
     WARM_WORKERS = "TORCHKUBE_WARM_WORKERS"
     """``0``: the launcher starts workers as torchrun does, fresh interpreters, instead of
     forking them from a server that imported torch once (``torchkube.elastic.warm``)."""
+    WARM_FILE = "TORCHKUBE_WARM_FILE"
+    """Set by the operator in a worker pod: the launcher creates this file once a worker can
+    start warm (its server imported torch and the trainer; at once with warm workers off).
+    The container's startup probe waits for it, so the container is ``started`` only then and
+    ``status.spares`` counts a spare only when taking a place would cost it no import."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here

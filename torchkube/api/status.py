@@ -179,8 +179,8 @@ class TrainingJobStatus(ApiModel):
     spares: int = Field(
         default=0,
         ge=0,
-        description="Hot spares standing by: Running worker pods beyond the desired count "
-        "(replicas.spares).",
+        description="Hot spares standing by warm: Running worker pods beyond the desired count "
+        "whose container is started, its launcher done importing torch (replicas.spares).",
     )
     start_time: str | None = Field(
         default=None,

@@ -171,6 +171,28 @@ def _wait_for_store(endpoint: str | None, until: float) -> bool:
     return False
 
 
+def _announce_warmth() -> None:
+    """Create ``$TORCHKUBE_WARM_FILE`` once a worker can start without importing torch (at
+    once with warm workers off): the pod's startup probe, and so the operator's count of warm
+    spares, waits for it."""
+    path = os.environ.get(Env.WARM_FILE)
+
+    def warmed(seconds: float | None) -> None:
+        if seconds is not None:
+            _log(f"workers start warm: their server imported torch in {seconds:.1f}s")
+        if not path:
+            return
+        try:
+            Path(path).touch()
+        except OSError as error:
+            _log(f"cannot create {path} ({error}): the pod's startup probe will not pass")
+
+    if warm.enabled():
+        warm.when_ready(warmed)
+    else:
+        warmed(None)
+
+
 def _log(message: str) -> None:
     print(f"torchkube: {message}", file=sys.stderr, flush=True)
 
@@ -249,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if warm.enabled():
         warm.patch_torchrun()
         warm.start(args)
+    _announce_warmth()
     lost_since: float | None = None
     try:
         while True:

@@ -18,6 +18,8 @@ import multiprocessing
 import os
 import runpy
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing import forkserver
 from typing import Any
@@ -49,6 +51,30 @@ def start(argv: Sequence[str]) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # what torchrun's `python -u` gave
     multiprocessing.set_forkserver_preload(preload)
     forkserver.ensure_running()
+
+
+def when_ready(then: Callable[[float], None]) -> None:
+    """Call ``then(seconds)`` from a thread once the started server can fork a worker at once.
+
+    The server imports its preload before it takes its first request, so a process forked
+    from it and ended is the answer; ``seconds`` is how long that took. A server that cannot
+    fork still answers (with the error logged by multiprocessing): the workers will fail on
+    it visibly, and the pod must not wait for a warmth that never comes."""
+
+    def wait() -> None:
+        began = time.monotonic()
+        try:
+            probe = multiprocessing.get_context("forkserver").Process(target=_forked, daemon=True)
+            probe.start()
+            probe.join()
+        finally:
+            then(time.monotonic() - began)
+
+    threading.Thread(target=wait, name="torchkube-warm-ready", daemon=True).start()
+
+
+def _forked() -> None:
+    """What :func:`when_ready`'s process runs: nothing; being forked was the point."""
 
 
 SERVER_MARK = b"multiprocessing.forkserver"

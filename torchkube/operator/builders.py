@@ -161,8 +161,27 @@ def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
         _field_env(Env.NODE_NAME, "spec.nodeName"),
     ]
     env += [{"name": k, "value": v} for k, v in trainer_env(job, index).items()]
+    env.append({"name": Env.WARM_FILE, "value": WARM_FILE})
     env += [variable.to_wire() for variable in job.spec.env]
     return env
+
+
+WARM_FILE = "/tmp/torchkube-warm"
+WARM_WAIT_SECONDS = 600
+"""How long a worker's launcher may take to import torch and the trainer before the kubelet
+takes it for a broken start and ends the container."""
+
+
+def warm_startup_probe() -> dict[str, Any]:
+    """The container is ``started`` once its launcher can start a worker warm (``Env.WARM_FILE``):
+    a spare counts in ``status.spares`` only then. Python, which the launcher needs anyway,
+    checks the file: an image may have no shell or coreutils."""
+    check = "import os, sys; sys.exit(not os.path.exists(sys.argv[1]))"
+    return {
+        "exec": {"command": ["python", "-S", "-c", check, WARM_FILE]},
+        "periodSeconds": 1,
+        "failureThreshold": WARM_WAIT_SECONDS,
+    }
 
 
 def worker_resources(job: TrainingJob) -> dict[str, Any]:
@@ -292,6 +311,7 @@ def worker_pod(
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
         ],
         "securityContext": container_security_context(),
+        "startupProbe": warm_startup_probe(),
     }
     if spec.metrics.enabled:
         container["ports"] = [

@@ -67,7 +67,8 @@ RECOVERY = Histogram(
 )
 SPARES = Gauge(
     "torchkube_job_spares",
-    "Hot spares standing by: Running worker pods beyond the desired count (status.spares).",
+    "Hot spares standing by warm: Running worker pods beyond the desired count whose launcher "
+    "imported torch (status.spares).",
     ["namespace", "job"],
 )
 SLOWEST_SLOWDOWN = Gauge(

@@ -76,13 +76,14 @@ def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
 
 
 def counts(ctx: Context, workers: list[dict[str, Any]]) -> None:
-    """Replica counts for ``kubectl get`` and the scale subresource, and the spares: Running
-    worker pods beyond the target stand by (the rendezvous takes at most ``max`` into a
-    round, and the target is ``max`` whenever spares are set)."""
+    """Replica counts for ``kubectl get`` and the scale subresource, and the spares: Running,
+    warm worker pods beyond the target stand by (the rendezvous takes at most ``max`` into a
+    round, and the target is ``max`` whenever spares are set). A spare still importing torch
+    (its container not ``started``) would take a place only after that import: not counted."""
     ready = sum(1 for pod in workers if p.is_ready(pod))
     target = ctx.spec.replicas.target
-    running = sum(1 for pod in workers if p.state(pod) == "running")
-    ctx.status.spares = min(ctx.spec.replicas.spares, max(0, running - target))
+    warm = sum(1 for pod in workers if p.state(pod) == "running" and p.is_started(pod))
+    ctx.status.spares = min(ctx.spec.replicas.spares, max(0, warm - target))
     ctx.status.replicas = len(workers)
     ctx.status.ready_replicas = ready
     ctx.status.desired_replicas = target

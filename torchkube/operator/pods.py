@@ -176,6 +176,11 @@ def is_ready(pod: dict[str, Any]) -> bool:
     return entry is not None and entry.get("status") == "True"
 
 
+def is_started(pod: dict[str, Any]) -> bool:
+    """The trainer container passed its startup probe: its launcher can start workers warm."""
+    return bool(_container_status(pod, lbl.TRAINER_CONTAINER).get("started"))
+
+
 def unschedulable_message(pod: dict[str, Any]) -> str | None:
     """The scheduler's explanation when it could not place the pod, else None."""
     entry = condition(pod, "PodScheduled")

@@ -1,0 +1,53 @@
+"""A launcher says its workers can start warm (``Env.WARM_FILE``, which a worker pod's startup
+probe waits for, and so ``status.spares``) only once its worker server imported what they
+need: a spare counted while its server still imported torch took its place 4 s late."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SLOW_IMPORT_SECONDS = 1.5
+
+CALLER = """
+import multiprocessing, sys, time
+from multiprocessing import forkserver
+from pathlib import Path
+from torchkube.elastic import warm
+
+multiprocessing.set_forkserver_preload(["slow_import"])
+forkserver.ensure_running()
+
+def ready(seconds):
+    Path(sys.argv[1]).write_text(f"{time.time()} {seconds}")
+
+warm.when_ready(ready)
+time.sleep(60)
+"""
+
+
+def test_warmth_is_announced_once_the_server_imported_its_preload(tmp_path: Path) -> None:
+    (tmp_path / "slow_import.py").write_text(
+        "import pathlib, sys, time\n"
+        f"time.sleep({SLOW_IMPORT_SECONDS})\n"
+        f"pathlib.Path({str(tmp_path / 'imported')!r}).write_text(str(time.time()))\n"
+    )
+    announced = tmp_path / "announced"
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER, str(announced)], env={**os.environ, "PYTHONPATH": path}
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not announced.exists() or not announced.read_text():
+            assert caller.poll() is None, f"the caller ended with {caller.returncode}"
+            assert time.monotonic() < deadline, "warmth never announced"
+            time.sleep(0.05)
+        at, seconds = (float(x) for x in announced.read_text().split())
+        imported_at = float((tmp_path / "imported").read_text())
+        assert at >= imported_at, "announced before the server finished its import"
+        assert seconds >= SLOW_IMPORT_SECONDS
+    finally:
+        caller.kill()
+        caller.wait()
