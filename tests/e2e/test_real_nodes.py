@@ -980,7 +980,7 @@ def test_a_spare_takes_a_deleted_workers_place(
     emergency checkpoint and leaves the rendezvous, the spare takes its place at world size 2
     without waiting for a new pod, a new spare is created behind it, and the job ends with
     exactly its steps."""
-    steps, every = 500, 50
+    steps, every = 1500, 50  # room for the spare to warm before the delete
     with real_job(
         real_cluster, api, operator, say, tmp_path, namespace="realnodes-spare", name="spare"
     ) as job:

@@ -51,3 +51,44 @@ def test_warmth_is_announced_once_the_server_imported_its_preload(tmp_path: Path
     finally:
         caller.kill()
         caller.wait()
+
+
+WORKER_START = """
+import os, sys, tempfile
+from multiprocessing import forkserver, get_context, set_forkserver_preload
+from torchkube.elastic import warm
+
+def start_training(queue):
+    before = set(sys.modules)
+    import torch
+    import torch.distributed as dist
+    torch.use_deterministic_algorithms(True)  # the trainer's `deterministic: true`
+    store = dist.FileStore(tempfile.mktemp(), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    dist.destroy_process_group()
+    queue.put(sorted(set(sys.modules) - before))
+
+if __name__ == "__main__":
+    warm.start(["-m", warm.BUILTIN_TRAINER])
+    context = get_context("forkserver")
+    queue = context.Queue()
+    worker = context.Process(target=start_training, args=(queue,))
+    worker.start()
+    print("\\n".join(queue.get(timeout=120)))
+    worker.join()
+"""
+HEAVY = ("torch._dynamo", "torch._inductor", "sympy", "triton")
+
+
+def test_a_warm_worker_starts_training_without_importing_the_compiler(tmp_path: Path) -> None:
+    """A worker forked from the server imported torch's compiler stack itself (DDP's
+    constructor, ``use_deterministic_algorithms``): 0.6–0.7 s of every start and recovery."""
+    script = tmp_path / "worker_start.py"
+    script.write_text(WORKER_START)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = done.stdout.split()
+    assert not [m for m in imported if m.startswith(HEAVY)], imported
