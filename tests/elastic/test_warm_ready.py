@@ -19,7 +19,8 @@ from torchkube.elastic import warm
 multiprocessing.set_forkserver_preload(["slow_import"])
 forkserver.ensure_running()
 
-def ready(seconds):
+def ready(seconds, error):
+    assert error is None, error
     Path(sys.argv[1]).write_text(f"{time.time()} {seconds}")
 
 warm.when_ready(ready)

@@ -22,12 +22,15 @@ from torchkube.elastic.heartbeat import (
     Heartbeat,
     beat_file,
     read_beats,
+    stack_file,
 )
 from torchkube.elastic.watchdog import (
     PEER_GRACE_SECONDS,
+    STACK_HEADER,
     Declaration,
     Verdict,
     Watchdog,
+    _Asking,
     describe,
     dump_stacks,
     innermost_frames,
@@ -413,7 +416,8 @@ def test_a_thread_is_signalled_alone_and_a_gone_one_is_skipped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``tgkill`` reaches one thread of another process (``os.kill`` reaches whichever the
-    kernel picks); without it (a C library before glibc 2.30) only the main thread is asked."""
+    kernel picks); a C library before glibc 2.30 has no function for it, the system call
+    is made by its number."""
     received: list[int] = []
     ready = threading.Event()
 
@@ -436,8 +440,27 @@ def test_a_thread_is_signalled_alone_and_a_gone_one_is_skipped(
             assert time.monotonic() < deadline, "an ended thread is still signalled"
             time.sleep(0.01)
 
-        monkeypatch.setattr("torchkube.elastic.watchdog._TGKILL", None)
-        assert not signal_thread(os.getpid(), os.getpid() + 1, 0)  # another thread: not asked
-        assert signal_thread(os.getpid(), os.getpid(), 0)
+        monkeypatch.setattr("torchkube.elastic.watchdog._LIBC_TGKILL", None)  # glibc < 2.30
+        assert signal_thread(os.getpid(), os.getpid(), 0)  # the system call by its number
+        assert not signal_thread(os.getpid(), thread.native_id, 0)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+
+
+def test_a_thread_still_writing_when_the_next_is_asked_keeps_its_rest(tmp_path: Path) -> None:
+    """A thread descheduled mid-dump looks finished; the next one's signal is ignored while
+    it writes, and the rest of its stack was filed under the next thread (the main thread's,
+    which the termination message quotes, among them)."""
+    threads = ((100, "MainThread"), (101, "a"), (102, "b"))
+    folder = tmp_path
+    stack_file(folder, 0).write_text("")
+    asking = _Asking(folder, Beat(0, 0, 100, T0, T0, threads=threads))
+    asking.current = (101, "a")
+    asking._answered(STACK_HEADER + '  File "a.py", line 1 in outer\n')
+    asking.current = (102, "b")
+    asking._answered('  File "a.py", line 2 in still_a\n')  # a's rest, b not answered
+    assert asking.queue[0] == (102, "b"), "b is asked again"
+    asking.current = asking.queue.pop(0)
+    asking._answered('  File "a.py", line 3 in more_a\n' + STACK_HEADER + '  File "b.py"\n')
+    assert asking.stacks[101].count("File") == 3 and "b.py" not in asking.stacks[101]
+    assert asking.stacks[102] == '  File "b.py"\n'

@@ -252,4 +252,13 @@ def test_the_startup_probe_passes_once_the_launcher_can_start_workers_warm(
     assert subprocess.run(local).returncode != 0
     (tmp_path / "warm").touch()
     assert subprocess.run(local).returncode == 0
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= 300, "torch may import slowly"
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 86400 * 365, "it never kills"
+
+
+def test_a_users_probe_replaces_ours_whole() -> None:
+    """Merged key by key, a podTemplate's httpGet probe beside our exec one made a probe with
+    two handlers, and the API server refused every pod."""
+    mine = {"httpGet": {"path": "/ready", "port": 8080}, "failureThreshold": 3}
+    template = {"containers": [{"name": lbl.TRAINER_CONTAINER, "startupProbe": mine}]}
+    pod = builders.worker_pod(make_job(scheduling={"podTemplate": {"spec": template}}), 0, "a")
+    assert container(pod)["startupProbe"] == mine

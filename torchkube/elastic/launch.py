@@ -177,8 +177,10 @@ def _announce_warmth() -> None:
     spares, waits for it."""
     path = os.environ.get(Env.WARM_FILE)
 
-    def warmed(seconds: float | None) -> None:
-        if seconds is not None:
+    def warmed(seconds: float | None, error: BaseException | None = None) -> None:
+        if error is not None:
+            _log(f"the worker server failed after {seconds:.1f}s ({error}): workers will fail")
+        elif seconds is not None:
             _log(f"workers start warm: their server imported torch in {seconds:.1f}s")
         if not path:
             return

@@ -58,22 +58,24 @@ def start(argv: Sequence[str]) -> None:
     forkserver.ensure_running()
 
 
-def when_ready(then: Callable[[float], None]) -> None:
-    """Call ``then(seconds)`` from a thread once the started server can fork a worker at once.
+def when_ready(then: Callable[[float, BaseException | None], None]) -> None:
+    """Call ``then(seconds, error)`` from a thread once the started server can fork a worker
+    at once.
 
     The server imports its preload before it takes its first request, so a process forked
     from it and ended is the answer; ``seconds`` is how long that took. A server that cannot
-    fork still answers (with the error logged by multiprocessing): the workers will fail on
-    it visibly, and the pod must not wait for a warmth that never comes."""
+    fork answers too, with ``error``: the workers will fail on it visibly, and the pod must
+    not wait for a warmth that never comes."""
 
     def wait() -> None:
-        began = time.monotonic()
+        began, error = time.monotonic(), None
         try:
             probe = multiprocessing.get_context("forkserver").Process(target=_forked, daemon=True)
             probe.start()
             probe.join()
-        finally:
-            then(time.monotonic() - began)
+        except Exception as failed:
+            error = failed
+        then(time.monotonic() - began, error)
 
     threading.Thread(target=wait, name="torchkube-warm-ready", daemon=True).start()
 

@@ -34,6 +34,7 @@ import ctypes
 import errno
 import json
 import os
+import platform
 import signal
 import statistics
 import threading
@@ -64,12 +65,19 @@ STUCK_SECONDS = 5.0
 declared a hang."""
 DUMP_WAIT_SECONDS = 3.0
 """How long to wait for one thread's stack (one in a ``D`` state may never answer)."""
-DUMP_QUIET_SECONDS = 0.05
+DUMP_QUIET_SECONDS = 0.1
 """A thread whose stack stopped growing this long (at a line's end) finished writing it."""
 DUMP_POLL_SECONDS = 0.01
 MAIN_THREAD = "Main thread"
 """How a dump names each worker's main thread, the one the termination message quotes."""
-_TGKILL = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+DUMP_BUDGET_SECONDS = 10.0
+"""No thread of a process is asked after this long: its hang must still be acted on."""
+STACK_HEADER = "Stack (most recent call first):\n"
+"""faulthandler's first line of each thread's answer."""
+NO_ANSWER = "(no answer: the thread did not run its signal handler)"
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC_TGKILL = getattr(_LIBC, "tgkill", None)
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
 MESSAGE_FRAMES = 4
 """Innermost frames of a culprit's main thread in the termination message."""
 
@@ -217,8 +225,9 @@ def dump_stacks(folder: Path, beats: Sequence[Beat], wait: float = DUMP_WAIT_SEC
     once. A stopped process is continued so that its handlers can run, and stopped again once
     its threads answered (it is killed right after: it must not train on with the others
     meanwhile). A thread in uninterruptible sleep answers only when the sleep ends, maybe
-    never: each thread is given ``wait`` seconds, and the main thread, the one a dead mount
-    holds, is asked last."""
+    never: each thread is given ``wait`` seconds, a process's threads
+    ``DUMP_BUDGET_SECONDS`` in all, and the main thread, the one a dead mount holds, is
+    asked last."""
     askings = [_Asking(folder, beat) for beat in beats]
     for asking in askings:
         with contextlib.suppress(ProcessLookupError):
@@ -235,7 +244,8 @@ def dump_stacks(folder: Path, beats: Sequence[Beat], wait: float = DUMP_WAIT_SEC
 
 class _Asking:
     """One process's threads asked for their stacks in turn: the next is asked once the last
-    one's text stopped growing, ended in a full line, or ``wait`` passed."""
+    one's text stopped growing at a line's end, or ``wait`` passed; none after the process's
+    ``DUMP_BUDGET_SECONDS``."""
 
     def __init__(self, folder: Path, beat: Beat) -> None:
         self.beat = beat
@@ -244,6 +254,9 @@ class _Asking:
         self.queue = [*others, (beat.pid, "main")]
         self.stacks: dict[int, str] = {}
         self.current: tuple[int, str] | None = None
+        self.previous: int | None = None
+        self.asked_again: set[int] = set()
+        self.began: float | None = None
         self.asked_at = self.changed_at = 0.0
         self.offset = 0
         self.seen = ""
@@ -253,26 +266,30 @@ class _Asking:
         return self.current is None and not self.queue
 
     def poll(self, now: float, wait: float) -> None:
+        self.began = now if self.began is None else self.began
         if self.current is None:
-            if self.queue:
+            if self.queue and now - self.began >= DUMP_BUDGET_SECONDS:
+                self.queue.clear()  # the rest stay unasked: the hang must be acted on
+            elif self.queue:
                 self._ask(self.queue.pop(0), now)
             return
-        tid = self.current[0]
         text = self._read()
         if text != self.seen:
             self.seen, self.changed_at = text, now
         if text and text.endswith("\n") and now - self.changed_at >= DUMP_QUIET_SECONDS:
             self._answered(text)
-        elif not text and not _thread_alive(self.beat.pid, tid):
-            self._answered("")  # it ended before it could answer
+        elif not text and not _thread_alive(self.beat.pid, self.current[0]):
+            self._settled("")  # it ended before it could answer
+        elif now - self.asked_at >= wait and text:
+            self._answered(text)
         elif now - self.asked_at >= wait:
-            self._answered(text or "(no answer: the thread did not run its signal handler)\n")
+            self._settled(NO_ANSWER)
 
     def text(self) -> str:
         """``--- rank …`` then the main thread, then the others, as the worker listed them."""
         beat = self.beat
         title = f"--- rank {beat.rank} (local rank {beat.local_rank}, pid {beat.pid})"
-        blocks = [f"{MAIN_THREAD} {beat.pid}:\n{self.stacks.get(beat.pid, '').rstrip()}"]
+        blocks = [f"{MAIN_THREAD} {beat.pid}:\n{self.stacks.get(beat.pid, NO_ANSWER).rstrip()}"]
         blocks += [
             f"Thread {tid} ({name}):\n{self.stacks[tid].rstrip()}"
             for tid, name in beat.threads
@@ -282,15 +299,35 @@ class _Asking:
 
     def _ask(self, thread: tuple[int, str], now: float) -> None:
         self.current, self.asked_at, self.changed_at, self.seen = thread, now, now, ""
-        self.offset = self.path.stat().st_size if self.path.exists() else 0
-        if not signal_thread(self.beat.pid, thread[0], STACK_SIGNAL):
-            self._answered("")
+        try:
+            self.offset = self.path.stat().st_size
+            asked = signal_thread(self.beat.pid, thread[0], STACK_SIGNAL)
+        except OSError as error:
+            self._settled(f"(not asked: {error})")
+            return
+        if not asked:
+            self._settled("")  # gone
 
     def _answered(self, text: str) -> None:
+        """``text`` is the asked thread's stack, unless the thread before was still writing
+        (its signal is ignored meanwhile): what comes before this thread's header is the
+        previous one's rest, and a thread that wrote nothing of its own is asked once more."""
         assert self.current is not None
-        header = "Stack (most recent call first):\n"
-        self.stacks[self.current[0]] = text.removeprefix(header)
-        self.current = None
+        if not text.startswith(STACK_HEADER) and self.previous in self.stacks:
+            rest, header, own = text.partition(STACK_HEADER)
+            self.stacks[self.previous] += rest
+            text = header + own
+            if not header and self.current[0] not in self.asked_again:
+                self.asked_again.add(self.current[0])
+                self.queue.insert(0, self.current)
+                self.current = None
+                return
+        self._settled(text.removeprefix(STACK_HEADER))
+
+    def _settled(self, stack: str) -> None:
+        assert self.current is not None
+        self.stacks[self.current[0]] = stack
+        self.previous, self.current = self.current[0], None
 
     def _read(self) -> str:
         with contextlib.suppress(OSError), self.path.open() as f:
@@ -300,18 +337,16 @@ class _Asking:
 
 
 def signal_thread(pid: int, tid: int, signum: int) -> bool:
-    """``signum`` to thread ``tid`` of process ``pid`` alone (``tgkill``); False when the
-    thread is gone. ``os.kill`` would go to whichever thread the kernel picks: without
-    ``tgkill`` (a C library older than glibc 2.30) only the main thread is asked that way
-    (the kernel offers a process's signal to its main thread first)."""
-    if _TGKILL is None:
-        if tid != pid:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-            return True
-        return False
-    if _TGKILL(pid, tid, signum) == 0:
+    """``signum`` to thread ``tid`` of process ``pid`` alone (``tgkill``; ``os.kill`` would go
+    to whichever thread the kernel picks); False when the thread is gone. A C library older
+    than glibc 2.30 has no ``tgkill`` function: the system call is made by its number."""
+    if _LIBC_TGKILL is not None:
+        result = _LIBC_TGKILL(pid, tid, signum)
+    elif _SYS_TGKILL is not None:
+        result = _LIBC.syscall(_SYS_TGKILL, pid, tid, signum)
+    else:
+        raise OSError(errno.ENOSYS, f"no tgkill on {platform.machine()}")
+    if result == 0:
         return True
     if ctypes.get_errno() == errno.ESRCH:
         return False
@@ -427,7 +462,10 @@ class Watchdog:
         states = {b.pid: process_state(b.pid) for b in verdict.stuck}
         sentence = describe(verdict, states)
         self._handled.update(b.pid for b in verdict.stuck)
-        dump = dump_stacks(self.folder, verdict.stuck)
+        try:
+            dump = dump_stacks(self.folder, verdict.stuck)
+        except Exception as error:  # the hang is acted on with or without its stacks
+            dump = f"(no stacks: {error!r})"
         self.log(
             f"hang: {sentence}; Python stacks of every thread (most recent call first):\n{dump}"
         )

@@ -166,10 +166,12 @@ def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
     return env
 
 
-WARM_FILE = "/tmp/torchkube-warm"
-WARM_WAIT_SECONDS = 600
-"""How long a worker's launcher may take to import torch and the trainer before the kubelet
-takes it for a broken start and ends the container."""
+WARM_FILE = "/dev/shm/torchkube-warm"
+"""On the pod's own memory volume: writable whatever the root filesystem."""
+WARM_PROBE_FAILURES = 2**31 - 1
+"""The startup probe marks warmth and never ends a container: a launcher that never creates
+the file (an image whose torchkube predates it) keeps its container not ``started`` — never
+counted as a spare, never Ready — instead of being killed by the kubelet mid-training."""
 
 
 def warm_startup_probe() -> dict[str, Any]:
@@ -180,7 +182,7 @@ def warm_startup_probe() -> dict[str, Any]:
     return {
         "exec": {"command": ["python", "-S", "-c", check, WARM_FILE]},
         "periodSeconds": 1,
-        "failureThreshold": WARM_WAIT_SECONDS,
+        "failureThreshold": WARM_PROBE_FAILURES,
     }
 
 
@@ -243,12 +245,20 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
+REPLACED_WHOLE = frozenset({"startupProbe", "readinessProbe", "livenessProbe"})
+"""A user's probe replaces ours: merged, an ``httpGet`` beside our ``exec`` is two handlers,
+which the API server refuses."""
+
+
 def merge_pod_spec(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Merge a user's partial PodSpec over ours: maps merge, lists append, and a container
-    named like ours is merged into it instead of being added next to it."""
+    """Merge a user's partial PodSpec over ours: maps merge (probes are replaced whole), lists
+    append, and a container named like ours is merged into it instead of being added next to
+    it."""
     out = dict(base)
     for key, value in override.items():
-        if key in ("containers", "initContainers") and isinstance(value, list):
+        if key in REPLACED_WHOLE:
+            out[key] = value
+        elif key in ("containers", "initContainers") and isinstance(value, list):
             containers = [dict(c) for c in out.get(key, [])]
             by_name = {c.get("name"): c for c in containers}
             for extra in value:
