@@ -44,6 +44,23 @@ def test_four_worker_job_gets_its_objects(
     core = client.CoreV1Api(api_client)
     service = core.read_namespaced_service("four", job.namespace)
     assert service.spec.cluster_ip == "None"
+    # The Service names the store alone (workers would make the endpoint controllers rewrite
+    # the job's slices on every worker change).
+    store_ip = job.wait(lambda: job.pods("rendezvous")[0].status.pod_ip, 30, "the store's IP")
+    slices = client.DiscoveryV1Api(api_client)
+    job.wait(
+        lambda: [
+            address
+            for found in slices.list_namespaced_endpoint_slice(
+                job.namespace, label_selector="kubernetes.io/service-name=four"
+            ).items
+            for endpoint in found.endpoints or []
+            for address in endpoint.addresses
+        ]
+        == [store_ip],
+        30,
+        "the store's address, and only it, in the Service's EndpointSlices",
+    )
     claim = core.read_namespaced_persistent_volume_claim("four-checkpoints", job.namespace)
     assert claim.metadata.owner_references[0].uid == uid
     status = job.wait(lambda: job.status().get("workers") == "4/4" and job.status(), 30, "4/4")

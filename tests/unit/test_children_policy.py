@@ -76,7 +76,19 @@ def test_a_service_with_an_old_selector_is_repaired() -> None:
         children=[stale, own_children()[1]],
     )
     assert result.patch_children == [
-        ("Service", "demo", {"spec": {"selector": {lbl.JOB_NAME: "demo", lbl.JOB_UID: "u1"}}})
+        (
+            "Service",
+            "demo",
+            {
+                "spec": {
+                    "selector": {
+                        lbl.JOB_NAME: "demo",
+                        lbl.ROLE: lbl.ROLE_RENDEZVOUS,
+                        lbl.JOB_UID: "u1",
+                    }
+                }
+            },
+        )
     ]
 
 

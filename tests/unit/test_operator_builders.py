@@ -53,7 +53,6 @@ def test_worker_pod_identity_and_ownership() -> None:
     owner = meta["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("TrainingJob", "uid-1", True)
     assert pod["spec"]["restartPolicy"] == "Never"
-    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("demo-worker-2-abcde", "demo")
 
 
 def test_worker_gets_gpus_volume_env_and_readiness() -> None:
@@ -151,8 +150,17 @@ def test_rendezvous_store_pod_and_service() -> None:
     svc = builders.headless_service(job)
     assert svc["metadata"]["name"] == "demo" and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {lbl.JOB_NAME: "demo", lbl.JOB_UID: job.uid}
-    assert store["metadata"]["labels"][lbl.JOB_UID] == job.uid
+    assert svc["spec"]["selector"] == {
+        lbl.JOB_NAME: "demo",
+        lbl.ROLE: lbl.ROLE_RENDEZVOUS,
+        lbl.JOB_UID: job.uid,
+    }
+    assert [port["name"] for port in svc["spec"]["ports"]] == ["rendezvous"]
+    selected = svc["spec"]["selector"].items()
+    assert selected <= store["metadata"]["labels"].items()
+    worker = builders.worker_pod(job, 0, "w1")
+    assert not selected <= worker["metadata"]["labels"].items(), "workers are no endpoints"
+    assert "subdomain" not in worker["spec"] and "hostname" not in worker["spec"]
 
 
 def test_pods_meet_the_restricted_pod_security_level() -> None:

@@ -334,8 +334,6 @@ def worker_pod(
         }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "hostname": name,
-        "subdomain": job.name,
         "enableServiceLinks": False,
         # Workers never call the API; a token in every pod is an attack surface for nothing.
         # podTemplate.spec.automountServiceAccountToken: true brings it back.
@@ -471,11 +469,16 @@ def rendezvous_pod(
 
 
 def headless_service(job: TrainingJob) -> dict[str, Any]:
-    """Stable DNS for the store pod and the workers; not-ready pods are published so the
-    rendezvous name resolves while the store is still starting."""
+    """Stable DNS for the rendezvous store (``rendezvous.<job>.<ns>.svc``); not-ready pods are
+    published so the name resolves while the store is still starting.
+
+    The store is its only endpoint. Workers need no name: each reaches the others by the pod
+    IP it hands to the rendezvous (``--local-addr``). Selecting them too made the
+    Endpoints controller rewrite the job's Endpoints (up to 1,000 addresses) and the
+    EndpointSlice controller its slices (100 each) on every worker's create, bind and start:
+    half of kube-controller-manager's CPU while a 512-worker job started, more writes for the
+    API server and for every EndpointSlice watcher of a large cluster (CoreDNS)."""
     ports = [{"name": RENDEZVOUS_PORT_NAME, "port": job.spec.rendezvous.port, "protocol": "TCP"}]
-    if job.spec.metrics.enabled:
-        ports.append({"name": METRICS_PORT_NAME, "port": job.spec.metrics.port, "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -490,8 +493,8 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
 
 
 def service_selector(job: TrainingJob) -> dict[str, str]:
-    """This job's pods only: a namesake's pods still terminating are not its endpoints."""
-    selector = {lbl.JOB_NAME: job.name}
+    """This job's store only: a namesake's store still terminating is not its endpoint."""
+    selector = {lbl.JOB_NAME: job.name, lbl.ROLE: lbl.ROLE_RENDEZVOUS}
     if job.uid:
         selector[lbl.JOB_UID] = job.uid
     return selector
