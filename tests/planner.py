@@ -72,12 +72,14 @@ def pod(
     restarts: int = 0,
     waiting: tuple[str, str] | None = None,
     warm: bool = True,
+    running_for: float | None = None,
 ) -> dict[str, Any]:
     """A pod of job ``demo`` (uid u1) in slot ``slot``.
 
     ``deleting``: a graceful delete was asked for ``deleted_ago`` seconds ago (``grace``
     seconds of grace); ``finished_ago``: when its container ended; ``warm``: a Running pod's
-    container passed its startup probe (its launcher can start workers warm)."""
+    container passed its startup probe (its launcher can start workers warm); ``running_for``:
+    seconds since its container's current run began (no running state unless given)."""
     name = f"demo-{role}-{slot}-{next(_ids)}"
     meta: dict[str, Any] = {
         "name": name,
@@ -108,6 +110,9 @@ def pod(
         container["state"] = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
     if phase == "Running":
         container["started"] = warm
+        if running_for is not None:
+            began = format_time(NOW - timedelta(seconds=running_for))
+            container["state"] = {"running": {"startedAt": began}}
     if restarts or "state" in container or phase == "Running":
         status["containerStatuses"] = [container]
     spec = {"nodeName": node} if node else {}

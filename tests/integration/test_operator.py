@@ -49,15 +49,17 @@ def test_four_worker_job_gets_its_objects(
     store_ip = job.wait(lambda: job.pods("rendezvous")[0].status.pod_ip, 30, "the store's IP")
     slices = client.DiscoveryV1Api(api_client)
     job.wait(
-        lambda: [
-            address
-            for found in slices.list_namespaced_endpoint_slice(
-                job.namespace, label_selector="kubernetes.io/service-name=four"
-            ).items
-            for endpoint in found.endpoints or []
-            for address in endpoint.addresses
-        ]
-        == [store_ip],
+        lambda: (
+            [
+                address
+                for found in slices.list_namespaced_endpoint_slice(
+                    job.namespace, label_selector="kubernetes.io/service-name=four"
+                ).items
+                for endpoint in found.endpoints or []
+                for address in endpoint.addresses
+            ]
+            == [store_ip]
+        ),
         30,
         "the store's address, and only it, in the Service's EndpointSlices",
     )

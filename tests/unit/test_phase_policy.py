@@ -3,9 +3,20 @@
 
 from datetime import timedelta
 
-from planner import NOW, child, condition, created_slots, make_job, own_children, pod, run
+from planner import (
+    NOW,
+    child,
+    condition,
+    created_slots,
+    make_job,
+    own_children,
+    pod,
+    run,
+    store,
+)
 
 from torchkube.operator.decision import Refusal
+from torchkube.operator.pods import name
 
 
 def test_image_pull_failure_is_a_condition_and_one_warning() -> None:
@@ -70,3 +81,22 @@ def test_a_claim_that_is_never_bound_is_reported() -> None:
     )
     blocked = condition(result, "PodsBlocked")
     assert blocked["reason"] == "ClaimPending" and "demo-checkpoints" in blocked["message"]
+
+
+def test_a_worker_that_never_passes_its_startup_probe_is_reported_once() -> None:
+    """An image whose launcher predates the warm announcement: the pod trains, but is never
+    started, Ready or counted; after five minutes the job says so instead of reading 0/1."""
+    spec = {"replicas": {"min": 1, "max": 1}}
+    young = run(make_job(**spec), [pod(0, warm=False, running_for=30), store()])
+    assert "PodsBlocked" not in [c.type for c in young.status.conditions]
+    assert young.requeue_after is not None and 269 <= young.requeue_after <= 270, "checked again"
+    cold = pod(0, warm=False, running_for=301)
+    late = run(make_job(young.status, **spec), [cold, store()])
+    blocked = condition(late, "PodsBlocked")
+    assert blocked["status"] == "True" and blocked["reason"] == "NotStarted"
+    assert name(cold) in blocked["message"] and "older than the operator" in blocked["message"]
+    assert [e.reason for e in late.events].count("NotStarted") == 1
+    again = run(make_job(late.status, **spec), [cold, store()])
+    assert "NotStarted" not in [e.reason for e in again.events], "said once, not per reconcile"
+    warm = run(make_job(again.status, **spec), [pod(0, running_for=400), store()])
+    assert condition(warm, "PodsBlocked")["status"] == "False"

@@ -45,6 +45,40 @@ def blocked_pods(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
+NOT_STARTED_AFTER = timedelta(minutes=5)
+"""How long a worker's trainer may run before its startup probe passes. The probe waits for
+the launcher's announcement that its worker server has imported torch: seconds on a warm
+node, a minute on a cold one; five minutes is something else."""
+
+
+def not_started(ctx: Context, workers: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) for a worker whose trainer runs but never passed its startup probe.
+
+    Such a pod trains, yet is never Ready nor counted as a spare, and ``workers`` reads 0/N:
+    an image whose torchkube predates the operator's (its launcher never announces that
+    workers start warm), or a worker server stuck in its imports. Without this the job looks
+    stuck while it trains."""
+    for pod in workers:
+        if p.state(pod) != "running" or p.is_started(pod):
+            continue
+        since = p.running_since(pod)
+        if since is None:
+            continue
+        due = since + NOT_STARTED_AFTER
+        if due > ctx.now:
+            ctx.plan.requeue((due - ctx.now).total_seconds())
+            continue
+        minutes = int((ctx.now - since).total_seconds() // 60)
+        return "NotStarted", (
+            f"worker pod {p.name(pod)}: its trainer has run {minutes} min without passing its "
+            "startup probe (the launcher announces that its workers start warm): the image's "
+            "torchkube is older than the operator's, or its worker server is stuck importing "
+            f"(kubectl logs {p.name(pod)}). The pod trains, but is not Ready and not counted "
+            "as a spare; build the trainer image from the operator's release"
+        )
+    return None
+
+
 def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
     """``PodsBlocked``: what keeps pods from starting, so a job that cannot start says so
     (``kubectl describe`` and a Warning event) instead of sitting Pending in silence."""

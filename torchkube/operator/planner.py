@@ -396,6 +396,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         ctx,
         _refusal(ctx)
         or phase.blocked_pods([*workers, *sorted_pods.live_stores])
+        or phase.not_started(ctx, workers)
         or children.claim_problem(ctx, observed.children, running),
     )
     if ctx.status.phase == "Pending" or not ctx.status.start_time:

@@ -181,6 +181,12 @@ def is_started(pod: dict[str, Any]) -> bool:
     return bool(_container_status(pod, lbl.TRAINER_CONTAINER).get("started"))
 
 
+def running_since(pod: dict[str, Any]) -> datetime | None:
+    """When the trainer container's current run began; None unless it runs."""
+    state = _container_status(pod, lbl.TRAINER_CONTAINER).get("state") or {}
+    return parse_time((state.get("running") or {}).get("startedAt"))
+
+
 def unschedulable_message(pod: dict[str, Any]) -> str | None:
     """The scheduler's explanation when it could not place the pod, else None."""
     entry = condition(pod, "PodScheduled")
