@@ -4,6 +4,8 @@ tests/integration)."""
 
 import asyncio
 import math
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -281,3 +283,58 @@ def test_no_worker_is_created_while_its_claim_is_refused() -> None:
     assert memory.refused is not None
     assert memory.refused.what == "PersistentVolumeClaim demo-checkpoints"
     assert not memory.refused.permanent, "a child's refusal is retried, whatever its code"
+
+
+class _KubeWithSlowStatus(_RecordingKube):
+    """A status write that waits (up to 2 s) for a pod create: whether the pod waited for it
+    shows which came first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+        self.pod_created = threading.Event()
+
+    def patch_status(self, _ns: str, _name: str, status: dict[str, Any], _rv: Any) -> None:
+        self.pod_created.wait(2.0)
+        self.log.append("status")
+
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[kube_module.CreateResult]:
+        self.log += [f"create {body['kind']}" for body in bodies]
+        if any(body["kind"] == "Pod" for body in bodies):
+            self.pod_created.set()
+        return [kube_module.CreateResult(body=body) for body in bodies]
+
+    def label_pods(self, _ns: str, _labels: dict[str, dict[str, str]]) -> None:
+        self.log.append("label")
+
+    def delete_pods(self, *_args: Any) -> None:
+        self.log.append("delete")
+
+
+def test_a_plan_that_only_creates_writes_its_status_beside_its_creates() -> None:
+    """A new job's first pods do not wait for its status write (a round trip each start)."""
+    kube = _KubeWithSlowStatus()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+    service = {"kind": "Service", "metadata": {"name": "demo"}}
+    worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
+    decided = Plan(create_children=[service], create_pods=[worker])
+    started = time.monotonic()
+    controller._execute(KEY, body, decided, {"phase": "Pending"}, _Memory())
+    assert kube.log == ["create Service", "create Pod", "status"]
+    assert time.monotonic() - started < 1.5, "the status write did not hold the creates back"
+
+
+def test_a_plan_that_records_a_failure_writes_its_status_before_any_pod_write() -> None:
+    kube = _KubeWithSlowStatus()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {"restarts": 0}}
+    failed = "demo-worker-1-abcde"
+    replacement = {"kind": "Pod", "metadata": {"name": "demo-worker-1-fghij"}}
+    decided = Plan(
+        delete_pods=[(failed, True)],
+        mark_recorded={failed: "true"},
+        create_pods=[replacement],
+    )
+    controller._execute(KEY, body, decided, {"restarts": 1}, _Memory())
+    assert kube.log == ["status", "label", "delete", "create Pod"]

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -110,6 +110,9 @@ class Controller:
         """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
         self.memory: dict[Key, _Memory] = {}
         self.http = ThreadPoolExecutor(max_workers=4, thread_name_prefix="progress")
+        self.writes = ThreadPoolExecutor(
+            max_workers=settings.workers, thread_name_prefix="status-beside"
+        )
         self.attached = asyncio.Event()
 
     def attach(
@@ -375,25 +378,35 @@ class Controller:
         nothing is done that the status does not know about (a failure the status lost would
         be forgotten, a permanent one retried), then labels, deletions, creations — and the
         plan's events however those end: only this plan has them (the next one finds the
-        failure recorded and opens no incident)."""
+        failure recorded and opens no incident). A plan that only creates writes its status
+        beside its creates (see :func:`_status_may_go_beside`)."""
         namespace, name = key
         self._check_leading()
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
-        children_refused = False
-        if decided.create_children:
-            results = self.kube.create_all(decided.create_children)
-            self._note_refusals(decided.create_children, results, memory)
-            children_refused = any(r.refused is not None for r in results)
-        if patch := st.merge_patch(body.get("status"), planned):
-            memory.job = self.kube.patch_status(
-                namespace, name, patch, body.get("metadata", {}).get("resourceVersion")
+        status_patch = st.merge_patch(body.get("status"), planned)
+        version = body.get("metadata", {}).get("resourceVersion")
+        beside: Future[dict[str, Any]] | None = None
+        if status_patch and _status_may_go_beside(decided):
+            beside = self.writes.submit(
+                self.kube.patch_status, namespace, name, status_patch, version
             )
         try:
+            children_refused = False
+            if decided.create_children:
+                results = self.kube.create_all(decided.create_children)
+                self._note_refusals(decided.create_children, results, memory)
+                children_refused = any(r.refused is not None for r in results)
+            if status_patch and beside is None:
+                memory.job = self.kube.patch_status(namespace, name, status_patch, version)
             self._write_pods(namespace, decided, memory, create=not children_refused)
         finally:
-            for event in decided.events:
-                self.kube.event(body, event.type, event.reason, event.message)
+            try:
+                if beside is not None:
+                    memory.job = beside.result()
+            finally:
+                for event in decided.events:
+                    self.kube.event(body, event.type, event.reason, event.message)
         if decided.delete_job:
             self.kube.delete_job(namespace, name)
 
@@ -485,6 +498,17 @@ class Controller:
                 phase = (body.get("status") or {}).get("phase", "Pending")
                 counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
         return counts
+
+
+def _status_may_go_beside(decided: Plan) -> bool:
+    """Whether a plan's status write may run beside its creates instead of before them: a
+    round trip less before a new job's first pod, or a replacement's. Not when the plan
+    records a failure, labels or deletes pods: the status must hold a failure before anything
+    acts on it. A pod created beside a status write that then fails (a conflict) is not lost:
+    our expectations hold it, and the next plan keeps it or deletes it."""
+    return not (
+        decided.failures or decided.mark_recorded or decided.delete_pods or decided.delete_job
+    )
 
 
 def _valid(condition: dict[str, Any]) -> bool:
