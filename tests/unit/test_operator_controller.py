@@ -299,7 +299,7 @@ class _KubeWithSlowStatus(_RecordingKube):
         self.log.append("status")
 
     def create_all(self, bodies: list[dict[str, Any]]) -> list[kube_module.CreateResult]:
-        self.log += [f"create {body['kind']}" for body in bodies]
+        self.log.append("create " + "+".join(body["kind"] for body in bodies))
         if any(body["kind"] == "Pod" for body in bodies):
             self.pod_created.set()
         return [kube_module.CreateResult(body=body) for body in bodies]
@@ -312,7 +312,8 @@ class _KubeWithSlowStatus(_RecordingKube):
 
 
 def test_a_plan_that_only_creates_writes_its_status_beside_its_creates() -> None:
-    """A new job's first pods do not wait for its status write (a round trip each start)."""
+    """A new job's first pods wait neither for its status write nor for its Service (a
+    round trip each before every start)."""
     kube = _KubeWithSlowStatus()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
@@ -321,8 +322,20 @@ def test_a_plan_that_only_creates_writes_its_status_beside_its_creates() -> None
     decided = Plan(create_children=[service], create_pods=[worker])
     started = time.monotonic()
     controller._execute(KEY, body, decided, {"phase": "Pending"}, _Memory())
-    assert kube.log == ["create Service", "create Pod", "status"]
+    assert kube.log == ["create Service+Pod", "status"]
     assert time.monotonic() - started < 1.5, "the status write did not hold the creates back"
+
+
+def test_a_claim_is_created_before_the_pods_that_mount_it() -> None:
+    kube = _KubeWithSlowStatus()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+    claim = {"kind": "PersistentVolumeClaim", "metadata": {"name": "demo-checkpoints"}}
+    service = {"kind": "Service", "metadata": {"name": "demo"}}
+    worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
+    decided = Plan(create_children=[claim, service], create_pods=[worker])
+    controller._execute(KEY, body, decided, {"phase": "Pending"}, _Memory())
+    assert kube.log == ["create PersistentVolumeClaim+Service", "create Pod", "status"]
 
 
 def test_a_plan_that_records_a_failure_writes_its_status_before_any_pod_write() -> None:

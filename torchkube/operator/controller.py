@@ -379,27 +379,32 @@ class Controller:
         be forgotten, a permanent one retried), then labels, deletions, creations — and the
         plan's events however those end: only this plan has them (the next one finds the
         failure recorded and opens no incident). A plan that only creates writes its status
-        beside its creates (see :func:`_status_may_go_beside`)."""
+        beside its creates, and a Service with its pods (see :func:`_status_may_go_beside`)."""
         namespace, name = key
         self._check_leading()
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
         status_patch = st.merge_patch(body.get("status"), planned)
         version = body.get("metadata", {}).get("resourceVersion")
+        quick = _status_may_go_beside(decided)
+        children_first = decided.create_children
+        if quick and not any(c["kind"] in CHILDREN_BEFORE_PODS for c in children_first):
+            children_first = []
         beside: Future[dict[str, Any]] | None = None
-        if status_patch and _status_may_go_beside(decided):
+        if status_patch and quick:
             beside = self.writes.submit(
                 self.kube.patch_status, namespace, name, status_patch, version
             )
         try:
             children_refused = False
-            if decided.create_children:
-                results = self.kube.create_all(decided.create_children)
-                self._note_refusals(decided.create_children, results, memory)
+            if children_first:
+                results = self.kube.create_all(children_first)
+                self._note_refusals(children_first, results, memory)
                 children_refused = any(r.refused is not None for r in results)
             if status_patch and beside is None:
                 memory.job = self.kube.patch_status(namespace, name, status_patch, version)
-            self._write_pods(namespace, decided, memory, create=not children_refused)
+            with_pods = [] if children_first else decided.create_children
+            self._write_pods(namespace, decided, memory, not children_refused, with_pods)
         finally:
             try:
                 if beside is not None:
@@ -410,7 +415,16 @@ class Controller:
         if decided.delete_job:
             self.kube.delete_job(namespace, name)
 
-    def _write_pods(self, namespace: str, decided: Plan, memory: _Memory, create: bool) -> None:
+    def _write_pods(
+        self,
+        namespace: str,
+        decided: Plan,
+        memory: _Memory,
+        create: bool,
+        with_pods: list[dict[str, Any]],
+    ) -> None:
+        """Labels, deletions, then the plan's pods and ``with_pods`` (children created in
+        the same batch) — pods only if ``create``."""
         now = time.monotonic()
         if decided.mark_recorded:
             recorded = decided.mark_recorded.items()
@@ -421,13 +435,14 @@ class Controller:
             self._check_leading()
             self.kube.delete_pods(namespace, decided.delete_pods, decided.release)
             memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
-        if decided.create_pods and create:
+        bodies = [*with_pods, *(decided.create_pods if create else [])]
+        if bodies:
             self._check_leading()
-            results = self.kube.create_all(decided.create_pods)
-            for result in results:
-                if result.body is not None:
+            results = self.kube.create_all(bodies)
+            for body, result in zip(bodies, results, strict=True):
+                if result.body is not None and body["kind"] == "Pod":
                     memory.created[result.body["metadata"]["name"]] = (now, p.slim(result.body))
-            self._note_refusals(decided.create_pods, results, memory)
+            self._note_refusals(bodies, results, memory)
 
     @staticmethod
     def _note_refusals(bodies: list[dict[str, Any]], results: list[Any], memory: _Memory) -> None:
@@ -500,12 +515,20 @@ class Controller:
         return counts
 
 
+CHILDREN_BEFORE_PODS = frozenset({"PersistentVolumeClaim"})
+"""Children created before any pod even by a plan that only creates: a worker whose claim
+does not exist waits unschedulable, its slot taken. The Service is not among them: created
+with the pods, it exists long before a container resolves the store's name (a refused one is
+reported and retried while the workers wait for the store)."""
+
+
 def _status_may_go_beside(decided: Plan) -> bool:
-    """Whether a plan's status write may run beside its creates instead of before them: a
-    round trip less before a new job's first pod, or a replacement's. Not when the plan
-    records a failure, labels or deletes pods: the status must hold a failure before anything
-    acts on it. A pod created beside a status write that then fails (a conflict) is not lost:
-    our expectations hold it, and the next plan keeps it or deletes it."""
+    """Whether a plan's status write may run beside its creates instead of before them, and
+    its Service be created with its pods: two round trips less before a new job's first pod.
+    Not when the plan records a failure, labels or deletes pods: the status must hold a
+    failure before anything acts on it. A pod created beside a status write that then fails
+    (a conflict) is not lost: our expectations hold it, and the next plan keeps or deletes
+    it."""
     return not (
         decided.failures or decided.mark_recorded or decided.delete_pods or decided.delete_job
     )
