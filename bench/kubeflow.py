@@ -31,11 +31,14 @@ import yaml
 from kubernetes import client
 
 from bench.common import proc_cpu_seconds, proc_peak_rss_bytes
-from bench.kube import BENCH_LABEL, JOB_KINDS
+from bench.kube import BENCH_LABEL, CLAIM, JOB_KINDS, job_body
 from testbed.kwok import kwok_toleration
 from testbed.ports import free_port
 from testbed.process import Process
 from testbed.wait import wait_for
+from torchkube.api import TrainingJob
+from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
+from torchkube.operator.builders import trainer_env
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "kubeflow"
@@ -188,7 +191,15 @@ def pytorchjob_body(
     name: str, workers: int, *, gpus: int = 1, group: str = "scale", restart: str = "OnFailure"
 ) -> dict[str, Any]:
     """A PyTorchJob of ``workers`` pods (a Master and workers-1 Workers) placed like a
-    torchkube job's workers: ``gpus`` each, on the KWOK nodes labelled ``group``."""
+    torchkube job's workers (``gpus`` each, on the KWOK nodes labelled ``group``) and carrying
+    what a user's PyTorchJob for the same training would: the trainer's command under
+    torchrun, its configuration in the environment (the variables a torchkube worker gets),
+    and the shared checkpoint claim mounted. Both operators' pods then ask the same of the
+    API server, the scheduler (a pod with a claim is checked against it on every node) and
+    the nodes; a bare template would time a lighter pod, not a faster operator."""
+    same_job = TrainingJob.model_validate(job_body(name, workers, gpus=gpus, group=group))
+    env = [{"name": key, "value": value} for key, value in trainer_env(same_job, 0).items()]
+    mount = same_job.spec.checkpoint.mount_path
 
     def replica(count: int) -> dict[str, Any]:
         return {
@@ -202,8 +213,14 @@ def pytorchjob_body(
                         {
                             "name": "pytorch",
                             "image": "torchkube/trainer:0.1.0",
+                            "command": ["torchrun", "--nproc-per-node=1", *BUILTIN_TRAINER_COMMAND],
+                            "env": env,
                             "resources": {"limits": {"nvidia.com/gpu": gpus}},
+                            "volumeMounts": [{"name": "checkpoints", "mountPath": mount}],
                         }
+                    ],
+                    "volumes": [
+                        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": CLAIM}}
                     ],
                 }
             },

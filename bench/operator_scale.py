@@ -19,7 +19,8 @@ reads off, from the watch:
 Every single-job figure is taken twice: ``idle`` and ``loaded`` (one busy process per core
 beside the cluster for the whole condition; see :mod:`bench.load`). A torchkube job of N
 workers is N worker pods plus its rendezvous store pod; a PyTorchJob of N is a Master and N-1
-Workers. Only worker pods are timed.
+Workers, their pods carrying the same training (the trainer's command and environment, the
+checkpoint claim mounted). Only worker pods are timed.
 
 Scenarios (``--only``):
 
@@ -411,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
         f"({', '.join(args.conditions)} measured)",
         f"{PEER}: training-operator v1.8.1 built from its Go module by hack/build-peers.sh, "
         "default flags (one controller thread, as its manifests deploy it), PyTorchJob with "
-        "a Master and N-1 Workers; ratio = Kubeflow ÷ torchkube, of the medians",
+        "a Master and N-1 Workers whose pods carry what a torchkube worker of the same job "
+        "does (the trainer's command and environment, the checkpoint claim mounted; "
+        "bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians",
         "API requests: torchkube's writes (its reads come from watch caches); Kubeflow's "
         "client-go requests of every verb",
     ]

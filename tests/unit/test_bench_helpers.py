@@ -233,3 +233,27 @@ def test_back_at_step_is_the_first_rank0_step_past_the_kill_step() -> None:
     ]
     assert back_at_step(lines, 11.0, 30) == 4.0
     assert back_at_step(lines, 16.0, 30) is None
+
+
+def test_the_peers_pods_carry_what_a_torchkube_worker_of_the_same_job_does() -> None:
+    """Same work for both operators: the trainer's environment and the checkpoint claim (the
+    scheduler checks a pod's claim on every node), not a bare template."""
+    from bench.kube import CLAIM, job_body
+    from torchkube.operator.builders import worker_pod
+
+    ours = worker_pod(TrainingJob.model_validate(job_body("j", 8)), 0, "abcde")["spec"]
+    ours_env = {e["name"]: e.get("value") for e in ours["containers"][0]["env"]}
+    peer = kubeflow.pytorchjob_body("j", 8)["spec"]["pytorchReplicaSpecs"]
+    for replica in ("Master", "Worker"):
+        spec = peer[replica]["template"]["spec"]
+        container = spec["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        config = "TORCHKUBE_TRAINER_CONFIG"
+        assert env[config] == ours_env[config] and env.items() <= ours_env.items() | {
+            ("TORCHKUBE_JOB_NAMESPACE", "default")
+        }
+        assert spec["volumes"] == [
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": CLAIM}}
+        ]
+        assert container["volumeMounts"][0]["mountPath"] == "/checkpoints"
+        assert spec["nodeSelector"] == ours["nodeSelector"]
