@@ -386,12 +386,12 @@ class Controller:
             self.kube.patch(kind, namespace, child, patch)
         status_patch = st.merge_patch(body.get("status"), planned)
         version = body.get("metadata", {}).get("resourceVersion")
-        quick = _status_may_go_beside(decided)
+        creates_only = _status_may_go_beside(decided)
         children_first = decided.create_children
-        if quick and not any(c["kind"] in CHILDREN_BEFORE_PODS for c in children_first):
+        if creates_only and not any(c["kind"] in CHILDREN_BEFORE_PODS for c in children_first):
             children_first = []
         beside: Future[dict[str, Any]] | None = None
-        if status_patch and quick:
+        if status_patch and creates_only:
             beside = self.writes.submit(
                 self.kube.patch_status, namespace, name, status_patch, version
             )
