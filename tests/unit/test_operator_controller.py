@@ -269,15 +269,18 @@ class _KubeRefusingClaims(_RecordingKube):
         return results
 
 
+SERVICE = {"kind": "Service", "metadata": {"name": "demo"}}
+CLAIM = {"kind": "PersistentVolumeClaim", "metadata": {"name": "demo-checkpoints"}}
+WORKER = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
+
+
 def test_no_worker_is_created_while_its_claim_is_refused() -> None:
     """Without its checkpoint claim a worker would wait unschedulable, its slot taken."""
     kube = _KubeRefusingClaims()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
-    claim = {"kind": "PersistentVolumeClaim", "metadata": {"name": "demo-checkpoints"}}
-    worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
     memory = _Memory()
-    decided = Plan(create_children=[claim], create_pods=[worker])
+    decided = Plan(create_children=[CLAIM], create_pods=[WORKER])
     controller._execute(KEY, body, decided, {"phase": "Pending"}, memory)
     assert kube.created == [], "no pod while a child is refused"
     assert memory.refused is not None
@@ -311,37 +314,33 @@ class _KubeWithSlowStatus(_RecordingKube):
         self.log.append("delete")
 
 
+def _writes(decided: Plan, stored: dict[str, Any], planned: dict[str, Any]) -> list[str]:
+    """The API writes ``decided`` makes, in the order they happen (see _KubeWithSlowStatus)."""
+    kube = _KubeWithSlowStatus()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": stored}
+    controller._execute(KEY, body, decided, planned, _Memory())
+    return kube.log
+
+
 def test_a_plan_that_only_creates_writes_its_status_beside_its_creates() -> None:
     """A new job's first pods wait neither for its status write nor for its Service (a
     round trip each before every start)."""
-    kube = _KubeWithSlowStatus()
-    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
-    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
-    service = {"kind": "Service", "metadata": {"name": "demo"}}
-    worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
-    decided = Plan(create_children=[service], create_pods=[worker])
     started = time.monotonic()
-    controller._execute(KEY, body, decided, {"phase": "Pending"}, _Memory())
-    assert kube.log == ["create Service+Pod", "status"]
+    writes = _writes(
+        Plan(create_children=[SERVICE], create_pods=[WORKER]), {}, {"phase": "Pending"}
+    )
+    assert writes == ["create Service+Pod", "status"]
     assert time.monotonic() - started < 1.5, "the status write did not hold the creates back"
 
 
 def test_a_claim_is_created_before_the_pods_that_mount_it() -> None:
-    kube = _KubeWithSlowStatus()
-    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
-    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
-    claim = {"kind": "PersistentVolumeClaim", "metadata": {"name": "demo-checkpoints"}}
-    service = {"kind": "Service", "metadata": {"name": "demo"}}
-    worker = {"kind": "Pod", "metadata": {"name": "demo-worker-0-abcde"}}
-    decided = Plan(create_children=[claim, service], create_pods=[worker])
-    controller._execute(KEY, body, decided, {"phase": "Pending"}, _Memory())
-    assert kube.log == ["create PersistentVolumeClaim+Service", "create Pod", "status"]
+    decided = Plan(create_children=[CLAIM, SERVICE], create_pods=[WORKER])
+    writes = _writes(decided, {}, {"phase": "Pending"})
+    assert writes == ["create PersistentVolumeClaim+Service", "create Pod", "status"]
 
 
 def test_a_plan_that_records_a_failure_writes_its_status_before_any_pod_write() -> None:
-    kube = _KubeWithSlowStatus()
-    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
-    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {"restarts": 0}}
     failed = "demo-worker-1-abcde"
     replacement = {"kind": "Pod", "metadata": {"name": "demo-worker-1-fghij"}}
     decided = Plan(
@@ -349,5 +348,5 @@ def test_a_plan_that_records_a_failure_writes_its_status_before_any_pod_write() 
         mark_recorded={failed: "true"},
         create_pods=[replacement],
     )
-    controller._execute(KEY, body, decided, {"restarts": 1}, _Memory())
-    assert kube.log == ["status", "label", "delete", "create Pod"]
+    writes = _writes(decided, {"restarts": 0}, {"restarts": 1})
+    assert writes == ["status", "label", "delete", "create Pod"]
