@@ -40,6 +40,7 @@ Run: ``python -m torchkube.elastic.launch [torchrun arguments] script-or--m-modu
 """
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -48,7 +49,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from torchkube.api.contract import STANDBY_RELEASED, TERMINATION_LOG, Env, ExitCode
 from torchkube.api.hang import parse_configured
@@ -310,5 +311,19 @@ def main(argv: list[str] | None = None) -> int:
             watchdog.stop()
 
 
+def exit_with(code: int) -> NoReturn:
+    """Exit with ``code`` once the output is flushed, skipping the interpreter's finalisation.
+
+    By then torch's native threads (the store client's, the agent's timers) may still be
+    alive, and a C++ thread destroyed while joinable aborts the process: SIGABRT after the
+    result was printed, which turns a permanent error (exit 3) or a success into a retried
+    crash. Seen under CPU load only, so the launcher never takes the chance.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())
