@@ -29,7 +29,11 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
     try:
         wait_for(lambda: len(steps(tmp_path)) >= 10, 120, "two agents training", tmp_path)
         agents["c"] = start("c")
-        time.sleep(8)  # long enough to join, and to restart the others if it wrongly did
+        # Its worker server's warm-up probe is forked from it for a moment once its imports
+        # finish: look for workers after that, and after it stood by long enough to have
+        # restarted the others if it wrongly joined.
+        wait_for(lambda: standing_by_warm(tmp_path / "c.log"), 60, "c standing by, warm", tmp_path)
+        time.sleep(4)
         assert worker_pids(tmp_path, "c") == [], "a spare must not train"
         assert {a for _, w, a in steps(tmp_path)[-5:]} <= {"a", "b"}
         assert all(w == 2 for _, w, _ in steps(tmp_path))
@@ -56,3 +60,8 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
     assert (tmp_path / "b.termination").read_text().strip() == STANDBY_RELEASED
     numbers = [s for s, _, _ in steps(tmp_path)]
     assert numbers == list(range(1, 251)), "a step was lost or repeated"
+
+
+def standing_by_warm(log: Path) -> bool:
+    text = log.read_text() if log.exists() else ""
+    return "standing by as a spare" in text and "workers start warm" in text

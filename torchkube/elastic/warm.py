@@ -98,7 +98,11 @@ def _cmdline(pid: int) -> bytes:
 
 def workers_of(launcher: int, children: dict[int, list[int]]) -> list[int]:
     """The worker processes a launcher runs now, from a parent → children map: the children
-    of its forkserver (warm), or its own children that are not multiprocessing's helpers."""
+    of its forkserver (warm), or its own children that are not multiprocessing's helpers.
+
+    :func:`when_ready`'s probe is a child of the forkserver too, for the moment between the
+    end of the server's imports and the launcher's ``workers start warm`` record: a caller
+    that asks before that record may see it as a worker."""
     mine = children.get(launcher, [])
     servers = [pid for pid in mine if SERVER_MARK in _cmdline(pid)]
     forked = [pid for server in servers for pid in children.get(server, [])]
