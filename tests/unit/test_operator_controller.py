@@ -350,3 +350,81 @@ def test_a_plan_that_records_a_failure_writes_its_status_before_any_pod_write() 
     )
     writes = _writes(decided, {"restarts": 0}, {"restarts": 1})
     assert writes == ["status", "label", "delete", "create Pod"]
+
+
+class _KubeAnsweringStatus(_RecordingKube):
+    """A status write answered with the job at the next resourceVersion, as the API does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 41
+
+    def patch_status(self, _ns: str, _name: str, status: dict[str, Any], _rv: Any) -> Any:
+        super().patch_status(_ns, _name, status, _rv)
+        self.version += 1
+        return {"metadata": {"name": "demo", "resourceVersion": str(self.version)}}
+
+
+def _queued_after_writing(stored: dict[str, Any], planned: dict[str, Any], echo: str) -> bool:
+    """Whether the watch's event at version ``echo``, after the controller wrote ``planned``
+    over ``stored``, has the job reconciled again."""
+    kube = _KubeAnsweringStatus()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "41"}}
+    controller.memory[KEY] = _Memory()
+    controller._execute(KEY, {**body, "status": stored}, Plan(), planned, controller.memory[KEY])
+    assert kube.status, "the plan wrote its status"
+
+    async def event() -> bool:
+        controller.job_changed(KEY, {"metadata": {"resourceVersion": echo}})
+        return not controller.queue.empty()
+
+    return asyncio.run(event())
+
+
+def test_the_echo_of_a_goodput_only_write_is_not_reconciled() -> None:
+    """A quiet job's goodput moves with the clock and is written every 30 s; reconciling its
+    echo changed nothing and was a third of a quiet fleet's reconciles."""
+    running = {"phase": "Running", "goodput": 0.91}
+    assert not _queued_after_writing(running, {**running, "goodput": 0.92}, echo="42")
+
+
+def test_any_other_change_of_the_job_is_reconciled() -> None:
+    running = {"phase": "Running", "goodput": 0.91}
+    assert _queued_after_writing(running, {**running, "goodput": 0.92}, echo="43"), (
+        "a change after our write (a spec edit) is not an echo"
+    )
+    restarting = {**running, "phase": "Restarting", "goodput": 0.92}
+    assert _queued_after_writing(running, restarting, echo="42"), (
+        "the echo of a write that changed more than goodput is reconciled"
+    )
+
+
+def _reconciles_when_the_event_comes_first(event_version: str) -> int:
+    """How many reconciles a job gets when its watch shows ``event_version`` while the
+    reconcile that writes version 42 (goodput alone) still waits for its response."""
+
+    async def scenario() -> int:
+        controller = _controller()
+        memory = controller.memory[KEY] = _Memory()
+        calls = []
+
+        async def reconcile(key: tuple[str, str]) -> None:
+            calls.append(key)
+            if len(calls) == 1:
+                controller.job_changed(key, {"metadata": {"resourceVersion": event_version}})
+                memory.quiet_write = "42"  # the write's response, after its echo
+
+        controller.reconcile = reconcile  # type: ignore[method-assign]
+        controller.enqueue(KEY)
+        worker = asyncio.create_task(controller._worker())
+        await asyncio.sleep(0.3)
+        worker.cancel()
+        return len(calls)
+
+    return asyncio.run(scenario())
+
+
+def test_an_echo_that_comes_before_the_writes_response_is_not_reconciled() -> None:
+    assert _reconciles_when_the_event_comes_first("42") == 1
+    assert _reconciles_when_the_event_comes_first("43") == 2, "another change is reconciled"

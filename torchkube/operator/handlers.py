@@ -163,8 +163,10 @@ def _controller(memo: Any, indexes: dict[str, Any]) -> Controller:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_changed(namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
-    _controller(memo, kwargs).enqueue((str(namespace), name))
+async def job_changed(
+    namespace: str | None, name: str, body: kopf.Body, memo: Any, **kwargs: Any
+) -> None:
+    _controller(memo, kwargs).job_changed((str(namespace), name), body)
 
 
 @kopf.on.event("pods", labels=JOB_PODS)
