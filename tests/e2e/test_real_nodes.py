@@ -722,8 +722,13 @@ def test_scale_down_on_real_nodes_counts_no_failure(
 ) -> None:
     """kubectl scale 2 -> 1: the kubelet stops the released worker (SIGTERM: its emergency
     checkpoint, exit 143, phase Failed) before removing it. No failure is counted and
-    training goes on at world size 1 to its exact end."""
-    steps, every = 300, 50
+    training goes on at world size 1 to its exact end.
+
+    600 steps (40 s at world size 1): a worker may start 15 s after the other, and train
+    at world size 2 only after that — its kubelet can be refused the checkpoint claim at
+    first (the node authorizer had not yet linked the just-bound pod to it) and retry after
+    its backoff."""
+    steps, every = 600, 50
     with real_job(
         real_cluster, api, operator, say, tmp_path, namespace="realnodes-scale", name="shrink"
     ) as job:

@@ -13,13 +13,16 @@ from agents import kill_agent, launch, rdzv_args, steps, wait_for, worker_pids
 from torchkube.api.contract import STANDBY_RELEASED, ExitCode
 
 pytestmark = pytest.mark.slow
+STEPS = 600
+"""30 s of steps at full speed: room for the spare to start, warm up and stand by (10 s and
+more under load) before one of the two is stopped, and for the take-over after it."""
 
 
 def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
     store: int, tmp_path: Path
 ) -> None:
     args = rdzv_args(store, nnodes="1:2")
-    env = {"STEPS": "250", "STEP_SECONDS": "0.05"}
+    env = {"STEPS": str(STEPS), "STEP_SECONDS": "0.05"}
 
     def start(name: str) -> subprocess.Popen[bytes]:
         log = str(tmp_path / f"{name}.termination")
@@ -40,6 +43,7 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
 
         agents["b"].send_signal(signal.SIGTERM)  # b's pod deleted
         stopped_at, last = time.monotonic(), steps(tmp_path)[-1][0]
+        assert last < STEPS - 100, f"step {last} of {STEPS} when b stopped: too late to take over"
         assert agents["b"].wait(timeout=60) == ExitCode.SIGTERM
         wait_for(
             lambda: worker_pids(tmp_path, "c") and any(s > last for s, _, _ in steps(tmp_path)),
@@ -59,7 +63,7 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
             kill_agent(tmp_path, name)
     assert (tmp_path / "b.termination").read_text().strip() == STANDBY_RELEASED
     numbers = [s for s, _, _ in steps(tmp_path)]
-    assert numbers == list(range(1, 251)), "a step was lost or repeated"
+    assert numbers == list(range(1, STEPS + 1)), "a step was lost or repeated"
 
 
 def standing_by_warm(log: Path) -> bool:
