@@ -413,7 +413,7 @@ def _reconciles_when_the_event_comes_first(event_version: str) -> int:
             calls.append(key)
             if len(calls) == 1:
                 controller.job_changed(key, {"metadata": {"resourceVersion": event_version}})
-                memory.quiet_write = "42"  # the write's response, after its echo
+                memory.quiet_write = 42  # the write's response, after its echo
 
         controller.reconcile = reconcile  # type: ignore[method-assign]
         controller.enqueue(KEY)

@@ -77,7 +77,7 @@ class _Memory:
     invalid: str | None = None
     planning_seconds: float = 0.0
     """How long the last reconcile took to decide (its API calls not counted)."""
-    quiet_write: str | None = None
+    quiet_write: int | None = None
     """The resourceVersion of our last status write that changed nothing but
     ``status.goodput`` (see :meth:`Controller.job_changed`)."""
 
@@ -108,7 +108,7 @@ class Controller:
         self.queued: set[Key] = set()
         self.active: set[Key] = set()
         self.dirty: set[Key] = set()
-        self.job_versions_seen: dict[Key, str | None] = {}
+        self.job_versions_seen: dict[Key, int] = {}
         """The last version of a job its watch showed while the job was being reconciled: an
         echo of that reconcile's own write is only known as one when its write returns."""
         self.timers: dict[Key, asyncio.TimerHandle] = {}
@@ -162,15 +162,15 @@ class Controller:
         on quiet jobs it was a third of all reconciles (one per job every
         ``GOODPUT_MIN_INTERVAL``). An event during the job's reconcile (the echo may come
         before the write's response) is decided when the reconcile ends."""
-        version = body.get("metadata", {}).get("resourceVersion")
+        version = _resource_version(body)
         if key in self.active:
             self.job_versions_seen[key] = version
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
-    def _echo_of_quiet_write(self, key: Key, version: str | None) -> bool:
+    def _echo_of_quiet_write(self, key: Key, version: int) -> bool:
         memory = self.memory.get(key)
-        return memory is not None and version is not None and version == memory.quiet_write
+        return memory is not None and version == memory.quiet_write
 
     def _timer_fired(self, key: Key) -> None:
         self.timers.pop(key, None)
@@ -550,12 +550,11 @@ with the pods, it exists long before a container resolves the store's name (a re
 reported and retried while the workers wait for the store)."""
 
 
-def _quiet_write(status_patch: dict[str, Any], written: dict[str, Any] | None) -> str | None:
+def _quiet_write(status_patch: dict[str, Any], written: dict[str, Any] | None) -> int | None:
     """The version a status write left the job at, if it changed only ``status.goodput``."""
-    if set(status_patch) != {"goodput"} or not written:
+    if set(status_patch) != {"goodput"}:
         return None
-    version = written.get("metadata", {}).get("resourceVersion")
-    return None if version is None else str(version)
+    return _resource_version(written) or None
 
 
 def _status_may_go_beside(decided: Plan) -> bool:
