@@ -637,8 +637,14 @@ def test_training_job_survives_real_node_loss(
             report = job.progress()
             # A report written after a resume from a checkpoint, past the step it resumed at —
             # or, when the rest of the run took less than a poll, the final report (its step is
-            # its own last checkpoint's, so "past" cannot show).
-            return int(report.get("resumes") or 0) > int(before.get("resumes") or 0) and (
+            # its own last checkpoint's, so "past" cannot show). A new round shows as more
+            # resumes, or as another world size: a round resumed from a checkpoint older than
+            # the previous resume (a worker that started late made one) counts the same
+            # resumes again, as the count is kept in the checkpoint.
+            new_round = int(report.get("resumes") or 0) > int(
+                before.get("resumes") or 0
+            ) or report.get("worldSize") != before.get("worldSize")
+            return new_round and (
                 int(report.get("step") or 0) > int(report.get("lastCheckpointStep") or 0)
                 or report.get("finished") is True
             )
