@@ -66,15 +66,22 @@ def cgroup_hierarchies() -> list[Path]:
     return sorted(p for p in CGROUP_V1.iterdir() if p.is_dir() and (p / "cgroup.procs").exists())
 
 
+def _cgroup_tree(root: Path) -> list[Path]:
+    """``root`` and every cgroup below it, parents first. os.walk, not Path.rglob: a kubelet
+    removes pod cgroups while they are walked, and rglob raises for a folder that went away
+    (a node "lost" mid-test by that error then stayed alive)."""
+    return [Path(folder) for folder, _, _ in os.walk(root)]
+
+
 def cgroup_pids(relative: str) -> set[int]:
     pids: set[int] = set()
     for hierarchy in cgroup_hierarchies():
         root = hierarchy / relative.lstrip("/")
         if not root.is_dir():
             continue
-        for procs in root.rglob("cgroup.procs"):
+        for folder in _cgroup_tree(root):
             with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in procs.read_text().split())
+                pids.update(int(x) for x in (folder / "cgroup.procs").read_text().split())
     return pids
 
 
@@ -114,8 +121,7 @@ def remove_cgroups(relative: str) -> None:
         root = hierarchy / relative.lstrip("/")
         if not root.is_dir():
             continue
-        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts))
-        for directory in [*reversed(dirs), root]:
+        for directory in reversed(_cgroup_tree(root)):
             with contextlib.suppress(OSError):
                 directory.rmdir()
 
