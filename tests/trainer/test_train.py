@@ -73,6 +73,31 @@ def sigterm_during_step(step: int) -> Workload:
     return Workload(**{**base.__dict__, "loss_fn": loss_then_sigterm})
 
 
+def crash_at_micro_step(micro_step: int) -> Workload:
+    """The built-in workload, raising in this process's ``micro_step``-th forward pass."""
+    base = gpt_workload()
+    calls = {"n": 0}
+
+    def loss_then_crash(model: nn.Module, batch: object) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == micro_step:
+            raise RuntimeError("a worker lost mid-step")
+        return base.loss_fn(model, batch)
+
+    return Workload(**{**base.__dict__, "loss_fn": loss_then_crash})
+
+
+def test_every_round_that_resumed_is_counted(token_data: Path, tmp_path: Path) -> None:
+    """A round that resumed from step-10 and failed before its next save leaves step-10 the
+    newest checkpoint, whose own count says 0 resumes: the next round is the second resume."""
+    assert run_tiny(token_data, tmp_path, steps=10) == EXIT_OK
+    assert run_tiny(token_data, tmp_path, crash_at_micro_step(2 * 4), steps=20) != EXIT_OK
+    assert progress(tmp_path)["resumes"] == 1 and progress(tmp_path)["step"] < 20
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10"]
+    assert run_tiny(token_data, tmp_path, steps=20) == EXIT_OK
+    assert progress(tmp_path)["resumes"] == 2 and progress(tmp_path)["step"] == 20
+
+
 @pytest.fixture
 def reference(token_data: Path, tmp_path: Path) -> Path:
     """An uninterrupted 25-step run with dropout (so random streams matter to a resume)."""

@@ -3,6 +3,7 @@
 Layout of the checkpoint folder::
 
     .owner.json              which rendezvous round may write here (fencing, below)
+    resumes.json             how many rounds resumed from a checkpoint (below)
     progress.json            rank 0's progress record for the operator
     step-120/                a committed checkpoint: DCP files + COMPLETE.json
     .tmp-step-140-<round>/   a save in flight; never read
@@ -28,6 +29,10 @@ earlier rendezvous round (say, behind a network partition) cannot complete one w
 current round. As a second line, rank 0 claims the folder at start-up by writing a fresh round
 id to ``.owner.json`` and re-reads it before every commit: a stale rank 0 finds a newer round's
 id and stops (exit code 4) instead of renaming its checkpoint into place.
+
+Resumes: the train state's count is only the loaded checkpoint's lineage. A round that resumed
+and failed before its next save leaves the same checkpoint newest, and the next round would
+count that resume again; so rank 0 keeps the tally in ``resumes.json`` beside the checkpoints.
 """
 
 import json
@@ -69,6 +74,7 @@ RNG = "rng"
 
 MARKER = "COMPLETE.json"
 OWNER = ".owner.json"
+RESUMES = "resumes.json"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 
@@ -357,6 +363,23 @@ class CheckpointManager:
                 log.warning("no checkpoint could be loaded; starting from scratch")
             self.states.discard_targets()
         return False
+
+    def count_resume(self, saved: int) -> int:
+        """This round's number among the rounds that resumed: one more than the tally beside
+        the checkpoints or the loaded checkpoint's own count, whichever is higher (a folder
+        copied without its tally still counts on)."""
+        counts = [0]
+        if self.info.is_main:
+            assert self.folder is not None
+            tally = self.folder / RESUMES
+            try:
+                before = int(json.loads(tally.read_text())["resumes"])
+            except (OSError, ValueError, KeyError, TypeError):
+                before = 0
+            counts[0] = max(before, saved) + 1
+            write_json_atomic(tally, {"resumes": counts[0], "since": rfc3339(time.time())})
+        dist.broadcast_object_list(counts, src=0, group=self.info.control_group)
+        return int(counts[0])
 
     def _check_dataset(self, cand: Candidate) -> None:
         """Refuse (permanently) to resume onto other training data unless the spec allows it:

@@ -107,7 +107,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         # world size wrote it
         ckpt.claim()
         if ckpt.load():
-            state.resumes += 1
+            state.resumes = ckpt.count_resume(state.resumes)
         elif workload.load_weights is not None:
             load_weights(workload, model, spec, info)
         elif on_meta:
