@@ -238,10 +238,88 @@ spec:
 """.replace("DELAY", str(POD_STOP_DELAY_MS[0])).replace("JITTER", str(POD_STOP_DELAY_MS[1]))
 
 
+NODE_STATUS_REPORT_MS = (300_000, 330_000)
+"""(delay, latest) between two status reports of a Ready node: a kubelet that renews a Lease
+writes its Node status only on a change or every ``nodeStatusReportFrequency`` (5 minutes)."""
+
+_NODE_CONDITIONS = """\
+      {{ $now := Now }}
+      {{ $since := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $since | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+      {{ with NodePort }}
+      daemonEndpoints: {kubeletEndpoint: {Port: {{ . }}}}
+      {{ end }}"""
+
+KUBELET_NODE_STAGES = (
+    """\
+# Node stages for KWOK nodes that report like a kubelet with a Lease: Ready (conditions and
+# node info) once registered or back from a loss, then a status report every 5 minutes; the
+# Lease is the heartbeat. KWOK v0.7 picks its lease-less defaults when a lease duration *is*
+# set (getDefaultNodeStages(NodeLeaseDurationSeconds == 0) in pkg/kwok/cmd/root.go) and
+# rewrites every node's status every 20-25 s. Written by testbed.kwok.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: node-ready
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: NotIn
+      values: ['True']
+  next:
+    statusTemplate: |
+CONDITIONS
+      {{ $info := .status.nodeInfo }}
+      {{ $kwok := printf "kwok-%s" Version }}
+      nodeInfo:
+        architecture: {{ or $info.architecture "amd64" }}
+        bootID: {{ or $info.bootID `""` }}
+        containerRuntimeVersion: {{ or $info.containerRuntimeVersion $kwok }}
+        kernelVersion: {{ or $info.kernelVersion $kwok }}
+        kubeProxyVersion: {{ or $info.kubeProxyVersion $kwok }}
+        kubeletVersion: {{ or $info.kubeletVersion $kwok }}
+        machineID: {{ or $info.machineID `""` }}
+        operatingSystem: {{ or $info.operatingSystem "linux" }}
+        osImage: {{ or $info.osImage `""` }}
+        systemUUID: {{ or $info.systemUUID `""` }}
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: node-status-report
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: .status.phase, operator: In, values: [Running]}
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: In
+      values: ['True']
+  delay: {durationMilliseconds: DELAY, jitterDurationMilliseconds: LATEST}
+  next:
+    statusTemplate: |
+CONDITIONS
+""".replace("CONDITIONS", _NODE_CONDITIONS)
+    .replace("DELAY", str(NODE_STATUS_REPORT_MS[0]))
+    .replace("LATEST", str(NODE_STATUS_REPORT_MS[1]))
+)
+
+
 def kubelet_stages_config() -> str:
-    """KWOK configuration (``~/.kwok/kwok.yaml`` of each kwok process) with pod stages that
-    follow a real kubelet's deletion semantics; node stages stay KWOK's defaults."""
-    return KUBELET_POD_STAGES
+    """KWOK configuration (``~/.kwok/kwok.yaml`` of each kwok process): pods and nodes staged
+    like a real kubelet's (deletion semantics, Lease-era status reports)."""
+    return f"{KUBELET_POD_STAGES}---\n{KUBELET_NODE_STAGES}"
 
 
 def kwok_argv(binary: Path, kubeconfig: Path, domain: str, lease_duration_s: int) -> list[str]:

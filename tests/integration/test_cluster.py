@@ -145,6 +145,27 @@ def test_killed_domain_makes_node_unknown_and_pods_stick_terminating(
     assert node_condition(api_client, node) == "True"
 
 
+def _ready_heartbeat(api: Any, node: str) -> Any:
+    conditions = _core(api).read_node_status(node).status.conditions or []
+    return next(c.last_heartbeat_time for c in conditions if c.type == "Ready")
+
+
+def test_node_heartbeats_with_its_lease_and_reports_status_rarely(
+    api_client: Any, isolated_pool: Any
+) -> None:
+    """Like a kubelet with a Lease: the Lease is renewed every quarter of its duration and the
+    Node status written only on a change or every 5 minutes, so a controller watching nodes
+    sees a quiet stream. KWOK's defaults rewrote every node's status every 20-25 s."""
+    node = isolated_pool(nodes=1).node_names()[0]
+    leases: Any = client.CoordinationV1Api(api_client)
+    reported = _ready_heartbeat(api_client, node)
+    renewed = leases.read_namespaced_lease(node, "kube-node-lease").spec.renew_time
+    time.sleep(30)
+    assert _ready_heartbeat(api_client, node) == reported
+    assert leases.read_namespaced_lease(node, "kube-node-lease").spec.renew_time > renewed
+    assert node_condition(api_client, node) == "True"
+
+
 def test_cordoned_node_takes_no_new_pods(
     api_client: Any, namespace: str, isolated_pool: Any
 ) -> None:
