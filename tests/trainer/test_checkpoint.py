@@ -233,9 +233,11 @@ def test_stop_commits_the_save_in_flight_of_the_same_step(
 
 
 def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:
-    job = make_job(info, tmp_path, interval_steps=0, interval_seconds=0.2)
+    # A second: the clock starts when a save starts, and staging a save under load has
+    # taken more than 0.2 s.
+    job = make_job(info, tmp_path, interval_steps=0, interval_seconds=1.0)
     assert not job.ckpt.due(1)
-    time.sleep(0.3)
+    time.sleep(1.1)
     assert job.ckpt.due(1)
     job.train(1)
     job.ckpt.save(1)  # restarts the clock
