@@ -1386,27 +1386,32 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         assert int(report.get("resumes") or 0) >= 1, report
 
         def held_by_a_ready_pod() -> str | None:
-            holder = _lease_holder(api).rsplit("_", 1)[0]
-            return (
-                holder
-                if any(
-                    p.metadata.name == holder and p.spec.node_name != victim.spec.node_name
-                    for p in _operator_pods(api)
-                    if _ready(p)
-                )
-                else None
-            )
+            lease = client.CoordinationV1Api(api).read_namespaced_lease(RELEASE, OPERATOR_NS)
+            renewed, duration = lease.spec.renew_time, lease.spec.lease_duration_seconds or 0
+            if renewed is None or time.time() > renewed.timestamp() + duration:
+                return None  # not renewed in time: nobody leads
+            holder = str(lease.spec.holder_identity or "").rsplit("_", 1)[0]
+            live = [
+                p
+                for p in _operator_pods(api)
+                if p.metadata.name == holder and p.spec.node_name != victim.spec.node_name
+            ]
+            return holder if live and _ready(live[0]) else None
 
         # A holder lost with its node (both workers ran beside the leader) keeps the Lease
         # until it expires (15 s) and looks Ready until the node controller marks its pod:
-        # then the other replica leads.
+        # then the other replica leads. The state when the job ended is printed either way.
+        ended, waited = _operators_state(api), time.monotonic()
         holder = wait_for(
             held_by_a_ready_pod,
             NODE_MONITOR_GRACE_S + 60,
-            what="the Lease held by a Ready operator pod",
-            describe_last=lambda: _operators_state(api),
+            what="a current Lease held by a Ready operator pod off the lost node",
+            describe_last=lambda: f"when the job ended:\n{ended}\nnow:\n{_operators_state(api)}",
         )
-        say(f"the job ended; operators now:\n{_operators_state(api)}")
+        say(
+            f"the job ended; operators then:\n{ended}\n"
+            f"{holder} (Ready) held the Lease {time.monotonic() - waited:.1f} s later"
+        )
         time.sleep(3)  # the last scrapes
         window_end = time.time()
 

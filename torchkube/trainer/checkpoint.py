@@ -369,16 +369,20 @@ class CheckpointManager:
         the checkpoints or the loaded checkpoint's own count, whichever is higher (a folder
         copied without its tally still counts on)."""
         counts = [0]
+        assert self.folder is not None
+        tally = self.folder / RESUMES
         if self.info.is_main:
-            assert self.folder is not None
-            tally = self.folder / RESUMES
             try:
                 before = int(json.loads(tally.read_text())["resumes"])
             except (OSError, ValueError, KeyError, TypeError):
                 before = 0
             counts[0] = max(before, saved) + 1
-            write_json_atomic(tally, {"resumes": counts[0], "since": rfc3339(time.time())})
         dist.broadcast_object_list(counts, src=0, group=self.info.control_group)
+        if self.info.is_main:
+            try:  # a counter must not cost the round: a full volume fails the next save anyway
+                write_json_atomic(tally, {"resumes": counts[0], "since": rfc3339(time.time())})
+            except OSError as error:
+                log.warning("cannot keep the resume count in %s: %s", tally, error)
         return int(counts[0])
 
     def _check_dataset(self, cand: Candidate) -> None:
