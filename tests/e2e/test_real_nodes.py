@@ -1111,11 +1111,12 @@ def chart_operator_instead_of_harness(
             operator.start()
 
 
-def _operator_pods(api: Any) -> list[Any]:
+def _operator_pods(api: Any, deleting: bool = False) -> list[Any]:
+    """The chart's operator pods; those being deleted only with ``deleting``."""
     core: Any = client.CoreV1Api(api)
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
     pods = core.list_namespaced_pod(OPERATOR_NS, label_selector=selector).items
-    return [p for p in pods if p.metadata.deletion_timestamp is None]
+    return [p for p in pods if deleting or p.metadata.deletion_timestamp is None]
 
 
 def _ready(pod: Any) -> bool:
@@ -1166,21 +1167,22 @@ def _metrics_endpoint_state(api: Any, pod_name: str, port: int = 8080) -> str:
     return "\n".join(parts)
 
 
+def _lease(api: Any) -> Any:
+    return client.CoordinationV1Api(api).read_namespaced_lease(RELEASE, OPERATOR_NS)
+
+
 def _lease_holder(api: Any) -> str:
-    lease = client.CoordinationV1Api(api).read_namespaced_lease(RELEASE, OPERATOR_NS)
-    return str(lease.spec.holder_identity or "")
+    return str(_lease(api).spec.holder_identity or "")
 
 
 def _operators_state(api: Any) -> str:
     """The Lease and every operator pod (node, phase, readiness and why, restarts) with its
     node's readiness: what tells a holder lost with its node from a holder that stopped
     answering its probes."""
-    core: Any = client.CoreV1Api(api)
-    lease = client.CoordinationV1Api(api).read_namespaced_lease(RELEASE, OPERATOR_NS)
-    nodes = {n.metadata.name: _ready(n) for n in core.list_node().items}
-    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+    lease = _lease(api)
+    nodes = {n.metadata.name: _ready(n) for n in client.CoreV1Api(api).list_node().items}
     lines = [f"Lease held by {lease.spec.holder_identity}, renewed {lease.spec.renew_time}"]
-    for pod in core.list_namespaced_pod(OPERATOR_NS, label_selector=selector).items:
+    for pod in _operator_pods(api, deleting=True):
         ready = next((c for c in pod.status.conditions or [] if c.type == "Ready"), None)
         restarts = [c.restart_count for c in pod.status.container_statuses or []]
         lines.append(
@@ -1386,7 +1388,7 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         assert int(report.get("resumes") or 0) >= 1, report
 
         def held_by_a_ready_pod() -> str | None:
-            lease = client.CoordinationV1Api(api).read_namespaced_lease(RELEASE, OPERATOR_NS)
+            lease = _lease(api)
             renewed, duration = lease.spec.renew_time, lease.spec.lease_duration_seconds or 0
             if renewed is None or time.time() > renewed.timestamp() + duration:
                 return None  # not renewed in time: nobody leads

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,32 +60,33 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
     assert again["loss"] == record["loss"]
 
 
-def sigterm_during_step(step: int) -> Workload:
-    """The built-in workload, with a SIGTERM to this process during ``step``."""
+def at_micro_step(micro_step: int, act: Callable[[], None]) -> Workload:
+    """The built-in workload, calling ``act`` in this process's ``micro_step``-th forward
+    pass (4 micro-steps per step at world size 1)."""
     base = gpt_workload()
     calls = {"n": 0}
 
-    def loss_then_sigterm(model: nn.Module, batch: object) -> torch.Tensor:
+    def loss_then_act(model: nn.Module, batch: object) -> torch.Tensor:
         calls["n"] += 1
-        if calls["n"] == step * 4:  # 4 micro-steps per step at world size 1
-            os.kill(os.getpid(), signal.SIGTERM)
+        if calls["n"] == micro_step:
+            act()
         return base.loss_fn(model, batch)
 
-    return Workload(**{**base.__dict__, "loss_fn": loss_then_sigterm})
+    return Workload(**{**base.__dict__, "loss_fn": loss_then_act})
+
+
+def sigterm_during_step(step: int) -> Workload:
+    """The built-in workload, with a SIGTERM to this process during ``step``."""
+    return at_micro_step(step * 4, lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
 def crash_at_micro_step(micro_step: int) -> Workload:
     """The built-in workload, raising in this process's ``micro_step``-th forward pass."""
-    base = gpt_workload()
-    calls = {"n": 0}
 
-    def loss_then_crash(model: nn.Module, batch: object) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] == micro_step:
-            raise RuntimeError("a worker lost mid-step")
-        return base.loss_fn(model, batch)
+    def crash() -> None:
+        raise RuntimeError("a worker lost mid-step")
 
-    return Workload(**{**base.__dict__, "loss_fn": loss_then_crash})
+    return at_micro_step(micro_step, crash)
 
 
 def test_every_round_that_resumed_is_counted(token_data: Path, tmp_path: Path) -> None:
