@@ -1,10 +1,10 @@
 """A work queue over TrainingJob keys, fed by watch events, drained by a few workers.
 
-kopf supplies the watches and caches (indexes); this module supplies controller-runtime's
-habits that kopf leaves to us: one reconcile per key at a time, coalesced wake-ups, one
-pending delayed requeue per key (the earliest wins), and *expectations* — our own writes are
-folded into the cached view until the watch catches up, so a reconcile right after creating
-pods never creates them twice.
+kopf (and, for pods, :mod:`torchkube.operator.informer`) supplies the watches and caches;
+this module supplies controller-runtime's habits that kopf leaves to us: one reconcile per
+key at a time, coalesced wake-ups, one pending delayed requeue per key (the earliest wins),
+and *expectations* — our own writes are folded into the cached view until the watch catches
+up, so a reconcile right after creating pods never creates them twice.
 
 Everything here runs on the event loop except :meth:`Controller._execute`, which does the
 blocking API calls in a thread and touches only the job's own :class:`_Memory`.
@@ -185,8 +185,13 @@ class Controller:
             if any(p.node_name(pod) == node for pod in store):
                 yield key
 
-    async def run(self) -> None:
+    async def run(self, *caches_filled: asyncio.Event) -> None:
+        """Reconcile queued jobs once kopf's indexes are attached and every other cache
+        (the pod informer's) holds its full list: a reconcile on a partial view would
+        recreate pods that exist."""
         await self.attached.wait()
+        for filled in caches_filled:
+            await filled.wait()
         workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
         try:
             while True:
@@ -469,7 +474,10 @@ class Controller:
             results = self.kube.create_all(bodies)
             for body, result in zip(bodies, results, strict=True):
                 if result.body is not None and body["kind"] == "Pod":
-                    memory.created[result.body["metadata"]["name"]] = (now, p.slim(result.body))
+                    memory.created[result.body["metadata"]["name"]] = (
+                        now,
+                        p.slim(result.body, owned=True),
+                    )
             self._note_refusals(bodies, results, memory)
 
     @staticmethod

@@ -4,11 +4,14 @@ Only indexes and event handlers are registered, so kopf puts no finalizer on Tra
 a job can be deleted while the operator is down (garbage collection removes its pods), and
 uninstalling the operator never leaves jobs stuck Terminating.
 
-Pods, Services and claims are watched with a server-side label selector (the job-name label):
-the operator never receives the events of the rest of the cluster's pods. Every handler is a
-coroutine: the event handlers feed the controller's queue, which is only safe on the event
-loop, and the index functions are quick enough to run there too — kopf runs plain functions
-in a thread pool, and the hop there and back for every pod event cost more than the indexing.
+The job pods are not kopf's: they are the bulk of all events, and the operator follows them
+with its own lean watch (:mod:`torchkube.operator.informer`), which the controller waits for as
+it waits for kopf's indexes. Pods, Services and claims are watched with a server-side label
+selector (the job-name label): the operator never receives the events of the rest of the
+cluster's pods. Every handler is a coroutine: the event handlers feed the controller's queue,
+which is only safe on the event loop, and the index functions are quick enough to run there
+too — kopf runs plain functions in a thread pool, and a hop there and back per event cost
+more than the indexing.
 """
 
 import asyncio
@@ -26,12 +29,13 @@ from torchkube.operator import metrics
 from torchkube.operator.api_client import make_api_client
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller
+from torchkube.operator.informer import PodInformer
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection, own_namespace
-from torchkube.operator.pods import node_health, slim, slim_child
+from torchkube.operator.pods import node_health, slim_child
 
 JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
-CHILD_RESOURCES = ("pods", "services", "persistentvolumeclaims")
+CHILD_RESOURCES = ("services", "persistentvolumeclaims")
 log = logging.getLogger(__name__)
 PHASE_GAUGE_PERIOD = 5.0
 
@@ -70,10 +74,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         namespace = config.leader_election_namespace or own_namespace()
         leader = LeaderElection(api_client, namespace, config.leader_election_name)
     memo.controller = Controller(config, Kube(api_client, config.api_concurrency), leader)
+    memo.pods = PodInformer(make_api_client(config), config.namespaces, memo.controller.enqueue)
     memo.node_ready = {}
     memo.leader = leader
     memo.tasks = [
-        asyncio.create_task(memo.controller.run()),
+        asyncio.create_task(memo.pods.run()),
+        asyncio.create_task(memo.controller.run(memo.pods.synced)),
         asyncio.create_task(_publish_phases(memo.controller)),
     ]
     if leader is not None:
@@ -102,13 +108,6 @@ async def trainingjobs(
     namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     return {(namespace, name): copy.deepcopy(dict(body))}
-
-
-@kopf.index("pods", labels=JOB_PODS)
-async def job_pods(
-    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[Any, Any]:
-    return {(namespace, labels[lbl.JOB_NAME]): slim(dict(body))}
 
 
 @kopf.index("services", labels=JOB_PODS)
@@ -151,11 +150,11 @@ class _Children(Mapping[Any, list[Any]]):
 
 def _controller(memo: Any, indexes: dict[str, Any]) -> Controller:
     """The controller, handed kopf's indexes (they come as handler kwargs named like the
-    index functions above)."""
+    index functions above) and the pod informer's."""
     controller: Controller = memo.controller
     controller.attach(
         indexes["trainingjobs"],
-        indexes["job_pods"],
+        memo.pods.index,
         indexes["nodes"],
         _Children(indexes["job_services"], indexes["job_claims"]),
     )
@@ -167,13 +166,6 @@ async def job_changed(
     namespace: str | None, name: str, body: kopf.Body, memo: Any, **kwargs: Any
 ) -> None:
     _controller(memo, kwargs).job_changed((str(namespace), name), body)
-
-
-@kopf.on.event("pods", labels=JOB_PODS)
-async def pod_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
-) -> None:
-    _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
 
 
 @kopf.on.event("services", labels=JOB_PODS)

@@ -52,13 +52,13 @@ def _slim_owners(metadata: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def slim(pod: dict[str, Any]) -> dict[str, Any]:
+def slim(pod: dict[str, Any], *, owned: bool = False) -> dict[str, Any]:
     """A copy of a pod holding only the fields read here: what the watch cache keeps.
 
     A 512-worker job's pods pass through every reconcile; copying whole pod specs (command,
     env, volumes, managed fields) made copying the operator's main cost and its memory grow
-    with the size of the pod template. The kept fields are copied deeply (the watch's raw
-    dict is not ours to share); the result is never mutated after.
+    with the size of the pod template. The kept fields are copied deeply unless the caller
+    ``owned`` the body (parsed it itself and drops it after); the result is never mutated.
     """
     metadata, status = pod.get("metadata", {}), pod.get("status") or {}
     kept: dict[str, Any] = {
@@ -67,10 +67,11 @@ def slim(pod: dict[str, Any]) -> dict[str, Any]:
         if key in _KEPT_METADATA
     }
     kept["ownerReferences"] = _slim_owners(metadata)
+    kept_status = {key: status[key] for key in _KEPT_STATUS if key in status}
     return {
         "metadata": kept,
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
-        "status": copy.deepcopy({key: status[key] for key in _KEPT_STATUS if key in status}),
+        "status": kept_status if owned else copy.deepcopy(kept_status),
     }
 
 
