@@ -3,13 +3,18 @@ what it does with each event (no cluster; the watch itself is tested against a r
 tests/integration/test_pod_informer.py)."""
 
 import json
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from torchkube.api import labels as lbl
 from torchkube.operator.informer import (
     Changed,
     Listed,
     PodIndex,
+    Position,
+    WatchError,
     follow,
     group_by_job,
     stream_lines,
@@ -89,26 +94,48 @@ def _event(kind: str, version: str) -> bytes:
     return json.dumps({"type": kind, "object": body}).encode()
 
 
-def test_a_watch_resumes_from_the_last_version_bookmarks_included() -> None:
+def test_a_watch_moves_its_position_past_every_event_bookmarks_included() -> None:
     posted: list[Changed] = []
-    lines = [_event("ADDED", "10"), _event("MODIFIED", "11"), _event("BOOKMARK", "15")]
-    assert follow(lines, "9", posted.append) == "15"
+    position = Position("9")
+    follow([_event("ADDED", "10"), _event("MODIFIED", "11")], position, posted.append)
+    assert position.version == "11"
+    follow([_event("BOOKMARK", "15")], position, posted.append)
+    assert position.version == "15"
     assert [c.type for c in posted] == ["ADDED", "MODIFIED"], "a bookmark is no pod event"
     assert posted[0].pod["metadata"]["name"] == "w-0"
-    assert follow([], "9", posted.append) == "9", "an empty watch resumes where it began"
+    follow([], position, posted.append)
+    assert position.version == "15", "an empty watch resumes where it began"
 
 
-def test_a_watch_too_old_or_broken_asks_for_a_new_list() -> None:
+def test_a_stream_that_breaks_midway_resumes_after_what_it_delivered() -> None:
+    position = Position("9")
+
+    def broken() -> Iterator[bytes]:
+        yield _event("ADDED", "10")
+        raise ConnectionResetError("peer went away")
+
+    with pytest.raises(ConnectionResetError):
+        follow(broken(), position, lambda change: None)
+    assert position.version == "10", "not 9: replaying would show older pod states"
+
+
+def test_a_watch_too_old_lists_again_and_other_errors_raise() -> None:
     posted: list[Changed] = []
+    position = Position("9")
     gone = json.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
-    assert follow([_event("ADDED", "10"), gone.encode()], "9", posted.append) is None
+    follow([_event("ADDED", "10"), gone.encode()], position, posted.append)
+    assert position.version is None, "410: list again"
     assert len(posted) == 1, "what came before the error still counts"
+    position = Position("9")
     other = json.dumps({"type": "ERROR", "object": {"code": 500, "message": "etcd"}})
-    assert follow([other.encode()], "9", posted.append) is None
+    with pytest.raises(WatchError, match="etcd"):
+        follow([other.encode()], position, posted.append)
+    assert position.version == "9", "an overloaded server is watched again from the same place"
 
 
 def test_a_stopping_informer_leaves_the_watch_after_the_current_event() -> None:
     posted: list[Changed] = []
+    position = Position("9")
     lines = [_event("ADDED", "10"), _event("MODIFIED", "11")]
-    assert follow(lines, "9", posted.append, stopping=lambda: True) == "10"
-    assert len(posted) == 1
+    follow(lines, position, posted.append, stopping=lambda: True)
+    assert (len(posted), position.version) == (1, "10")

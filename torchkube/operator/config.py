@@ -5,10 +5,12 @@ the environment.
 """
 
 import os
+import re
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from torchkube.api.base import ApiModel
+from torchkube.api.types import DNS_LABEL
 
 ENV_PREFIX = "TORCHKUBE_"
 
@@ -55,6 +57,16 @@ class OperatorSettings(ApiModel):
     leader_election_name: str = Field(
         default="torchkube-operator", description="Name of the Lease."
     )
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespace_names(cls, names: list[str]) -> list[str]:
+        """Names, each once: the pod watch and the chart's Roles are per namespace, so a
+        pattern (``team-*``) would watch nothing and keep every job waiting."""
+        bad = [name for name in names if not re.fullmatch(DNS_LABEL, name) or len(name) > 63]
+        if bad:
+            raise ValueError(f"namespaces must be namespace names, not patterns: {bad}")
+        return list(dict.fromkeys(names))
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "OperatorSettings":

@@ -128,7 +128,8 @@ class Controller:
         nodes: Mapping[str, Any],
         children: Mapping[Key, Any],
     ) -> None:
-        """Hand over kopf's indexes (live, complete before any handler runs)."""
+        """Hand over the caches: kopf's indexes (live, complete before any handler runs) and
+        the pod informer's index (complete once its ``synced`` is set: :meth:`run` waits)."""
         if self.jobs is None:
             self.jobs, self.pods, self.nodes, self.children = jobs, pods, nodes, children
             self.attached.set()

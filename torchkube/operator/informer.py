@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = WATCH_SECONDS + 30.0
 """A watch silent for this long (no event, no bookmark, no end) is a dead connection."""
 LIST_PAGE = 500
+MIN_WATCH_SECONDS = 1.0
+"""A watch (or list and watch) that ends sooner than this is followed by a backoff."""
 RETRY_FIRST, RETRY_MAX = 0.5, 30.0
 
 
@@ -86,28 +89,42 @@ def stream_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest
 
 
+class WatchError(RuntimeError):
+    """The watch stream ended with an ERROR event other than 410 (an overloaded or failing API
+    server): resumed from the same version after a backoff, as a dropped connection is."""
+
+
+@dataclass
+class Position:
+    """Where a scope's watch resumes: the last resourceVersion seen (``None``: list first).
+    Kept outside the watch so that a stream that breaks midway resumes after what it
+    delivered, not from where it began (replaying events would show older pod states)."""
+
+    version: str | None = None
+
+
 def follow(
     lines: Iterable[bytes],
-    version: str,
+    position: Position,
     post: Callable[[Changed], None],
     stopping: Callable[[], bool] = lambda: False,
-) -> str | None:
-    """Post a watch stream's pod events; the last resourceVersion seen, where the next watch
-    resumes, or ``None`` when the stream says the version is gone (410: list again) or ends
-    with another error (a fresh list is the safe way back)."""
+) -> None:
+    """Post a watch stream's pod events, moving ``position`` past each one (bookmarks
+    included). A 410 Gone clears it: the version was compacted away, list again. Any other
+    ERROR raises :class:`WatchError`."""
     for line in lines:
         event = json.loads(line)
         kind, body = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
-            if body.get("code") != 410:
-                log.warning("the pod watch ended with an error: %s", body.get("message"))
-            return None
-        version = str(body["metadata"]["resourceVersion"])
+            if body.get("code") == 410:
+                position.version = None
+                return
+            raise WatchError(f"{body.get('code')} {body.get('message')}")
         if kind != "BOOKMARK":
             post(Changed(str(kind), slim(body, owned=True)))
+        position.version = str(body["metadata"]["resourceVersion"])
         if stopping():
-            break
-    return version
+            return
 
 
 class PodIndex(Mapping[Key, Collection[dict[str, Any]]]):
@@ -171,6 +188,8 @@ class PodInformer:
         self._inbox: deque[Changed | Listed] = deque()
         self._drain_scheduled = False
         self._stop = threading.Event()
+        self._open: set[Any] = set()
+        """The watch responses being read, closed on stop."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self) -> None:
@@ -187,7 +206,9 @@ class PodInformer:
         try:
             await asyncio.Event().wait()
         finally:
-            self._stop.set()  # the threads end with their current watch (daemons meanwhile)
+            self._stop.set()
+            for response in list(self._open):  # a quiet watch would block its thread for minutes
+                response.close()
 
     # ------------------------------------------------------------------ the loop's side
     def _post(self, message: Changed | Listed) -> None:
@@ -222,17 +243,20 @@ class PodInformer:
     # ------------------------------------------------------------------ the threads' side
     def _follow(self, namespace: str | None) -> None:
         where = f"namespace {namespace}" if namespace else "the cluster"
-        version: str | None = None
+        position = Position()
         retry = RETRY_FIRST
         while not self._stop.is_set():
+            began = time.monotonic()
             try:
-                if version is None:
-                    version = self._list(namespace)
-                version = self._watch(namespace, version)
-                if version is None:
+                if position.version is None:
+                    position.version = self._list(namespace)
+                self._watch(namespace, position)
+                if position.version is None:
                     log.info("the pod watch of %s expired; listing again", where)
-                retry = RETRY_FIRST
-                continue
+                if time.monotonic() - began >= MIN_WATCH_SECONDS:
+                    retry = RETRY_FIRST
+                    continue
+                # a server that ends every watch at once (or expires it) gets no tight loop
             except ApiException as error:
                 hint = " (does the operator's role allow list and watch on pods?)"
                 log.warning(
@@ -243,7 +267,9 @@ class PodInformer:
                     hint if error.status == 403 else "",
                     retry,
                 )
-            except Exception as error:  # a dropped connection, a timeout: resume the watch
+            except Exception as error:  # a dropped connection, a timeout, an ERROR event
+                if self._stop.is_set():
+                    return  # its response was closed by run(): the operator is stopping
                 log.warning("the pod watch of %s broke (%s); again in %.1f s", where, error, retry)
             self._stop.wait(retry)
             retry = min(retry * 2, RETRY_MAX)
@@ -272,25 +298,27 @@ class PodInformer:
                 self._post(Listed(namespace, group_by_job(pods)))
                 return str(body["metadata"]["resourceVersion"])
 
-    def _watch(self, namespace: str | None, version: str) -> str | None:
-        """Follow one watch from ``version`` until the server ends it; the last version seen
-        (``None``: too old, list again)."""
+    def _watch(self, namespace: str | None, position: Position) -> None:
+        """Follow one watch from ``position`` until the server ends it."""
         try:
             response = self._request(
                 namespace,
                 watch=True,
-                resource_version=version,
+                resource_version=position.version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=WATCH_SECONDS,
                 _request_timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
             )
         except ApiException as error:
             if error.status == 410:  # refused at once rather than as the stream's first event
-                return None
+                position.version = None
+                return
             raise
+        self._open.add(response)
         try:
             lines = stream_lines(response.stream(amt=None, decode_content=False))
-            return follow(lines, version, self._post, self._stop.is_set)
+            follow(lines, position, self._post, self._stop.is_set)
         finally:
+            self._open.discard(response)
             response.close()  # as the client's own watch does: never reuse a watch's socket
             response.release_conn()

@@ -86,7 +86,8 @@ whole cluster.
 {{/*
 The rules the operator needs in each namespace it watches: read and delete its jobs (a finished
 job's TTL), write their status, run their pods, create their Service, checkpoint claim and
-events. kopf reads the jobs and pods through watches; it never patches them (no finalizers).
+events. The jobs and pods are read through watches (kopf's and the operator's own pod watch);
+kopf never patches them (no finalizers).
 */}}
 {{- define "torchkube.namespacedRules" -}}
 - apiGroups: [torchkube.io]
