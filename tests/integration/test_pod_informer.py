@@ -3,11 +3,13 @@ and the label selector (a watch too old to resume is tested on its events, in
 tests/unit/test_pod_index.py: a fresh cluster has compacted nothing)."""
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client import REGISTRY
 
 from torchkube.api import labels as lbl
 from torchkube.operator.informer import PodInformer
@@ -49,6 +51,7 @@ def test_the_informer_lists_then_follows_the_job_pods_only(api_client: Any, name
         task = asyncio.create_task(informer.run())
         try:
             await asyncio.wait_for(informer.synced.wait(), 20)
+            assert REGISTRY.get_sample_value("torchkube_pod_watch_synced") == 1
             names = {p["metadata"]["name"] for p in informer.index[key]}
             assert names == {"w-0", "w-1"}, "the list holds the job's pods, not the stranger"
             assert set(woken) == {key}, "the list wakes the job (not the stranger's)"
@@ -70,3 +73,27 @@ def test_the_informer_lists_then_follows_the_job_pods_only(api_client: Any, name
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_an_api_server_out_of_reach_is_counted_and_nothing_is_reconciled() -> None:
+    """No cluster: a loopback port nothing listens on. The informer keeps retrying, counts
+    each failure in ``torchkube_pod_watch_errors_total``, and never says it is filled."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    before = REGISTRY.get_sample_value("torchkube_pod_watch_errors_total") or 0.0
+
+    async def scenario() -> float:
+        informer = PodInformer(client.ApiClient(configuration), [], lambda key: None)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.sleep(2.0)  # the first tries: at 0, 0.5 s and 1.5 s
+            assert not informer.synced.is_set()
+            assert REGISTRY.get_sample_value("torchkube_pod_watch_synced") == 0
+            return (REGISTRY.get_sample_value("torchkube_pod_watch_errors_total") or 0) - before
+        finally:
+            task.cancel()
+
+    assert asyncio.run(scenario()) >= 2

@@ -28,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from torchkube.api import labels as lbl
+from torchkube.operator import metrics
 from torchkube.operator.pods import slim
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ class PodInformer:
     async def run(self) -> None:
         """Follow every scope until cancelled."""
         self._loop = asyncio.get_running_loop()
+        metrics.POD_WATCH_SYNCED.set(0)
         threads = [
             threading.Thread(
                 target=self._follow, args=(scope,), name=f"pods-{scope or 'all'}", daemon=True
@@ -236,6 +238,7 @@ class PodInformer:
                     woken.add(key)
         if not self.synced.is_set() and self._listed.issuperset(self.scopes):
             log.info("pod cache filled: %d jobs with pods", len(self.index))
+            metrics.POD_WATCH_SYNCED.set(1)
             self.synced.set()
         for key in woken:
             self.wake(key)
@@ -258,6 +261,7 @@ class PodInformer:
                     continue
                 # a server that ends every watch at once (or expires it) gets no tight loop
             except ApiException as error:
+                metrics.POD_WATCH_ERRORS.inc()
                 hint = " (does the operator's role allow list and watch on pods?)"
                 log.warning(
                     "watching pods in %s failed: %s %s%s; retrying in %.1f s",
@@ -270,6 +274,7 @@ class PodInformer:
             except Exception as error:  # a dropped connection, a timeout, an ERROR event
                 if self._stop.is_set():
                     return  # its response was closed by run(): the operator is stopping
+                metrics.POD_WATCH_ERRORS.inc()
                 log.warning("the pod watch of %s broke (%s); again in %.1f s", where, error, retry)
             self._stop.wait(retry)
             retry = min(retry * 2, RETRY_MAX)

@@ -85,6 +85,15 @@ RECONCILE = Histogram(
 RECONCILE_ERRORS = Counter(
     "torchkube_reconcile_errors_total", "Reconciles that raised; the job is retried.", []
 )
+POD_WATCH_SYNCED = Gauge(
+    "torchkube_pod_watch_synced",
+    "1 once the operator's pod watch holds every watched namespace's full list; until then "
+    "no job is reconciled.",
+)
+POD_WATCH_ERRORS = Counter(
+    "torchkube_pod_watch_errors_total",
+    "Pod lists and watches that failed (refused, broken, ended by an error); each is retried.",
+)
 API_REQUESTS = Counter(
     "torchkube_api_requests_total",
     "Requests the operator sent to the Kubernetes API.",
