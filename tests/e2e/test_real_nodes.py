@@ -839,12 +839,17 @@ def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
     Running while the other rank waits in the all-reduce. The launcher's watchdog finds it
     after hangTimeoutSeconds, prints its stacks to the pod's log and ends the pod (124); the
     operator records a Hang naming the stopped rank, replaces the pod, and the job resumes
-    from its checkpoint and ends Succeeded with exactly its steps."""
+    from its checkpoint and ends Succeeded with exactly its steps.
+
+    A fixed world size of 2: with ``min: 1`` a worker that started late (its kubelet refused
+    the checkpoint claim at first, see the scale-down test) left the first round to the
+    other, and 400 steps ended at world size 1 before it joined."""
     steps, every, hang = 400, 20, 15
     with real_job(
         real_cluster, api, operator, say, tmp_path, namespace="realnodes-hang", name="hang"
     ) as job:
         manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["replicas"] = {"min": 2, "max": 2}
         manifest["spec"]["failurePolicy"]["hangTimeoutSeconds"] = hang
         job.apply(manifest)
         wait_for(
