@@ -74,6 +74,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         namespace = config.leader_election_namespace or own_namespace()
         leader = LeaderElection(api_client, namespace, config.leader_election_name)
     memo.controller = Controller(config, Kube(api_client, config.api_concurrency), leader)
+    # A client of its own: each watch holds a connection for minutes, outside the write pool.
     memo.pods = PodInformer(make_api_client(config), config.namespaces, memo.controller.enqueue)
     memo.node_ready = {}
     memo.leader = leader

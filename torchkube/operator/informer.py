@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchkube.api import labels as lbl
 from torchkube.operator import metrics
-from torchkube.operator.pods import slim
+from torchkube.operator.pods import name, slim
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -75,7 +75,7 @@ def group_by_job(pods: Iterable[dict[str, Any]]) -> PodsByJob:
     for pod in pods:
         key = job_key(pod)
         if key is not None:
-            grouped.setdefault(key, {})[pod["metadata"]["name"]] = pod
+            grouped.setdefault(key, {})[name(pod)] = pod
     return grouped
 
 
@@ -152,14 +152,13 @@ class PodIndex(Mapping[Key, Collection[dict[str, Any]]]):
         key = job_key(change.pod)
         if key is None:
             return None
-        name = change.pod["metadata"]["name"]
         if change.type == "DELETED":
             pods = self._jobs.get(key, {})
-            pods.pop(name, None)
+            pods.pop(name(change.pod), None)
             if not pods:
                 self._jobs.pop(key, None)
         else:
-            self._jobs.setdefault(key, {})[name] = change.pod
+            self._jobs.setdefault(key, {})[name(change.pod)] = change.pod
         return key
 
     def replace(self, listed: Listed) -> set[Key]:
