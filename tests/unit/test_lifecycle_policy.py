@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from planner import NOW, condition, created_slots, healthy, make_job, pod, run, running_status
 
+from torchkube.api.contract import TRAINING_FINISHED, finished_step, training_finished_message
 from torchkube.api.times import format_time
 
 
@@ -52,8 +53,6 @@ def test_start_deadline_fails_a_job_that_never_starts_and_says_why() -> None:
 
 
 def test_cleanup_after_success_releases_what_it_deletes() -> None:
-    from torchkube.api.contract import TRAINING_FINISHED
-
     done = pod(0, phase="Succeeded", exit_code=0, message=TRAINING_FINISHED)
     still_pending = pod(1, phase="Pending")
     result = run(make_job(running_status(), replicas={"min": 1, "max": 2}), [done, still_pending])
@@ -68,3 +67,31 @@ def test_a_job_being_deleted_creates_nothing() -> None:
     job.metadata["deletionTimestamp"] = "2026-11-23T12:00:00Z"
     result = run(job, [pod(0)], children=[])
     assert result.create_children == [] and result.create_pods == []
+
+
+def test_success_names_the_step_training_finished_at_not_the_last_poll() -> None:
+    """Progress is polled every few seconds; the trainer's termination message has its last
+    step, so a job that finished between two polls does not read "after 280 steps"."""
+    done = [
+        pod(i, phase="Succeeded", exit_code=0, message=training_finished_message(1000))
+        for i in range(4)
+    ]
+    polled = running_status(progress={"step": 280, "totalSteps": 1000})
+    result = run(make_job(polled), done)
+    assert condition(result, "Succeeded")["message"] == "training completed after 1000 steps"
+    assert result.status.progress is not None and result.status.progress.step == 1000
+
+
+def test_success_without_a_final_step_keeps_the_polled_one() -> None:
+    """A trainer that predates the step in its message (or a custom command) still ends the
+    job; the condition then names the last step the operator saw."""
+    done = [pod(i, phase="Succeeded", exit_code=0, message=TRAINING_FINISHED) for i in range(4)]
+    result = run(make_job(running_status(progress={"step": 280, "totalSteps": 1000})), done)
+    assert condition(result, "Succeeded")["message"] == "training completed after 280 steps"
+
+
+def test_finished_step_reads_only_the_trainers_final_line() -> None:
+    assert finished_step(training_finished_message(400)) == 400
+    assert finished_step(f"some output\n{training_finished_message(7)}\n") == 7
+    assert finished_step(TRAINING_FINISHED) is None
+    assert finished_step("torchkube: standby released") is None

@@ -7,6 +7,7 @@ termination-message marker, and the progress report. No torch here: the operator
 imports it too.
 """
 
+import re
 from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,22 @@ TRAINING_FINISHED = "torchkube: training finished"
 """What the trainer writes to its termination message when every step is done. The operator
 takes a worker that exited 0 as the end of training only with this line (for the built-in
 trainer): torchrun agents can also exit 0 when their rendezvous closes early."""
+
+_FINISHED_AT = re.compile(re.escape(TRAINING_FINISHED) + r" at step (\d+)")
+
+
+def training_finished_message(step: int) -> str:
+    """The trainer's termination message once every step is done: the operator's success
+    condition names this step, which a progress poll seconds earlier may not have seen."""
+    return f"{TRAINING_FINISHED} at step {step}"
+
+
+def finished_step(message: str) -> int | None:
+    """The step of :func:`training_finished_message` in a termination message; None for any
+    other message (an older trainer's bare line included)."""
+    found = _FINISHED_AT.search(message)
+    return int(found.group(1)) if found else None
+
 
 STANDBY_RELEASED = "torchkube: standby released"
 """What a hot spare's launcher writes to its termination message when it exits 0 without

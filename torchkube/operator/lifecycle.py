@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from torchkube.api import labels as lbl
-from torchkube.api.contract import TRAINING_FINISHED
+from torchkube.api.contract import TRAINING_FINISHED, finished_step
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.status import TERMINAL_PHASES
 from torchkube.api.times import parse_time
@@ -143,7 +143,12 @@ def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, 
         if p.state(pod) == "pending":
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
     if not any(p.state(pod) == "running" for pod in live):
-        steps = ctx.status.progress.step if ctx.status.progress else None
+        progress = ctx.status.progress
+        reported = [finished_step(p.termination_message(pod)) for pod in succeeded]
+        final = max((step for step in reported if step is not None), default=None)
+        if final is not None and progress is not None:
+            ctx.status.progress = progress.model_copy(update={"step": final})
+        steps = final if final is not None else (progress.step if progress else None)
         detail = f" after {steps} steps" if steps else ""
         ctx.finish("Succeeded", "TrainingCompleted", f"training completed{detail}")
     return True

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
-from torchkube.api.contract import TRAINING_FINISHED, RankTiming
+from torchkube.api.contract import RankTiming, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, stragglers
@@ -172,7 +172,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             )
             return 128 + (stop.signum or signal.SIGTERM)
         report.finished(state)
-        _write_termination_message(run_env, f"{TRAINING_FINISHED} at step {state.step}")
+        _write_termination_message(run_env, training_finished_message(state.step))
         return EXIT_OK
     finally:
         stop.close()
