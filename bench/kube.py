@@ -327,6 +327,15 @@ class Stack:
         assert self.operator.proc is not None
         return proc_cpu_seconds(self.operator.proc.pid)
 
+    def component_cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each control-plane component has used so far, the KWOK processes
+        summed as ``kwok`` (they stand in for the nodes' kubelets)."""
+        used: dict[str, float] = {}
+        for name, pid in self.cluster.component_pids().items():
+            component = "kwok" if name.startswith("kwok-") else name
+            used[component] = used.get(component, 0.0) + proc_cpu_seconds(pid)
+        return used
+
     def operator_peak_rss(self) -> int:
         assert self.operator.proc is not None
         return proc_peak_rss_bytes(self.operator.proc.pid)

@@ -40,6 +40,7 @@ CPU seconds from ``/proc/<pid>/stat``, peak RSS from ``VmHWM``.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +88,38 @@ def all_running(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
     )
 
 
+SPENT = {
+    "control_plane": "API server, etcd, scheduler, controller-manager",
+    "kwok": "KWOK (the nodes)",
+    "operator": "the operator",
+    "peer": "the other operator",
+    "cores": "cores all of them got",
+    "floor": "all Running at that share if the operator cost nothing",
+}
+"""Where the CPU went from apply to all Running (``where_cpu_went``), as the table names it."""
+
+
+def where_cpu_went(used: dict[str, float], seconds: float) -> dict[str, float]:
+    """CPU seconds by part from the per-process counts ``used`` (components by name,
+    ``operator`` and ``peer``), the cores they got together over ``seconds``, and the floor:
+    the time the rest of the work takes at that share, with an operator that costs nothing.
+    Under load the busy processes take what is left, so the floor says what no operator
+    could beat on this machine."""
+    operator, peer = used.get("operator", 0.0), used.get("peer", 0.0)
+    kwok = used.get("kwok", 0.0)
+    control_plane = sum(used.values()) - operator - peer - kwok
+    total = control_plane + kwok + operator + peer
+    cores = total / seconds if seconds > 0 else 0.0
+    return {
+        "control_plane": control_plane,
+        "kwok": kwok,
+        "operator": operator,
+        "peer": peer,
+        "cores": cores,
+        "floor": (total - operator) / cores if cores else 0.0,
+    }
+
+
 class SideBySide:
     """Single-job figures per operator, condition and size, filled trial by trial; then each
     of torchkube's gets the peer's same-run median as reference, and the ratios a table."""
@@ -95,16 +128,18 @@ class SideBySide:
         self,
         results: Results,
         sizes: list[int],
-        names: list[str],
+        players: list[Contender],
         conditions: list[str],
         label: str = "",
     ) -> None:
-        self.results = results
-        self.sizes, self.names, self.conditions, self.label = sizes, names, conditions, label
+        self.results, self.players = results, players
+        self.names = [player.name for player in players]
+        self.sizes, self.conditions, self.label = sizes, conditions, label
         self.created: dict[Key, Figure] = {}
         self.running: dict[Key, Figure] = {}
         self.per_pod: dict[Key, Figure] = {}
         self.cpu: dict[Key, Figure] = {}
+        self.spent: dict[Key, list[dict[str, float]]] = {key: [] for key in self.keys()}
         for key in self.keys():
             name, condition, n = key
             ours = name == "torchkube"
@@ -128,6 +163,19 @@ class SideBySide:
             )
             self.cpu[key] = results.figure(f"{title}: operator CPU, {name}", "s")
 
+    def _cpu_used(
+        self, bench: Stack, contender: Contender, before: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """CPU seconds so far of every component and both operators (the one whose job this
+        is as ``operator``); since ``before`` when given."""
+        used = bench.component_cpu_seconds()
+        for player in self.players:
+            part = "operator" if player is contender else "peer"
+            used[part] = used.get(part, 0.0) + player.cpu_seconds()
+        if before is None:
+            return used
+        return {part: seconds - before.get(part, 0.0) for part, seconds in used.items()}
+
     def keys(self) -> list[Key]:
         return [(m, c, n) for c in self.conditions for n in self.sizes for m in self.names]
 
@@ -144,11 +192,13 @@ class SideBySide:
         requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
         with PodWatch(bench.api, namespace, contender.selector) as watch:
             load = load_average()
+            used_before = self._cpu_used(bench, contender)
             started = time.monotonic()
             contender.submit(bench, namespace, name, workers)
             timeout = 120 + workers
             created = all_created(watch, workers, timeout, contender.name) - started
             running = all_running(watch, workers, timeout, contender.name) - started
+            used = self._cpu_used(bench, contender, used_before)
             bound = all_bound(watch) - started
             extra = len(watch.pods) - workers
         settle(contender)
@@ -167,6 +217,7 @@ class SideBySide:
             self.running[key].add(running, load)
             self.per_pod[key].add(requests / workers, load)
             self.cpu[key].add(cpu, load)
+            self.spent[key].append(where_cpu_went(used, running))
             self.results.extra.setdefault("trials", []).append(
                 {
                     "scenario": self.label.strip(", ") or "single",
@@ -179,6 +230,7 @@ class SideBySide:
                     "extra_pods": extra,
                     "requests": requests,
                     "operator_cpu_s": round(cpu, 2),
+                    "cpu_to_running_s": {k: round(v, 2) for k, v in used.items()},
                     "load": load,
                 }
             )
@@ -187,7 +239,9 @@ class SideBySide:
     def compare(self) -> None:
         """The peer's same-run median becomes the reference of torchkube's figure; the ratio
         of medians (peer ÷ torchkube: how many times faster) is a figure judged against its
-        target, and one table shows both operators' medians and ranges."""
+        target, and one table shows both operators' medians and ranges; another where the
+        CPU went."""
+        self.cpu_table()
         if PEER not in self.names:
             return
         rows = []
@@ -224,13 +278,31 @@ class SideBySide:
             rows,
         )
 
+    def cpu_table(self) -> None:
+        """Medians over the trials of where the CPU went from apply to all Running: what the
+        cluster itself spends on N workers, what each operator adds, and the floor."""
+        rows = []
+        for key in self.keys():
+            name, condition, n = key
+            if not self.spent[key]:
+                continue
+            medians = {
+                part: statistics.median(trial[part] for trial in self.spent[key]) for part in SPENT
+            }
+            cells = [fmt(medians[part], "s") for part in SPENT if part != "cores"]
+            cells.insert(4, f"{medians['cores']:.2f}")
+            rows.append([condition, str(n), name, *cells])
+        self.results.tables[
+            f"where the CPU went, apply → all Running{self.label}: CPU seconds, medians"
+        ] = (["load", "workers", "job of", *SPENT.values()], rows)
+
 
 def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> None:
     sizes = args.sizes
     trials = {n: (args.trials_large if n >= 256 else args.trials_small) for n in sizes}
     pools = gpu_pools(args.nodes, args.domains)
     with stack(pools, scratch) as bench, contenders(bench, args.peers) as players:
-        side = SideBySide(results, sizes, [c.name for c in players], args.conditions)
+        side = SideBySide(results, sizes, players, args.conditions)
         for player in players:  # warm-up: first-use costs of a fresh operator
             side.trial(bench, player, 8, "idle", record=False)
         for condition in args.conditions:
@@ -251,7 +323,7 @@ def run_fast_scheduler(args: argparse.Namespace, results: Results, scratch: Path
         contenders(bench, args.peers) as players,
     ):
         label = f", scheduler at {FAST_SCHEDULER_QPS} req/s"
-        side = SideBySide(results, [512], [c.name for c in players], ["idle"], label)
+        side = SideBySide(results, [512], players, ["idle"], label)
         for player in players:
             side.trial(bench, player, 8, "idle", record=False)
         for _ in range(args.trials_large):

@@ -296,6 +296,12 @@ class Cluster:
         return self._core_api
 
     # ----------------------------------------------------------------------------- components
+    def component_pids(self) -> dict[str, int]:
+        """The running components' process ids by name, KWOK's as ``kwok-<domain>``: what a
+        benchmark charges the cluster's CPU time to."""
+        procs = {**self.processes, **{f"kwok-{d}": p for d, p in self._domains.items() if p}}
+        return {name: proc.pid for name, proc in procs.items() if proc.pid is not None}
+
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         proc = Process(name, argv, self.log_dir / f"{name}.log", env=env).start()
         self.processes[name] = proc

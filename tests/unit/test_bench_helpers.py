@@ -257,3 +257,23 @@ def test_the_peers_pods_carry_what_a_torchkube_worker_of_the_same_job_does() -> 
         ]
         assert container["volumeMounts"][0]["mountPath"] == "/checkpoints"
         assert spec["nodeSelector"] == ours["nodeSelector"]
+
+
+def test_where_cpu_went_splits_the_cluster_from_the_operators_and_finds_the_floor() -> None:
+    from bench.operator_scale import where_cpu_went
+
+    used = {
+        "kube-apiserver": 7.0,
+        "etcd": 1.0,
+        "kube-scheduler": 1.5,
+        "kube-controller-manager": 0.5,
+        "kwok": 3.0,
+        "operator": 2.0,
+        "peer": 1.0,
+    }
+    spent = where_cpu_went(used, seconds=16.0)
+    assert spent["control_plane"] == pytest.approx(10.0)
+    assert (spent["kwok"], spent["operator"], spent["peer"]) == (3.0, 2.0, 1.0)
+    assert spent["cores"] == pytest.approx(1.0), "16 CPU-s in 16 s: one core"
+    assert spent["floor"] == pytest.approx(14.0), "everything but the operator, at one core"
+    assert where_cpu_went({}, seconds=0.0)["floor"] == 0.0
