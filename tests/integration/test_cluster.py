@@ -8,6 +8,7 @@ session's shared nodes stay healthy for every other test.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -351,3 +352,17 @@ def test_session_pools_are_healthy(cluster: Cluster, api_client: Any) -> None:
     shared = [n for n in nodes if not n.metadata.labels[POOL_LABEL].startswith("iso-")]
     assert len(shared) == sum(p.nodes for p in cluster.config.pools)
     assert all(node_condition(api_client, n.metadata.name) == "True" for n in shared)
+
+
+def test_component_pids_name_every_running_component(cluster: Cluster) -> None:
+    """The benchmarks charge the cluster's CPU time to these pids: each must be a live
+    process of the component it is named after, every KWOK domain included."""
+    pids = cluster.component_pids()
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        assert name in pids, f"{name} missing from {sorted(pids)}"
+    domains = {pool.failure_domain for pool in cluster.config.pools}
+    assert {f"kwok-{domain}" for domain in domains} <= set(pids), sorted(pids)
+    for name, pid in pids.items():
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        binary = "kwok" if name.startswith("kwok-") else name
+        assert Path(command.decode()).name == binary, (name, command)
