@@ -482,24 +482,31 @@ class CheckpointManager:
         is of an older step, the steps since — those trained while it was being written — are
         trained again after the restart. With none in flight (or if it failed), the current
         step is written synchronously.
+
+        The ranks decide together. Each polls its share of an async save on its own, so at
+        the stop one rank may already have committed the save another is still writing; a
+        rank that then wrote the current step alone would wait for ever in the save's
+        collectives (or fail when the others exit).
         """
         if self.folder is None:
             return
         entered = time.monotonic()
         try:
-            if self._pending is not None:
-                in_flight = self._pending.step
-                self.wait()
-                if self.last_step == in_flight:
-                    if in_flight != step and self.info.is_main:
-                        log.warning(
-                            "stopping at step %d with the checkpoint of step %d, which was being "
-                            "written: %d steps will be trained again after the restart",
-                            step,
-                            in_flight,
-                            step - in_flight,
-                        )
-                    return
+            in_flight = self._pending.step if self._pending is not None else None
+            self.wait()
+            failed = in_flight is not None and self.last_step != in_flight
+            flags = torch.tensor([int(in_flight is not None), int(failed)], dtype=torch.int32)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.info.control_group)
+            if flags[0] and not flags[1]:
+                if self.last_step != step and self.info.is_main:
+                    log.warning(
+                        "stopping at step %d with the checkpoint of step %s, which was being "
+                        "written: %d steps will be trained again after the restart",
+                        step,
+                        self.last_step,
+                        step - (self.last_step or 0),
+                    )
+                return
             self._save(step, blocking=True)
         finally:
             self.blocked_seconds += time.monotonic() - entered
