@@ -113,8 +113,8 @@ def where_cpu_went(used: dict[str, float], seconds: float) -> dict[str, float]:
     could beat on this machine."""
     operator, peer = used.get("operator", 0.0), used.get("peer", 0.0)
     kwok = used.get("kwok", 0.0)
-    control_plane = sum(used.values()) - operator - peer - kwok
-    total = control_plane + kwok + operator + peer
+    total = sum(used.values())
+    control_plane = total - operator - peer - kwok
     cores = total / seconds if seconds > 0 else 0.0
     return {
         "control_plane": control_plane,
@@ -290,16 +290,7 @@ class SideBySide:
                     else None,
                 )
                 ratio.add(peer / ours.stats.median, ours.loads[-1])
-                rows.append(
-                    [
-                        condition,
-                        str(n),
-                        spread(ours),
-                        spread(theirs),
-                        fmt(ratio.values[0], "x"),
-                        ratio.verdict() or "–",
-                    ]
-                )
+                rows.append([*side_by_side(condition, n, ours, theirs), ratio.verdict() or "–"])
         self.results.tables[f"apply → all workers Running{self.label}: median [min – max]"] = (
             ["load", "workers", "torchkube", f"{PEER} v1.8.1", "ratio of medians", "target"],
             rows,
@@ -320,8 +311,10 @@ class SideBySide:
             medians = {
                 part: statistics.median(trial[part] for trial in self.spent[key]) for part in SPENT
             }
-            cells = [fmt(medians[part], "s") for part in SPENT if part != "cores"]
-            cells.insert(4, f"{medians['cores']:.2f}")
+            cells = [
+                f"{medians[part]:.2f}" if part == "cores" else fmt(medians[part], "s")
+                for part in SPENT
+            ]
             rows.append([condition, str(n), name, *cells])
         self.results.tables[
             f"where the CPU went, apply → all Running{self.label}: CPU seconds, medians"

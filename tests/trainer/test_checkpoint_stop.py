@@ -6,6 +6,7 @@ current step while the second did not, and the first then failed in the save's c
 when the second exited (seen in a clean-clone run of
 tests/local/test_run.py::test_sigterm_stops_the_whole_tree_after_an_emergency_checkpoint)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,51 +14,28 @@ from pathlib import Path
 
 from trainer_harness import free_port, worker_env
 
+HERE = Path(__file__).parent
+
 RANK = textwrap.dedent(
     """
     import sys
-    from dataclasses import replace
     from pathlib import Path
 
-    import torch
-    from torch.optim.lr_scheduler import LambdaLR
+    from test_checkpoint import make_job
 
     from torchkube.api.trainer import TrainerSpec
     from torchkube.trainer import distributed
-    from torchkube.trainer.checkpoint import CheckpointManager, TrainState
-    from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
-    from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
 
-    folder = Path(sys.argv[1])
-    spec = TrainerSpec(model="tiny", device="cpu", seq_len=16, steps=100, warmup_steps=10,
-                       collective_timeout_seconds=30)
-    info = distributed.setup(spec)
-    torch.manual_seed(0)
-    gpt = GPT(replace(PRESETS["tiny"], vocab_size=64, block_size=16))
-    model = parallelize(gpt, spec, info, list(gpt.h))
-    optimizer = build_optimizer(model, spec, info)
-    scheduler = LambdaLR(optimizer, lr_lambda(spec))
-    state = TrainState()
-    ckpt = CheckpointManager(folder, info, model, optimizer, scheduler, state, strategy="ddp",
-                             interval_steps=1, interval_seconds=0.0, keep=3, async_save=True)
-    ckpt.claim()
-
-    def step():
-        idx = torch.randint(0, 64, (2, 17))
-        cross_entropy_loss(model(idx[:, :-1]), idx[:, 1:]).backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        state.step += 1
-
-    step()
-    ckpt.save(1)  # async
+    info = distributed.setup(TrainerSpec(device="cpu", collective_timeout_seconds=30))
+    job = make_job(info, Path(sys.argv[1]))
+    job.train(1)
+    job.ckpt.save(1)  # async
     if info.rank == 0:
-        ckpt.wait()  # rank 0 has committed it; rank 1 still holds it as in flight
-    step()
-    ckpt.save_on_stop(2)
-    print(f"rank {info.rank}: last checkpoint step {ckpt.last_step}", flush=True)
-    ckpt.close()
+        job.ckpt.wait()  # rank 0 has committed it; rank 1 still holds it as in flight
+    job.train(1)
+    job.ckpt.save_on_stop(2)
+    print(f"rank {info.rank}: last checkpoint step {job.ckpt.last_step}", flush=True)
+    job.ckpt.close()
     distributed.teardown()
     """
 )
@@ -77,6 +55,8 @@ def test_ranks_agree_on_the_emergency_checkpoint_when_one_has_committed_the_save
                 LOCAL_WORLD_SIZE="2",
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=port,
+                # the job comes from the in-process tests' own builder
+                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
