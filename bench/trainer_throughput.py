@@ -4,11 +4,12 @@ the same model, measured in the same run with the same number of threads.
 Run on CPU (what this machine has): ``python -m bench.trainer_throughput`` (≈ 9 min on 2
 cores; the command this writes into the results lists every flag). Many short pairs rather
 than a few long ones: on a shared machine a pair's two trials then mostly see the same load.
-On one GPU: ``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M), bf16, sequence
-1024, the trainer with DDP and FSDP2 at world size 1, each with and without ``torch.compile``,
-MFU against the device's dense bf16 peak (``metrics.peak_flops``); ``--model llama-1b`` (any
-Llama-family preset) for a Llama. One process only: tensor parallelism across GPUs is measured
-by ``tests/trainer/test_gpu.py::test_throughput_by_parallelism``.
+On one GPU: ``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M, with GPT-2's
+vocabulary), bf16, sequence 1024, the trainer with DDP and FSDP2 at world size 1, each with and
+without ``torch.compile``, MFU against the device's dense bf16 peak (``metrics.peak_flops``);
+``--model llama-1b`` (any Llama-family preset) for a Llama. One process only: several GPUs are
+measured by ``tests/trainer/test_gpu.py::test_throughput_on_all_gpus``. ``bench/gpu_check.sh``
+runs this and the GPU tests on a lent machine.
 
 **The trainer** runs in this process exactly as a pod's single worker would
 (``torchkube.trainer.train.run`` with the built-in workload of the preset: its data order, step
@@ -106,6 +107,7 @@ def make_spec(args: argparse.Namespace, variant: Variant, steps: int) -> Any:
     return TrainerSpec.model_validate(
         {
             "model": args.model,
+            "vocabSize": args.vocab_size,
             "device": args.device,
             "precision": args.precision,
             "strategy": variant.strategy,
@@ -268,6 +270,7 @@ def command(args: argparse.Namespace) -> str:
     """The command that reproduces this run, every flag spelled out."""
     flags = [
         f"--model {args.model}",
+        *([f"--vocab-size {args.vocab_size}"] if args.vocab_size else []),
         f"--seq-len {args.seq_len}",
         f"--micro-batch {args.micro_batch}",
         f"--steps {args.steps}",
@@ -283,11 +286,30 @@ def command(args: argparse.Namespace) -> str:
     )
 
 
+PUBLISHED_VOCABULARIES = {"gpt2": 50304, "llama": 128256, "mistral": 32768}
+"""By preset name prefix: GPT-2's 50257, Llama 3's and Mistral v0.3's vocabularies, padded to a
+multiple of 64 as the trainer pads them."""
+
+
+def published_vocabulary(model: str) -> int | None:
+    """The vocabulary of the published model a preset is shaped after: the head's matmul is a
+    sizeable share of a small model's FLOPs, so a GPU figure for "GPT-2 small" is measured with
+    GPT-2's vocabulary, not the bundled corpus's bytes."""
+    return next((v for p, v in PUBLISHED_VOCABULARIES.items() if model.startswith(p)), None)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.trainer_throughput", description=__doc__)
     parser.add_argument("--gpu", action="store_true", help="GPT-2 small, bf16, DDP/FSDP2 ± compile")
     parser.add_argument(
         "--model", default=None, help="GPT or Llama preset (default small, gpt2 with --gpu)"
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="the model's vocabulary (default with --gpu: the preset's published one, "
+        "GPT-2's 50304 or Llama 3's 128256; else the data's)",
     )
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--micro-batch", type=int, default=None)
@@ -305,6 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.device = "cuda" if gpu else "cpu"
     args.precision = "bf16" if gpu else "fp32"
     args.model = args.model or ("gpt2" if gpu else "small")
+    if gpu and args.vocab_size is None:
+        args.vocab_size = published_vocabulary(args.model)
     args.seq_len = args.seq_len or (1024 if gpu else 128)
     args.micro_batch = args.micro_batch or (16 if gpu else 4)
     args.steps = args.steps or (50 if gpu else 20)

@@ -46,3 +46,15 @@ def test_flops_per_token_come_from_the_presets_model(model: str) -> None:
     """GPT and Llama presets alike, counted by the model the trainer builds."""
     args = parse_args(["--model", model])
     assert flops_per_token(args) > 6 * 10e6  # both are ~10 M parameters and more
+
+
+def test_the_gpu_figures_are_for_gpt2_small_with_gpt2s_vocabulary() -> None:
+    """MFU on the GPU is quoted for GPT-2 small, so its head multiplies into GPT-2's vocabulary
+    (the bundled corpus is bytes): FLOPs per token by nanoGPT's convention, 6·N + 12·L·H·Q·T
+    with N the parameters less the position embedding (nanoGPT prints 123.69M for this model,
+    the tied token embedding counted once, as the head's matmul)."""
+    args = parse_args(["--gpu"])
+    assert args.vocab_size == 50304
+    assert flops_per_token(args) == 6 * 123_689_472 + 12 * 12 * 12 * 64 * 1024
+    assert "--vocab-size 50304" in command(args)
+    assert parse_args(["--gpu", "--model", "llama-1b"]).vocab_size == 128256
