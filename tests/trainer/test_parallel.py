@@ -11,16 +11,23 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer import parallel
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.llama import PRESETS as LLAMA_PRESETS
 from torchkube.trainer.llama import Llama
 from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
 from torchkube.trainer.parallel import (
     build_optimizer,
+    fsdp_units,
     gradient_sync,
     matmul_precision,
     parallelize,
 )
+
+
+def _fsdp_states(model: torch.nn.Module) -> list:
+    """FSDP2's state of every module it manages."""
+    return [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 def tiny_gpt() -> GPT:
@@ -149,3 +156,40 @@ def test_activation_checkpointing_recomputes_what_its_mode_says(info: DistInfo) 
     for name, grad in grads.items():
         torch.testing.assert_close(full_grads[name], grad, rtol=0, atol=0)
         torch.testing.assert_close(selective_grads[name], grad, rtol=0, atol=0)
+
+
+def test_fsdp_units_hold_enough_parameters_to_keep_the_host_ahead() -> None:
+    """Blocks go into consecutive units of about equal length with at least the floor of
+    parameters each, while the model has that many; large blocks stay a unit each."""
+    blocks = [torch.nn.Linear(10, 10) for _ in range(12)]  # 110 parameters each
+    assert fsdp_units(blocks, min_params=10_000) == [blocks]
+    assert fsdp_units(blocks, min_params=500) == [blocks[:6], blocks[6:]]
+    assert [len(unit) for unit in fsdp_units(blocks, min_params=300)] == [3, 3, 3, 3]
+    assert [len(unit) for unit in fsdp_units(blocks[:11], min_params=300)] == [3, 3, 3, 2]
+    assert fsdp_units(blocks, min_params=100) == [[block] for block in blocks]
+
+
+def test_gpt2_small_is_one_fsdp_unit_and_a_1b_llama_one_per_block() -> None:
+    """The presets the GPU figures are for, at their real vocabularies."""
+    with torch.device("meta"):
+        gpt2 = GPT(replace(PRESETS["gpt2"], vocab_size=50304))
+        llama = Llama(replace(LLAMA_PRESETS["llama-1b"], vocab_size=128256))
+    assert fsdp_units(list(gpt2.h)) == [list(gpt2.h)]
+    assert fsdp_units(list(llama.layers)) == [[layer] for layer in llama.layers]
+
+
+def test_fsdp_shards_a_unit_of_several_blocks_as_one_group(
+    info: DistInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One all-gather for all of a small model's blocks, which train like the plain module."""
+    monkeypatch.setattr(parallel, "FSDP_UNIT_MIN_PARAMS", 10**9)
+    spec = TrainerSpec(model="tiny", device="cpu", strategy="fsdp")
+    plain, gpt = tiny_gpt(), tiny_gpt()
+    model = parallelize(gpt, spec, info, list(gpt.h))
+    groups = {id(state._fsdp_param_group) for state in _fsdp_states(model)}
+    assert len(groups) == 2  # the blocks' unit and the root's
+    idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    for net in (plain, model):
+        cross_entropy_loss(net(idx[:, :-1]), idx[:, 1:]).backward()
+    for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.full_tensor(), p.grad, msg=name)

@@ -8,7 +8,8 @@ The order in :func:`parallelize` is fixed and matters (torchtitan's):
    recomputation includes the block's tensor-parallel collectives;
 3. ``torch.compile`` per block (:func:`apply_compile`), so a compiled graph covers both;
 4. data parallelism last, over the data dimension of the mesh: shard (FSDP2/HSDP,
-   :func:`apply_fsdp`, whose hooks wrap the compiled blocks) or replicate (DDP,
+   :func:`apply_fsdp`, whose hooks wrap the compiled blocks, in units of several blocks for
+   a small model) or replicate (DDP,
    :func:`apply_ddp`; with tensor parallelism, FSDP2 with a shard group of one, since DDP
    cannot replicate DTensors). ZeRO-1 is DDP plus a sharded optimizer and lives in
    :func:`build_optimizer`.
@@ -201,17 +202,54 @@ def apply_compile(blocks: Sequence[nn.Module]) -> None:
         block.compile()
 
 
+FSDP_UNIT_MIN_PARAMS = 50_000_000
+"""The fewest parameters one FSDP2 unit (one all-gather, one reduce-scatter) holds when the
+model has that many.
+
+Each unit costs the host a fixed amount of work every step — its pre-forward, pre-backward and
+post-backward hooks, the copies in and out of its collectives (a few ms on a current host) —
+while its share of the GPU's work grows with its parameters. Units as small as one GPT-2
+small block (7M parameters) leave the GPU waiting for the host; a Llama 3.2 1B block (61M)
+stays a unit of its own. FSDP1's size-based wrapping policy drew the line by size as well.
+docs/benchmarks.md has the measurements."""
+
+
+def fsdp_units(
+    blocks: Sequence[nn.Module], min_params: int = FSDP_UNIT_MIN_PARAMS
+) -> list[list[nn.Module]]:
+    """The blocks in consecutive runs of about equal length, each of at least ``min_params``
+    parameters where the blocks have that many in all; every block its own unit once they
+    are that large. What a unit costs in memory is what it holds gathered: at most about
+    ``2 × min_params`` beyond the shards, whatever the model."""
+    sizes = [sum(p.numel() for p in block.parameters()) for block in blocks]
+    count = max(1, min(len(blocks), sum(sizes) // min_params))
+    per_unit, longer = divmod(len(blocks), count)
+    units, start = [], 0
+    for i in range(count):
+        end = start + per_unit + (1 if i < longer else 0)
+        units.append(list(blocks[start:end]))
+        start = end
+    return units
+
+
 def apply_fsdp(
     model: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh, param_dtype: torch.dtype
 ) -> None:
-    """FSDP2: ``fully_shard`` each block, then the root (embeddings, final norm, head).
+    """FSDP2: ``fully_shard`` each unit of blocks (:func:`fsdp_units`), then the root
+    (embeddings, final norm, head).
 
-    Gradients are reduced in fp32 whatever the compute dtype. The last block keeps its
+    Gradients are reduced in fp32 whatever the compute dtype. The last unit keeps its
     parameters gathered after forward, since backward needs them straight away.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for i, block in enumerate(blocks):
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    units = fsdp_units(blocks)
+    for i, unit in enumerate(units):
+        fully_shard(
+            unit[0] if len(unit) == 1 else unit,
+            mesh=mesh,
+            mp_policy=mp,
+            reshard_after_forward=i < len(units) - 1,
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp)
 
 
