@@ -42,6 +42,8 @@ def test_step_time_is_the_gpu_time() -> None:
     """CUDA events see the kernels' time, which the host clock misses while it only enqueues."""
     from torchkube.trainer.timing import step_timer
 
+    torch.cuda._sleep(1000)  # the CUDA context and the kernel's first launch, outside the timing
+    torch.cuda.synchronize()
     timer = step_timer(torch.device("cuda", 0))
     timer.start()
     host = time.monotonic()

@@ -107,6 +107,22 @@ def _next_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return cross_entropy_loss(model(x), y)
 
 
+_compiled_cross_entropy = torch.compile(cross_entropy_loss)
+"""The logits of a 50k–128k vocabulary are the largest tensor of a step: eager, the loss writes
+an fp32 copy of them and reads it back in forward and backward; compiled, it is one fused pass
+over the bf16 logits each way (nanoGPT computes its loss inside its compiled model)."""
+
+
+def _compiled_next_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    x, y = batch
+    return _compiled_cross_entropy(model(x), y)
+
+
+def next_token_loss(compile: bool) -> Callable[[nn.Module, Batch], torch.Tensor]:
+    """The built-in models' loss, compiled when the model is (``spec.compile``)."""
+    return _compiled_next_token_loss if compile else _next_token_loss
+
+
 def _train_tokens(spec: TrainerSpec) -> Dataset:
     return TokenDataset(data_paths(spec)[0], spec.seq_len)
 
@@ -126,12 +142,12 @@ def _gpt_flops(model: nn.Module, spec: TrainerSpec) -> float:
     return model.flops_per_token(spec.seq_len)
 
 
-def gpt_workload() -> Workload:
+def gpt_workload(compile: bool = False) -> Workload:
     """The built-in workload: a GPT preset on a memory-mapped token file."""
     return Workload(
         build_model=lambda spec: GPT(gpt_config(spec)),
         train_dataset=_train_tokens,
-        loss_fn=_next_token_loss,
+        loss_fn=next_token_loss(compile),
         eval_dataset=_eval_tokens,
         blocks=_gpt_blocks,
         flops_per_token=_gpt_flops,
@@ -160,13 +176,13 @@ def _load_llama_weights(model: nn.Module, spec: TrainerSpec, group: dist.Process
     load_pretrained(model, Path(spec.weights_path), group)  # logs what it read
 
 
-def llama_workload(from_weights: bool = False) -> Workload:
+def llama_workload(from_weights: bool = False, compile: bool = False) -> Workload:
     """A Llama-family preset on a memory-mapped token file; with ``from_weights``, starting
     from the Hugging Face-format folder at ``spec.weightsPath``."""
     return Workload(
         build_model=lambda spec: Llama(llama_config(spec)),
         train_dataset=_train_tokens,
-        loss_fn=_next_token_loss,
+        loss_fn=next_token_loss(compile),
         eval_dataset=_eval_tokens,
         blocks=lambda model: list(_llama(model).layers),
         flops_per_token=lambda model, spec: _llama(model).flops_per_token(spec.seq_len),
@@ -179,5 +195,5 @@ def llama_workload(from_weights: bool = False) -> Workload:
 def builtin_workload(spec: TrainerSpec) -> Workload:
     """The workload ``spec.model`` names."""
     if is_llama_family(spec.model):
-        return llama_workload(from_weights=spec.weights_path is not None)
-    return gpt_workload()
+        return llama_workload(from_weights=spec.weights_path is not None, compile=spec.compile)
+    return gpt_workload(compile=spec.compile)
