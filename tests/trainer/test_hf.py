@@ -131,10 +131,12 @@ def test_llama_and_mistral_configs_map_to_our_fields() -> None:
     mistral = {**LLAMA3_8B, "model_type": "mistral", "sliding_window": 4096}
     del mistral["rope_scaling"], mistral["num_key_value_heads"]
     fields = llama_fields(mistral)
-    assert fields["sliding_window"] == 4096 and fields["n_kv_heads"] == 32  # MHA by default
+    assert fields["sliding_window"] == 4096 and fields["n_kv_heads"] == 8  # MistralConfig's
     assert "sliding_window" not in llama_fields({**LLAMA3_8B, "sliding_window": 4096})
     back = hf_config(llama_fields(LLAMA3_8B), "llama")
-    assert {k: v for k, v in LLAMA3_8B.items() if k in back} == back
+    assert back["rope_parameters"] == {"rope_theta": 500000.0, **LLAMA3_8B["rope_scaling"]}
+    assert "rope_scaling" not in back and "rope_theta" not in back  # transformers 5's format
+    assert llama_fields(back) == llama_fields(LLAMA3_8B)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +145,7 @@ def test_llama_and_mistral_configs_map_to_our_fields() -> None:
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not one of llama, mistral"),
         ({"hidden_act": "gelu"}, "only silu"),
         ({"attention_bias": True}, "attention_bias: true is not supported"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "only rope_type llama3"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn': only default or llama3"),
         ({"hidden_size": None}, "lacks hidden_size"),
     ],
 )

@@ -27,7 +27,8 @@ HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit; anything larger is not a header
 
 MODEL_TYPES = ("llama", "mistral")
-# Hugging Face's config.json key → LlamaConfig field (torchkube.trainer.llama).
+# Hugging Face's config.json key → LlamaConfig field (torchkube.trainer.llama); the rotary
+# embedding's keys are read apart (:func:`rope_fields`).
 CONFIG_FIELDS = {
     "vocab_size": "vocab_size",
     "hidden_size": "dim",
@@ -37,13 +38,35 @@ CONFIG_FIELDS = {
     "head_dim": "head_dim",
     "intermediate_size": "ffn_dim",
     "rms_norm_eps": "norm_eps",
-    "rope_theta": "rope_theta",
-    "rope_scaling": "rope_scaling",
     "max_position_embeddings": "max_seq_len",
     "sliding_window": "sliding_window",
     "tie_word_embeddings": "tie_embeddings",
 }
 REQUIRED_CONFIG = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+# What transformers (5.x, LlamaConfig / MistralConfig) takes for a key config.json leaves
+# out; they are not ours (llama.py's), and a Mistral's differ from a Llama's. A null
+# num_key_value_heads or head_dim is derived from the heads, as transformers does.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "intermediate_size": 11008,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "num_key_value_heads": None,
+        "tie_word_embeddings": False,
+    },
+    "mistral": {
+        "intermediate_size": 14336,
+        "max_position_embeddings": 4096 * 32,
+        "rms_norm_eps": 1e-6,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+        "sliding_window": 4096,
+    },
+}
+DEFAULT_ROPE_THETA = 10000.0
+ACTIVATIONS = ("silu", "swish")  # one function under two names in transformers
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1}
 DTYPE_BYTES |= {"U8": 1, "BOOL": 1}
 
@@ -136,41 +159,81 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def llama_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """A Llama/Mistral ``config.json`` as LlamaConfig fields; ValueError for anything the
-    model in ``llama.py`` would compute differently from the published one."""
+    """A Llama/Mistral ``config.json`` as LlamaConfig fields, read as transformers reads it
+    (its defaults for keys left out, both formats of the rotary embedding's keys); ValueError,
+    naming the key, for anything the model in ``llama.py`` would compute differently."""
     model_type = config.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-    missing = [key for key in REQUIRED_CONFIG if key not in config]
+    missing = [key for key in REQUIRED_CONFIG if config.get(key) is None]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}")
     act = config.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r}: only silu (SwiGLU) is supported")
-    for flag in ("attention_bias", "mlp_bias"):
-        if config.get(flag):
-            raise ValueError(f"{flag}: true is not supported (Llama and Mistral have no biases)")
-    scaling = config.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
-        raise ValueError(f"rope_scaling {scaling!r}: only rope_type llama3 is supported")
-    fields = {ours: config[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in config}
-    fields.setdefault("n_kv_heads", config["num_attention_heads"])
+    if model_type == "llama":  # MistralForCausalLM has no biases whatever the flags say
+        for flag in ("attention_bias", "mlp_bias"):
+            if config.get(flag):
+                raise ValueError(f"{flag}: true is not supported (the model has no biases)")
+    if config.get("attention_dropout"):
+        raise ValueError(
+            f"attention_dropout {config['attention_dropout']}: not supported (the model has no "
+            "dropout)"
+        )
+    given = {**DEFAULTS[model_type], **config}
+    fields = {ours: given[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in given}
+    if fields.get("n_kv_heads") is None:
+        fields["n_kv_heads"] = config["num_attention_heads"]
     if model_type == "llama":
-        fields.pop("sliding_window", None)  # Llama has none (the key can be there, null)
+        fields.pop("sliding_window", None)  # LlamaForCausalLM has none (the key can be there)
+    fields |= rope_fields(config, fields["max_seq_len"])
     return {key: value for key, value in fields.items() if value is not None}
 
 
+def rope_fields(config: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling`` (LlamaConfig's) from either format: transformers
+    5's ``rope_parameters`` or the top-level ``rope_theta`` and ``rope_scaling`` of earlier
+    versions. As in transformers, ``rope_scaling`` wins over ``rope_parameters``, a theta
+    inside either over the top-level one, and llama3's original context defaults to
+    ``max_position_embeddings``."""
+    rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{key}.rope_type {rope_type!r}: only {' or '.join(ROPE_TYPES)}")
+    factor = rope.pop("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if factor not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor {factor}: the model rotates every feature")
+    theta = rope.pop("rope_theta", None) or config.get("rope_theta") or DEFAULT_ROPE_THETA
+    if rope_type == "default":
+        return {"rope_theta": theta, "rope_scaling": None}
+    rope.setdefault("original_max_position_embeddings", max_seq_len)
+    absent = [name for name in LLAMA3_KEYS if not isinstance(rope.get(name), int | float)]
+    if absent:
+        raise ValueError(f"{key}: rope_type llama3 needs a number for {', '.join(absent)}")
+    scaling = {"rope_type": "llama3", **{name: rope[name] for name in LLAMA3_KEYS}}
+    return {"rope_theta": theta, "rope_scaling": scaling}
+
+
 def hf_config(fields: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """LlamaConfig fields as a Hugging Face ``config.json`` (the inverse of
-    :func:`llama_fields`), for a folder written by ``weights.save_pretrained``."""
+    """LlamaConfig fields as a Hugging Face ``config.json`` in transformers 5's format (the
+    inverse of :func:`llama_fields`), every key written so that no default is left to guess:
+    for a folder written by ``weights.save_pretrained`` or an export."""
     theirs = {ours: key for key, ours in CONFIG_FIELDS.items()}
-    config = {theirs[key]: value for key, value in fields.items() if value is not None}
+    config = {theirs[key]: value for key, value in fields.items() if key in theirs}
+    config.setdefault("num_key_value_heads", fields.get("n_heads"))
+    config.setdefault("tie_word_embeddings", False)
+    if model_type == "mistral":
+        config.setdefault("sliding_window", None)  # absent would mean 4096
+    rope = {"rope_type": "default", "rope_theta": fields.get("rope_theta", DEFAULT_ROPE_THETA)}
+    rope |= fields.get("rope_scaling") or {}
     architecture = "MistralForCausalLM" if model_type == "mistral" else "LlamaForCausalLM"
     return {
         "architectures": [architecture],
         "model_type": model_type,
         "hidden_act": "silu",
         **config,
+        "rope_parameters": rope,
     }
 
 
