@@ -2,11 +2,13 @@
 atomic commits, skipping partial/corrupt folders, keep-last-K, fencing, cross-strategy loads.
 Multi-process resharding is covered by test_torchrun.py."""
 
+import errno
 import json
 import logging
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -67,6 +69,7 @@ def make_job(
     interval_seconds: float = 0.0,
     async_save: bool = True,
     activation_checkpointing: str = "none",
+    learning_rate: float = 6e-4,
 ) -> Job:
     spec = TrainerSpec(
         model="tiny",
@@ -74,6 +77,7 @@ def make_job(
         seq_len=16,
         steps=100,
         warmup_steps=10,
+        learning_rate=learning_rate,
         strategy=strategy,
         activation_checkpointing=activation_checkpointing,  # type: ignore[arg-type]
     )
@@ -128,6 +132,28 @@ def test_round_trip_is_exact(info: DistInfo, tmp_path: Path) -> None:
     job.train(3, seed=1)
     fresh.train(3, seed=1)
     assert_same(fresh.full_model(), job.full_model())
+
+
+def test_a_resume_trains_at_the_specs_learning_rate(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    """The spec is the truth for hyper-parameters: the schedule goes on from the checkpoint's
+    step, scaled to the spec's learning rate, and the log says what changed."""
+    job = make_job(info, tmp_path, learning_rate=6e-4)
+    job.train(12)
+    job.ckpt.save(job.state.step, blocking=True)
+    fresh = make_job(info, tmp_path, learning_rate=3e-4)
+    assert fresh.ckpt.load() and fresh.scheduler.last_epoch == 12
+    assert fresh.scheduler.base_lrs == [3e-4, 3e-4]
+    assert [g["lr"] for g in fresh.optimizer.param_groups] == pytest.approx(
+        [g["lr"] / 2 for g in job.optimizer.param_groups], rel=1e-12
+    )
+    fresh.train(1)
+    job.train(1)
+    assert fresh.scheduler.get_last_lr() == pytest.approx(
+        [lr / 2 for lr in job.scheduler.get_last_lr()], rel=1e-12
+    )
+    assert "learningRate 0.0003 differs from the checkpoint's 0.0006" in trainer_log.text
 
 
 def test_async_save_is_a_snapshot_of_its_step(info: DistInfo, tmp_path: Path) -> None:
@@ -207,6 +233,42 @@ def test_retention_counts_only_valid_checkpoints_up_to_the_current_step(
     assert f"deleting unusable checkpoint {tmp_path}/step-5: corrupt" in trainer_log.text
     fresh = make_job(info, tmp_path)
     assert fresh.ckpt.load() and fresh.state.step == 6
+
+
+@pytest.mark.parametrize("flaky_file", [MARKER, ".distcp"])
+def test_retention_deletes_only_what_it_read_and_found_incomplete(
+    info: DistInfo,
+    tmp_path: Path,
+    trainer_log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    flaky_file: str,
+) -> None:
+    """A flaky volume (an I/O error on stat or read inside step-4) is not an incomplete
+    checkpoint: it is neither deleted nor counted, and the next pass judges it again."""
+    job = make_job(info, tmp_path, keep=2, async_save=False)
+    for _ in range(2):
+        job.train(2)
+        job.ckpt.save(job.state.step)
+
+    def flaky(real: Any) -> Any:
+        def call(self: Path, *args: object, **kwargs: object) -> object:
+            if self.parent.name == "step-4" and self.name.endswith(flaky_file):
+                raise OSError(errno.EIO, "Input/output error", str(self))
+            return real(self, *args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "stat", flaky(Path.stat))
+        patch.setattr(Path, "read_text", flaky(Path.read_text))
+        job.train(2)
+        job.ckpt.save(job.state.step)
+        assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-2", "step-4", "step-6"]
+    assert f"cannot read checkpoint {tmp_path}/step-4" in trainer_log.text
+    assert "deleting" not in trainer_log.text
+    job.train(2)
+    job.ckpt.save(job.state.step)  # readable again: counted, and the oldest goes
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-6", "step-8"]
 
 
 def test_stop_commits_the_save_in_flight_of_the_same_step(

@@ -133,26 +133,46 @@ def step_folders(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+class Incomplete(ValueError):
+    """A checkpoint folder that was read and found incomplete or corrupt: it can never load."""
+
+
+class Unreadable(ValueError):
+    """A checkpoint folder the volume would not let us read just now (an I/O error other than
+    a missing file): perhaps good, so it is skipped, never deleted."""
+
+
 def validate(path: Path) -> dict[str, Any]:
-    """The marker of a committed checkpoint; ValueError says why the folder is unusable."""
-    marker_path = path / MARKER
-    if not marker_path.is_file():
-        raise ValueError("partial: no completion marker (the save never finished)")
+    """The marker of a committed checkpoint; :class:`Incomplete` or :class:`Unreadable` says
+    why the folder cannot be used."""
     try:
-        marker = json.loads(marker_path.read_text())
+        text = (path / MARKER).read_text()
+    except FileNotFoundError:
+        raise Incomplete("partial: no completion marker (the save never finished)") from None
+    except OSError as e:
+        raise Unreadable(f"{MARKER}: {e.strerror or e}") from e
+    try:
+        marker = json.loads(text)
         sizes: dict[str, int] = marker["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"corrupt completion marker: {e}") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise Incomplete(f"corrupt completion marker: {e}") from e
     if ".metadata" not in sizes:
-        raise ValueError("corrupt: no DCP .metadata recorded")
+        raise Incomplete("corrupt: no DCP .metadata recorded")
     for name, size in sizes.items():
         try:
             actual = (path / name).stat().st_size
-        except OSError:
-            raise ValueError(f"corrupt: {name} is missing") from None
+        except FileNotFoundError:
+            raise Incomplete(f"corrupt: {name} is missing") from None
+        except OSError as e:
+            raise Unreadable(f"{name}: {e.strerror or e}") from e
         if actual != size:
-            raise ValueError(f"corrupt: {name} has {actual} bytes, expected {size}")
+            raise Incomplete(f"corrupt: {name} has {actual} bytes, expected {size}")
     return marker
+
+
+def _rates(lrs: list[float]) -> str:
+    """One rate, or the groups' rates when they differ."""
+    return f"{lrs[0]:g}" if len(set(lrs)) == 1 else str([float(f"{lr:g}") for lr in lrs])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -429,16 +449,42 @@ class CheckpointManager:
         optim_sd = self.states.checked(state[OPTIMIZER]["state"])
         self._applied = True  # from here on the live model and optimizer change
         self.states.apply(state[MODEL], optim_sd)
-        self.lr_scheduler.load_state_dict(state[LR_SCHEDULER])
-        for group, lr in zip(
-            self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True
-        ):
-            group["lr"] = lr
+        self._load_schedule(state[LR_SCHEDULER])
         self.train_state.load_state_dict(state[TRAIN_STATE])
         if RNG in state:
             torch.set_rng_state(state[RNG][rng_key]["cpu"])
             if "cuda" in state[RNG][rng_key]:
                 torch.cuda.set_rng_state(state[RNG][rng_key]["cuda"], self.info.device)
+
+    def _load_schedule(self, saved: dict[str, Any]) -> None:
+        """The schedule's position from the checkpoint, its learning rate from the spec.
+
+        A scheduler's state holds the learning rate it was built with (``base_lrs``) and the
+        rate of its step (``_last_lr``, the base times the schedule's multiplier), both of
+        which would outlive a change of ``learningRate`` in the spec; so the spec's base is
+        kept and the step's rate rescaled to it. An unchanged spec loads the state as it is,
+        bit for bit."""
+        spec_lrs = [float(lr) for lr in self.lr_scheduler.base_lrs]
+        saved_lrs = [float(lr) for lr in saved.get("base_lrs", spec_lrs)]
+        if saved_lrs != spec_lrs:
+            last = [
+                float(lr) * new / old
+                for lr, new, old in zip(saved["_last_lr"], spec_lrs, saved_lrs, strict=True)
+            ]
+            saved = {**saved, "base_lrs": spec_lrs, "_last_lr": last}
+            if self.info.is_main:
+                log.warning(
+                    "learningRate %s differs from the checkpoint's %s: training goes on at the "
+                    "spec's from step %d",
+                    _rates(spec_lrs),
+                    _rates(saved_lrs),
+                    saved["last_epoch"],
+                )
+        self.lr_scheduler.load_state_dict(saved)
+        for group, lr in zip(
+            self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True
+        ):
+            group["lr"] = lr
 
     # --- saving -------------------------------------------------------------------------
 
@@ -643,7 +689,8 @@ class CheckpointManager:
         """Rank 0: keep the newest ``keep`` checkpoints that validate, at or below ``step``.
 
         Only valid ones count, so a corrupt folder never pushes a good checkpoint out; a
-        folder that fails validation at or below ``step`` is deleted (it can never load).
+        folder read and found incomplete at or below ``step`` is deleted (it can never load),
+        one the volume would not let us read is kept and judged again at the next save.
         Folders above ``step`` belong to a timeline this run did not resume from (say, one
         that failed to load on some rank): they are neither counted nor deleted.
         """
@@ -654,7 +701,10 @@ class CheckpointManager:
                 continue
             try:
                 validate(path)
-            except ValueError as e:
+            except Unreadable as e:
+                log.warning("cannot read checkpoint %s now (%s): keeping it", path, e)
+                continue
+            except Incomplete as e:
                 log.warning("deleting unusable checkpoint %s: %s", path, e)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
