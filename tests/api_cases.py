@@ -170,6 +170,31 @@ BAD_SPECS = [
         "seqLen",
         "splits every sequence over the tensor ranks",
     ),
+    BadSpec(
+        "hsdp-shard-not-dividing-some-world-size",
+        {
+            "nprocPerNode": 2,
+            "replicas": {"min": 1, "max": 4},
+            "trainer": {"strategy": "hsdp", "hsdpShardSize": 4},
+        },
+        "trainer.hsdpShardSize",
+        "must divide the data-parallel size at every size in the elastic range",
+    ),
+    BadSpec(
+        "hsdp-shard-not-dividing-the-fixed-size",
+        {
+            "resources": {"gpus": 4},
+            "replicas": {"min": 3, "max": 3},
+            "trainer": {
+                "model": "llama-tiny",
+                "strategy": "hsdp",
+                "hsdpShardSize": 4,
+                "parallelism": {"tensor": 2},
+            },
+        },
+        "trainer.hsdpShardSize",
+        "must divide the data-parallel size at every size in the elastic range",
+    ),
     BadSpec("tensor-zero", {"trainer": {"parallelism": {"tensor": 0}}}, "tensor", "1"),
     BadSpec(
         "weights-for-gpt",

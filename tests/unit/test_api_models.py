@@ -111,6 +111,25 @@ def test_tensor_groups_that_fit_a_pod_are_accepted(
     assert trainer.activation_checkpointing == "none" and trainer.weights_path is None
 
 
+def test_hsdp_shard_sizes_are_checked_over_the_elastic_range() -> None:
+    """hsdpShardSize 4 with 2 processes per pod: the data size is 2 per pod, so only an even
+    number of pods divides; the error names the world sizes that fail."""
+    spec = {
+        "nprocPerNode": 2,
+        "replicas": {"min": 1, "max": 4},
+        "trainer": {"strategy": "hsdp", "hsdpShardSize": 4},
+    }
+    with pytest.raises(ValueError, match=r"fails at world size 2, 6 \(replicas 1, 3\)"):
+        TrainingJob.model_validate(job("hsdp", spec))
+    for accepted in (
+        {"replicas": {"min": 2, "max": 2}},  # a fixed size it divides
+        {"replicas": {"min": 1, "max": 4}, "trainer": {"strategy": "hsdp", "hsdpShardSize": 2}},
+        {"nprocPerNode": "auto", "resources": {"gpus": 0}},  # torchrun decides: the trainer checks
+        {"nprocPerNode": "cpu"},
+    ):
+        TrainingJob.model_validate(job("hsdp", {**spec, **accepted}))
+
+
 def test_the_tensor_parallel_example_is_a_valid_job() -> None:
     manifest = yaml.safe_load((ROOT / "examples" / "llama-tensor-parallel.yaml").read_text())
     spec = TrainingJob.model_validate(manifest).spec

@@ -22,6 +22,9 @@ DATA_OR_PATH = (
     "not both"
 )
 DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
+HSDP_RANGE = (
+    "trainer.hsdpShardSize must divide the data-parallel size at every size in the elastic range"
+)
 DEFAULT_IMAGE = "ghcr.io/torchkube/torchkube-trainer:0.1.0"
 """The trainer image .github/workflows/release.yml publishes for this version (docs/images.md)."""
 
@@ -575,6 +578,17 @@ class TrainingJobSpec(ApiModel):
             "self.resources.gpus % self.trainer.parallelism.tensor == 0",
             "trainer.parallelism.tensor must divide resources.gpus (the GPUs per pod)",
         ),
+        (
+            "!has(self.trainer.hsdpShardSize) || self.trainer.strategy != 'hsdp' || "
+            "(type(self.nprocPerNode) != int && "
+            "(self.resources.gpus == 0 || self.nprocPerNode == 'cpu')) || "
+            "((type(self.nprocPerNode) == int ? self.nprocPerNode : self.resources.gpus) * "
+            "(self.replicas.min == self.replicas.max ? self.replicas.min : 1)) % "
+            "(self.trainer.parallelism.tensor * self.trainer.hsdpShardSize) == 0",
+            f"{HSDP_RANGE}; it must divide the data-parallel ranks of one pod (processes per "
+            "pod over parallelism.tensor) when replicas.min < replicas.max, or of the whole "
+            "job at a fixed size",
+        ),
     )
 
     image: str = Field(
@@ -683,6 +697,46 @@ class TrainingJobSpec(ApiModel):
         return self.trainer.model_copy(
             update={"data_path": f"{folder}/{TRAIN_FILE}", "eval_data_path": val}
         )
+
+    @model_validator(mode="after")
+    def _hsdp_groups_fit_every_size(self) -> Self:
+        """HSDP splits the data-parallel ranks into groups of ``hsdpShardSize``; a world size
+        in the elastic range that it does not divide would fail every start there (exit 3).
+        (Two neighbouring sizes both divide only if one pod's share does, hence the CEL
+        rule's simpler form.) Unchecked where torchrun alone knows the processes per pod."""
+        shard, trainer = self.trainer.hsdp_shard_size, self.trainer
+        procs = self.processes_per_pod()
+        if shard is None or trainer.strategy != "hsdp" or procs is None:
+            return self
+        tensor = trainer.parallelism.tensor
+        replicas = self.replicas
+        failing = [
+            pods
+            for pods in range(replicas.min, replicas.max + 1)
+            if (pods * procs) % (tensor * shard)
+        ]
+        if failing:
+            shown = failing[:6]
+            more = f" and {len(failing) - 6} more" if len(failing) > 6 else ""
+            per_pod = f"{procs} processes per pod" + (f", tensor {tensor}" if tensor > 1 else "")
+            fixed = replicas.min == replicas.max
+            divide = replicas.min * procs // tensor if fixed else procs // tensor
+            raise ValueError(
+                f"{HSDP_RANGE}: hsdpShardSize {shard} with {per_pod} fails at world size "
+                f"{', '.join(str(p * procs) for p in shown)}{more} (replicas "
+                f"{', '.join(map(str, shown))}): choose a divisor of {divide}, or leave it "
+                "unset (one pod's data-parallel ranks)"
+            )
+        return self
+
+    def processes_per_pod(self) -> int | None:
+        """torchrun's processes per pod where the spec fixes them: an integer
+        ``nprocPerNode``, or auto/gpu with GPUs per pod; None where torchrun decides."""
+        if isinstance(self.nproc_per_node, int):
+            return self.nproc_per_node
+        if self.nproc_per_node in ("auto", "gpu") and self.resources.gpus:
+            return self.resources.gpus
+        return None
 
     @model_validator(mode="after")
     def _tensor_groups_fit_a_pod(self) -> Self:
