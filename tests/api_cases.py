@@ -203,6 +203,12 @@ BAD_SPECS = [
         "needs a Llama-family model",
     ),
     BadSpec(
+        "export-for-gpt",
+        {"trainer": {"model": "gpt2", "exportFormat": "hf"}},
+        "exportFormat",
+        "needs a Llama-family model",
+    ),
+    BadSpec(
         "llama-with-dropout",
         {"trainer": {"model": "llama-tiny", "dropout": 0.1}},
         "dropout",

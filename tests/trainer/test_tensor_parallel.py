@@ -8,7 +8,9 @@
   mid-way → torchrun restarts the group → the run ends bit for bit like an uninterrupted one;
 - its step-10 checkpoint resumes at tensor 1 × data 2 (FSDP2) and in one process (no
   parallelism at all), and that tensor-1 run's step-15 checkpoint at tensor 2 × data 2 again:
-  the same samples, the losses of the tensor-parallel run to rounding.
+  the same samples, the losses of the tensor-parallel run to rounding;
+- the tensor × FSDP2 and the FSDP2 checkpoints exported as Hugging Face folders that
+  transformers loads to the checkpoints' logits.
 """
 
 import json
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_export import assert_exports_to_transformers
 from trainer_harness import (
     Torchrun,
     assert_bitwise_equal,
@@ -154,6 +157,17 @@ def assert_same_losses(ours: dict[int, float], theirs: dict[int, float], first: 
         assert loss == pytest.approx(theirs[step], abs=LOSS_TOLERANCE), f"step {step}"
 
 
+def test_a_tensor_parallel_checkpoint_exports_to_what_transformers_computes(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Each tensor reassembled from its tensor × data shards, one at a time."""
+    ref_ckpt, _ = reference
+    assert_exports_to_transformers(
+        ref_ckpt / f"step-{STEPS}", tmp_path / "hf", max_file_bytes=10**5
+    )
+    assert len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) > 1
+
+
 def test_checkpoint_reshards_across_tensor_and_data_sizes(
     reference: tuple[Path, str],
     token_data: Path,
@@ -172,6 +186,8 @@ def test_checkpoint_reshards_across_tensor_and_data_sizes(
     assert launch.wait(START_TIMEOUT + 120) == 0, launch.output()[-4000:]
     assert "step-10 (written at world size 4 with fsdp × tensor 2)" in launch.output()
     assert_same_losses(logged_losses(launch.output()), expected, first=11)
+    # an FSDP2 checkpoint taken away (test_export.py)
+    assert_exports_to_transformers(two / f"step-{STEPS}", tmp_path / "hf-fsdp")
 
     # and back: tensor 2 × data 2 from the tensor-1 run's step 15
     back = tmp_path / "back"

@@ -90,6 +90,11 @@ _CEL_RULES = [
         "trainer.weightsPath needs a Llama-family model (llama-*, mistral-*)",
     ),
     (
+        "!has(self.exportFormat) || self.model.startsWith('llama') || "
+        "self.model.startsWith('mistral')",
+        "trainer.exportFormat needs a Llama-family model (llama-*, mistral-*)",
+    ),
+    (
         "self.dropout == 0.0 || !(self.model.startsWith('llama') || "
         "self.model.startsWith('mistral'))",
         "trainer.dropout must be 0 for a Llama-family model, which has no dropout",
@@ -160,6 +165,18 @@ class TrainerSpec(ApiModel):
             "config.json, and its tokenizer, when the folder has one, must be the one the "
             "data was tokenised with. Read shard by shard into the sharded model; a resume "
             "from a checkpoint ignores it. Llama-family models only."
+        ),
+    )
+
+    export_format: Literal["hf"] | None = Field(
+        default=None,
+        description=(
+            "Export the final checkpoint at the end of training onto the checkpoint volume, "
+            "as hf-step-N/ beside the step-N/ checkpoints: hf, a Hugging Face folder "
+            "(config.json, safetensors weights, and weightsPath's tokenizer files when it "
+            "has them) that transformers' AutoModelForCausalLM loads. Any checkpoint can "
+            "also be exported later: torchkube export CHECKPOINT --format hf OUT. Llama-family "
+            "models only."
         ),
     )
 
@@ -375,6 +392,8 @@ class TrainerSpec(ApiModel):
             )
         if self.weights_path and not llama:
             raise ValueError(f"weightsPath needs a Llama-family model, not {self.model}")
+        if self.export_format and not llama:
+            raise ValueError(f"exportFormat needs a Llama-family model, not {self.model}")
         if self.dropout and llama:
             raise ValueError(
                 f"dropout must be 0 for a Llama-family model ({self.model}), which has no dropout"

@@ -6,7 +6,7 @@ from torchkube.cli import cluster
 from torchkube.local.cli import run_command
 from torchkube.local.plot import plot_command
 from torchkube.operator.main import operator_command
-from torchkube.trainer.cli import prepare_data
+from torchkube.trainer.cli import export, prepare_data
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,6 +19,7 @@ main.add_command(operator_command)
 main.add_command(run_command)
 main.add_command(plot_command)
 main.add_command(prepare_data, name="prepare-data")
+main.add_command(export)
 
 # Jobs on a cluster (current kubeconfig context): torchkube/cli/cluster.py.
 main.add_command(cluster.submit)

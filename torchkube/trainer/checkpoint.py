@@ -73,6 +73,7 @@ TRAIN_STATE = "train"
 RNG = "rng"
 
 MARKER = "COMPLETE.json"
+HF_CONFIG = "hfConfig"  # the marker's copy of the model's Hugging Face config.json
 OWNER = ".owner.json"
 RESUMES = "resumes.json"
 STEP_PREFIX = "step-"
@@ -214,6 +215,7 @@ class CheckpointManager:
         metrics: TrainMetrics | None = None,
         data_identity: dict[str, Any] | None = None,
         allow_dataset_change: bool = False,
+        hf_config: dict[str, Any] | None = None,
     ):
         self.folder, self.info = folder, info
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
@@ -228,6 +230,7 @@ class CheckpointManager:
         self.metrics = metrics
         self.data_identity = data_identity  # dataset_identity() of the training data
         self.allow_dataset_change = allow_dataset_change
+        self.hf_config = hf_config  # recorded in each marker, for an export (export.py)
         self.round = ""
         self.last_step: int | None = None
         self.blocked_seconds = 0.0
@@ -266,6 +269,7 @@ class CheckpointManager:
         train_state: TrainState,
         metrics: TrainMetrics | None = None,
         dataset: Dataset | None = None,
+        hf_config: dict[str, Any] | None = None,
     ) -> "CheckpointManager":
         """The manager the pod's environment and the spec ask for."""
         return cls(
@@ -283,6 +287,7 @@ class CheckpointManager:
             metrics=metrics,
             data_identity=dataset_identity(dataset) if dataset is not None else None,
             allow_dataset_change=spec.allow_dataset_change,
+            hf_config=hf_config,
         )
 
     # --- start-up -----------------------------------------------------------------------
@@ -670,6 +675,7 @@ class CheckpointManager:
             "time": now,
             "written": rfc3339(now),
             "dataset": self.data_identity,
+            **({HF_CONFIG: self.hf_config} if self.hf_config is not None else {}),
             "files": files,
         }
         with open(pending.folder / MARKER, "w") as f:

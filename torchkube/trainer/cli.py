@@ -1,4 +1,5 @@
-"""``torchkube prepare-data``: the trainer's command-line entry (no torch imported here)."""
+"""``torchkube prepare-data`` and ``torchkube export``: the trainer's command-line entries
+(torch is imported by the commands, not here)."""
 
 import sys
 from pathlib import Path
@@ -167,3 +168,73 @@ def _run(
     )
     if result.tokenizer_note:
         click.echo(f"note: {result.tokenizer_note}")
+
+
+@click.command("export")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(["hf"]),
+    required=True,
+    help="hf: a Hugging Face folder that transformers' AutoModelForCausalLM loads.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="The weights' type in OUT (default: as the checkpoint stores them, fp32).",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Copy this folder's tokenizer files along (the job's weightsPath).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The model's config.json, for a checkpoint that records none.",
+)
+@click.option(
+    "--max-file-mib",
+    type=click.IntRange(1),
+    default=5 * 1024,
+    show_default=True,
+    help="Split the weights into files of at most this size, with an index.",
+)
+def export(
+    checkpoint: Path,
+    out: Path,
+    format_: str,
+    dtype: str | None,
+    tokenizer: Path | None,
+    config_file: Path | None,
+    max_file_mib: int,
+) -> None:
+    """Write a checkpoint's model to the new folder OUT in another format.
+
+    CHECKPOINT is a step-N folder, or a checkpoint folder (its newest complete step-N). The
+    model is read one tensor at a time, whichever strategy and mesh wrote it. Exit code 3: the
+    checkpoint cannot be exported (incomplete, no model config, a GPT) or OUT exists.
+    """
+    import json
+
+    import torch
+
+    from torchkube.trainer.export import export_hf, newest_checkpoint
+
+    try:
+        source = newest_checkpoint(checkpoint)
+        files = export_hf(
+            source,
+            out,
+            dtype=getattr(torch, dtype) if dtype else None,
+            config=json.loads(config_file.read_text()) if config_file else None,
+            tokenizer=tokenizer,
+            max_file_bytes=max_file_mib * 2**20,
+        )
+    except (ValueError, OSError) as error:
+        click.echo(f"torchkube export: {error}", err=True)
+        sys.exit(ExitCode.CONFIG_ERROR)
+    click.echo(f"{source} → {out} ({format_}): {len(files)} weight file(s)")

@@ -7,10 +7,12 @@ where the format is described.
 """
 
 import json
+import math
 import mmap
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,30 +56,61 @@ class MappedFile:
         return flat.view(entry.shape)
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a tensor will be, before it exists: enough to write its file's header."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
 def save_file(
     tensors: Mapping[str, torch.Tensor], path: Path, metadata: Mapping[str, str] | None = None
 ) -> None:
     """Write ``tensors`` (any device, any layout) as one safetensors file, atomically."""
+    specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
+    write_streamed(path, specs, tensors.__getitem__, metadata)
+
+
+def write_streamed(
+    path: Path,
+    specs: Sequence[TensorSpec],
+    produce: Callable[[str], torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write one safetensors file, atomically, asking ``produce`` for each tensor only when
+    its bytes are due: the header is made from ``specs`` first, so a file of many tensors
+    never needs more than one of them in memory (an export of a large checkpoint)."""
     header: dict[str, object] = {METADATA_KEY: dict(metadata or {"format": "pt"})}
-    blobs: list[bytes] = []
     offset = 0
-    for name, tensor in tensors.items():
-        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        header[name] = {
-            "dtype": NAMES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + data.numel()],
+    for spec in specs:
+        header[spec.name] = {
+            "dtype": NAMES[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
         }
-        blobs.append(data.numpy().tobytes())
-        offset += data.numel()
+        offset += spec.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(HEADER_LENGTH_BYTES + len(raw)) % ALIGNMENT)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for blob in blobs:
-            f.write(blob)
+        for spec in specs:
+            tensor = produce(spec.name)
+            if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+                raise ValueError(
+                    f"{spec.name} is {tensor.dtype} {list(tensor.shape)}, its header says "
+                    f"{spec.dtype} {list(spec.shape)}"
+                )
+            data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            f.write(data.numpy().tobytes())
+            del tensor, data
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -12,6 +12,7 @@ import signal
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torchkube.api.contract import RankTiming, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, stragglers
-from torchkube.trainer.checkpoint import CheckpointManager, FencedError, TrainState
+from torchkube.trainer.checkpoint import STEP_PREFIX, CheckpointManager, FencedError, TrainState
 from torchkube.trainer.data import Layout, StepLoader, eval_batches
 from torchkube.trainer.distributed import (
     DistInfo,
@@ -33,6 +34,7 @@ from torchkube.trainer.distributed import (
     gather_across_ranks,
     mean_across_ranks,
 )
+from torchkube.trainer.export import export_hf
 from torchkube.trainer.loader import (
     EXIT_CONFIG_ERROR,
     EXIT_FAILURE,
@@ -90,6 +92,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             model = workload.build_model(spec)
         torch.manual_seed(spec.seed + info.rank)
         flops_per_token = workload.flops_per_token(model, spec)
+        hf_config = workload.hf_config(model) if workload.hf_config is not None else None
         model = parallelize(model, spec, info, workload.blocks(model), workload.tensor_plan)
         if on_meta:
             model.to_empty(device=info.device)  # uninitialised: a checkpoint or weights fill it
@@ -100,7 +103,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         state = TrainState()
         dataset = workload.train_dataset(spec)
         ckpt = CheckpointManager.for_run(
-            run_env, spec, info, model, optimizer, scheduler, state, metrics, dataset
+            run_env, spec, info, model, optimizer, scheduler, state, metrics, dataset, hf_config
         )
 
         # --- resume: the newest loadable checkpoint (with its ranks' random streams), whatever
@@ -171,6 +174,8 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 ckpt.last_step,
             )
             return 128 + (stop.signum or signal.SIGTERM)
+        if spec.export_format == "hf" and info.is_main:
+            export_final(spec, run_env, ckpt.last_step)
         report.finished(state)
         _write_termination_message(run_env, training_finished_message(state.step))
         return EXIT_OK
@@ -197,6 +202,21 @@ def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) ->
     finally:
         distributed.teardown(after_error=code in (EXIT_FAILURE, EXIT_FENCED))
     return code
+
+
+def export_final(spec: TrainerSpec, run_env: RunEnv, step: int | None) -> None:
+    """Rank 0: the final checkpoint as a Hugging Face folder, ``hf-step-N`` beside it, with
+    weightsPath's tokenizer; kept when a restart finds it written. An error fails the run, and
+    the retry resumes from the final checkpoint and exports again."""
+    if run_env.checkpoint_dir is None or step is None:
+        log.warning("exportFormat hf: no checkpoint folder to export from and to")
+        return
+    out = run_env.checkpoint_dir / f"hf-step-{step}"
+    if out.is_dir():
+        log.info("the final checkpoint is already exported to %s", out)
+        return
+    tokenizer = Path(spec.weights_path) if spec.weights_path else None
+    export_hf(run_env.checkpoint_dir / f"{STEP_PREFIX}{step}", out, tokenizer=tokenizer)
 
 
 def load_weights(workload: Workload, model: nn.Module, spec: TrainerSpec, info: DistInfo) -> None:

@@ -41,14 +41,15 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from torchkube.trainer import hf
-from torchkube.trainer.llama import Llama
-from torchkube.trainer.safetensors import DTYPES, MappedFile, save_file
+from torchkube.trainer.llama import Llama, LlamaConfig
+from torchkube.trainer.safetensors import DTYPES, MappedFile, TensorSpec, write_streamed
 from torchkube.trainer.state_dicts import param_names
 
 log = logging.getLogger("torchkube.trainer")
 
 HF_PREFIX = "model."  # Hugging Face's prefix of every name but the output head's
 HEAD = "lm_head.weight"
+MAX_FILE_BYTES = 5 * 2**30  # transformers' default shard size
 
 
 def hf_name(fqn: str) -> str:
@@ -188,34 +189,53 @@ def _head_is_tied(model: nn.Module) -> bool:
     return bool(getattr(config, "tie_embeddings", False))
 
 
-def save_pretrained(model: Llama, folder: Path, max_file_bytes: int = 5 * 2**30) -> None:
+def llama_hf_config(config: LlamaConfig) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of a Llama-family model: Mistral's with a sliding
+    window, Llama's otherwise."""
+    fields = {k: v for k, v in asdict(config).items() if v is not None}
+    return hf.hf_config(fields, "mistral" if config.sliding_window else "llama")
+
+
+def save_pretrained(model: Llama, folder: Path, max_file_bytes: int = MAX_FILE_BYTES) -> None:
     """Write an unsharded model as a Hugging Face folder: ``config.json`` and the weights in
     safetensors files of at most ``max_file_bytes`` each, with their index when there are
     several (the layout ``transformers``' ``save_pretrained`` writes)."""
     folder.mkdir(parents=True, exist_ok=True)
-    fields = {k: v for k, v in asdict(model.config).items() if v is not None}
-    model_type = "mistral" if model.config.sliding_window else "llama"
-    (folder / hf.CONFIG_FILE).write_text(json.dumps(hf.hf_config(fields, model_type), indent=2))
+    (folder / hf.CONFIG_FILE).write_text(json.dumps(llama_hf_config(model.config), indent=2))
     tensors = {hf_name(k): v for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         tensors.pop(HEAD)
-    files: list[dict[str, torch.Tensor]] = [{}]
+    specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
+    write_weights(folder, specs, tensors.__getitem__, max_file_bytes)
+
+
+def write_weights(
+    folder: Path,
+    specs: list[TensorSpec],
+    produce: Callable[[str], torch.Tensor],
+    max_file_bytes: int = MAX_FILE_BYTES,
+) -> list[Path]:
+    """The tensors ``specs`` names, in that order, as ``model.safetensors`` or, past
+    ``max_file_bytes``, as ``model-0000N-of-0000M.safetensors`` files with their index;
+    ``produce(name)`` is asked for each tensor as its bytes are written, one at a time."""
+    files: list[list[TensorSpec]] = [[]]
     size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if files[-1] and size + nbytes > max_file_bytes:
-            files.append({})
+    for spec in specs:
+        if files[-1] and size + spec.nbytes > max_file_bytes:
+            files.append([])
             size = 0
-        files[-1][name] = tensor
-        size += nbytes
+        files[-1].append(spec)
+        size += spec.nbytes
     if len(files) == 1:
-        save_file(files[0], folder / f"model{hf.SUFFIX}")
-        return
-    weight_map: dict[str, str] = {}
-    for i, part in enumerate(files, start=1):
-        name = f"model-{i:05d}-of-{len(files):05d}{hf.SUFFIX}"
-        save_file(part, folder / name)
-        weight_map |= dict.fromkeys(part, name)
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / hf.INDEX_FILE).write_text(json.dumps(index, indent=2))
+        names = [f"model{hf.SUFFIX}"]
+    else:
+        names = [f"model-{i:05d}-of-{len(files):05d}{hf.SUFFIX}" for i in range(1, len(files) + 1)]
+    for name, part in zip(names, files, strict=True):
+        write_streamed(folder / name, part, produce)
+    if len(files) > 1:
+        pairs = zip(names, files, strict=True)
+        weight_map = {spec.name: name for name, part in pairs for spec in part}
+        total = sum(spec.nbytes for spec in specs)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / hf.INDEX_FILE).write_text(json.dumps(index, indent=2))
+    return [folder / name for name in names]

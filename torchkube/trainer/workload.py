@@ -27,7 +27,7 @@ from torchkube.trainer.model import GPT, PRESETS, GPTConfig, cross_entropy_loss,
 from torchkube.trainer.parallel import TensorPlan
 from torchkube.trainer.prepare import sample_data_paths
 from torchkube.trainer.tokens import read_header, resolve_token_files
-from torchkube.trainer.weights import init_sharded, load_pretrained
+from torchkube.trainer.weights import init_sharded, llama_hf_config, load_pretrained
 
 Batch = Any  # whatever torch.utils.data.default_collate makes of the dataset's items
 
@@ -63,6 +63,9 @@ class Workload:
     ``build_model`` does. With either, a model that will be sharded (FSDP2, HSDP, tensor
     parallelism) is built under the meta device and materialised, uninitialised, after
     parallelisation, so that no rank ever holds all of it.
+
+    ``hf_config(model)``, the model's Hugging Face ``config.json``, is recorded with every
+    checkpoint so that any of them can be exported in that format (``export.py``).
     """
 
     build_model: Callable[[TrainerSpec], nn.Module]
@@ -74,6 +77,7 @@ class Workload:
     tensor_plan: TensorPlan | None = None
     load_weights: Callable[[nn.Module, TrainerSpec, dist.ProcessGroup], None] | None = None
     init_weights: Callable[[nn.Module, int], None] | None = None
+    hf_config: Callable[[nn.Module], dict[str, Any]] | None = None
 
 
 def data_paths(spec: TrainerSpec) -> tuple[str, str | None]:
@@ -189,6 +193,7 @@ def llama_workload(from_weights: bool = False, compile: bool = False) -> Workloa
         tensor_plan=lambda model, tensor: tensor_parallel_plan(_llama(model).config, tensor),
         load_weights=_load_llama_weights if from_weights else None,
         init_weights=lambda model, seed: init_sharded(model, _llama(model).initial_value, seed),
+        hf_config=lambda model: llama_hf_config(_llama(model).config),
     )
 
 
