@@ -352,6 +352,15 @@ class TrainerSpec(ApiModel):
     log_interval_steps: int = Field(
         default=10, ge=1, le=1_000_000, description="Log a progress line every N steps."
     )
+    tensorboard: bool = Field(
+        default=False,
+        description=(
+            "Also write the progress line's numbers (loss, learning rate, grad norm, "
+            "tokens/s, MFU; and the eval loss) as TensorBoard scalars every logIntervalSteps, "
+            "into tensorboard/ under the checkpoint folder, so that tensorboard --logdir on "
+            "the claim shows them. Written by the trainer itself: no package needed."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_cross_field_rules(self) -> Self:

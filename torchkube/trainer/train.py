@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from torchkube.api.contract import RankTiming, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
-from torchkube.trainer import distributed, stragglers
+from torchkube.trainer import distributed, stragglers, tensorboard
 from torchkube.trainer.checkpoint import STEP_PREFIX, CheckpointManager, FencedError, TrainState
 from torchkube.trainer.data import Layout, StepLoader, eval_batches
 from torchkube.trainer.distributed import (
@@ -60,6 +60,7 @@ from torchkube.trainer.parallel import (
     parallelize,
     shards_parameters,
 )
+from torchkube.trainer.tensorboard import EventWriter
 from torchkube.trainer.timing import StepTimer, step_timer
 from torchkube.trainer.workload import Workload, builtin_workload
 
@@ -79,6 +80,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         else None
     )
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
+    board = open_board(spec, run_env, info)
     try:
         # --- setup: the same seed on every rank gives every rank the same initial weights;
         # then each rank draws (dropout) from a stream of its own, seed + rank, as nanoGPT does
@@ -123,6 +125,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         report = Reporter(
             spec, run_env, info, layout, metrics, progress, ckpt, flops_per_token, timer, where
         )
+        report.board = board
         report.started(state)
         agreement = StepAgreement(info.control_group, lambda: stop.requested)
 
@@ -182,6 +185,8 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
     finally:
         stop.close()
         heartbeat.close()
+        if board is not None:
+            board.close()
         if server is not None:
             server.close()
 
@@ -202,6 +207,16 @@ def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) ->
     finally:
         distributed.teardown(after_error=code in (EXIT_FAILURE, EXIT_FENCED))
     return code
+
+
+def open_board(spec: TrainerSpec, run_env: RunEnv, info: DistInfo) -> EventWriter | None:
+    """Rank 0's TensorBoard event file under the checkpoint folder, when the spec asks."""
+    if not spec.tensorboard or not info.is_main:
+        return None
+    if run_env.checkpoint_dir is None:
+        log.warning("tensorboard: no checkpoint folder to write the event files under")
+        return None
+    return EventWriter(run_env.checkpoint_dir / tensorboard.FOLDER)
 
 
 def export_final(spec: TrainerSpec, run_env: RunEnv, step: int | None) -> None:
@@ -384,6 +399,7 @@ class Reporter:
         self.slowest: RankTiming | None = None
         self.tokens_per_second = 0.0
         self._published_checkpoint = ckpt.last_step
+        self.board: EventWriter | None = None  # rank 0's TensorBoard scalars, when asked
 
     def _record(self, state: TrainState) -> dict[str, Any]:
         """The fields of the operator's progress report (the contract's ProgressReport)."""
@@ -472,6 +488,17 @@ class Reporter:
             self.metrics.mfu.set(mfu)
         self.metrics.loss.set(mean_loss)
         self.metrics.tokens_per_second.set(self.tokens_per_second)
+        if self.board is not None:
+            scalars = {
+                "train/loss": mean_loss,
+                "train/learning_rate": self._lr,
+                "train/tokens_per_second": self.tokens_per_second,
+            }
+            if grad_norm is not None:
+                scalars["train/grad_norm"] = norm
+            if mfu is not None:
+                scalars["train/mfu"] = mfu
+            self.board.scalars(state.step, scalars)
         self.progress.update(force=True, **self._record(state))
         log.info(
             "step %d/%d | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | mfu %s | "
@@ -512,6 +539,8 @@ class Reporter:
 
     def eval(self, state: TrainState, loss: float) -> None:
         self.metrics.eval_loss.set(loss)
+        if self.board is not None:
+            self.board.scalars(state.step, {"eval/loss": loss})
         log.info("step %d | eval loss %.4f", state.step, loss)
 
     def checkpointed(self) -> None:

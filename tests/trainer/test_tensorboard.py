@@ -1,0 +1,58 @@
+"""TensorBoard scalars written by the trainer itself, read back by TensorBoard's own event
+reader (the oracle, a test-only dependency): the progress line's numbers at its steps, a
+resumed run continuing the same series, and checksums TensorBoard accepts."""
+
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from trainer_harness import logged_losses, spec_args
+
+from torchkube.api.contract import ExitCode
+from torchkube.trainer import RunEnv, load_config, run
+from torchkube.trainer.tensorboard import FOLDER, crc32c
+
+
+def scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """Tag → step → value, as TensorBoard reads the folder (every event file in it)."""
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: {event.step: event.value for event in events.Scalars(tag)}
+        for tag in events.Tags()["scalars"]
+    }
+
+
+def test_crc32c_is_castagnolis() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the standard check value
+
+
+def test_the_progress_lines_numbers_are_tensorboard_scalars(
+    token_data: Path, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    ckpt = tmp_path / "ckpt"
+
+    def train(steps: int) -> str:
+        trainer_log.clear()
+        job = {
+            "steps": steps,
+            "tensorboard": True,
+            "evalIntervalSteps": 5,
+            "evalDataPath": str(token_data / "val.bin"),
+        }
+        spec, _ = load_config(spec_args(token_data, **job), {})
+        assert run(spec, RunEnv(checkpoint_dir=ckpt, checkpoint_interval_steps=5)) == ExitCode.OK
+        return "\n".join(f"torchkube: {message}" for message in trainer_log.messages)
+
+    first = logged_losses(train(10))
+    resumed = logged_losses(train(15))  # from step 10: a second event file, one series
+    board = scalars(ckpt / FOLDER)
+    assert len(list((ckpt / FOLDER).glob("events.out.tfevents.*"))) == 2
+    assert sorted(board["train/loss"]) == [5, 10, 15]
+    for step, loss in {**first, **resumed}.items():
+        assert board["train/loss"][step] == pytest.approx(loss, abs=5e-5)
+    assert board["train/learning_rate"][15] == pytest.approx(3e-3)  # constant after warm-up
+    assert all(value > 0 for value in board["train/tokens_per_second"].values())
+    assert all(value > 0 for value in board["train/grad_norm"].values())
+    assert sorted(board["eval/loss"]) == [5, 10, 15]
+    assert "train/mfu" not in board  # no peak FLOP/s known for a CPU: the log says n/a too
