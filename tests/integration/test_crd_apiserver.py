@@ -57,6 +57,19 @@ def test_tensor_parallel_jobs_are_accepted(custom: Any, namespace: str) -> None:
     create(custom, namespace, job("tp-auto", spec))
 
 
+def test_hsdp_shard_sizes_that_fit_every_size_are_accepted(custom: Any, namespace: str) -> None:
+    """The CEL rule's short form lets through what the model's range walk lets through."""
+    for name, spec in {
+        "hsdp-range": {"nprocPerNode": 4, "replicas": {"min": 1, "max": 4}, "shard": 2},
+        "hsdp-fixed": {"nprocPerNode": 2, "replicas": {"min": 2, "max": 2}, "shard": 4},
+        "hsdp-cpu": {"nprocPerNode": "cpu", "replicas": {"min": 1, "max": 3}, "shard": 4},
+    }.items():
+        shard = spec.pop("shard")
+        body = job(name, {**spec, "trainer": {"strategy": "hsdp", "hsdpShardSize": shard}})
+        TrainingJob.model_validate(body)
+        create(custom, namespace, body)
+
+
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
 def test_bad_spec_is_rejected_by_the_apiserver(custom: Any, namespace: str, case: BadSpec) -> None:
     with pytest.raises(ApiException) as raised:
