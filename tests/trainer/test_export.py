@@ -135,6 +135,8 @@ def test_the_job_exports_its_final_checkpoint_with_its_tokenizer(
         num_attention_heads=4,
         num_key_value_heads=2,
         tie_word_embeddings=True,
+        bos_token_id=255,
+        eos_token_id=256,
     )
     transformers.LlamaForCausalLM(config).save_pretrained(weights)
     byte_tokenizer(weights, 257)
@@ -143,5 +145,7 @@ def test_the_job_exports_its_final_checkpoint_with_its_tokenizer(
     out = ckpt / f"hf-step-{STEPS}"
     assert (out / "tokenizer.json").read_bytes() == (weights / "tokenizer.json").read_bytes()
     assert (out / "tokenizer_config.json").is_file()
-    assert read_config(out)["tie_word_embeddings"] is True
+    exported = read_config(out)
+    assert exported["tie_word_embeddings"] is True
+    assert (exported["bos_token_id"], exported["eos_token_id"]) == (255, 256)
     assert_transformers_computes_the_checkpoint(ckpt / f"step-{STEPS}", out)

@@ -7,6 +7,7 @@ Layout of the checkpoint folder::
     progress.json            rank 0's progress record for the operator
     step-120/                a committed checkpoint: DCP files + COMPLETE.json
     .tmp-step-140-<round>/   a save in flight; never read
+    hf-step-200/             the final checkpoint exported (export.py), and tensorboard/
 
 What is saved: model and optimizer state keyed by parameter name (``state_dicts``: DDP, ZeRO-1,
 FSDP2 and HSDP, with or without tensor parallelism, share one format, so a checkpoint loads

@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchkube.trainer import hf
-from torchkube.trainer.checkpoint import HF_CONFIG, MODEL, step_folders, validate
+from torchkube.trainer.checkpoint import HF_CONFIG, MARKER, MODEL, step_folders, validate
 from torchkube.trainer.llama import Llama, LlamaConfig
 from torchkube.trainer.safetensors import TensorSpec
 from torchkube.trainer.weights import HEAD, MAX_FILE_BYTES, hf_name, write_weights
@@ -47,7 +47,7 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 def newest_checkpoint(folder: Path) -> Path:
     """``folder`` itself when it is a committed checkpoint, else its newest ``step-N`` that
     validates; ValueError when there is none."""
-    if (folder / "COMPLETE.json").exists() or (folder / ".metadata").exists():
+    if (folder / MARKER).exists() or (folder / ".metadata").exists():
         return folder
     for _, path in step_folders(folder):
         try:
@@ -112,7 +112,8 @@ def export_hf(
     tmp.mkdir(parents=True)
     try:
         files = write_weights(tmp, specs, read, max_file_bytes)
-        exported = {**hf.hf_config(fields, config["model_type"])}
+        token_ids = {key: config[key] for key in hf.TOKEN_ID_KEYS if key in config}
+        exported = {**token_ids, **hf.hf_config(fields, config["model_type"])}
         exported["dtype"] = DTYPE_NAMES.get(specs[0].dtype, str(specs[0].dtype))
         (tmp / hf.CONFIG_FILE).write_text(json.dumps(exported, indent=2) + "\n")
         copied = _copy_tokenizer(tokenizer, tmp) if tokenizer is not None else []

@@ -64,6 +64,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 DEFAULT_ROPE_THETA = 10000.0
+# Keys the model does not compute with but a tokenizer's user needs, carried from the
+# published config.json to an export of the model trained from it.
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 ACTIVATIONS = ("silu", "swish")  # one function under two names in transformers
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")

@@ -94,7 +94,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             model = workload.build_model(spec)
         torch.manual_seed(spec.seed + info.rank)
         flops_per_token = workload.flops_per_token(model, spec)
-        hf_config = workload.hf_config(model) if workload.hf_config is not None else None
+        hf_config = workload.hf_config(model, spec) if workload.hf_config is not None else None
         model = parallelize(model, spec, info, workload.blocks(model), workload.tensor_plan)
         if on_meta:
             model.to_empty(device=info.device)  # uninitialised: a checkpoint or weights fill it

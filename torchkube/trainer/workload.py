@@ -64,8 +64,8 @@ class Workload:
     parallelism) is built under the meta device and materialised, uninitialised, after
     parallelisation, so that no rank ever holds all of it.
 
-    ``hf_config(model)``, the model's Hugging Face ``config.json``, is recorded with every
-    checkpoint so that any of them can be exported in that format (``export.py``).
+    ``hf_config(model, spec)``, the model's Hugging Face ``config.json``, is recorded with
+    every checkpoint so that any of them can be exported in that format (``export.py``).
     """
 
     build_model: Callable[[TrainerSpec], nn.Module]
@@ -77,7 +77,7 @@ class Workload:
     tensor_plan: TensorPlan | None = None
     load_weights: Callable[[nn.Module, TrainerSpec, dist.ProcessGroup], None] | None = None
     init_weights: Callable[[nn.Module, int], None] | None = None
-    hf_config: Callable[[nn.Module], dict[str, Any]] | None = None
+    hf_config: Callable[[nn.Module, TrainerSpec], dict[str, Any]] | None = None
 
 
 def data_paths(spec: TrainerSpec) -> tuple[str, str | None]:
@@ -180,6 +180,14 @@ def _load_llama_weights(model: nn.Module, spec: TrainerSpec, group: dist.Process
     load_pretrained(model, Path(spec.weights_path), group)  # logs what it read
 
 
+def _llama_hf_config(model: nn.Module, spec: TrainerSpec) -> dict[str, Any]:
+    """The model's config.json, with the token ids of weightsPath's (an export of a model
+    brought from there keeps its tokenizer's special tokens)."""
+    published = hf.read_config(Path(spec.weights_path)) if spec.weights_path else {}
+    token_ids = {key: published[key] for key in hf.TOKEN_ID_KEYS if key in published}
+    return {**token_ids, **llama_hf_config(_llama(model).config)}
+
+
 def llama_workload(from_weights: bool = False, compile: bool = False) -> Workload:
     """A Llama-family preset on a memory-mapped token file; with ``from_weights``, starting
     from the Hugging Face-format folder at ``spec.weightsPath``."""
@@ -193,7 +201,7 @@ def llama_workload(from_weights: bool = False, compile: bool = False) -> Workloa
         tensor_plan=lambda model, tensor: tensor_parallel_plan(_llama(model).config, tensor),
         load_weights=_load_llama_weights if from_weights else None,
         init_weights=lambda model, seed: init_sharded(model, _llama(model).initial_value, seed),
-        hf_config=lambda model: llama_hf_config(_llama(model).config),
+        hf_config=_llama_hf_config,
     )
 
 
