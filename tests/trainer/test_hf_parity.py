@@ -234,6 +234,7 @@ LLAMA_CONFIG = {**SHAPE, "model_type": "llama"}
         ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type"),
         ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial"),
         ({"rope_parameters": {**LLAMA3_ROPE, "factor": None}}, "factor"),
+        ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "per layer type"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),

@@ -201,6 +201,9 @@ def rope_fields(config: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
     ``max_position_embeddings``."""
     rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
     key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    nested = sorted(name for name, value in rope.items() if isinstance(value, dict))
+    if nested:
+        raise ValueError(f"{key} per layer type ({', '.join(nested)}): one rotary embedding only")
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"{key}.rope_type {rope_type!r}: only {' or '.join(ROPE_TYPES)}")
