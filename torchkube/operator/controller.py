@@ -120,6 +120,21 @@ class Controller:
             max_workers=settings.workers, thread_name_prefix="status-beside"
         )
         self.attached = asyncio.Event()
+        if leader is not None:
+            leader.on_stopped_leading.append(self._stepped_down)
+
+    @property
+    def acting(self) -> bool:
+        """Whether this replica reconciles (and exports job metrics): it holds the Lease."""
+        return self.leader is None or self.leader.leading.is_set()
+
+    def _stepped_down(self) -> None:
+        """Forget what this replica did as the leader: the new leader acts now, so our
+        expectations, progress and goodput accumulators would be stale should the lead come
+        back (it starts from the cluster's state, as a new process does), and our job
+        metrics would stand beside the new leader's."""
+        self.memory.clear()
+        metrics.forget_jobs()
 
     def attach(
         self,
@@ -197,7 +212,7 @@ class Controller:
         try:
             while True:
                 await asyncio.sleep(self.settings.resync_seconds)
-                if self.leader is None or self.leader.leading.is_set():
+                if self.acting:
                     self.enqueue_all()
         finally:
             for task in workers:
@@ -394,7 +409,7 @@ class Controller:
         self.kube.event(body, "Warning", "ValidationFailed", text)
 
     def _check_leading(self) -> None:
-        if self.leader is not None and not self.leader.leading.is_set():
+        if not self.acting:
             raise LostLeadership()
 
     def _execute(
@@ -505,7 +520,11 @@ class Controller:
         log.warning("create refused (%s): %s", error.status, memory.refused.message)
 
     def _observe(self, job: TrainingJob, decided: Plan, memory: _Memory) -> None:
-        """Feed the metrics that need to remember something between reconciles."""
+        """Feed the metrics that need to remember something between reconciles — only while
+        leading: a reconcile that ends after the step-down must not bring back the series
+        it removed."""
+        if not self.acting:
+            return
         ns = job.namespace
         if not memory.seen:
             memory.seen = True
@@ -542,6 +561,14 @@ class Controller:
         if memory.failure_at is not None:
             metrics.RECOVERY.labels(ns).observe(time.monotonic() - memory.failure_at)
             memory.failure_at = None
+
+    def publish_phases(self) -> None:
+        """``torchkube_jobs`` from the cache, by the leader only (see ``metrics``)."""
+        metrics.JOBS.clear()
+        if not self.acting:
+            return
+        for (namespace, phase), count in self.job_phases().items():
+            metrics.JOBS.labels(namespace, phase).set(count)
 
     def job_phases(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}

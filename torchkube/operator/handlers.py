@@ -70,6 +70,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         start_http_server(config.metrics_port)
     api_client = make_api_client(config)
     leader = None
+    metrics.LEADING.set(0 if config.leader_election else 1)
     if config.leader_election:
         namespace = config.leader_election_namespace or own_namespace()
         leader = LeaderElection(api_client, namespace, config.leader_election_name)
@@ -98,9 +99,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 async def _publish_phases(controller: Controller) -> None:
     await controller.attached.wait()
     while True:
-        metrics.JOBS.clear()
-        for (namespace, phase), count in controller.job_phases().items():
-            metrics.JOBS.labels(namespace, phase).set(count)
+        controller.publish_phases()
         await asyncio.sleep(PHASE_GAUGE_PERIOD)
 
 

@@ -14,10 +14,13 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from torchkube.operator import metrics
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class LeaderElection:
         self.renew_deadline = renew_deadline_seconds
         self.retry_seconds = retry_seconds
         self.leading = asyncio.Event()
+        self.on_stopped_leading: list[Callable[[], None]] = []
+        """Called on the event loop when this replica stops leading while it runs on."""
         self._observed: tuple[str | None, str | None] = (None, None)
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -73,6 +78,7 @@ class LeaderElection:
         The deadline is kept even while a renew call hangs: the call is given only the time
         left before it, so a replica cut off from the apiserver stops acting before another
         one may take the Lease over (lease duration > renew deadline)."""
+        metrics.LEADING.set(0)
         while True:
             held = False
             budget = self.renew_deadline
@@ -94,10 +100,21 @@ class LeaderElection:
                         "became the leader (%s/%s as %s)", self.namespace, self.name, self.identity
                     )
                     self.leading.set()
+                    metrics.LEADING.set(1)
             elif self.leading.is_set() and now - self._renewed_at >= self.renew_deadline:
-                log.warning("lost the leadership: could not renew the lease in time")
-                self.leading.clear()
+                self._step_down("could not renew the lease in time")
             await asyncio.sleep(self.retry_seconds)
+
+    def _step_down(self, why: str) -> None:
+        """Stop acting (on the event loop): the controller's workers wait, and whatever this
+        replica exported as the leader goes (see ``on_stopped_leading``)."""
+        if not self.leading.is_set():
+            return
+        log.warning("lost the leadership: %s", why)
+        self.leading.clear()
+        metrics.LEADING.set(0)
+        for callback in self.on_stopped_leading:
+            callback()
 
     def try_acquire_or_renew(self) -> bool:
         with self._lease_lock:

@@ -1,5 +1,11 @@
 """The operator's Prometheus metrics (every one is documented in docs/metrics.md).
 
+With several replicas only the leader exports what describes jobs (the fleet gauge and every
+series with a namespace label): a follower exports only its own health (its watch, its
+requests, whether it leads), so sums over replicas count each job once, and a replica that
+stops leading removes its job series at once (:func:`forget_jobs`) instead of leaving them
+at their last values beside the new leader's.
+
 Labels stay low-cardinality: namespace, job, phase, reason, cause, verb, resource — never a
 pod, a node or a step. Per-job and per-namespace series are created at zero when the operator
 first sees the job, so ``increase()`` sees the first failure too (a series born at 1 shows no
@@ -94,6 +100,10 @@ POD_WATCH_ERRORS = Counter(
     "torchkube_pod_watch_errors_total",
     "Pod lists and watches that failed (refused, broken, ended by an error); each is retried.",
 )
+LEADING = Gauge(
+    "torchkube_leader",
+    "1 while this replica acts: it holds the Lease (always, without leader election).",
+)
 API_REQUESTS = Counter(
     "torchkube_api_requests_total",
     "Requests the operator sent to the Kubernetes API.",
@@ -119,6 +129,10 @@ class GoodputCollector(Collector):
     def remove(self, namespace: str, job: str) -> None:
         with self._lock:
             self._jobs.pop((namespace, job), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._jobs.clear()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -189,3 +203,21 @@ def job_gone(namespace: str, job: str) -> None:
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, job)
     GOODPUT.remove(namespace, job)
+
+
+def forget_jobs() -> None:
+    """Drop every job and namespace series: this replica stopped leading, and the new leader
+    exports them from now on (a counter restarts from zero if the lead comes back, which
+    ``increase()`` reads as a reset)."""
+    for family in (
+        JOBS,
+        RESTARTS,
+        POD_REPLACEMENTS,
+        NODE_LOSS,
+        JOB_FAILURES,
+        RECOVERY,
+        SPARES,
+        SLOWEST_SLOWDOWN,
+    ):
+        family.clear()
+    GOODPUT.clear()
