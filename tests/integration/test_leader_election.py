@@ -3,11 +3,17 @@
 import asyncio
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from kubernetes import client
 
-from torchkube.operator.leader import LeaderElection
+from torchkube.operator.config import OperatorSettings
+from torchkube.operator.controller import Controller, _Memory
+from torchkube.operator.decision import Plan
+from torchkube.operator.kube import Kube
+from torchkube.operator.leader import LeaderElection, LostLeadership
 
 pytestmark = pytest.mark.cluster
 
@@ -126,3 +132,41 @@ def test_a_renew_in_flight_at_shutdown_does_not_take_the_released_lease_again(
     standby.identity += "-b"
     assert standby.try_acquire_or_renew(), "the released Lease is free for the standby at once"
     assert not elector.try_acquire_or_renew(), "a released elector never takes the Lease again"
+
+
+def _pod(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "never-pulled"}]},
+    }
+
+
+def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespace: str) -> None:
+    """Another identity takes the Lease while the old leader still thinks it leads (its
+    election loop paused, as in a long GC pause or a frozen VM): the old leader's next pod
+    create must be refused by the fence, whatever its local flag says."""
+    old = LeaderElection(api_client, namespace, "tk-fence", lease_seconds=15)
+    assert old.try_acquire_or_renew()
+    old.leading.set()
+    controller = Controller(OperatorSettings(), Kube(api_client, concurrency=2), old)
+    body = {"metadata": {"name": "fenced", "namespace": namespace}, "status": {}}
+    key = (namespace, "fenced")
+    controller._execute(key, body, Plan(create_pods=[_pod(namespace, "before")]), {}, _Memory())
+
+    leases = client.CoordinationV1Api(api_client)
+    lease = leases.read_namespaced_lease("tk-fence", namespace)
+    lease.spec.holder_identity = "another-replica_1"
+    lease.spec.lease_transitions += 1
+    lease.spec.acquire_time = lease.spec.renew_time = datetime.now(UTC)
+    leases.replace_namespaced_lease("tk-fence", namespace, lease)
+    assert old.leading.is_set(), "the old leader has not noticed: only the fence stands"
+
+    with pytest.raises(LostLeadership):
+        controller._execute(key, body, Plan(create_pods=[_pod(namespace, "after")]), {}, _Memory())
+    names = {
+        pod.metadata.name
+        for pod in client.CoreV1Api(api_client).list_namespaced_pod(namespace).items
+    }
+    assert names == {"before"}, "the stale leader created a pod after the Lease changed hands"

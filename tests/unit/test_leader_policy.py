@@ -1,5 +1,5 @@
-"""What a replica does with what it knows of the Lease: which metrics it exports as leader
-and as follower (no cluster: the Lease calls are stubbed;
+"""What a replica does with what it knows of the Lease: the fence in front of its writes, and
+which metrics it exports as leader and as follower (no cluster: the Lease calls are stubbed;
 tests/integration/test_leader_election.py runs them against a real apiserver)."""
 
 import asyncio
@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes.client import ApiClient
 from planner import make_job, running_status
 from prometheus_client import REGISTRY, generate_latest
@@ -15,9 +16,37 @@ from torchkube.operator import handlers
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
 from torchkube.operator.decision import Plan
-from torchkube.operator.leader import LeaderElection
+from torchkube.operator.leader import LeaderElection, Tenure, fence_refusal
 
 ME = "op-a_1"
+
+
+@pytest.mark.parametrize(
+    ("holder", "transitions", "renewed_ago", "refused"),
+    [
+        (ME, 3, 1.0, None),
+        ("op-b_7", 4, 1.0, "op-b_7 holds the Lease"),
+        ("", 3, 1.0, "nobody holds the Lease"),
+        (None, None, 1.0, "nobody holds the Lease"),
+        (ME, 5, 1.0, "the Lease changed hands 2 times"),
+        (ME, 3, 10.0, "not renewed for 10.0 s"),
+    ],
+)
+def test_the_fence_lets_writes_through_only_for_an_unchanged_current_tenure(
+    holder: str | None, transitions: int | None, renewed_ago: float, refused: str | None
+) -> None:
+    """Holder and transitions as this replica last wrote them, and its own renewal younger
+    than the renew deadline on its own clock: anything else means another replica may act."""
+    tenure = Tenure(transitions=3, renewed_at=100.0)
+    why = fence_refusal(ME, tenure, holder, transitions, now=100.0 + renewed_ago, deadline=10.0)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
+
+
+def test_without_a_tenure_nothing_is_written() -> None:
+    assert fence_refusal(ME, None, ME, 3, now=1.0, deadline=10.0) == "this replica never led"
 
 
 def _elector(held: Callable[[], bool]) -> LeaderElection:
@@ -100,3 +129,21 @@ def test_a_leader_that_loses_the_lead_drops_its_fleet_and_job_series() -> None:
     assert any(line.startswith("torchkube_jobs{") for line in leading), leading
     assert any(line.startswith("torchkube_job_spares{") for line in leading), leading
     assert following == []
+
+
+def test_a_renewal_that_finds_another_holder_steps_down_at_once() -> None:
+    """Not at the renew deadline: the Lease says another replica acts now."""
+    answers = iter([True, True])
+
+    async def scenario() -> float:
+        leader = _elector(lambda: next(answers, False))
+        leader.renew_deadline = 30.0
+        election = asyncio.create_task(leader.run())
+        await asyncio.wait_for(leader.leading.wait(), 1)
+        started = time.monotonic()
+        while leader.leading.is_set() and time.monotonic() - started < 5:
+            await asyncio.sleep(0.01)
+        election.cancel()
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 1.0

@@ -37,7 +37,7 @@ from torchkube.operator.config import OperatorSettings
 from torchkube.operator.decision import Refusal
 from torchkube.operator.goodput import Goodput
 from torchkube.operator.kube import Kube
-from torchkube.operator.leader import LeaderElection
+from torchkube.operator.leader import LeaderElection, LostLeadership
 from torchkube.operator.planner import Observed, Plan, plan
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,6 @@ planning (the CPU part: every pod of the job walked) takes at most ``RECONCILE_S
 time: while 512 workers start, back-to-back reconciles, one per batch of pod events, would
 otherwise keep a core busy. Events that arrive meanwhile are served by the next one together.
 Waiting for the API (creating 512 pods) does not count: it costs the operator no CPU."""
-
-
-class LostLeadership(RuntimeError):
-    """The Lease went to another replica while this one was about to write."""
 
 
 @dataclass
@@ -410,7 +406,15 @@ class Controller:
 
     def _check_leading(self) -> None:
         if not self.acting:
-            raise LostLeadership()
+            raise LostLeadership("this replica does not hold the Lease")
+
+    def _fence(self) -> None:
+        """Before a batch of pod writes: the Lease itself must still say we lead (see
+        ``LeaderElection.fence``); the local flag alone trusts a replica that slept through
+        a takeover."""
+        self._check_leading()
+        if self.leader is not None:
+            self.leader.fence()
 
     def _execute(
         self,
@@ -462,6 +466,7 @@ class Controller:
                 for event in decided.events:
                     self.kube.event(body, event.type, event.reason, event.message)
         if decided.delete_job:
+            self._fence()
             self.kube.delete_job(namespace, name)
 
     def _write_pods(
@@ -481,12 +486,12 @@ class Controller:
                 namespace, {pod: {lbl.FAILURE_RECORDED: value} for pod, value in recorded}
             )
         if decided.delete_pods:
-            self._check_leading()
+            self._fence()
             self.kube.delete_pods(namespace, decided.delete_pods, decided.release)
             memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
         bodies = [*with_pods, *(decided.create_pods if create else [])]
         if bodies:
-            self._check_leading()
+            self._fence()
             results = self.kube.create_all(bodies)
             for body, result in zip(bodies, results, strict=True):
                 if result.body is not None and body["kind"] == "Pod":

@@ -6,6 +6,12 @@ a replica that has seen the same holder and renew time for longer than the lease
 measured on its own clock, so replicas need no synchronised clocks — takes the Lease over
 with an optimistic-concurrency update, and a holder that cannot renew within the renew
 deadline stops acting before anyone else may start.
+
+The local flag is not trusted alone: a replica paused longer than the lease (a GC pause, a
+frozen VM) wakes up still believing it leads. Before each batch of pod writes the controller
+calls :meth:`LeaderElection.fence`, which reads the Lease and lets the writes through only if
+this replica still holds it with the same number of transitions, renewed within the renew
+deadline on its own clock (:func:`fence_refusal`).
 """
 
 import asyncio
@@ -15,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from kubernetes import client
@@ -42,6 +49,49 @@ def identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
 
 
+class LostLeadership(RuntimeError):
+    """The Lease went to another replica (or may have) while this one was about to write."""
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """This replica's hold on the Lease, as its last successful write left it."""
+
+    transitions: int
+    """The Lease's ``leaseTransitions`` after that write: any takeover since raises it."""
+    renewed_at: float
+    """``time.monotonic()`` just before that write was sent: the Lease is ours at least until
+    the renew deadline after it (the others wait a whole lease duration, counted from later)."""
+
+
+def fence_refusal(
+    identity: str,
+    tenure: Tenure | None,
+    holder: str | None,
+    transitions: int | None,
+    now: float,
+    deadline: float,
+) -> str | None:
+    """Why this replica must not write now, given the Lease as just read; ``None``: write.
+
+    The holder and transitions say no other replica took the Lease since our last write of
+    it; the renewal's age, on our own clock, says nobody may take it before we are done (a
+    standby waits a whole lease duration, longer than the renew deadline)."""
+    if tenure is None:
+        return "this replica never led"
+    if not holder:
+        return "nobody holds the Lease"
+    if holder != identity:
+        return f"{holder} holds the Lease"
+    if (transitions or 0) != tenure.transitions:
+        changed = (transitions or 0) - tenure.transitions
+        return f"the Lease changed hands {changed} times since this replica took it"
+    age = now - tenure.renewed_at
+    if age >= deadline:
+        return f"not renewed for {age:.1f} s (deadline {deadline:.1f} s)"
+    return None
+
+
 class LeaderElection:
     def __init__(
         self,
@@ -61,6 +111,8 @@ class LeaderElection:
         self.leading = asyncio.Event()
         self.on_stopped_leading: list[Callable[[], None]] = []
         """Called on the event loop when this replica stops leading while it runs on."""
+        self._tenure: Tenure | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._observed: tuple[str | None, str | None] = (None, None)
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -73,14 +125,16 @@ class LeaderElection:
         self._released = False
 
     async def run(self) -> None:
-        """Acquire, renew, and step down when renewing fails past the deadline.
+        """Acquire, renew, and step down when renewing fails past the deadline — or at once
+        when the Lease shows another holder.
 
         The deadline is kept even while a renew call hangs: the call is given only the time
         left before it, so a replica cut off from the apiserver stops acting before another
         one may take the Lease over (lease duration > renew deadline)."""
+        self._loop = asyncio.get_running_loop()
         metrics.LEADING.set(0)
         while True:
-            held = False
+            held: bool | None = None
             budget = self.renew_deadline
             if self.leading.is_set():
                 budget = max(0.1, self._renewed_at + self.renew_deadline - time.monotonic())
@@ -101,6 +155,8 @@ class LeaderElection:
                     )
                     self.leading.set()
                     metrics.LEADING.set(1)
+            elif held is False:
+                self._step_down(f"{self._observed[0] or 'another replica'} holds the Lease")
             elif self.leading.is_set() and now - self._renewed_at >= self.renew_deadline:
                 self._step_down("could not renew the lease in time")
             await asyncio.sleep(self.retry_seconds)
@@ -116,12 +172,38 @@ class LeaderElection:
         for callback in self.on_stopped_leading:
             callback()
 
+    def fence(self) -> None:
+        """Raise :class:`LostLeadership` unless this replica may write now (blocking: one
+        Lease read). A refusal also steps down at once, instead of at the next renewal."""
+        metrics.API_REQUESTS.labels("get", "lease").inc()
+        try:
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout()
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            holder, transitions = None, None
+        else:
+            spec = lease.spec or client.V1LeaseSpec()
+            holder, transitions = spec.holder_identity, spec.lease_transitions
+        tenure = None if self._released else self._tenure  # no lock: a renew may hold it
+        why = fence_refusal(
+            self.identity, tenure, holder, transitions, time.monotonic(), self.renew_deadline
+        )
+        if why is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._step_down, why)
+        raise LostLeadership(why)
+
     def try_acquire_or_renew(self) -> bool:
         with self._lease_lock:
             return not self._released and self._acquire_or_renew()
 
     def _acquire_or_renew(self) -> bool:
         now = datetime.now(UTC)
+        sent_at = time.monotonic()
         try:
             lease = self.api.read_namespaced_lease(
                 self.name, self.namespace, _request_timeout=self._timeout()
@@ -153,6 +235,7 @@ class LeaderElection:
             if error.status == 409:  # someone else wrote first
                 return False
             raise
+        self._tenure = Tenure(spec.lease_transitions or 0, sent_at)
         return True
 
     def _timeout(self) -> float:
@@ -164,8 +247,10 @@ class LeaderElection:
         update does not wait a full lease duration for the next leader."""
         was_leading = self.leading.is_set()
         self.leading.clear()  # stop acting now, even while a renew call still holds the lock
+        self._tenure = None  # and fence every write from now on
         with self._lease_lock:
             self._released = True
+            self._tenure = None
             if not was_leading:
                 return
             for _ in range(RELEASE_ATTEMPTS):
@@ -189,6 +274,7 @@ class LeaderElection:
             log.warning("could not release the lease: it kept changing under the release")
 
     def _create(self, now: datetime) -> bool:
+        sent_at = time.monotonic()
         body = client.V1Lease(
             metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
             spec=client.V1LeaseSpec(
@@ -205,4 +291,5 @@ class LeaderElection:
             if error.status == 409:
                 return False
             raise
+        self._tenure = Tenure(0, sent_at)
         return True
