@@ -173,6 +173,8 @@ def test_default_render_is_one_least_privilege_cluster_wide_operator(helm: Helm)
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # The operator stops in a second or two; a hung stop must not hold a rollout for 30 s.
+    assert pod["terminationGracePeriodSeconds"] == 10
     env = container_env(deployment)
     assert env["TORCHKUBE_NAMESPACES"] == "" and env["TORCHKUBE_LEADER_ELECTION"] == "false"
     assert "TORCHKUBE_PEERING" not in env  # kopf peering is gone for good

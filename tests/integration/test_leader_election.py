@@ -1,14 +1,24 @@
 """Lease-based leader election against the real apiserver: one leader, and a takeover."""
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
 import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from kube_jobs import Job
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+from testbed.cluster import Cluster
+from testbed.operator import OperatorProcess
+from testbed.wait import wait_for
+from torchkube.api.trainingjob import GROUP, VERSION
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
 from torchkube.operator.decision import Plan
@@ -170,3 +180,96 @@ def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespac
         for pod in client.CoreV1Api(api_client).list_namespaced_pod(namespace).items
     }
     assert names == {"before"}, "the stale leader created a pod after the Lease changed hands"
+
+
+def _lease_holder(api_client: Any, namespace: str, name: str) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(api_client).read_namespaced_lease(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return (lease.spec.holder_identity if lease.spec else None) or None
+
+
+def _job_series(process: OperatorProcess, namespace: str) -> list[str]:
+    return [
+        line
+        for line in process.metrics().splitlines()
+        if line.startswith("torchkube_") and f'namespace="{namespace}"' in line
+    ]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_leader_in_seconds_and_the_standby_leads_at_once(
+    cluster: Cluster, crd: dict[str, Any], api_client: Any, namespace: str
+) -> None:
+    """Two real operator processes, one job. SIGTERM to the leader: it logged "Operator is
+    stopping" and ran on for 47 s (still running after 60 s when idle), so in a pod every
+    rollout cost the grace period plus the Lease's expiry. It must be gone within 5 s, with
+    the Lease released, and the standby leading within 5 s after that. Only the leader
+    exports the job's series, before the handover and after it."""
+    election = {
+        "TORCHKUBE_LEADER_ELECTION": "true",
+        "TORCHKUBE_LEADER_ELECTION_NAMESPACE": namespace,
+        "TORCHKUBE_LEADER_ELECTION_NAME": "tk-stop",
+        "TORCHKUBE_NAMESPACES": namespace,
+    }
+    operators: dict[str, OperatorProcess] = {}
+    try:
+        for name in ("op-a", "op-b"):
+            log_path = cluster.log_dir / f"{namespace}-{name}.log"
+            env = {**election, "POD_NAME": name}
+            operators[name] = OperatorProcess(cluster.kubeconfig, log_path, env).start()
+
+        def identity(process: OperatorProcess) -> str:
+            assert process.proc is not None
+            return f"{process.extra_env['POD_NAME']}_{process.proc.pid}"
+
+        holder = wait_for(
+            lambda: _lease_holder(api_client, namespace, "tk-stop"), 30, what="a leader"
+        )
+        leader = next(p for p in operators.values() if identity(p) == holder)
+        standby = next(p for p in operators.values() if p is not leader)
+        manifest = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingJob",
+            "metadata": {"name": "one"},
+            "spec": {"resources": {"gpus": 8}, "runPolicy": {"suspend": True}},
+        }
+        Job.create(api_client, namespace, manifest)
+        wait_for(
+            lambda: any(s.startswith("torchkube_jobs{") for s in _job_series(leader, namespace)),
+            30,
+            what="the leader to export the job",
+            describe_last=leader.tail,
+        )
+        standby_before = _job_series(standby, namespace)
+
+        assert leader.proc is not None
+        os.killpg(leader.proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            leader.proc.wait(timeout=10)
+        stopped = time.monotonic() - signalled
+        assert leader.proc.poll() is not None and stopped <= 5, (
+            f"still running {stopped:.1f} s after SIGTERM:\n{leader.tail(30)}"
+        )
+        wait_for(
+            lambda: _lease_holder(api_client, namespace, "tk-stop") == identity(standby),
+            30,
+            what="the standby to take the Lease",
+            describe_last=standby.tail,
+        )
+        handover = time.monotonic() - signalled - stopped
+        print(f"exited {stopped:.1f} s after SIGTERM; the standby led {handover:.1f} s later")
+        assert handover <= 5, f"the standby took {handover:.1f} s to lead"
+        assert standby_before == [], "a standby exported job series"
+        wait_for(
+            lambda: any(s.startswith("torchkube_jobs{") for s in _job_series(standby, namespace)),
+            15,
+            what="the new leader to export the job",
+        )
+    finally:
+        for process in operators.values():
+            process.stop()

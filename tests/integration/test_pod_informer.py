@@ -4,6 +4,8 @@ tests/unit/test_pod_index.py: a fresh cluster has compacted nothing)."""
 
 import asyncio
 import socket
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +75,31 @@ def test_the_informer_lists_then_follows_the_job_pods_only(api_client: Any, name
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_informer_lets_go_of_a_quiet_watch_at_once(
+    api_client: Any, namespace: str
+) -> None:
+    """Stopping closed each open watch response from the event loop, and closing waits for the
+    lock its reading thread holds until the next event or bookmark: a SIGTERMed operator sat
+    there a minute and more, its loop (and everything else) stuck."""
+
+    async def scenario() -> tuple[float, list[threading.Thread]]:
+        informer = PodInformer(api_client, [namespace], lambda _key: None)
+        task = asyncio.create_task(informer.run())
+        await asyncio.wait_for(informer.synced.wait(), 20)
+        await asyncio.sleep(1.0)  # the watch is open, and nothing happens in the namespace
+        followers = [t for t in threading.enumerate() if t.name == f"pods-{namespace}"]
+        started = time.monotonic()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return time.monotonic() - started, followers
+
+    took, followers = asyncio.run(scenario())
+    assert took < 1.0, f"the cancelled informer held the event loop {took:.1f} s"
+    for thread in followers:
+        thread.join(2.0)
+        assert not thread.is_alive(), "the watch thread still reads after the stop"
 
 
 def test_an_api_server_out_of_reach_is_counted_and_nothing_is_reconciled() -> None:

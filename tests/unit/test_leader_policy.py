@@ -1,8 +1,10 @@
-"""What a replica does with what it knows of the Lease: the fence in front of its writes, and
-which metrics it exports as leader and as follower (no cluster: the Lease calls are stubbed;
-tests/integration/test_leader_election.py runs them against a real apiserver)."""
+"""What a replica does with what it knows of the Lease — the fence in front of its writes,
+which metrics it exports as leader and as follower — and what a stopping replica waits for
+(no cluster: the Lease and API calls are stubbed; tests/integration/test_leader_election.py
+runs them against a real apiserver and real operator processes)."""
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,9 +18,11 @@ from torchkube.operator import handlers
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
 from torchkube.operator.decision import Plan
-from torchkube.operator.leader import LeaderElection, Tenure, fence_refusal
+from torchkube.operator.kube import CreateResult
+from torchkube.operator.leader import LeaderElection, LostLeadership, Tenure, fence_refusal
 
 ME = "op-a_1"
+KEY = ("ns", "demo")
 
 
 @pytest.mark.parametrize(
@@ -147,3 +151,70 @@ def test_a_renewal_that_finds_another_holder_steps_down_at_once() -> None:
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) < 1.0
+
+
+class _SlowCreates:
+    """Pod creates that wait for ``go``: a write batch caught in flight by a shutdown."""
+
+    def __init__(self) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+        self.created: list[str] = []
+
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[CreateResult]:
+        self.entered.set()
+        self.go.wait(5)
+        self.created += [body["metadata"]["name"] for body in bodies]
+        return [CreateResult(body=body) for body in bodies]
+
+
+def _creating(name: str) -> Plan:
+    return Plan(create_pods=[{"kind": "Pod", "metadata": {"name": name}}])
+
+
+def test_a_stop_waits_for_the_batch_in_flight_and_lets_no_new_one_start() -> None:
+    """The Lease is released only after the batch under way ended (else the standby's first
+    plan races it), and no batch starts after the stop."""
+    kube = _SlowCreates()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+
+    def batch(name: str) -> None:
+        controller._counted(controller._execute, KEY, body, _creating(name), {}, _Memory())
+
+    async def scenario() -> float:
+        in_flight = asyncio.create_task(asyncio.to_thread(batch, "demo-worker-0-aaaaa"))
+        await asyncio.to_thread(kube.entered.wait, 5)
+        asyncio.get_running_loop().call_later(0.3, kube.go.set)
+        started = time.monotonic()
+        await controller.stop(timeout=2.0)
+        waited = time.monotonic() - started
+        await in_flight
+        with pytest.raises(LostLeadership):
+            batch("demo-worker-1-bbbbb")
+        return waited
+
+    waited = asyncio.run(scenario())
+    assert 0.25 < waited < 1.0, f"stop returned after {waited:.2f} s"
+    assert kube.created == ["demo-worker-0-aaaaa"]
+
+
+def test_a_stop_gives_up_on_a_batch_stuck_past_its_timeout() -> None:
+    kube = _SlowCreates()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+
+    async def scenario() -> float:
+        stuck = asyncio.create_task(
+            asyncio.to_thread(
+                controller._counted, controller._execute, KEY, body, _creating("x"), {}, _Memory()
+            )
+        )
+        await asyncio.to_thread(kube.entered.wait, 5)
+        started = time.monotonic()
+        await controller.stop(timeout=0.3)
+        waited = time.monotonic() - started
+        kube.go.set()
+        await stuck
+        return waited
+
+    assert asyncio.run(scenario()) < 0.6

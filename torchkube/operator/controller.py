@@ -13,8 +13,9 @@ blocking API calls in a thread and touches only the job's own :class:`_Memory`.
 import asyncio
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -116,13 +117,41 @@ class Controller:
             max_workers=settings.workers, thread_name_prefix="status-beside"
         )
         self.attached = asyncio.Event()
+        self.stopping = False
+        self._writing = 0
+        self._writing_lock = threading.Lock()
         if leader is not None:
             leader.on_stopped_leading.append(self._stepped_down)
 
     @property
     def acting(self) -> bool:
-        """Whether this replica reconciles (and exports job metrics): it holds the Lease."""
-        return self.leader is None or self.leader.leading.is_set()
+        """Whether this replica reconciles (and exports job metrics): it holds the Lease, and
+        is not shutting down."""
+        return not self.stopping and (self.leader is None or self.leader.leading.is_set())
+
+    async def stop(self, timeout: float) -> None:
+        """Stop acting, and wait up to ``timeout`` for the write batches in flight to end.
+
+        No batch starts from now on (every one checks :attr:`acting` first), and a batch
+        under way stops at its next step. A batch still blocked in an API call after the
+        timeout is left to the process's exit: the status is written before the pods change,
+        so a cut batch is one the next leader re-plans, as after a crash."""
+        self.stopping = True
+        deadline = time.monotonic() + timeout
+        while self._writing and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._writing:
+            log.warning("stopping with %d write batches still waiting for the API", self._writing)
+
+    def _counted(self, execute: Callable[..., None], *args: Any) -> None:
+        """Run a write batch (in a thread), counted for :meth:`stop`."""
+        with self._writing_lock:
+            self._writing += 1
+        try:
+            execute(*args)
+        finally:
+            with self._writing_lock:
+                self._writing -= 1
 
     def _stepped_down(self) -> None:
         """Forget what this replica did as the leader: the new leader acts now, so our
@@ -340,7 +369,7 @@ class Controller:
             decided.status.goodput = memory.goodput_written.value
             planned["goodput"] = memory.goodput_written.value
         memory.planning_seconds = time.perf_counter() - thinking
-        await asyncio.to_thread(self._execute, key, body, decided, planned, memory)
+        await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after

@@ -38,6 +38,8 @@ JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
 CHILD_RESOURCES = ("services", "persistentvolumeclaims")
 log = logging.getLogger(__name__)
 PHASE_GAUGE_PERIOD = 5.0
+STOP_WAIT_SECONDS = 2.0
+"""How long a stopping operator waits for its write batches in flight (see ``stop``)."""
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -90,8 +92,14 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """On SIGTERM, after kopf has closed its watches: stop reconciling, give the write
+    batches in flight ``STOP_WAIT_SECONDS`` to end, then release the Lease, so the standby
+    leads at once without racing our last writes. Nothing else is waited for (the pod
+    watch threads are woken and end; see docs/operator.md "Stopping")."""
     for task in memo.get("tasks", []):
         task.cancel()
+    if memo.get("controller") is not None:
+        await memo.controller.stop(STOP_WAIT_SECONDS)
     if memo.get("leader") is not None:
         await asyncio.to_thread(memo.leader.release)
 

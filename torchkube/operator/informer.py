@@ -15,8 +15,10 @@ woken. Only pods with the job-name label are listed and watched (a server-side s
 """
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -88,6 +90,20 @@ def stream_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield from (line for line in lines if line.strip())
     if rest.strip():
         yield rest
+
+
+def interrupt(response: Any) -> None:
+    """Wake the thread blocked reading ``response`` by shutting its socket down; the thread
+    then closes the response itself. Not ``response.close()`` from here: closing waits for
+    the lock the reading thread holds until the stream's next event or bookmark — on a quiet
+    cluster a minute or more, with the caller (the event loop, at shutdown) stuck meanwhile."""
+    connection = getattr(response, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            # The plain socket's shutdown, also under TLS: the TLS layer's own would drop its
+            # state under the reading thread's feet.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class WatchError(RuntimeError):
@@ -209,7 +225,7 @@ class PodInformer:
         finally:
             self._stop.set()
             for response in list(self._open):  # a quiet watch would block its thread for minutes
-                response.close()
+                interrupt(response)
 
     # ------------------------------------------------------------------ the loop's side
     def _post(self, message: Changed | Listed) -> None:
