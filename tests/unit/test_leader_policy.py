@@ -140,7 +140,13 @@ def test_a_renewal_that_finds_another_holder_steps_down_at_once() -> None:
     answers = iter([True, True])
 
     async def scenario() -> float:
-        leader = _elector(lambda: next(answers, False))
+        def held() -> bool:
+            renewed = next(answers, False)
+            if not renewed:
+                leader._observed = ("op-b_7", "2026-11-26 05:00:00+00:00")
+            return renewed
+
+        leader = _elector(held)
         leader.renew_deadline = 30.0
         election = asyncio.create_task(leader.run())
         await asyncio.wait_for(leader.leading.wait(), 1)
@@ -218,3 +224,24 @@ def test_a_stop_gives_up_on_a_batch_stuck_past_its_timeout() -> None:
         return waited
 
     assert asyncio.run(scenario()) < 0.6
+
+
+def test_a_conflict_on_its_own_lease_is_no_reason_to_step_down() -> None:
+    """A renewal refused with 409 (someone annotated the Lease) while the Lease still names
+    this replica: renew again, as a failed call is retried, until the deadline."""
+    answers = iter([True])
+
+    async def scenario() -> bool:
+        def held() -> bool:
+            leader._observed = (leader.identity, "2026-11-26 05:00:00+00:00")
+            return next(answers, False)
+
+        leader = _elector(held)
+        leader.renew_deadline = 30.0
+        election = asyncio.create_task(leader.run())
+        await asyncio.wait_for(leader.leading.wait(), 1)
+        await asyncio.sleep(0.3)
+        election.cancel()
+        return leader.leading.is_set()
+
+    assert asyncio.run(scenario())

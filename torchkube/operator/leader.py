@@ -155,8 +155,9 @@ class LeaderElection:
                     )
                     self.leading.set()
                     metrics.LEADING.set(1)
-            elif held is False:
-                self._step_down(f"{self._observed[0] or 'another replica'} holds the Lease")
+            elif held is False and self._observed[0] != self.identity:
+                # Not a conflict on our own Lease (someone annotated it): another holder.
+                self._step_down(f"{self._observed[0]} holds the Lease")
             elif self.leading.is_set() and now - self._renewed_at >= self.renew_deadline:
                 self._step_down("could not renew the lease in time")
             await asyncio.sleep(self.retry_seconds)
