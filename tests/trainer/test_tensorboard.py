@@ -10,7 +10,7 @@ from trainer_harness import logged_losses, spec_args
 
 from torchkube.api.contract import ExitCode
 from torchkube.trainer import RunEnv, load_config, run
-from torchkube.trainer.tensorboard import FOLDER, crc32c
+from torchkube.trainer.tensorboard import FOLDER, EventWriter, crc32c
 
 
 def scalars(folder: Path) -> dict[str, dict[int, float]]:
@@ -56,3 +56,11 @@ def test_the_progress_lines_numbers_are_tensorboard_scalars(
     assert all(value > 0 for value in board["train/grad_norm"].values())
     assert sorted(board["eval/loss"]) == [5, 10, 15]
     assert "train/mfu" not in board  # no peak FLOP/s known for a CPU: the log says n/a too
+
+
+def test_two_runs_of_one_process_write_a_file_each(tmp_path: Path) -> None:
+    """A local runner or a test trains twice in one process, often within one second."""
+    first, second = EventWriter(tmp_path), EventWriter(tmp_path)
+    first.close()
+    second.close()
+    assert first.path != second.path

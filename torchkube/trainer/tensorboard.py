@@ -1,7 +1,7 @@
 """TensorBoard scalars, written with the standard library alone (no tensorboard package in the
 trainer image): ``tensorboard --logdir`` on the checkpoint claim reads them.
 
-The format is TensorFlow's event file, ``events.out.tfevents.<time>.<host>.<pid>``: a sequence
+The format is TensorFlow's event file, ``events.out.tfevents.<time>.<host>.<pid>.<n>``: a sequence
 of TFRecords, each a little-endian uint64 length, the masked CRC-32C of those 8 bytes, the
 record, and the masked CRC-32C of the record. Each record is a serialised ``Event`` protocol
 buffer (tensorflow/core/util/event.proto): ``wall_time`` (field 1, double), ``step`` (2, int64),
@@ -10,6 +10,7 @@ and either ``file_version`` (3, string; the first record) or ``summary`` (5), wh
 writes just those fields.
 """
 
+import itertools
 import os
 import socket
 import struct
@@ -86,6 +87,11 @@ def record(data: bytes) -> bytes:
     )
 
 
+_STARTS = itertools.count(1)
+"""Writers started in this process: two runs of one process (a local runner, a test) in the
+same second would otherwise share a file name and the second would append to the first's."""
+
+
 class EventWriter:
     """Scalars into a new event file under ``folder``; one file per process start, so a
     resumed run adds a file beside the earlier ones and TensorBoard shows them as one run."""
@@ -93,7 +99,8 @@ class EventWriter:
     def __init__(self, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
+        host, pid, start = socket.gethostname(), os.getpid(), next(_STARTS)
+        name = f"events.out.tfevents.{int(now)}.{host}.{pid}.{start}"
         self.path = folder / name
         self._file = open(self.path, "ab")  # noqa: SIM115 (open for the writer's life)
         self._write(record(_event(now, 0, _bytes_field(3, FILE_VERSION.encode()))))
