@@ -15,9 +15,11 @@ from torchkube.elastic.warm import workers_of
 SCRIPT = Path(__file__).parent / "elastic" / "steps_script.py"
 
 
-def rdzv_args(port: int, *, nnodes: str = "1:2", max_restarts: int = 10) -> list[str]:
+def rdzv_args(
+    port: int, *, nnodes: str = "1:2", max_restarts: int = 10, join_timeout: int = 90
+) -> list[str]:
     conf = (
-        "is_host=false,join_timeout=90,last_call_timeout=2,close_timeout=5,"
+        f"is_host=false,join_timeout={join_timeout},last_call_timeout=2,close_timeout=5,"
         "keep_alive_interval=1,keep_alive_max_attempt=3"
     )
     return [

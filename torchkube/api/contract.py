@@ -77,6 +77,11 @@ class ExitCode(IntEnum):
     """A newer rendezvous round owns the checkpoint folder; this process was stale."""
     RENDEZVOUS_LOST = 75
     """The rendezvous store stayed unreachable for a whole join timeout (EX_TEMPFAIL)."""
+    JOIN_TIMEOUT = 76
+    """The store answered, but fewer than ``--nnodes`` min agents came within the join
+    timeout (slow image pulls, a node still being provisioned, quota): not this pod's fault.
+    The agent leaves the rendezvous open for the others and the operator refills its slot,
+    free (:data:`JOIN_TIMED_OUT`)."""
     HUNG = 124
     """A worker finished no step for ``failurePolicy.hangTimeoutSeconds``; the launcher dumped
     its stacks and stopped it (124, as ``timeout(1)`` ends)."""
@@ -122,6 +127,10 @@ STANDBY_RELEASED = "torchkube: standby released"
 """What a hot spare's launcher writes to its termination message when it exits 0 without
 ever training: the job's rendezvous closed (training ended) while it stood by. Neither the
 end of training nor a failure."""
+
+JOIN_TIMED_OUT = "torchkube: join timeout:"
+"""The start of the termination message of an agent that ended with
+:attr:`ExitCode.JOIN_TIMEOUT`: how long it waited and how many agents came."""
 
 HANG_REPORT = "torchkube: hang:"
 """The start of a hung worker's termination message: which ranks stopped stepping, for how

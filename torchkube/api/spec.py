@@ -315,6 +315,7 @@ FailureReason = Literal[
     "Deleted",
     "RendezvousStoreLost",
     "RendezvousFailed",
+    "JoinTimeout",
     "Hang",
     "Straggler",
     "Unknown",

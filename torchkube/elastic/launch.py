@@ -24,6 +24,11 @@ adds:
   back and re-joins; every agent does the same, so the job resumes as one new round. Only if
   the store stays away for a whole ``join_timeout`` does the launcher exit, with
   ``ExitCode.RENDEZVOUS_LOST`` (75), which the operator counts as an infrastructure failure.
+* **A join timeout is said as one.** When the store answers but fewer than ``--nnodes`` min
+  agents came within ``join_timeout`` (the other pods still pulling their image, their node
+  still being provisioned), the launcher exits with ``ExitCode.JOIN_TIMEOUT`` (76) and
+  ``JOIN_TIMED_OUT`` in the termination message, leaving the rendezvous open: the operator
+  refills the slot, free, and says which pods the job waits for.
 * **A hung worker is found, shown and stopped.** Workers beat once per step into
   ``$TORCHKUBE_HEARTBEAT_DIR`` (``torchkube.elastic.heartbeat``); the watchdog thread
   (``torchkube.elastic.watchdog``) finds a worker that finished no step for the hang timeout,
@@ -51,7 +56,13 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchkube.api.contract import STANDBY_RELEASED, TERMINATION_LOG, Env, ExitCode
+from torchkube.api.contract import (
+    JOIN_TIMED_OUT,
+    STANDBY_RELEASED,
+    TERMINATION_LOG,
+    Env,
+    ExitCode,
+)
 from torchkube.api.hang import parse_configured
 from torchkube.elastic import torchrun, warm
 from torchkube.elastic.watchdog import Board, Watchdog
@@ -170,6 +181,22 @@ def _wait_for_store(endpoint: str | None, until: float) -> bool:
             return True
         time.sleep(REJOIN_DELAY_SECONDS)
     return False
+
+
+def _store_reachable_now(args: list[str]) -> bool:
+    endpoint = _option(args, "rdzv-endpoint")
+    return endpoint is None or _store_reachable(endpoint)
+
+
+def _join_timeout_message(timed_out: torchrun.JoinTimedOut) -> str:
+    """The termination message of a join timeout: what the operator shows in the job's
+    status and event, and what the user has to look at (the pods that did not start)."""
+    return (
+        f"{JOIN_TIMED_OUT} {timed_out.agents} of at least {timed_out.minimum} agents came "
+        f"within join_timeout {timed_out.seconds:.0f}s; the others' pods did not start in "
+        "time (image pull, node provisioning, quota: see the job's WaitingForWorkers "
+        "condition). Leaving the rendezvous open for them"
+    )
 
 
 def _announce_warmth() -> None:
@@ -295,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                         torchrun.leave()  # deleted or preempted: the others need not wait
                     _report(f"workers failed with exit code {code}: {error}")
                     return code
+                timed_out = torchrun.timed_out()
+                if timed_out is not None and _store_reachable_now(args):
+                    _report(_join_timeout_message(timed_out))
+                    return ExitCode.JOIN_TIMEOUT
                 now = time.monotonic()
                 if lost_since is None or now - started > HEALTHY_RUN_SECONDS:
                     lost_since = now

@@ -22,6 +22,12 @@ Around it, this module adds:
   closes the rendezvous; a spare still standing by gets torch's graceful exit, which torchrun
   2.15 turns into an ``AttributeError``. An agent that never joined a round raises
   :class:`StandbyReleased` instead, and the launcher exits 0 with ``STANDBY_RELEASED``.
+* **Only the end of training closes the rendezvous.** torchrun closes it after any error
+  that is not a signal: a join timeout, workers out of restarts. A closed rendezvous is
+  closed for good, so every agent that came later (the operator's replacement for this very
+  pod) was released as if training were over, and the job emptied for good. Here an agent
+  whose run did not succeed leaves the rendezvous instead (:func:`leave`), and
+  :func:`timed_out` says how a join timeout ended (``ExitCode.JOIN_TIMEOUT``).
 * **A stopped agent leaves at once.** An agent stopped by a signal (pod deletion, preemption, a
   hang) does not close the rendezvous (that would end the job), so the others waited for its
   keep-alive to expire (``keep_alive_interval × keep_alive_max_attempt``) before a round
@@ -45,6 +51,7 @@ Around it, this module adds:
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 LEAVE_SECONDS = 5.0
@@ -62,6 +69,16 @@ class StandbyReleased(Exception):
     """The job's rendezvous closed while this agent stood by, never having trained."""
 
 
+@dataclass(frozen=True)
+class JoinTimedOut:
+    """A join that timed out: how many agents the round had (this one included) of the
+    ``--nnodes`` minimum it needed, after how long."""
+
+    agents: int
+    minimum: int
+    seconds: float
+
+
 class _Tracked:
     standing_by: float | None = None
     """Since when this agent stands by in the redundancy list (monotonic), if it does."""
@@ -73,6 +90,10 @@ class _Tracked:
     """How often this agent reads the rendezvous state while it waits (None: torch's)."""
     joined = False
     """Whether this launcher's agent ever got into a round."""
+    succeeded = False
+    """Whether the agent's last run ended with every worker done (training is over)."""
+    timed_out: JoinTimedOut | None = None
+    """The last join timeout of this launcher's agent, if any."""
 
 
 def track() -> None:
@@ -80,6 +101,7 @@ def track() -> None:
     from torch.distributed.elastic.rendezvous.api import (
         RendezvousClosedError,
         RendezvousGracefulExitError,
+        RendezvousTimeoutError,
     )
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
@@ -101,6 +123,9 @@ def track() -> None:
             if not _Tracked.joined:
                 raise StandbyReleased(str(error)) from error
             raise
+        except RendezvousTimeoutError:
+            _Tracked.timed_out = _join_timed_out(self)
+            raise
         _Tracked.joined = True
         if _Tracked.standing_by is not None:
             waited = time.monotonic() - _Tracked.standing_by
@@ -111,6 +136,7 @@ def track() -> None:
 
     handler_class.next_rendezvous = next_rendezvous
     handler_class._torchkube_tracked = True
+    _close_only_at_the_end(handler_class)
     _spare_when_full(handler_class)
     _poll_sooner()
 
@@ -136,6 +162,39 @@ def track() -> None:
         return start_workers(self, worker_group)
 
     agent_class._start_workers = _start_workers
+    run = agent_class.run
+
+    def run_and_remember(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _Tracked.succeeded = False
+        result = run(self, *args, **kwargs)
+        _Tracked.succeeded = not result.is_failed()
+        return result
+
+    agent_class.run = run_and_remember
+
+
+def _join_timed_out(handler: Any) -> JoinTimedOut:
+    state, settings = handler._state_holder.state, handler._settings
+    seen = {*state.participants, *state.wait_list, handler._this_node}
+    return JoinTimedOut(len(seen), settings.min_nodes, settings.timeout.join.total_seconds())
+
+
+def timed_out() -> JoinTimedOut | None:
+    """How the agent's last join timed out, if it did."""
+    return _Tracked.timed_out
+
+
+def _close_only_at_the_end(handler_class: Any) -> None:
+    """See the module docstring: torchrun's ``shutdown`` closes the rendezvous only once the
+    agent's workers all succeeded; after anything else the agent just leaves it."""
+    shutdown = handler_class.shutdown
+
+    def shutdown_unless_failed(self: Any) -> bool:
+        if _Tracked.succeeded:
+            return bool(shutdown(self))
+        return leave()
+
+    handler_class.shutdown = shutdown_unless_failed
 
 
 def round_is_full(state: Any, max_nodes: int) -> bool:

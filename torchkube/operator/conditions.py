@@ -21,6 +21,10 @@ PODS_UNSCHEDULABLE = "PodsUnschedulable"
 PODS_BLOCKED = "PodsBlocked"
 """Pods that cannot start until something changes: an image that cannot be pulled, a missing
 Secret, a claim that is not bound, a create the apiserver refused."""
+WAITING_FOR_WORKERS = "WaitingForWorkers"
+"""Fewer than ``replicas.min`` workers run: which pods the job waits for and why (not
+scheduled, pulling its image, blocked, not created yet), and what happens at the rendezvous's
+join timeout."""
 INVALID = "Invalid"
 """The job's spec or status does not validate: the operator cannot act on it."""
 NODES_UNREACHABLE = "NodesUnreachable"

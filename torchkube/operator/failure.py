@@ -47,6 +47,7 @@ INFRASTRUCTURE_REASONS: frozenset[str] = frozenset(
         "Deleted",
         "RendezvousStoreLost",
         "RendezvousFailed",
+        "JoinTimeout",
         "Straggler",
     }
 )
@@ -110,6 +111,17 @@ def classify_exit(
         return Failure(
             "Hang",
             f"{subject} hung (exit code {exit_code}){tail}",
+            subject,
+            node,
+            exit_code,
+            True,
+            started,
+        )
+    if exit_code == ExitCode.JOIN_TIMEOUT:
+        return Failure(
+            "JoinTimeout",
+            f"{subject} gave up waiting for the other workers to start (exit code "
+            f"{exit_code}){tail}",
             subject,
             node,
             exit_code,
@@ -189,6 +201,25 @@ def classify_pod(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool
         return replace(failure, pod=pod_name)
     message = pod.get("status", {}).get("message") or "failed without an exit code"
     return Failure("Unknown", _tail(f"{where}: {message}"), pod_name, node, None, True, started)
+
+
+def released_early(pod: dict[str, Any]) -> Failure:
+    """A worker that left as a released spare (``STANDBY_RELEASED``) while training had not
+    ended: a launcher older than the operator's, whose join timeout closed the rendezvous for
+    good. Free like a join timeout, and its slot is refilled."""
+    pod_name, node = p.name(pod), p.node_name(pod)
+    where = f"pod {pod_name}" + (f" on node {node}" if node else "")
+    return Failure(
+        "JoinTimeout",
+        f"{where} left as a released spare though training had not ended (a join timeout "
+        "of a launcher older than the operator closes the rendezvous); replacing it. "
+        "Build the trainer image from the operator's release",
+        pod_name,
+        node,
+        0,
+        True,
+        p.created(pod),
+    )
 
 
 def store_failure(pod: dict[str, Any], lost: bool) -> Failure:

@@ -38,6 +38,7 @@ from torchkube.operator import (
     preparation,
     scaling,
     stragglers,
+    waiting,
 )
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
@@ -52,6 +53,9 @@ KEEP_FAILED_PODS = 5
 RELEASE_SCALE_DOWN = "scale-down"
 RELEASE_DUPLICATE = "duplicate"
 RELEASE_STRAGGLER = "straggler"
+RELEASE_CONFIRM = timedelta(seconds=60)
+"""How long a worker that left as a released spare keeps its slot without a sign that
+training is over."""
 
 
 @dataclass
@@ -65,7 +69,7 @@ class _Pods:
     new_failures: list[Failure] = field(default_factory=list)
     deleting: list[dict[str, Any]] = field(default_factory=list)
     released: list[dict[str, Any]] = field(default_factory=list)
-    """Spares that exited 0 when the rendezvous closed while they stood by."""
+    """Spares that exited 0 when the rendezvous closed at the end of training."""
     lost_store: bool = False
 
     @property
@@ -126,6 +130,7 @@ class _Sorter:
 
     def sort(self, owned: list[dict[str, Any]]) -> _Pods:
         out = _Pods()
+        self.training_over = _training_over(self.ctx, owned)
         for pod in owned:
             state = p.state(pod)
             wait = self.lost_deadline(p.node_name(pod))
@@ -147,7 +152,12 @@ class _Sorter:
         if state == "succeeded" and lifecycle.finished_training(self.ctx, pod):
             out.succeeded.append(pod)
         elif state == "succeeded" and STANDBY_RELEASED in p.termination_message(pod):
-            out.released.append(pod)
+            if self._released_at_the_end(pod):
+                out.released.append(pod)
+            else:
+                out.failed.append(pod)
+                if not self.counted(pod):
+                    out.new_failures.append(failure.released_early(pod))
         elif state in ("succeeded", "failed") or lost:
             out.failed.append(pod)
             if not self.counted(pod):
@@ -156,6 +166,20 @@ class _Sorter:
             out.deleting.append(pod)
         else:
             out.live_workers.setdefault(p.slot(pod), []).append(pod)
+
+    def _released_at_the_end(self, pod: dict[str, Any]) -> bool:
+        """A spare is released only when training is over: only the end closes the
+        rendezvous (``elastic/torchrun.py``). The workers that finished may be seen a moment
+        after it, so it keeps its slot for ``RELEASE_CONFIRM_SECONDS`` before it is taken for
+        what an older launcher's join timeout left behind. One the operator let go (its
+        label) is released whenever it ends."""
+        if self.training_over or lbl.RELEASED in pod["metadata"].get("labels", {}):
+            return True
+        ended = parse_time(p.terminated(pod).get("finishedAt")) or self.ctx.now
+        wait = (ended + RELEASE_CONFIRM - self.ctx.now).total_seconds()
+        if wait > 0:
+            self.ctx.plan.requeue(wait)
+        return wait > 0
 
     def _store(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:
         """A store that restarted in place is one incident per restart; a lost or failed one
@@ -196,6 +220,19 @@ class _Sorter:
             and index < self.ctx.spec.replicas.pods
             and index not in out.live_workers
         )
+
+
+def _training_over(ctx: Context, owned: list[dict[str, Any]]) -> bool:
+    """A worker ended the training, or the trainer reported its last step."""
+    progress = ctx.status.progress
+    if progress is not None and progress.total_steps and progress.step >= progress.total_steps:
+        return True
+    return any(
+        p.role(pod) == lbl.ROLE_WORKER
+        and p.state(pod) == "succeeded"
+        and lifecycle.finished_training(ctx, pod)
+        for pod in owned
+    )
 
 
 def _record_failures(ctx: Context, new: list[Failure]) -> bool:
@@ -281,7 +318,8 @@ def _replace_straggler(ctx: Context, sorted_pods: _Pods) -> bool:
     return True
 
 
-def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
+def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> list[int]:
+    """Deletes the surplus and creates the missing workers; the slots left without a pod."""
     pods = ctx.spec.replicas.pods
     surplus, missing = scaling.surplus_and_missing(
         sorted_pods.live_workers,
@@ -292,15 +330,16 @@ def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
     for pod in surplus:
         ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= pods else RELEASE_DUPLICATE)
     if not missing or not may_create:
-        return
+        return missing
     ledger = Ledger.of(ctx.status)
     wait = failure.backoff_remaining(ledger, ctx.spec.failure_policy, ctx.now)
     if wait > 0:
         ctx.plan.requeue(wait)
-        return
+        return missing
     avoid = scaling.avoided_nodes(ledger.history, ctx.now)
     for index in missing:
         ctx.plan.create_pods.append(builders.worker_pod(ctx.job, index, ctx.new_suffix(), avoid))
+    return []
 
 
 def _keep_store(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
@@ -387,11 +426,12 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
     may_create = children_ready and _creates_allowed(ctx)
-    _scale_workers(ctx, sorted_pods, may_create)
+    missing = _scale_workers(ctx, sorted_pods, may_create)
     _keep_store(ctx, sorted_pods, may_create)
     workers = sorted_pods.workers
     running = any(p.state(pod) == "running" for pod in workers)
     phase.report_unschedulable(ctx, workers)
+    waiting.report(ctx, workers, len(missing))
     phase.report_blocked(
         ctx,
         _refusal(ctx)

@@ -244,6 +244,16 @@ def blocked_reason(pod: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def waiting_reason(pod: dict[str, Any]) -> str | None:
+    """Why the first waiting container of a pod waits (``ContainerCreating``, ...), if one
+    does."""
+    for status in pod.get("status", {}).get("containerStatuses", []) or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return str(waiting["reason"])
+    return None
+
+
 @dataclass(frozen=True)
 class NodeHealth:
     """Whether a node can run pods, and since when it could not."""
