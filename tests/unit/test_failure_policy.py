@@ -18,6 +18,7 @@ from planner import (
 )
 
 from torchkube.api.contract import ExitCode
+from torchkube.api.labels import RELEASED
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import format_time
@@ -232,3 +233,22 @@ def test_a_straggler_replacement_is_free() -> None:
     assert found.reason == "Straggler" and found.infrastructure
     assert not found.counts(FailurePolicySpec())
     assert found.counts(FailurePolicySpec(countInfrastructureFailures=True))
+
+
+def test_a_worker_that_vanished_is_deleted_free_once_and_replaced() -> None:
+    """Force-deleted between two plans: the planner gets its last known body only."""
+    gone = pod(1)
+    job = make_job(running_status())
+    result = run(job, [pod(0), pod(2), pod(3), store()], vanished=[gone])
+    last = result.status.last_failure
+    assert last is not None and (last.reason, last.pod) == ("Deleted", gone["metadata"]["name"])
+    assert (result.status.restarts, result.status.restarts_count_towards_max) == (1, 0)
+    assert created_slots(result) == [1]
+    again = run(make_job(result.status), [pod(0), pod(2), pod(3), store()], vanished=[gone])
+    assert again.status.restarts == 1, "recorded once"
+    ours = run(
+        job,
+        [pod(0), pod(2), pod(3), store()],
+        vanished=[pod(1, labels={RELEASED: "scale-down"})],
+    )
+    assert ours.status.last_failure is None, "a pod the operator let go is no failure"

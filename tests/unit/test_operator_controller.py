@@ -428,3 +428,50 @@ def _reconciles_when_the_event_comes_first(event_version: str) -> int:
 def test_an_echo_that_comes_before_the_writes_response_is_not_reconciled() -> None:
     assert _reconciles_when_the_event_comes_first("42") == 1
     assert _reconciles_when_the_event_comes_first("43") == 2, "another change is reconciled"
+
+
+class _KubeTakingEverything(_RecordingKube):
+    """Takes every write; created pods come back as created, as the apiserver answers."""
+
+    def label_pods(self, _ns: str, _labels: dict[str, dict[str, str]]) -> None:
+        pass
+
+    def delete_pods(self, *_args: Any) -> None:
+        pass
+
+    def patch(self, *_args: Any) -> None:
+        pass
+
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[Any]:
+        return [kube_module.CreateResult(body=body) for body in bodies]
+
+
+def test_a_worker_force_deleted_between_two_plans_is_recorded_as_deleted() -> None:
+    """``kubectl delete pod --grace-period=0 --force``: the pod leaves the index without a
+    deletion timestamp ever seen. It is replaced, and recorded like any delete by someone
+    else: lastFailure, an incident, an event."""
+    from planner import make_job, own_children, pod, running_status, store
+
+    from torchkube.operator.pods import NodeHealth, slim
+
+    kube = _KubeTakingEverything()
+    controller = Controller(OperatorSettings(progress_url=""), kube=kube)  # type: ignore[arg-type]
+    body = make_job(running_status()).to_wire()
+    body["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    workers = [slim(pod(i)) for i in range(4)]
+    pods: dict[Any, list[dict[str, Any]]] = {KEY: [*workers, slim(store())]}
+    nodes = {"n1": [NodeHealth(True, None)], "n2": [NodeHealth(True, None)]}
+    controller.attach({KEY: [body]}, pods, nodes, {KEY: own_children()})
+
+    asyncio.run(controller.reconcile(KEY))
+    assert kube.status == [] or "lastFailure" not in kube.status[-1]
+    pods[KEY].remove(workers[1])  # gone at once: no Terminating pod ever seen
+    asyncio.run(controller.reconcile(KEY))
+
+    forced = workers[1]["metadata"]["name"]
+    last = kube.status[-1].get("lastFailure") or {}
+    assert (last.get("reason"), last.get("pod")) == ("Deleted", forced), kube.status
+    assert (
+        kube.status[-1]["restarts"] == 1 and kube.status[-1].get("restartsCountTowardsMax", 0) == 0
+    )
+    assert ("Warning", "Deleted") in [event[:2] for event in kube.events]

@@ -74,6 +74,9 @@ class _Memory:
     invalid: str | None = None
     planning_seconds: float = 0.0
     """How long the last reconcile took to decide (its API calls not counted)."""
+    live: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The Pending and Running workers of the last plan, by name: a force-deleted one
+    leaves the watch with no Terminating state to see (``pods.vanished``)."""
     quiet_write: int | None = None
     """The resourceVersion of our last status write that changed nothing but
     ``status.goodput`` (see :meth:`Controller.job_changed`)."""
@@ -349,7 +352,9 @@ class Controller:
             self_deleted=frozenset(memory.deleted),
             children=self._children(key),
             refused=memory.refused,
+            vanished=p.vanished(memory.live, pods, memory.deleted),
         )
+        unseen = set(memory.created)
         decided = plan(observed)
         stored = body.get("status") or {}
         planned = st.to_wire(decided.status)
@@ -370,6 +375,7 @@ class Controller:
             planned["goodput"] = memory.goodput_written.value
         memory.planning_seconds = time.perf_counter() - thinking
         await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
+        memory.live = p.live_workers(pods, unseen | set(memory.deleted))
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after

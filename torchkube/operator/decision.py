@@ -71,6 +71,9 @@ class Observed:
     children: list[dict[str, Any]] = field(default_factory=list)
     """The job's Service and claim as the watch cache shows them (slim), whoever owns them."""
     refused: Refusal | None = None
+    vanished: list[dict[str, Any]] = field(default_factory=list)
+    """Workers live at the previous plan and gone now, never seen Terminating nor deleted
+    by this operator (``pods.vanished``): their last known bodies."""
 
 
 @dataclass

@@ -203,6 +203,25 @@ def classify_pod(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool
     return Failure("Unknown", _tail(f"{where}: {message}"), pod_name, node, None, True, started)
 
 
+def vanished_failure(pod: dict[str, Any]) -> Failure:
+    """A worker gone without ever being seen Terminating (``pods.vanished``): deleted by
+    someone else with no grace period, so it wrote no emergency checkpoint. Free, like any
+    delete by someone else."""
+    pod_name, node = p.name(pod), p.node_name(pod)
+    where = f"pod {pod_name}" + (f" on node {node}" if node else "")
+    return Failure(
+        "Deleted",
+        f"{where} was deleted by someone else without a grace period (kubectl delete "
+        "--grace-period=0 --force, a controller): no emergency checkpoint, the steps since "
+        "the latest one are redone",
+        pod_name,
+        node,
+        None,
+        True,
+        p.created(pod),
+    )
+
+
 def released_early(pod: dict[str, Any]) -> Failure:
     """A worker that left as a released spare (``STANDBY_RELEASED``) while training had not
     ended: a launcher older than the operator's, whose join timeout closed the rendezvous for

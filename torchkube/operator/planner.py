@@ -146,6 +146,9 @@ class _Sorter:
         for pod in out.deleting:
             if not self.counted(pod) and self._deleted_externally(out, pod):
                 out.new_failures.append(failure.classify_pod(pod, self.policy, False))
+        for pod in self.ctx.observed.vanished:
+            if not self.counted(pod) and self._deleted_externally(out, pod):
+                out.new_failures.append(failure.vanished_failure(pod))
         return out
 
     def _worker(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:

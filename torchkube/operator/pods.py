@@ -5,6 +5,7 @@ dictionary digging in one place so the policies read as policy.
 """
 
 import copy
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -252,6 +253,30 @@ def waiting_reason(pod: dict[str, Any]) -> str | None:
         if waiting.get("reason"):
             return str(waiting["reason"])
     return None
+
+
+def live_workers(
+    pods: Iterable[dict[str, Any]], unseen: Collection[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """The Pending and Running worker pods by name, but ``unseen`` ones (created, not yet
+    shown by the watch): what a later snapshot is compared with (:func:`vanished`)."""
+    return {
+        name(pod): pod
+        for pod in pods
+        if role(pod) == lbl.ROLE_WORKER
+        and state(pod) in ("pending", "running")
+        and name(pod) not in unseen
+    }
+
+
+def vanished(
+    before: Mapping[str, dict[str, Any]], pods: Iterable[dict[str, Any]], ours: Collection[str]
+) -> list[dict[str, Any]]:
+    """Workers live at the last plan and gone now without ever being seen Terminating, nor
+    deleted by this operator (``ours``): force-deleted (``--grace-period=0 --force``), or
+    deleted and removed while the watch was away. Their last known bodies."""
+    now = {name(pod) for pod in pods}
+    return [pod for key, pod in before.items() if key not in now and key not in ours]
 
 
 @dataclass(frozen=True)
