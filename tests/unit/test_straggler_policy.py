@@ -120,3 +120,50 @@ def test_the_straggler_is_replaced_on_time_not_at_the_next_resync() -> None:
     job = make_job(running_status(slowestRank=slow_since(100, victim)), failurePolicy=REPLACE)
     result = run(job, [*workers, store()], progress=report(victim, 2.0))
     assert result.delete_pods == [] and result.requeue_after == 20
+
+
+def _straggler_on_n2(history: list[dict[str, Any]], nodes: dict[str, Any] | None = None) -> Any:
+    others = "n2" if nodes is not None and list(nodes) == ["n2"] else "n1"
+    workers = [pod(i, node="n2" if i == 2 else others) for i in range(4)]
+    victim = workers[2]["metadata"]["name"]
+    status = running_status(slowestRank=slow_since(125, victim), failures=history)
+    job = make_job(status, failurePolicy=REPLACE)
+    return run(job, [*workers, store(node=others)], nodes=nodes, progress=report(victim, 2.0))
+
+
+def _replaced_on_n2(minutes_ago: float) -> dict[str, Any]:
+    return {
+        "reason": "Straggler",
+        "message": "rank 2 computed 2.00× slower",
+        "pod": "demo-worker-2-old",
+        "node": "n2",
+        "time": format_time(NOW - timedelta(minutes=minutes_ago)),
+        "incident": 1,
+        "counted": False,
+    }
+
+
+def test_a_straggler_back_on_the_node_it_was_moved_off_is_kept_and_said_so() -> None:
+    """Node avoidance is a preference: on a pool that fits exactly the replacement lands on
+    the same node, straggles again, and was replaced every stragglerSeconds for ever."""
+    result = _straggler_on_n2([_replaced_on_n2(minutes_ago=10)])
+    assert result.delete_pods == [] and created_slots(result) == []
+    assert result.status.restarts == 0
+    kept = next(c for c in result.status.conditions if c.type == "StragglerKept")
+    assert (kept.status, kept.reason) == ("True", "SameNode")
+    assert "n2" in kept.message and "cordon" in kept.message
+    assert [e.reason for e in result.events] == ["SameNode"]
+
+
+def test_a_straggler_is_kept_when_the_job_has_no_other_node() -> None:
+    from planner import READY
+
+    result = _straggler_on_n2([], nodes={"n2": READY})
+    assert result.delete_pods == []
+    kept = next(c for c in result.status.conditions if c.type == "StragglerKept")
+    assert (kept.status, kept.reason) == ("True", "NoOtherNode")
+
+
+def test_a_node_left_long_ago_may_be_left_again() -> None:
+    result = _straggler_on_n2([_replaced_on_n2(minutes_ago=120)])
+    assert len(result.delete_pods) == 1 and created_slots(result) == [2]

@@ -25,6 +25,9 @@ WAITING_FOR_WORKERS = "WaitingForWorkers"
 """Fewer than ``replicas.min`` workers run: which pods the job waits for and why (not
 scheduled, pulling its image, blocked, not created yet), and what happens at the rendezvous's
 join timeout."""
+STRAGGLER_KEPT = "StragglerKept"
+"""With ``replaceStragglers``: a straggler is not replaced because a replacement could not
+leave its node (it came back there, or there is no other node)."""
 INVALID = "Invalid"
 """The job's spec or status does not validate: the operator cannot act on it."""
 NODES_UNREACHABLE = "NodesUnreachable"

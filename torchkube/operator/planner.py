@@ -309,6 +309,13 @@ def _replace_straggler(ctx: Context, sorted_pods: _Pods) -> bool:
         (w for w in sorted_pods.workers if p.name(w) == name and p.state(w) == "running"), None
     )
     if pod is None or slowest is None:
+        if slowest is None or slowest.straggling_since is None:
+            ctx.clear(cond.STRAGGLER_KEPT, "NoStraggler", "no rank straggles")
+        return True
+    ready = [name for name, health in ctx.nodes.items() if health.ready]
+    kept = stragglers.futile(slowest, ctx.status.failures, ready, ctx.now)
+    if kept is not None:
+        ctx.warn_once(cond.STRAGGLER_KEPT, *kept)
         return True
     if not _record_failures(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]):
         return False

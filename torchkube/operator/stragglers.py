@@ -12,14 +12,22 @@ lost node) and its node is avoided by replacements for a while (``scaling.avoide
 
 Only a fresh report is acted on: one written within ``FRESH_SECONDS``, while the job is
 Running. A straggler found in an old report (training since stopped) is shown, not acted on.
+
+Avoiding a node is only a preference: on a pool that fits exactly, the replacement lands on
+the same node, straggles there, its clock starts again and it is replaced again — a free
+restart every ``stragglerSeconds``, for good. So a straggler is kept (:func:`futile`) when a
+straggler was already moved off its node within the avoidance window (it came back), or when
+the cluster has no other node to go to; the job says so and names what would help.
 """
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from torchkube.api.contract import ProgressReport
 from torchkube.api.spec import FailurePolicySpec
-from torchkube.api.status import SlowestRank
+from torchkube.api.status import FailureRecord, SlowestRank
 from torchkube.api.times import format_time, parse_time
+from torchkube.operator.scaling import AVOID_LOST_NODES_FOR
 
 FRESH_SECONDS = 60.0
 """How old a progress report may be for the policy to act on it."""
@@ -78,3 +86,37 @@ def wait_seconds(
     if not policy.replace_stragglers or since is None:
         return None
     return (since + timedelta(seconds=policy.straggler_seconds) - now).total_seconds()
+
+
+def futile(
+    slowest: SlowestRank,
+    history: Iterable[FailureRecord],
+    ready_nodes: Iterable[str],
+    now: datetime,
+) -> tuple[str, str] | None:
+    """(reason, message) when replacing the straggler's pod cannot move it off its node:
+    a straggler was replaced away from that node within ``AVOID_LOST_NODES_FOR`` and the
+    replacement landed there again, or no other node is Ready. None: replace it."""
+    node = slowest.node
+    if node is None:
+        return None
+    where = f"rank {slowest.rank} (pod {slowest.pod}) straggles on node {node}"
+    advice = (
+        f"the straggler is kept. Cordon or repair node {node} (kubectl cordon {node}), or add "
+        f"a node, then delete pod {slowest.pod} to move it"
+    )
+    if not any(name != node for name in ready_nodes):
+        return "NoOtherNode", f"{where} and no other node is Ready: {advice}"
+    for record in history:
+        when = parse_time(record.time)
+        if (
+            record.reason == "Straggler"
+            and record.node == node
+            and when is not None
+            and now - when < AVOID_LOST_NODES_FOR
+        ):
+            return "SameNode", (
+                f"{where} again: a straggler's pod was replaced away from it at {record.time} "
+                f"and the replacement landed there (no other node had room); {advice}"
+            )
+    return None
