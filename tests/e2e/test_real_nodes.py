@@ -1457,3 +1457,66 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         )
         say(f"{checked} dashboard expressions returned data for {job.namespace}/{job.name}")
         delete_volume(api, corpus_pv)
+
+
+def test_a_worker_that_starts_after_the_join_timeout_still_trains_to_the_end(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """A 2-worker job (min 2) whose second worker cannot start for longer than
+    ``joinTimeoutSeconds`` (its node cordoned, as while an autoscaler brings one up): the
+    first worker's launcher gives up with a join timeout (exit 76), recorded free, its slot
+    refilled; meanwhile the job names the pod it waits for and why. Once the node is
+    uncordoned the two meet and train to the exact end — the rendezvous was left open."""
+    steps, every, join_timeout = 100, 50, 20
+    nodes = real_cluster.real_nodes
+    assert nodes is not None
+    late_node = nodes.nodes[1].name
+    with real_job(
+        real_cluster, api, operator, say, tmp_path, namespace="realnodes-late", name="late"
+    ) as job:
+        manifest = _job_manifest(job.name, job.namespace, steps, every)
+        manifest["spec"]["replicas"] = {"min": 2, "max": 2}
+        manifest["spec"]["rendezvous"] = {"joinTimeoutSeconds": join_timeout}
+        manifest["spec"]["scheduling"]["pendingTimeoutSeconds"] = 5
+        anti = manifest["spec"]["scheduling"]["affinity"]["podAntiAffinity"]
+        term = anti.pop("preferredDuringSchedulingIgnoredDuringExecution")[0]["podAffinityTerm"]
+        anti["requiredDuringSchedulingIgnoredDuringExecution"] = [term]  # one per node
+        _kubectl(real_cluster, "cordon", late_node)
+        try:
+            job.apply(manifest)
+
+            def waiting_named() -> dict[str, Any] | None:
+                conditions = job.status().get("conditions") or []
+                found = next((c for c in conditions if c["type"] == "WaitingForWorkers"), None)
+                message = found.get("message", "") if found else ""
+                return found if "1 more worker" in message and "not scheduled" in message else None
+
+            waiting = wait_for(
+                waiting_named, 120, what="WaitingForWorkers", describe_last=job.describe
+            )
+            say(f"waiting: {waiting['message']}")
+            assert waiting["status"] == "True" and "unschedulable" in waiting["message"], waiting
+
+            def join_timed_out() -> dict[str, Any] | None:
+                last: dict[str, Any] = job.status().get("lastFailure") or {}
+                return last if last.get("reason") == "JoinTimeout" else None
+
+            last = wait_for(
+                join_timed_out, join_timeout + 120, what="a JoinTimeout", describe_last=job.describe
+            )
+            say(f"join timeout recorded: {last['message']}")
+            assert last.get("exitCode") == 76 and last.get("counted") is False, last
+        finally:
+            _kubectl(real_cluster, "uncordon", late_node)
+        phase = job.wait_finished()
+        final, report = job.status(), job.progress()
+        assert phase == "Succeeded", job.describe()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        reasons = {f["reason"] for f in final.get("failures") or []}
+        assert reasons == {"JoinTimeout"}, final
+        assert final.get("restartsCountTowardsMax", 0) == 0, final
