@@ -4,7 +4,8 @@ It beats its heartbeat after every step, as the trainer does (the launcher's han
 reads it). Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every
 step, in one ``write`` so a worker killed mid-step leaves either the whole line or none; a
 restarted group continues after the last line. (Keeping the count in a second file raced: a
-worker stopped between the two writes lost a step.)
+worker stopped between the two writes lost a step.) With ``CRASH_AT_STEP``, rank 0 exits
+``CRASH_EXIT_CODE`` at that step, once.
 """
 
 import os
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from torchkube.elastic.heartbeat import Heartbeat
+
+CRASH_EXIT_CODE = 7
 
 
 def main() -> None:
@@ -33,7 +36,11 @@ def main() -> None:
     lines = log_path.read_text().split() if log_path.exists() else []
     step = int(lines[-3]) if lines else 0
     heartbeat.training()
+    crash_at, crashed = int(os.environ.get("CRASH_AT_STEP", "0")), out / "crashed"
     while step < total:
+        if step == crash_at and rank == 0 and not crashed.exists():
+            crashed.touch()
+            sys.exit(CRASH_EXIT_CODE)  # once: torchrun restarts the workers in place
         value = torch.ones(1)
         dist.all_reduce(value)
         assert int(value.item()) == world

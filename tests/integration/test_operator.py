@@ -102,7 +102,8 @@ def test_deleted_young_worker_is_replaced_once_and_the_replacement_kept(
     """A worker deleted minutes after the operator created it (kubectl delete pod, an
     eviction). The operator's memory of that create must not bring the gone pod back and
     take the replacement for a duplicate — the job would then run a worker short until the
-    memory expired (found by bench/operator_recovery.py: 2 minutes short)."""
+    memory expired (found by bench/operator_recovery.py: 2 minutes short). The delete is
+    recorded as ``Deleted``, free, force or not."""
     pool = isolated_pool(nodes=4)
     job = make_job(f"young-{'force' if force else 'grace'}", pool, replicas={"min": 4, "max": 4})
     victim = job.wait_running(4)[2].metadata.name
@@ -120,6 +121,14 @@ def test_deleted_young_worker_is_replaced_once_and_the_replacement_kept(
         time.sleep(0.5)
     job.wait_running(4)
     assert replacement in {p.metadata.name for p in job.running_workers()}
+    # Recorded either way: a force-deleted pod leaves with no Terminating state to see.
+    status = job.wait(
+        lambda: (job.status().get("lastFailure") or {}).get("pod") == victim and job.status(),
+        30,
+        "the delete recorded",
+    )
+    assert status["lastFailure"]["reason"] == "Deleted", status["lastFailure"]
+    assert status.get("restartsCountTowardsMax", 0) == 0 and status["restarts"] == 1, status
 
 
 def test_permanent_failure_fails_the_job_without_restarting(

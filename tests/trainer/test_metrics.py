@@ -129,3 +129,37 @@ def test_permanent_error_reaches_operator_and_launcher(
     assert marker.read_text().strip() == "dataPath: token file /x does not exist"
     record = json.loads((tmp_path / "progress.json").read_text())
     assert record["step"] == 5 and record["permanent"] is True and record["exitCode"] == 3
+
+
+def test_progress_carries_the_jobs_in_place_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pod's server answers with every pod's in-place restarts, read from the
+    rendezvous store the launchers post them to."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from torchkube.api.contract import Env, InPlaceRestart
+    from torchkube.elastic.restarts import RUN_ID, RestartBoard
+
+    store_port = free_port()
+    store = TCPStore("127.0.0.1", store_port, is_master=True, timeout=timedelta(seconds=5))
+    endpoint = f"127.0.0.1:{store_port}"
+    crash = InPlaceRestart(
+        pod="demo-worker-1-abc", restart=2, exit_code=7, message="boom", time="2026-11-23T12:00:00Z"
+    )
+    assert RestartBoard(endpoint, "demo").post(crash)
+    monkeypatch.setenv(Env.RENDEZVOUS_ENDPOINT, endpoint)
+    monkeypatch.setenv(RUN_ID, "demo")
+    metrics, progress = TrainMetrics(job="demo", rank=0), ProgressReporter(None, enabled=False)
+    progress.update(step=3)
+    port = free_port()
+    server = start_metrics_server(port, metrics.registry, progress)
+    assert server is not None
+    try:
+        url = f"http://127.0.0.1:{port}/progress"
+        record = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    finally:
+        server.close()
+        del store
+    assert record["step"] == 3
+    assert record["inPlaceRestarts"] == [crash.model_dump(by_alias=True, exclude_none=True)]

@@ -57,6 +57,10 @@ class Env(StrEnum):
     start warm (its server imported torch and the trainer; at once with warm workers off).
     The container's startup probe waits for it, so the container is ``started`` only then and
     ``status.spares`` counts a spare only when taking a place would cost it no import."""
+    RENDEZVOUS_ENDPOINT = "TORCHKUBE_RENDEZVOUS_ENDPOINT"
+    """Set by the launcher for its workers: the rendezvous store (``host:port``), where every
+    launcher posts the in-place restarts of its workers and every trainer reads them for its
+    progress report (:class:`InPlaceRestart`, ``torchkube.elastic.restarts``)."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here
@@ -156,6 +160,21 @@ class RankTiming(BaseModel):
     slowdown: float = Field(ge=0, description="compute_seconds / median_seconds.")
 
 
+class InPlaceRestart(BaseModel):
+    """One restart of a pod's workers by its launcher (torchrun's ``--max-restarts``): a
+    worker failed and the pod did not. Every launcher posts its own; the trainer's progress
+    report carries the job's, and the operator counts each like a pod failure."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    pod: str = Field(description="The pod whose workers restarted (``POD_NAME``).")
+    node: str | None = Field(default=None, description="Its node (``NODE_NAME``).")
+    restart: int = Field(ge=1, description="Which restart of this pod's workers: 1, 2, ...")
+    exit_code: int | None = Field(default=None, description="The first failed worker's code.")
+    message: str = Field(default="", description="Its error, the last line or so.")
+    time: str = Field(description="When the launcher restarted the workers (RFC 3339).")
+
+
 class ProgressReport(BaseModel):
     """What the trainer's rank 0 reports, and the operator and ``torchkube run`` read.
 
@@ -185,6 +204,11 @@ class ProgressReport(BaseModel):
         default=None,
         description="The slowest rank of the last log window (None: one rank, or the split "
         "of compute and wait is not measured for the strategy).",
+    )
+    in_place_restarts: list[InPlaceRestart] = Field(
+        default_factory=list,
+        description="The job's recent in-place restarts of workers, every pod's (read from "
+        "the rendezvous store; empty when it is away).",
     )
     finished: bool = Field(default=False, description="Every step is done.")
     error: str | None = Field(default=None, description="Why the trainer cannot run.")

@@ -316,6 +316,7 @@ FailureReason = Literal[
     "RendezvousStoreLost",
     "RendezvousFailed",
     "JoinTimeout",
+    "InPlaceRestart",
     "Hang",
     "Straggler",
     "Unknown",

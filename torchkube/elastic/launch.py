@@ -34,6 +34,10 @@ adds:
   (``torchkube.elastic.watchdog``) finds a worker that finished no step for the hang timeout,
   prints the Python stacks of all its threads, stops the pod's workers and exits with
   ``ExitCode.HUNG`` and the stuck ranks in the termination message.
+* **Every in-place restart reaches the operator.** When torchrun restarts the workers after
+  a failure, the launcher posts an ``InPlaceRestart`` to the rendezvous store
+  (``torchkube.elastic.restarts``); the trainers serve the job's in ``/progress`` and the
+  operator counts each like a pod failure.
 * **Warm workers** (``torchkube.elastic.warm``): each round's workers are forked from a
   server that imported torch once, instead of starting fresh interpreters.
 * **Spares and stopped agents** (``torchkube.elastic.torchrun``): a spare released when
@@ -62,14 +66,19 @@ from torchkube.api.contract import (
     TERMINATION_LOG,
     Env,
     ExitCode,
+    InPlaceRestart,
 )
 from torchkube.api.hang import parse_configured
+from torchkube.api.times import rfc3339
 from torchkube.elastic import torchrun, warm
+from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.watchdog import Board, Watchdog
 
 POLL_SECONDS = 0.2
 REJOIN_DELAY_SECONDS = 1.0
 DEFAULT_JOIN_TIMEOUT = 600.0
+MESSAGE_TAIL = 1024
+"""Characters of a failed worker's error kept in its in-place restart record."""
 HEALTHY_RUN_SECONDS = 60.0
 """An agent that ran this long before losing the store starts a fresh retry budget."""
 
@@ -85,9 +94,7 @@ def _watch(marker: Path, done: threading.Event) -> None:
 def _exit_code(error: BaseException) -> int:
     failures = getattr(error, "failures", None)
     if failures:
-        first = failures[min(failures)]
-        code = int(first.exitcode)
-        return 128 - code if code < 0 else code
+        return _signal_code(int(failures[min(failures)].exitcode))
     signum = getattr(error, "sigval", None)
     if signum is not None:
         return 128 + int(signum)
@@ -255,6 +262,42 @@ def _start_watchdog(folder: Path, args: list[str], hang_marker: Path) -> Watchdo
     ).start()
 
 
+def _report_in_place_restarts(args: list[str]) -> None:
+    """Post each in-place restart of the workers to the rendezvous store, for the operator
+    (``torchkube.elastic.restarts``), and tell the workers where to read the job's."""
+    endpoint = _option(args, "rdzv-endpoint")
+    if endpoint:
+        os.environ[Env.RENDEZVOUS_ENDPOINT] = endpoint
+    board = RestartBoard(endpoint, _option(args, "rdzv-id") or "none")
+    pod = os.environ.get(Env.POD_NAME) or socket.gethostname()
+
+    def restarted(count: int, failures: Any) -> None:
+        first = failures[min(failures)] if failures else None
+        code = None if first is None else _signal_code(int(first.exitcode))
+        message = "" if first is None else str(first.message or "")
+        record = InPlaceRestart(
+            pod=pod,
+            node=os.environ.get(Env.NODE_NAME),
+            restart=count,
+            exit_code=code,
+            message=message[-MESSAGE_TAIL:],
+            time=rfc3339(time.time()),
+        )
+        posted = board.post(record)
+        _log(
+            f"a worker failed with exit code {code}: restarting the workers in place "
+            f"(restart {count}; {'reported to' if posted else 'store away, not reported to'} "
+            "the operator)"
+        )
+
+    torchrun.on_failure_restart(restarted)
+
+
+def _signal_code(code: int) -> int:
+    """A worker's exit code as a shell shows it: a signal ``N`` (negative) is ``128+N``."""
+    return 128 - code if code < 0 else code
+
+
 def _ended(error: BaseException, markers: tuple[Path, Path]) -> int | None:
     """The launcher's exit code when torchrun ended for a reason it knows, else None."""
     permanent, hang = markers
@@ -298,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     _lose_a_forgetful_store()
     torchrun.track()
     torchrun.report_failures_lightly()
+    _report_in_place_restarts(args)
     if warm.enabled():
         warm.patch_torchrun()
         warm.start(args)

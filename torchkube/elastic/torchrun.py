@@ -43,6 +43,10 @@ Around it, this module adds:
   worker's failure is logged with its exception: the surviving agent spent 1.6–2 s importing
   before it restarted the round, every recovery. :func:`report_failures_lightly` renders the
   traceback into the message itself, with the standard formatter.
+* **Every in-place restart is told.** When a worker fails, torchrun restarts the pod's
+  workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
+  stayed invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
+  at each such restart (not at a restart for a membership change), with the failures.
 * **The watchdog judges only the workers torchrun runs now.** :func:`healthy_workers` is the
   agent's worker pids while it holds them healthy: a worker of an ended round (dying, or its
   heartbeat file not yet replaced) is never taken for a hung one.
@@ -51,6 +55,7 @@ Around it, this module adds:
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +99,11 @@ class _Tracked:
     """Whether the agent's last run ended with every worker done (training is over)."""
     timed_out: JoinTimedOut | None = None
     """The last join timeout of this launcher's agent, if any."""
+    failure_restarts = 0
+    """In-place restarts of the workers after a failure, over all of the launcher's agents."""
+    failures: Any = None
+    """The failures of the workers' last check (``RunResult.failures``)."""
+    restarted: Callable[[int, Any], None] | None = None
 
 
 def track() -> None:
@@ -162,6 +172,24 @@ def track() -> None:
         return start_workers(self, worker_group)
 
     agent_class._start_workers = _start_workers
+    monitor, restart = agent_class._monitor_workers, agent_class._restart_workers
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        result = monitor(self, worker_group)
+        _Tracked.failures = result.failures
+        return result
+
+    def _restart_workers(self: Any, worker_group: Any) -> Any:
+        from torch.distributed.elastic.agent.server.api import WorkerState
+
+        if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            _Tracked.failure_restarts += 1
+            if _Tracked.restarted is not None:
+                _Tracked.restarted(_Tracked.failure_restarts, _Tracked.failures)
+        return restart(self, worker_group)
+
+    agent_class._monitor_workers = _monitor_workers
+    agent_class._restart_workers = _restart_workers
     run = agent_class.run
 
     def run_and_remember(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -177,6 +205,12 @@ def _join_timed_out(handler: Any) -> JoinTimedOut:
     state, settings = handler._state_holder.state, handler._settings
     seen = {*state.participants, *state.wait_list, handler._this_node}
     return JoinTimedOut(len(seen), settings.min_nodes, settings.timeout.join.total_seconds())
+
+
+def on_failure_restart(call: Callable[[int, Any], None]) -> None:
+    """Have ``call(count, failures)`` run at each in-place restart after a failure: the
+    launcher's count so far and torch's ``{local_rank: ProcessFailure}``."""
+    _Tracked.restarted = call
 
 
 def timed_out() -> JoinTimedOut | None:

@@ -7,7 +7,9 @@ The supervisor loop plays the operator and the kubelet, with the operator's own 
 policy (``torchkube.operator.failure``): a worker that exits is classified and accounted for
 exactly as its pod would be — a permanent code or an exhausted ``maxRestarts`` ends the run,
 anything else starts it again after the policy's backoff — and the store is restarted in
-place when it dies, as its pod's ``restartPolicy: Always`` does (one free incident).
+place when it dies, as its pod's ``restartPolicy: Always`` does (one free incident). Workers
+a launcher restarts in place are read from the store (``torchkube.elastic.restarts``) and
+accounted for as the operator does (``failure.in_place_due``).
 
 SIGTERM or SIGINT to ``torchkube run`` (a CI job's timeout, a supervisor, Ctrl-C) stops the
 whole tree the way a pod deletion would: every agent gets SIGTERM, its workers write their
@@ -40,6 +42,7 @@ from typing import Any, TextIO
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
 from torchkube.api.status import SlowestRank
+from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
 from torchkube.local.display import Failure, Summary, progress_line
 from torchkube.local.processes import children_of, descendants, kill_tree
@@ -156,6 +159,8 @@ class LocalRun:
         self.slowest: SlowestRank | None = None
         self._hung: dict[int, Failure] = {}
         """Workers chaos stopped, until their launcher ends them: one failure each."""
+        self.restart_board = RestartBoard(f"127.0.0.1:{self.store_port}", self.job.uid)
+        self._in_place_counted: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ processes
     def _env(self, index: int) -> dict[str, str]:
@@ -298,7 +303,11 @@ class LocalRun:
                     return self._finish(
                         False, "chaos killed every worker (none restarted)", started, record
                     )
-            ended = self._check_store(record, now) or self._check_workers(record, now)
+            ended = (
+                self._check_store(record, now)
+                or self._check_workers(record, now)
+                or self._check_in_place()
+            )
             if ended is not None:
                 ok, message = ended
                 return self._finish(ok, message, started, self.progress() or record)
@@ -318,6 +327,24 @@ class LocalRun:
         )
         if outcome.fail_reason is not None:
             return False, outcome.fail_message
+        return None
+
+    def _check_in_place(self) -> tuple[bool, str] | None:
+        """Workers a launcher restarted in place, each accounted for once, as the operator
+        does it (``failure.in_place_due``)."""
+        started = {worker_name(i): w.started for i, w in self.workers.items() if not w.done}
+        due, _ = policy.in_place_due(
+            self.restart_board.read(),
+            started,
+            lambda pod, restart: (pod, restart) in self._in_place_counted,
+            datetime.now(UTC),
+        )
+        for found in due:
+            self._in_place_counted.add((found.pod, found.restart_count or 0))
+            self.out.write(f"\n{found.message}\n")
+            verdict = self._account(found)
+            if verdict is not None:
+                return False, verdict[1]
         return None
 
     def _check_store(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:

@@ -7,9 +7,11 @@ cluster.
 
 **Incidents, not pods.** Workers that stop together share one cause seen N times: a lost
 rendezvous store, a network blip, a join that timed out with fewer than ``replicas.min``
-agents. A failure joins the current incident when it is seen within ``INCIDENT_WINDOW`` of the
+agents. A failure joins the current incident when it happened within ``INCIDENT_WINDOW`` of the
 incident's first failure and its worker already existed then (a replacement that crashes is a
-new incident, so a crash loop still spends the budget). ``status.restarts`` counts incidents
+new incident, so a crash loop still spends the budget). Workers restarted in place by their
+launcher count the same way; such a restart that joins an incident is its consequence and
+charges nothing. ``status.restarts`` counts incidents
 (each one restart of training from a checkpoint); ``restartsCountTowardsMax`` counts those
 that involve a failure the policy charges (infrastructure failures are free unless
 ``countInfrastructureFailures``).
@@ -17,12 +19,12 @@ that involve a failure the policy charges (infrastructure failures are free unle
 **What each failure costs** is in docs/operator.md.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from torchkube.api.contract import ExitCode
+from torchkube.api.contract import ExitCode, InPlaceRestart
 from torchkube.api.spec import FailurePolicySpec, FailureReason
 from torchkube.api.status import FailureRecord, SlowestRank, TrainingJobStatus
 from torchkube.api.times import format_time, parse_time
@@ -69,7 +71,13 @@ class Failure:
     """When the stopped worker was created; a worker born after an incident began cannot be
     part of it."""
     restart_count: int | None = None
-    """For a container restarted in place (the store): which restart this was."""
+    """For a container restarted in place (the store), or workers restarted in place by
+    their launcher: which restart this was."""
+    at: datetime | None = None
+    """When it happened, if not when it was seen (an in-place restart is seen later)."""
+    follows: bool = False
+    """A consequence when it joins an incident: it charges none (a survivor's workers
+    restarted because another pod's failed)."""
 
     @property
     def infrastructure(self) -> bool:
@@ -222,6 +230,57 @@ def vanished_failure(pod: dict[str, Any]) -> Failure:
     )
 
 
+def in_place_failure(record: InPlaceRestart, started: datetime | None) -> Failure:
+    """A pod's workers restarted in place by its launcher after a worker failed: counted
+    like the pod's failure, unless it joins an incident another failure began (a peer's
+    failure makes every survivor's workers fail too)."""
+    where = f"pod {record.pod}" + (f" on node {record.node}" if record.node else "")
+    lines = record.message.strip().splitlines()
+    detail = f": {lines[-1]}" if lines else ""
+    return Failure(
+        "InPlaceRestart",
+        _tail(
+            f"{where} restarted its workers in place (restart {record.restart}): a worker "
+            f"exited with code {record.exit_code}{detail}"
+        ),
+        record.pod,
+        record.node,
+        record.exit_code,
+        True,
+        started,
+        record.restart,
+        parse_time(record.time),
+        True,
+    )
+
+
+def in_place_due(
+    records: Iterable[InPlaceRestart],
+    started: Mapping[str, datetime | None],
+    recorded: Callable[[str, int], bool],
+    now: datetime,
+) -> tuple[list[Failure], float | None]:
+    """The in-place restarts to account now, oldest first, and the seconds until the next
+    one is due (None: none waits).
+
+    Only restarts of live workers (``started``: their creation, by pod name) that are not
+    ``recorded`` yet: a pod gone since is counted by its own failure or its release. Each
+    waits ``INCIDENT_WINDOW`` after it happened, so that a pod failure that caused it, seen
+    sooner or later, is recorded first and it joins that incident free."""
+    due: list[Failure] = []
+    wait: float | None = None
+    for record in records:
+        if record.pod not in started or recorded(record.pod, record.restart):
+            continue
+        at = parse_time(record.time) or now
+        left = (at + INCIDENT_WINDOW - now).total_seconds()
+        if left > 0:
+            wait = left if wait is None else min(wait, left)
+        else:
+            due.append(in_place_failure(record, started[record.pod]))
+    return sorted(due, key=lambda found: found.at or now), wait
+
+
 def released_early(pod: dict[str, Any]) -> Failure:
     """A worker that left as a released spare (``STANDBY_RELEASED``) while training had not
     ended: a launcher older than the operator's, whose join timeout closed the rendezvous for
@@ -356,19 +415,20 @@ def account(
             out.fail_reason = "PermanentFailure"
             out.fail_message = f"{failure.message}; not retried"
             return out
+        when = failure.at or now
         joins = (
             began is not None
-            and now - began <= INCIDENT_WINDOW
+            and abs(when - began) <= INCIDENT_WINDOW
             and (failure.started is None or failure.started < began)
         )
         if not joins:
             out.restarts += 1
-            began, charged = now, False
-        counts = failure.counts(policy)
+            began, charged = when, False
+        counts = failure.counts(policy) and not (failure.follows and joins)
         if counts and not charged:
             out.counted += 1
             charged = True
-        out.records.append(to_record(failure, now, out.restarts, counts))
+        out.records.append(to_record(failure, when, out.restarts, counts))
         if out.counted > policy.max_restarts:
             out.fail_reason = "MaxRestartsExceeded"
             out.fail_message = (

@@ -146,6 +146,7 @@ class _Sorter:
         for pod in out.deleting:
             if not self.counted(pod) and self._deleted_externally(out, pod):
                 out.new_failures.append(failure.classify_pod(pod, self.policy, False))
+        out.new_failures[:0] = self._in_place_restarts(out)
         for pod in self.ctx.observed.vanished:
             if not self.counted(pod) and self._deleted_externally(out, pod):
                 out.new_failures.append(failure.vanished_failure(pod))
@@ -169,6 +170,22 @@ class _Sorter:
             out.deleting.append(pod)
         else:
             out.live_workers.setdefault(p.slot(pod), []).append(pod)
+
+    def _in_place_restarts(self, out: _Pods) -> list[Failure]:
+        """The trainer's report of workers restarted in place, due and not counted yet."""
+        report = self.ctx.observed.progress
+        if report is None:
+            return []
+        live = {p.name(pod): pod for pod in out.workers}
+        due, wait = failure.in_place_due(
+            report.in_place_restarts,
+            {name: p.created(pod) for name, pod in live.items()},
+            lambda name, restart: self.counted(live[name], restart),
+            self.ctx.now,
+        )
+        if wait is not None:
+            self.ctx.plan.requeue(wait)
+        return due
 
     def _released_at_the_end(self, pod: dict[str, Any]) -> bool:
         """A spare is released only when training is over: only the end closes the
@@ -266,7 +283,9 @@ def _record_failures(ctx: Context, new: list[Failure]) -> bool:
         others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
         ctx.event(
             "Warning",
-            first.reason if first.infrastructure or first.reason == "Hang" else "WorkerFailed",
+            first.reason
+            if first.infrastructure or first.reason in ("Hang", "InPlaceRestart")
+            else "WorkerFailed",
             f"{first.message}{others}; restarting from the latest checkpoint "
             f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
         )

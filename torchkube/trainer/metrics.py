@@ -3,7 +3,8 @@
 No torch here. Metric names follow Prometheus practice (``torchkube_train_`` prefix, base
 units, ``_total`` on counters, ratios 0–1) with two low-cardinality labels, ``job`` and
 ``rank``. One HTTP server per pod (on local rank 0) serves ``/metrics`` and ``/progress`` on
-``TORCHKUBE_METRICS_PORT``; rank 0's numbers are the job's.
+``TORCHKUBE_METRICS_PORT``; rank 0's numbers are the job's. ``/progress`` adds the job's
+in-place restarts of workers from the rendezvous store (``torchkube.elastic.restarts``).
 """
 
 import contextlib
@@ -22,6 +23,7 @@ from prometheus_client.exposition import generate_latest
 
 from torchkube.api.contract import PROGRESS_FILE, TERMINATION_LOG, Env, ProgressReport
 from torchkube.api.times import rfc3339
+from torchkube.elastic.restarts import RestartBoard
 from torchkube.trainer.loader import EXIT_CONFIG_ERROR, RunEnv
 
 log = logging.getLogger("torchkube.trainer")
@@ -263,7 +265,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/metrics":
             body, ctype = generate_latest(self.server.registry), CONTENT_TYPE_LATEST
         elif self.path == "/progress":
-            body, ctype = json.dumps(self.server.progress.record).encode(), "application/json"
+            record = self.server.progress.record
+            board = self.server.restarts
+            if board is not None:
+                restarts = [r.model_dump(by_alias=True, exclude_none=True) for r in board.read()]
+                record = {**record, "inPlaceRestarts": restarts}
+            body, ctype = json.dumps(record).encode(), "application/json"
         else:
             self.send_error(404, "try /metrics or /progress")
             return
@@ -291,6 +298,8 @@ class MetricsServer(ThreadingHTTPServer):
     def __init__(self, port: int, registry: CollectorRegistry, progress: ProgressReporter):
         super().__init__(("", port), _Handler)
         self.registry, self.progress = registry, progress
+        self.restarts = RestartBoard.from_env()
+        """The job's in-place restarts, every pod's, served with the progress report."""
         self._thread = threading.Thread(
             target=self.serve_forever,
             args=(SHUTDOWN_POLL_SECONDS,),

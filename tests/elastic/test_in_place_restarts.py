@@ -1,0 +1,37 @@
+"""In-place restarts with real torchrun agents on loopback: a worker that crashes is
+restarted by its launcher without the pod failing, and the restart is posted to the
+rendezvous store, where the trainers' ``/progress`` and so the operator find it."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from agents import kill_agent, launch, rdzv_args, steps
+from steps_script import CRASH_EXIT_CODE
+
+from torchkube.elastic.restarts import RestartBoard
+
+pytestmark = pytest.mark.slow
+STEPS = 30
+
+
+def test_a_worker_restarted_in_place_is_posted_for_the_operator(store: int, tmp_path: Path) -> None:
+    env = {"STEPS": str(STEPS), "STEP_SECONDS": "0.05", "CRASH_AT_STEP": "10"}
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        return launch(rdzv_args(store, nnodes="2:2"), tmp_path, name, POD_NAME=f"pod-{name}", **env)
+
+    agents = {name: start(name) for name in ("a", "b")}
+    try:
+        for name in ("a", "b"):
+            assert agents[name].wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()
+        records = RestartBoard(f"127.0.0.1:{store}", "test-job").read()
+    finally:
+        for name in agents:
+            kill_agent(tmp_path, name)
+    assert [s for s, _, _ in steps(tmp_path)] == list(range(1, STEPS + 1))
+    crashed = [r for r in records if r.exit_code == CRASH_EXIT_CODE]
+    assert len(crashed) == 1, records
+    assert crashed[0].restart == 1 and crashed[0].pod in ("pod-a", "pod-b"), crashed
+    assert crashed[0].time, crashed
+    assert all(r.pod in ("pod-a", "pod-b") for r in records), records

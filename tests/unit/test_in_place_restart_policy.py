@@ -1,0 +1,96 @@
+"""In-place restarts in the failure policy: torchrun restarting a pod's workers without the
+pod failing counts like a pod failure, once, under the same per-incident rule — a crash
+loop spends ``maxRestarts`` — and a restart caused by another pod's failure joins that
+incident free (torchkube/operator/failure.py, through the planner)."""
+
+from datetime import timedelta
+
+from planner import NOW, created_slots, make_job, pod, run, running_status, store
+
+from torchkube.api import labels as lbl
+from torchkube.api.contract import InPlaceRestart, ProgressReport
+from torchkube.api.times import format_time
+
+
+def progress(*restarts: InPlaceRestart) -> ProgressReport:
+    return ProgressReport(
+        step=50, updated=format_time(NOW - timedelta(seconds=2)), in_place_restarts=list(restarts)
+    )
+
+
+def restart(worker: dict, count: int, ago: float, code: int = 7) -> InPlaceRestart:
+    return InPlaceRestart(
+        pod=worker["metadata"]["name"],
+        node="n1",
+        restart=count,
+        exit_code=code,
+        message="ValueError: bad batch",
+        time=format_time(NOW - timedelta(seconds=ago)),
+    )
+
+
+def test_an_in_place_restart_is_a_counted_incident_reported_once() -> None:
+    workers = [pod(i) for i in range(4)]
+    result = run(
+        make_job(running_status()),
+        [*workers, store()],
+        progress=progress(restart(workers[1], 1, ago=40)),
+    )
+    last = result.status.last_failure
+    assert last is not None and (last.reason, last.pod) == (
+        "InPlaceRestart",
+        workers[1]["metadata"]["name"],
+    )
+    assert last.exit_code == 7 and "in place" in last.message and "bad batch" in last.message
+    assert (result.status.restarts, result.status.restarts_count_towards_max) == (1, 1)
+    assert [e.reason for e in result.events] == ["InPlaceRestart"]
+    assert result.mark_recorded == {workers[1]["metadata"]["name"]: "1"}
+    assert result.delete_pods == [] and created_slots(result) == [], "the pod itself is fine"
+
+    workers[1]["metadata"]["labels"][lbl.FAILURE_RECORDED] = "1"
+    again = run(
+        make_job(result.status),
+        [*workers, store()],
+        progress=progress(restart(workers[1], 1, ago=50)),
+    )
+    assert again.status.restarts == 1 and again.events == [], "recorded once"
+
+
+def test_a_fresh_in_place_restart_waits_for_its_cause_to_be_seen() -> None:
+    workers = [pod(i) for i in range(4)]
+    result = run(
+        make_job(running_status()),
+        [*workers, store()],
+        progress=progress(restart(workers[1], 1, ago=5)),
+    )
+    assert result.status.restarts == 0
+    assert result.requeue_after is not None and 0 < result.requeue_after <= 25
+
+
+def test_a_restart_caused_by_another_pods_free_failure_joins_it_free() -> None:
+    workers = [pod(i) for i in range(4)]
+    deleted = {
+        "reason": "Deleted",
+        "message": "pod x was deleted by someone else",
+        "pod": "demo-worker-3-gone",
+        "time": format_time(NOW - timedelta(seconds=50)),
+        "incident": 1,
+        "counted": False,
+    }
+    job = make_job(running_status(restarts=1, failures=[deleted], lastFailure=deleted))
+    result = run(
+        job, [*workers, store()], progress=progress(restart(workers[0], 1, ago=48, code=1))
+    )
+    assert (result.status.restarts, result.status.restarts_count_towards_max) == (1, 0)
+    record = result.status.failures[-1]
+    assert (record.reason, record.incident, record.counted) == ("InPlaceRestart", 1, False)
+
+
+def test_a_crash_loop_in_place_spends_max_restarts() -> None:
+    workers = [pod(i) for i in range(4)]
+    loop = [restart(workers[2], n, ago=ago) for n, ago in enumerate((240, 180, 120, 60), 1)]
+    job = make_job(running_status(), failurePolicy={"maxRestarts": 2})
+    result = run(job, [*workers, store()], progress=progress(*loop))
+    assert result.status.phase == "Failed", result.status.conditions
+    failed = next(c for c in result.status.conditions if c.type == "Failed")
+    assert failed.reason == "MaxRestartsExceeded" and "in place" in failed.message
