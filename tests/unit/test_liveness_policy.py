@@ -81,3 +81,15 @@ def test_a_job_short_of_min_names_the_pods_it_waits_for_and_why() -> None:
     later = make_job(result.status, replicas={"min": 3, "max": 3})
     all_up = run(later, [pod(0), pod(1), pod(2), store()])
     assert condition(all_up, cond.WAITING_FOR_WORKERS)["status"] == "False"
+
+
+def test_the_wait_is_cleared_when_the_job_ends_or_is_suspended() -> None:
+    job = make_job(replicas=TWO)
+    waiting = run(job, [pod(0), pod(1, phase="Pending", node=None), store()])
+    assert condition(waiting, cond.WAITING_FOR_WORKERS)["status"] == "True"
+    suspended = run(make_job(waiting.status, replicas=TWO, runPolicy={"suspend": True}), [])
+    assert condition(suspended, cond.WAITING_FOR_WORKERS)["status"] == "False"
+    finished = pod(0, phase="Succeeded", exit_code=0, message=TRAINING_FINISHED)
+    done = run(make_job(waiting.status, replicas=TWO), [finished, store()])
+    assert done.status.phase == "Succeeded"
+    assert condition(done, cond.WAITING_FOR_WORKERS)["status"] == "False"

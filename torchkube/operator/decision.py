@@ -163,6 +163,7 @@ class Context:
         self.set(phase, True, reason, message)
         self.clear(cond.RUNNING, reason, message)
         self.clear(cond.RESTARTING, reason, message)
+        self.clear(cond.WAITING_FOR_WORKERS, reason, message)
         self.event("Warning" if phase == "Failed" else "Normal", reason, message)
 
     def done(self) -> Plan:

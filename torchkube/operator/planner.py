@@ -16,7 +16,9 @@ in order:
   (``failure``): permanent or over budget → Failed, else record, back off, replace → success
   (``lifecycle``) → refused creates → the slowest rank, a straggler replaced (``stragglers``)
   → scale to the target and its spares (``scaling``) → keep the store → blocked and
-  unschedulable pods, phase, counts and spares (``phase``).
+  unschedulable pods, the workers a job short of ``replicas.min`` waits for (``waiting``),
+  phase, counts and spares (``phase``). New failures include workers restarted in place
+  (the trainer's report) and workers gone since the last plan (``Observed.vanished``).
 """
 
 import math
@@ -190,7 +192,7 @@ class _Sorter:
     def _released_at_the_end(self, pod: dict[str, Any]) -> bool:
         """A spare is released only when training is over: only the end closes the
         rendezvous (``elastic/torchrun.py``). The workers that finished may be seen a moment
-        after it, so it keeps its slot for ``RELEASE_CONFIRM_SECONDS`` before it is taken for
+        after it, so it keeps its slot for ``RELEASE_CONFIRM`` before it is taken for
         what an older launcher's join timeout left behind. One the operator let go (its
         label) is released whenever it ends."""
         if self.training_over or lbl.RELEASED in pod["metadata"].get("labels", {}):
@@ -415,6 +417,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         return ctx.done()
     children_ready = children.ensure(ctx, observed.children)
     if lifecycle.suspend(ctx, owned):
+        ctx.clear(cond.WAITING_FOR_WORKERS, "Suspended", "job is suspended")
         return ctx.done()
     if lifecycle.deadlines(ctx):
         lifecycle.clean_up_finished(ctx, owned)
