@@ -27,10 +27,8 @@ def test_a_lone_agent_times_out_and_later_agents_still_train(store: int, tmp_pat
     try:
         code = agents["lone"].wait(timeout=120)
         message = (tmp_path / "lone.termination").read_text()
-        assert (code, message.split(":")[:2]) == (
-            ExitCode.JOIN_TIMEOUT,
-            JOIN_TIMED_OUT.split(":")[:2],
-        ), f"exit {code}: {message}"
+        assert code == ExitCode.JOIN_TIMEOUT, f"exit {code}: {message}"
+        assert message.startswith(JOIN_TIMED_OUT), message
         assert "1 of at least 2" in message, message
 
         agents |= {name: start(name, 90) for name in ("a", "b")}
