@@ -53,7 +53,10 @@ def report(ctx: Context, workers: list[dict[str, Any]], missing: int) -> None:
     if len(reasons) > SHOWN_PODS:
         reasons = [*reasons[:SHOWN_PODS], f"{len(reasons) - SHOWN_PODS} more"]
     if missing:
-        reasons.append(f"{missing} not created yet (backing off after a failure)")
+        reasons.append(
+            f"{missing} not created yet (backing off after a failure, or the create is "
+            "refused: see PodsBlocked)"
+        )
     needed = minimum - running
     timeout = ctx.spec.rendezvous.join_timeout_seconds
     ctx.set(
