@@ -1459,6 +1459,10 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
         delete_volume(api, corpus_pv)
 
 
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
 def test_a_worker_that_starts_after_the_join_timeout_still_trains_to_the_end(
     real_cluster: Cluster,
     trainer_image: LoadedImage,
@@ -1483,9 +1487,11 @@ def test_a_worker_that_starts_after_the_join_timeout_still_trains_to_the_end(
         manifest["spec"]["replicas"] = {"min": 2, "max": 2}
         manifest["spec"]["rendezvous"] = {"joinTimeoutSeconds": join_timeout}
         manifest["spec"]["scheduling"]["pendingTimeoutSeconds"] = 5
-        anti = manifest["spec"]["scheduling"]["affinity"]["podAntiAffinity"]
-        term = anti.pop("preferredDuringSchedulingIgnoredDuringExecution")[0]["podAffinityTerm"]
-        anti["requiredDuringSchedulingIgnoredDuringExecution"] = [term]  # one per node
+        # One worker per node by its CPU request (a required anti-affinity would be inherited
+        # by the store pod and keep the workers off its node).
+        node = client.CoreV1Api(api).read_node(late_node)
+        millicores = _millicores(node.status.allocatable["cpu"]) * 6 // 10
+        manifest["spec"]["resources"]["requests"]["cpu"] = f"{millicores}m"
         _kubectl(real_cluster, "cordon", late_node)
         try:
             job.apply(manifest)
@@ -1500,7 +1506,7 @@ def test_a_worker_that_starts_after_the_join_timeout_still_trains_to_the_end(
                 waiting_named, 120, what="WaitingForWorkers", describe_last=job.describe
             )
             say(f"waiting: {waiting['message']}")
-            assert waiting["status"] == "True" and "unschedulable" in waiting["message"], waiting
+            assert waiting["status"] == "True" and "Insufficient cpu" in waiting["message"], waiting
 
             def join_timed_out() -> dict[str, Any] | None:
                 last: dict[str, Any] = job.status().get("lastFailure") or {}
