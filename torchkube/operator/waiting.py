@@ -58,13 +58,14 @@ def report(ctx: Context, workers: list[dict[str, Any]], missing: int) -> None:
             "refused: see PodsBlocked)"
         )
     needed = minimum - running
+    named = "; ".join(reasons).rstrip(".") or "none created yet"
     timeout = ctx.spec.rendezvous.join_timeout_seconds
     ctx.set(
         cond.WAITING_FOR_WORKERS,
         True,
         "WorkersNotStarted",
         f"waiting for {needed} more worker{'s' if needed > 1 else ''} to start ({running} of at "
-        f"least {minimum} running): {'; '.join(reasons) or 'none created yet'}. Training "
+        f"least {minimum} running): {named}. Training "
         "starts once they run; a running worker waits rendezvous.joinTimeoutSeconds "
         f"({timeout}s) for them, then leaves and is replaced (free)",
     )
