@@ -149,3 +149,21 @@ def test_the_job_exports_its_final_checkpoint_with_its_tokenizer(
     assert exported["tie_word_embeddings"] is True
     assert (exported["bos_token_id"], exported["eos_token_id"]) == (255, 256)
     assert_transformers_computes_the_checkpoint(ckpt / f"step-{STEPS}", out)
+
+
+def test_the_job_export_is_no_hang_to_the_launchers_watchdog(
+    token_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading and writing a large model takes longer than a step's hang timeout: the export
+    runs as a phase between steps, judged against the collective timeout like a checkpoint."""
+    from torchkube.elastic.heartbeat import Heartbeat
+    from torchkube.trainer import train as training
+
+    heartbeat = Heartbeat(None)
+    monkeypatch.setattr(Heartbeat, "from_env", classmethod(lambda cls, *a: heartbeat))
+    seen: list[str | None] = []
+    monkeypatch.setattr(
+        training, "export_final", lambda *a: seen.append(heartbeat.snapshot().paused)
+    )
+    train(token_data, tmp_path / "ckpt", exportFormat="hf")
+    assert seen == ["export"]

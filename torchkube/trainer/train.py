@@ -178,7 +178,8 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             )
             return 128 + (stop.signum or signal.SIGTERM)
         if spec.export_format == "hf" and info.is_main:
-            export_final(spec, run_env, ckpt.last_step)
+            with heartbeat.pausing("export"):  # minutes for a large model: not a hang
+                export_final(spec, run_env, ckpt.last_step)
         report.finished(state)
         _write_termination_message(run_env, training_finished_message(state.step))
         return EXIT_OK
