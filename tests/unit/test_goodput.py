@@ -7,6 +7,8 @@ import pytest
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
+from torchkube.api.hang import HANG_MIN_SECONDS
+from torchkube.api.status import TrainingJobStatus
 from torchkube.operator import goodput as g
 from torchkube.operator import status as st
 
@@ -150,11 +152,29 @@ def test_without_progress_reports_running_time_is_productive() -> None:
     assert state.productive + state.open_seconds() == pytest.approx(16 + 10)
 
 
-def test_a_hang_is_stall_after_ten_step_times_or_two_minutes() -> None:
+def test_a_hang_is_stall_after_ten_step_times_or_a_minute() -> None:
     h = started_job(History()).train(until=30).at(400).at(420, step=23)
     state = h.replay()
-    assert state.badput["stall"] == pytest.approx(400 - 30 - g.STALL_MIN_SECONDS)
+    assert state.badput["stall"] == pytest.approx(400 - 30 - HANG_MIN_SECONDS)
     assert accounted(state) == pytest.approx(420)
+
+
+def test_a_stall_is_what_the_jobs_hang_timeout_says() -> None:
+    """The operator charges ``stall`` by the rule the launcher's watchdog acts on
+    (api/hang.py): a job that declares 30 s hung has stalled after 30 s, not two minutes."""
+    spec = {"failurePolicy": {"hangTimeoutSeconds": 30}}
+    running = TrainingJobStatus(phase="Running", start_time="2026-01-01T00:00:00Z")
+    stored = job({"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}, spec=spec)
+    state: g.Goodput | None = None
+    for t in range(21):  # a step a second, then none for 60 s
+        at = T0 + timedelta(seconds=t)
+        state = g.track(state, stored, running, ProgressReport(step=t), at)
+    state = g.track(state, stored, running, ProgressReport(step=20), T0 + timedelta(seconds=80))
+    assert state.badput["stall"] == pytest.approx(60 - 30)
+    off = job(stored.status.to_wire(), spec={"failurePolicy": {"hangTimeoutSeconds": 0}})
+    state = g.track(None, off, running, ProgressReport(step=20), T0)
+    state = g.track(state, off, running, ProgressReport(step=20), T0 + timedelta(seconds=90))
+    assert state.badput["stall"] == pytest.approx(90 - HANG_MIN_SECONDS)  # off: derived
 
 
 def test_checkpoint_blocking_reported_by_the_trainer_moves_out_of_productive() -> None:
@@ -173,7 +193,11 @@ def test_step_going_back_without_a_counted_failure_is_an_in_pod_restart() -> Non
     assert state.high_water == 22
 
 
-def job(status: dict[str, Any] | None = None, created: datetime = T0) -> TrainingJob:
+def job(
+    status: dict[str, Any] | None = None,
+    created: datetime = T0,
+    spec: dict[str, Any] | None = None,
+) -> TrainingJob:
     body: dict[str, Any] = {
         "apiVersion": "torchkube.io/v1alpha1",
         "kind": "TrainingJob",
@@ -182,7 +206,7 @@ def job(status: dict[str, Any] | None = None, created: datetime = T0) -> Trainin
             "namespace": "ns",
             "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
-        "spec": {},
+        "spec": spec or {},
     }
     if status is not None:
         body["status"] = status
@@ -203,8 +227,10 @@ def test_the_ratio_is_written_with_other_changes_or_at_most_every_30_seconds() -
     ) -> tuple[g.Goodput, float | None]:
         nonlocal written
         report = ProgressReport.model_validate(progress) if progress else None
-        state = g.track(state, job(stored or None), stored, planned, report, at)
-        written = st.goodput_to_write(state.ratio, stored, planned, written, at)
+        stored_job = job(stored or None)
+        decided = TrainingJobStatus.model_validate(planned)
+        state = g.track(state, stored_job, decided, report, at)
+        written = st.goodput_to_write(state.ratio, stored_job.status, decided, written, at)
         return state, written.value
 
     pending = {"phase": "Pending"}
@@ -235,17 +261,20 @@ def test_a_restarted_operator_carries_the_ratio_over() -> None:
         "progress": {"step": 500},
     }
     now = T0 + timedelta(seconds=1000)
-    state = g.track(None, job(status), status, dict(status), None, now)
+    stored = job(status)
+    assert stored.status is not None
+    state = g.track(None, stored, stored.status, None, now)
     assert state.ratio == pytest.approx(0.8)
     assert state.productive == 0 and state.badput_total == 0  # counters restart at zero
     report = ProgressReport(step=600)
-    state = g.track(state, job(status), status, dict(status), report, now + timedelta(100))
+    state = g.track(state, stored, stored.status, report, now + timedelta(100))
     assert state.ratio > 0.8  # type: ignore[operator]
 
 
 def test_a_job_created_again_under_the_same_name_starts_anew() -> None:
-    state = g.track(None, job(), {}, {"phase": "Pending"}, None, T0 + timedelta(seconds=50))
+    pending = TrainingJobStatus(phase="Pending")
+    state = g.track(None, job(), pending, None, T0 + timedelta(seconds=50))
     assert state.badput["scheduling"] == pytest.approx(50)
     again = T0 + timedelta(seconds=60)
-    state = g.track(state, job(created=again), {}, {"phase": "Pending"}, None, again)
+    state = g.track(state, job(created=again), pending, None, again)
     assert state.badput["scheduling"] == 0

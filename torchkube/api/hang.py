@@ -1,11 +1,12 @@
-"""When a worker counts as hung: one rule for the launcher's watchdog and the operator.
+"""When a worker counts as hung: one rule for the launcher's watchdog and the operator's goodput.
 
 A worker hangs when it finishes no training step for ``failurePolicy.hangTimeoutSeconds``.
 Unset, the timeout follows the job's own pace — ten times the median step time, and never
 less than a minute, so a slow first step, an evaluation or a synchronous checkpoint between
 two steps is not mistaken for a hang. It stays below the trainer's collective timeout: a
 collective that gives up first would end the round without the stacks that say where it was
-stuck (the watchdog's job). No torch here: the operator imports it too.
+stuck (the watchdog's job). The operator charges the same time to goodput's ``stall``
+(torchkube/operator/goodput.py), so no torch here.
 """
 
 HANG_MIN_SECONDS = 60.0

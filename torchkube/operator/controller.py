@@ -356,23 +356,19 @@ class Controller:
         )
         unseen = set(memory.created)
         decided = plan(observed)
-        stored = body.get("status") or {}
-        planned = st.to_wire(decided.status)
         memory.goodput = goodput.track(
             memory.goodput,
             job,
-            stored,
-            planned,
+            decided.status,
             memory.progress,
             observed.now,
             reporting=job.spec.metrics.enabled and bool(self.settings.progress_url),
         )
         memory.goodput_written = st.goodput_to_write(
-            memory.goodput.ratio, stored, planned, memory.goodput_written, observed.now
+            memory.goodput.ratio, job.status, decided.status, memory.goodput_written, observed.now
         )
-        if memory.goodput_written.value is not None:
-            decided.status.goodput = memory.goodput_written.value
-            planned["goodput"] = memory.goodput_written.value
+        decided.status.goodput = memory.goodput_written.value
+        planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
         await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
         memory.live = p.live_workers(pods, unseen | set(memory.deleted))

@@ -13,7 +13,7 @@ recovery       from a worker failure until the restarted trainer steps again
 redo           re-doing steps that were done before a failure but not checkpointed
 checkpoint     training blocked by checkpoint saves (when the trainer reports it)
 data_loading   training blocked waiting for input (when the trainer reports it)
-stall          Running, but no step for far longer than a step takes (a hang)
+stall          Running, but no step for longer than the job's hang timeout (api/hang.py)
 =============  ===========================================================================
 
 Time while the job is suspended or after it finished counts for neither side. Per failure,
@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
+from torchkube.api.hang import derived_timeout, hang_timeout
+from torchkube.api.status import TrainingJobStatus
 from torchkube.api.times import parse_time
 
 CAUSES = (
@@ -51,10 +53,6 @@ CAUSES = (
     "stall",
 )
 """Badput causes, the values of the ``cause`` label."""
-
-STALL_MIN_SECONDS = 120.0
-STALL_STEPS = 10.0
-"""A step is overdue (``stall``) after max(120 s, 10 step times) without a new step."""
 
 Mode = Literal["scheduling", "waiting", "training", "paused", "finished"]
 _EXCLUDED_PHASES = ("Succeeded", "Failed")
@@ -79,32 +77,39 @@ class Sample:
     reporting: bool = True
     """Whether progress reports are expected (trainer metrics on and the operator polling);
     without them, time with enough workers Running is all the evidence of training."""
+    hang_timeout_seconds: float | None = None
+    """``failurePolicy.hangTimeoutSeconds`` (None: derived from the step time, 0: off)."""
+    collective_timeout_seconds: float | None = None
+    """``trainer.collectiveTimeoutSeconds``, which a derived hang timeout stays below."""
 
     @classmethod
     def of(
         cls,
-        status: Mapping[str, Any],
+        job: TrainingJob,
+        status: TrainingJobStatus,
         progress: ProgressReport | None,
         now: datetime,
         reporting: bool = True,
     ) -> Sample:
         """A sample from the status the reconcile decided and the trainer's last report."""
-        step = progress.step if progress else (status.get("progress") or {}).get("step")
+        step = progress.step if progress else (status.progress.step if status.progress else None)
         checkpoint = (
             progress.last_checkpoint_step
             if progress and progress.last_checkpoint_step is not None
-            else (status.get("latestCheckpoint") or {}).get("step")
+            else (status.latest_checkpoint.step if status.latest_checkpoint else None)
         )
         return cls(
             time=now,
-            phase=str(status.get("phase", "Pending")),
-            restarts=int(status.get("restarts", 0) or 0),
-            step=None if step is None else int(step),
-            checkpoint_step=None if checkpoint is None else int(checkpoint),
+            phase=status.phase,
+            restarts=status.restarts,
+            step=step,
+            checkpoint_step=checkpoint,
             resumes=progress.resumes if progress else None,
             checkpoint_blocking_seconds=progress.checkpoint_blocking_seconds if progress else None,
             data_wait_seconds=progress.data_wait_seconds if progress else None,
             reporting=reporting,
+            hang_timeout_seconds=job.spec.failure_policy.hang_timeout_seconds,
+            collective_timeout_seconds=job.spec.trainer.collective_timeout_seconds,
         )
 
 
@@ -169,25 +174,27 @@ def start(created: datetime) -> Goodput:
     return Goodput(last=created, created=created)
 
 
-def resume(status: Mapping[str, Any], created: datetime, now: datetime) -> Goodput:
+_MODE_OF_PHASE: Mapping[str, Mode] = {
+    "Running": "training",
+    "Restarting": "waiting",
+    "Suspended": "paused",
+    "Succeeded": "finished",
+    "Failed": "finished",
+}
+
+
+def resume(status: TrainingJobStatus, created: datetime, now: datetime) -> Goodput:
     """The accumulator of a job already under way when this operator process first sees it.
 
     The ratio an earlier process wrote to ``status.goodput`` is carried over for the wall
     time so far; the mode follows the phase.
     """
     wall = max(0.0, (now - created).total_seconds())
-    ratio = status.get("goodput")
-    carried = (0.0, 0.0) if ratio is None else (float(ratio) * wall, (1 - float(ratio)) * wall)
-    step = (status.get("progress") or {}).get("step")
-    checkpoint = (status.get("latestCheckpoint") or {}).get("step")
-    phase = status.get("phase", "Pending")
-    mode: Mode = {
-        "Running": "training",
-        "Restarting": "waiting",
-        "Suspended": "paused",
-        "Succeeded": "finished",
-        "Failed": "finished",
-    }.get(phase, "scheduling")  # type: ignore[assignment]
+    ratio = status.goodput
+    carried = (0.0, 0.0) if ratio is None else (ratio * wall, (1 - ratio) * wall)
+    step = status.progress.step if status.progress else None
+    checkpoint = status.latest_checkpoint.step if status.latest_checkpoint else None
+    mode = _MODE_OF_PHASE.get(status.phase, "scheduling")
     return Goodput(
         last=now,
         created=created,
@@ -197,7 +204,7 @@ def resume(status: Mapping[str, Any], created: datetime, now: datetime) -> Goodp
         step=step,
         high_water=step,
         checkpoint_step=checkpoint,
-        restarts=int(status.get("restarts", 0) or 0),
+        restarts=status.restarts,
         open_since=now if mode == "training" else None,
         cause="recovery",
         base=checkpoint or 0,
@@ -247,8 +254,14 @@ def _delta(new: float | None, old: float | None) -> float:
     return new - old
 
 
-def _stall_after(state: Goodput) -> float:
-    return max(STALL_MIN_SECONDS, STALL_STEPS * (state.step_seconds or 0.0))
+def _stall_after(state: Goodput, sample: Sample) -> float:
+    """Seconds without a new step after which training time is ``stall``: the job's hang
+    timeout, the rule the launcher's watchdog acts on. With hang detection off the derived
+    timeout still applies here: nothing is restarted, but a step-less hour is no progress."""
+    timeout = hang_timeout(
+        sample.hang_timeout_seconds, state.step_seconds, sample.collective_timeout_seconds
+    )
+    return derived_timeout(state.step_seconds) if timeout is None else timeout
 
 
 def _resumed(state: Goodput, sample: Sample) -> bool:
@@ -389,7 +402,7 @@ def _train(state: Goodput, sample: Sample, now: datetime, book: _Book) -> dict[s
         book.productive += span - state.open_stall
         return {"open_since": now, "open_stall": 0.0}
     if sample.step is None or state.step is None or sample.step == state.step:
-        overdue = max(0.0, span - _stall_after(state)) - state.open_stall
+        overdue = max(0.0, span - _stall_after(state, sample)) - state.open_stall
         book.charge("stall", overdue)
         return {"open_stall": state.open_stall + max(overdue, 0.0)}
     seconds = span - state.open_stall
@@ -428,17 +441,18 @@ def replay(created: datetime, samples: Iterable[Sample]) -> Goodput:
 def track(
     state: Goodput | None,
     job: TrainingJob,
-    previous: Mapping[str, Any],
-    status: Mapping[str, Any],
+    status: TrainingJobStatus,
     progress: ProgressReport | None,
     now: datetime,
     reporting: bool = True,
 ) -> Goodput:
-    """One reconcile's update. ``previous`` is the status as stored, ``status`` the one the
-    plan decided, ``progress`` the trainer's last report, ``reporting`` whether reports are
-    expected at all. When ``status.goodput`` is written is the status module's business."""
+    """One reconcile's update. ``job`` is the job as stored (its status what an earlier
+    reconcile wrote), ``status`` the one the plan decided, ``progress`` the trainer's last
+    report, ``reporting`` whether reports are expected at all. When ``status.goodput`` is
+    written is the status module's business."""
     created = parse_time(job.metadata.get("creationTimestamp")) or now
     if state is None or state.created != created:
-        under_way = previous.get("startTime") or previous.get("phase") not in (None, "Pending")
+        previous = job.status or TrainingJobStatus()
+        under_way = previous.start_time or previous.phase != "Pending"
         state = resume(previous, created, now) if under_way else start(created)
-    return advance(state, Sample.of(status, progress, now, reporting))
+    return advance(state, Sample.of(job, status, progress, now, reporting))

@@ -84,25 +84,26 @@ class GoodputWrite:
 
 def goodput_to_write(
     ratio: float | None,
-    stored: dict[str, Any],
-    planned: dict[str, Any],
+    stored: TrainingJobStatus | None,
+    planned: TrainingJobStatus,
     last: GoodputWrite | None,
     now: datetime,
 ) -> GoodputWrite:
     """What ``status.goodput`` should say now: the new ratio (to 0.001) when the status is
     written anyway or ``GOODPUT_MIN_INTERVAL`` passed since it last changed, else the value
-    already there."""
-    old = stored.get("goodput")
-    last = last or GoodputWrite(None if old is None else float(old), now)
+    already there. ``stored`` is the status as stored, ``planned`` the one the plan decided
+    (the planner keeps out what the wire cannot carry, so the two compare as they are sent)."""
+    old = stored.goodput if stored else None
+    last = last or GoodputWrite(old, now)
     if ratio is None:
-        return GoodputWrite(None if old is None else float(old), last.at)
+        return GoodputWrite(old, last.at)
     value = round(ratio, 3)
-    writing = _without_goodput(planned) != _without_goodput(stored)
+    writing = _without_goodput(planned) != _without_goodput(stored or TrainingJobStatus())
     due = last.at is None or (now - last.at).total_seconds() >= GOODPUT_MIN_INTERVAL
     if old is None or value == old or writing or due:
         return GoodputWrite(value, now if old is None or value != old else last.at)
-    return GoodputWrite(float(old), last.at)
+    return GoodputWrite(old, last.at)
 
 
-def _without_goodput(status: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in status.items() if key != "goodput"}
+def _without_goodput(status: TrainingJobStatus) -> TrainingJobStatus:
+    return status.model_copy(update={"goodput": None})
