@@ -6,7 +6,7 @@ cores; the command this writes into the results lists every flag). Many short pa
 than a few long ones: on a shared machine a pair's two trials then mostly see the same load.
 On one GPU: ``python -m bench.trainer_throughput --gpu`` — GPT-2 small (124M, with GPT-2's
 vocabulary), bf16, sequence 1024, the trainer with DDP and FSDP2 at world size 1, each with and
-without ``torch.compile``, MFU against the device's dense bf16 peak (``metrics.peak_flops``);
+without ``torch.compile``, MFU against the device's dense bf16 peak (``flops.peak_flops``);
 ``--model llama-1b`` (any Llama-family preset) for a Llama. One process only: several GPUs are
 measured by ``tests/trainer/test_gpu.py::test_throughput_on_all_gpus``. ``bench/gpu_check.sh``
 runs this and the GPU tests on a lent machine.
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
     results = Results(name, command(args), config=dict(vars(args)))
     results.machine["torch_threads"] = torch.get_num_threads()
     if gpu:
-        from torchkube.trainer.metrics import peak_flops
+        from torchkube.trainer.flops import peak_flops
 
         device_name = torch.cuda.get_device_name(0)
         peaks = [peak_flops(device_name, "bf16") or 0.0]

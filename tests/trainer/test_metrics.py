@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 from trainer_harness import free_port
 
+from torchkube.trainer.flops import peak_flops
 from torchkube.trainer.loader import RunEnv
-from torchkube.trainer.metrics import (
-    ProgressReporter,
-    TrainMetrics,
-    peak_flops,
-    report_permanent_error,
-    start_metrics_server,
-)
+from torchkube.trainer.metrics import TrainMetrics
+from torchkube.trainer.permanent_error import report_permanent_error
+from torchkube.trainer.reporting import ProgressReporter
+from torchkube.trainer.server import start_metrics_server
 
 
 def test_metric_names_follow_prometheus_conventions() -> None:

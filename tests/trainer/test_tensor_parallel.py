@@ -37,9 +37,9 @@ from trainer_harness import (
     worker_env,
 )
 
+from torchkube.api.contract import ExitCode
 from torchkube.trainer import RunEnv, load_config, run
 from torchkube.trainer.llama import PRESETS, Llama
-from torchkube.trainer.loader import EXIT_OK
 from torchkube.trainer.weights import save_pretrained
 
 pytestmark = pytest.mark.slow
@@ -201,7 +201,7 @@ def test_checkpoint_reshards_across_tensor_and_data_sizes(
     one = tmp_path / "one"
     shutil.copytree(ref_ckpt / "step-10", one / "step-10")
     spec, _ = load_config(recipe(token_data, weights, 1, strategy="ddp"), {})
-    assert run(spec, RunEnv(checkpoint_dir=one, checkpoint_interval_steps=5)) == EXIT_OK
+    assert run(spec, RunEnv(checkpoint_dir=one, checkpoint_interval_steps=5)) == ExitCode.OK
     text = "\n".join(f"torchkube: {message}" for message in trainer_log.messages)
     assert "world size changed 2 → 1" in text
     assert_same_losses(logged_losses(text), expected, first=11)

@@ -18,11 +18,11 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.utils.data import Dataset
 from trainer_harness import assert_bitwise_equal, checkpoint_tensors, spec_args
 
+from torchkube.api.contract import ExitCode
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer import RunEnv, Workload, gpt_workload, load_config, run
 from torchkube.trainer.llama import PRESETS as LLAMA_PRESETS
 from torchkube.trainer.llama import Llama
-from torchkube.trainer.loader import EXIT_CONFIG_ERROR, EXIT_OK
 from torchkube.trainer.weights import save_pretrained
 
 
@@ -44,7 +44,7 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
             evalIntervalSteps=15,
             evalDataPath=token_data / "val.bin",
         )
-        == EXIT_OK
+        == ExitCode.OK
     )
     record = progress(tmp_path)
     assert record["finished"] is True and record["step"] == record["totalSteps"] == 30
@@ -54,7 +54,7 @@ def test_trains_and_reports_progress(token_data: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10", "step-20", "step-30"]
     # a finished job that starts again (a pod restarted after the last checkpoint) does
     # nothing, stays finished, and still reports the loss it finished with
-    assert run_tiny(token_data, tmp_path, steps=30) == EXIT_OK
+    assert run_tiny(token_data, tmp_path, steps=30) == ExitCode.OK
     again = progress(tmp_path)
     assert again["finished"] is True and again["resumes"] == 1
     assert again["loss"] == record["loss"]
@@ -92,11 +92,11 @@ def crash_at_micro_step(micro_step: int) -> Workload:
 def test_every_round_that_resumed_is_counted(token_data: Path, tmp_path: Path) -> None:
     """A round that resumed from step-10 and failed before its next save leaves step-10 the
     newest checkpoint, whose own count says 0 resumes: the next round is the second resume."""
-    assert run_tiny(token_data, tmp_path, steps=10) == EXIT_OK
-    assert run_tiny(token_data, tmp_path, crash_at_micro_step(2 * 4), steps=20) != EXIT_OK
+    assert run_tiny(token_data, tmp_path, steps=10) == ExitCode.OK
+    assert run_tiny(token_data, tmp_path, crash_at_micro_step(2 * 4), steps=20) != ExitCode.OK
     assert progress(tmp_path)["resumes"] == 1 and progress(tmp_path)["step"] < 20
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10"]
-    assert run_tiny(token_data, tmp_path, steps=20) == EXIT_OK
+    assert run_tiny(token_data, tmp_path, steps=20) == ExitCode.OK
     assert progress(tmp_path)["resumes"] == 2 and progress(tmp_path)["step"] == 20
 
 
@@ -104,12 +104,12 @@ def test_every_round_that_resumed_is_counted(token_data: Path, tmp_path: Path) -
 def reference(token_data: Path, tmp_path: Path) -> Path:
     """An uninterrupted 25-step run with dropout (so random streams matter to a resume)."""
     folder = tmp_path / "reference"
-    assert run_tiny(token_data, folder, steps=25, dropout=0.1) == EXIT_OK
+    assert run_tiny(token_data, folder, steps=25, dropout=0.1) == ExitCode.OK
     return folder
 
 
 def assert_resumes_to(reference: Path, token_data: Path, interrupted: Path) -> None:
-    assert run_tiny(token_data, interrupted, steps=25, dropout=0.1) == EXIT_OK
+    assert run_tiny(token_data, interrupted, steps=25, dropout=0.1) == ExitCode.OK
     assert progress(interrupted)["loss"] == progress(reference)["loss"]
     assert_bitwise_equal(
         checkpoint_tensors(interrupted / "step-25"), checkpoint_tensors(reference / "step-25")
@@ -158,15 +158,15 @@ def test_sigterm_during_an_async_save_commits_it_and_writes_nothing_more(
 def test_resuming_onto_other_data_is_refused_unless_asked(token_data: Path, tmp_path: Path) -> None:
     """The checkpoint names the files it was trained on and their sizes; other data would
     silently change the sample order, so that takes allowDatasetChange."""
-    assert run_tiny(token_data, tmp_path, steps=10) == EXIT_OK
+    assert run_tiny(token_data, tmp_path, steps=10) == ExitCode.OK
     other = tmp_path / "other"
     other.mkdir()
     (other / "train.bin").write_bytes((token_data / "val.bin").read_bytes())
-    assert run_tiny(other, tmp_path, steps=20) == EXIT_CONFIG_ERROR
+    assert run_tiny(other, tmp_path, steps=20) == ExitCode.CONFIG_ERROR
     error = progress(tmp_path)["error"]
     assert f"checkpoint {tmp_path}/step-10 was trained on train.bin" in error
     assert "set allowDatasetChange: true" in error
-    assert run_tiny(other, tmp_path, steps=20, allowDatasetChange=True) == EXIT_OK
+    assert run_tiny(other, tmp_path, steps=20, allowDatasetChange=True) == ExitCode.OK
     assert progress(tmp_path)["step"] == 20 and progress(tmp_path)["resumes"] == 1
 
 
@@ -206,7 +206,7 @@ def test_custom_model_dataset_and_loss(tmp_path: Path) -> None:
         lr_schedule="constant",
         log_interval_steps=20,
     )
-    assert run(spec, RunEnv(checkpoint_dir=tmp_path), workload) == EXIT_OK
+    assert run(spec, RunEnv(checkpoint_dir=tmp_path), workload) == ExitCode.OK
     assert progress(tmp_path)["loss"] < 0.2  # from ≈ 10 (the variance of y)
     assert (tmp_path / "step-60").is_dir()
 
@@ -214,7 +214,7 @@ def test_custom_model_dataset_and_loss(tmp_path: Path) -> None:
 def test_runtime_config_error_is_exit_3(token_data: Path, tmp_path: Path) -> None:
     # HSDP shard groups of 2 cannot be formed from one process: known only at run time
     code = run_tiny(token_data, tmp_path, steps=5, strategy="hsdp", hsdpShardSize=2)
-    assert code == EXIT_CONFIG_ERROR
+    assert code == ExitCode.CONFIG_ERROR
     assert "hsdpShardSize (2) must divide the world size (1)" in progress(tmp_path)["error"]
 
 
@@ -251,7 +251,7 @@ def test_bad_input_is_one_line_and_exit_3(
 ) -> None:
     data = [f"--data-path={token_data / 'train.bin'}"] if "--data-path" not in args[0] else []
     done = trainer_cli(*data, *args, "--warmup-steps=0", "--steps=5")
-    assert done.returncode == EXIT_CONFIG_ERROR
+    assert done.returncode == ExitCode.CONFIG_ERROR
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     assert done.stderr.startswith("torchkube-trainer: error: ")
 
@@ -271,6 +271,6 @@ def test_the_trainer_refuses_weights_of_another_shape_with_exit_3(
         ),
         {},
     )
-    assert run(spec, RunEnv(checkpoint_dir=tmp_path / "ckpt")) == EXIT_CONFIG_ERROR
+    assert run(spec, RunEnv(checkpoint_dir=tmp_path / "ckpt")) == ExitCode.CONFIG_ERROR
     error = (tmp_path / "ckpt" / "progress.json").read_text()
     assert "weightsPath:" in error and "mlp.gate_proj.weight is [128, 64]" in error

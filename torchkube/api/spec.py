@@ -210,6 +210,10 @@ class RendezvousSpec(ApiModel):
     )
 
 
+CheckpointMode = Literal["async", "sync"]
+"""How a checkpoint is saved: see ``CheckpointSpec.mode``."""
+
+
 class CheckpointSpec(ApiModel):
     """The shared volume checkpoints go to, and how often the trainer writes them.
 
@@ -267,7 +271,7 @@ class CheckpointSpec(ApiModel):
     interval_seconds: int | None = Field(
         default=None, ge=10, description="Also checkpoint when this much time passed."
     )
-    mode: Literal["async", "sync"] = Field(
+    mode: CheckpointMode = Field(
         default="async",
         description="async: training blocks only while the state is copied to host memory; "
         "sync: training waits until the checkpoint is on disk.",

@@ -57,11 +57,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
+from torchkube.api.times import rfc3339
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.data import dataset_identity, describe_dataset
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.files import write_json_atomic
 from torchkube.trainer.loader import ConfigError, RunEnv
-from torchkube.trainer.metrics import TrainMetrics, rfc3339, write_json_atomic
+from torchkube.trainer.metrics import TrainMetrics
 from torchkube.trainer.state_dicts import OPTIMIZER_KEY, state_dicts, tensor_bytes
 
 log = logging.getLogger("torchkube.trainer")

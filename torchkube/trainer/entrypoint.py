@@ -9,8 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from torchkube.trainer.loader import EXIT_CONFIG_ERROR, EXIT_OK, ConfigError, load_config, preflight
-from torchkube.trainer.metrics import report_permanent_error
+from torchkube.api.contract import ExitCode
+from torchkube.trainer.loader import ConfigError, load_config, preflight
+from torchkube.trainer.permanent_error import report_permanent_error
 
 if TYPE_CHECKING:
     from torchkube.trainer.workload import Workload
@@ -26,7 +27,7 @@ def main(argv: Sequence[str] | None = None, workload: "Workload | None" = None) 
         preflight(spec, run_env)
     except ConfigError as e:
         report_permanent_error(str(e))
-        return EXIT_CONFIG_ERROR
+        return ExitCode.CONFIG_ERROR
     from torchkube.trainer.train import run  # torch is imported only for a valid config
 
     return run(spec, run_env, workload)
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None, workload: "Workload | None" = None) 
 def exit_with(code: int) -> NoReturn:
     """Exit with ``code``; a failed worker exits at once, without waiting for a checkpoint
     thread that may be stuck on a dead peer."""
-    if code != EXIT_OK:
+    if code != ExitCode.OK:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -19,24 +19,17 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
-from torchkube.api.contract import TERMINATION_LOG, Env, ExitCode
+from torchkube.api.contract import TERMINATION_LOG, Env
 from torchkube.api.errors import describe
-from torchkube.api.spec import CheckpointSpec
+from torchkube.api.spec import CheckpointMode, CheckpointSpec
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer import hf
 from torchkube.trainer.tokens import BYTE_VOCAB_SIZE, read_header, resolve_token_files
-
-# Exit codes and environment names are the pod contract's (torchkube/api/contract.py).
-EXIT_OK = ExitCode.OK
-EXIT_FAILURE = ExitCode.FAILURE
-EXIT_CONFIG_ERROR = ExitCode.CONFIG_ERROR
-EXIT_FENCED = ExitCode.FENCED
-# Stopped by SIGTERM/SIGINT after the emergency checkpoint: 128 + signal number (143 / 130).
 
 MIN_CHECKPOINT_KEEP = 2  # the newest checkpoint and a fallback, should the newest not load
 _CHECKPOINT = CheckpointSpec()
@@ -58,7 +51,7 @@ class RunEnv:
     checkpoint_interval_steps: int = _CHECKPOINT.interval_steps  # 0: no step-based checkpoints
     checkpoint_interval_seconds: float = 0.0  # 0: no time-based checkpoints
     checkpoint_keep: int = _CHECKPOINT.keep  # at least MIN_CHECKPOINT_KEEP
-    checkpoint_mode: str = _CHECKPOINT.mode  # async or sync
+    checkpoint_mode: CheckpointMode = _CHECKPOINT.mode
     metrics_port: int = 0  # 0: no metrics server
     termination_log: Path | None = None
     elastic_restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT
@@ -215,7 +208,7 @@ def load_config(
             "(a disk error after it was written), and the one before it is then the only way "
             f"back; set spec.checkpoint.keep ({Env.CHECKPOINT_KEEP}) to 2 or more"
         )
-    if values["checkpoint_mode"] not in ("async", "sync"):
+    if values["checkpoint_mode"] not in get_args(CheckpointMode):
         raise ConfigError(
             f"checkpoint mode must be async or sync, not {values['checkpoint_mode']!r} "
             f"(spec.checkpoint.mode, {Env.CHECKPOINT_MODE})"

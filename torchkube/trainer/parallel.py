@@ -41,8 +41,8 @@ from torch.utils.checkpoint import (
 
 from torchkube.api.trainer import ActivationCheckpointing, TrainerSpec
 from torchkube.trainer.distributed import DistInfo
+from torchkube.trainer.flops import MatmulPrecision
 from torchkube.trainer.loader import ConfigError
-from torchkube.trainer.metrics import MatmulPrecision
 
 TensorPlan = Callable[[nn.Module, int], dict[str, ParallelStyle]]
 """A model's tensor-parallel plan for a tensor size: module name (``*`` for any one name
