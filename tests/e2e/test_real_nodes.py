@@ -1357,9 +1357,9 @@ def test_the_users_path_helm_operator_pods_data_node_loss_leader_change_promethe
 
         # A worker's node, not the new leader's (a leader lost with its node is another
         # change of leader, after its Lease expires) and, where there is a choice, not the
-        # rendezvous store's. Once in CI no worker was Running just after the Lease changed
-        # hands (why is not known: the restarts said below tell whether the job restarted),
-        # so the victim is chosen once two workers run.
+        # rendezvous store's. Right after the Lease changes hands a worker may not be Running
+        # (why is not known: the restarts said below tell whether the job restarted), so the
+        # victim is chosen once two workers run.
         core: Any = client.CoreV1Api(api)
         leader_node = core.read_namespaced_pod(successor, OPERATOR_NS).spec.node_name
 

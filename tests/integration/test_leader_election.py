@@ -120,8 +120,8 @@ def test_a_renew_in_flight_at_shutdown_does_not_take_the_released_lease_again(
     api_client: Any, namespace: str
 ) -> None:
     """Shutdown cancels the renew loop, but not a renew call already in its thread. Released
-    while that call waits, the Lease must stay free: before, the late renew read the released
-    Lease and took it again, and the standby waited a whole lease duration (18.5 s in CI)."""
+    while that call waits, the Lease must stay free: a late renew that read the released
+    Lease would take it again, and the standby would wait a whole lease duration."""
     elector = LeaderElection(api_client, namespace, "tk-release", lease_seconds=30)
     assert elector.try_acquire_or_renew()
     elector.leading.set()
@@ -133,7 +133,7 @@ def test_a_renew_in_flight_at_shutdown_does_not_take_the_released_lease_again(
     assert gated.entered.wait(10)
     release = threading.Thread(target=elector.release)
     release.start()
-    time.sleep(0.3)  # the release waits for the call in flight (before: it went ahead)
+    time.sleep(0.3)  # the release must wait for the call in flight, not go ahead
     gated.gate.set()
     renew.join(10)
     release.join(10)
@@ -204,9 +204,9 @@ def _job_series(process: OperatorProcess, namespace: str) -> list[str]:
 def test_sigterm_stops_the_leader_in_seconds_and_the_standby_leads_at_once(
     cluster: Cluster, crd: dict[str, Any], api_client: Any, namespace: str
 ) -> None:
-    """Two real operator processes, one job. SIGTERM to the leader: it logged "Operator is
-    stopping" and ran on for 47 s (still running after 60 s when idle), so in a pod every
-    rollout cost the grace period plus the Lease's expiry. It must be gone within 5 s, with
+    """Two real operator processes, one job. SIGTERM to the leader: a leader that runs on
+    after "Operator is stopping" costs every rollout the pod's grace period plus the Lease's
+    expiry. It must be gone within 5 s, with
     the Lease released, and the standby leading within 5 s after that. Only the leader
     exports the job's series, before the handover and after it."""
     election = {

@@ -102,8 +102,7 @@ def test_deleted_young_worker_is_replaced_once_and_the_replacement_kept(
     """A worker deleted minutes after the operator created it (kubectl delete pod, an
     eviction). The operator's memory of that create must not bring the gone pod back and
     take the replacement for a duplicate — the job would then run a worker short until the
-    memory expired (found by bench/operator_recovery.py: 2 minutes short). The delete is
-    recorded as ``Deleted``, free, force or not."""
+    memory expired. The delete is recorded as ``Deleted``, free, force or not."""
     pool = isolated_pool(nodes=4)
     job = make_job(f"young-{'force' if force else 'grace'}", pool, replicas={"min": 4, "max": 4})
     victim = job.wait_running(4)[2].metadata.name

@@ -104,7 +104,8 @@ def test_nan_loss_and_a_huge_termination_message_do_not_break_status_writes(
     api_client: Any,
 ) -> None:
     """A diverged trainer reports loss NaN (not JSON); a crashing one leaves 4 KiB of
-    traceback. Either used to make every later status write of the job fail."""
+    traceback. Sent as they are, either would have the apiserver refuse every later status
+    write of the job."""
     pool = isolated_pool(nodes=2)
     job = make_job("diverged", pool, replicas={"min": 2, "max": 2})
     workers = job.wait_running(2)
@@ -256,8 +257,8 @@ def test_a_burst_of_events_leaves_the_reconcile_rate_flat(
     api_client: Any,
 ) -> None:
     """Every reconcile of a running job asks to be revisited (the progress interval, 1 s
-    here). Each used to add a timer of its own: after a burst of pod events the rate grew
-    with the burst and never came down (85-114/s measured for an intended few per second)."""
+    here). The requests of one job share one timer: a timer each would make the rate grow
+    with every burst of pod events and never come down."""
     pool = isolated_pool(nodes=2)
     job = make_job("burst", pool, replicas={"min": 2, "max": 2})
     workers = job.wait_running(2)

@@ -295,7 +295,7 @@ def test_stop_commits_the_save_in_flight_of_the_same_step(
 
 def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:
     # A minute, and the clock wound forward by hand: a real wait of a fraction of a second
-    # was outlasted by staging a save on a loaded machine.
+    # can be outlasted by staging a save on a loaded machine.
     job = make_job(info, tmp_path, interval_steps=0, interval_seconds=60)
     assert not job.ckpt.due(1)
     job.ckpt._last_save_started -= 61

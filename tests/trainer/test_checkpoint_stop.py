@@ -1,10 +1,9 @@
 """The emergency checkpoint at a stop is decided by all ranks together (two processes, gloo).
 
 Each rank polls its share of an async save on its own, so when SIGTERM lands one rank may have
-committed the save another still holds as in flight. Deciding alone, the first wrote the
-current step while the second did not, and the first then failed in the save's collectives
-when the second exited (seen in a clean-clone run of
-tests/local/test_run.py::test_sigterm_stops_the_whole_tree_after_an_emergency_checkpoint)."""
+committed the save another still holds as in flight. Deciding alone, the first would write
+the current step while the second did not, and would then fail in the save's collectives when
+the second exited."""
 
 import os
 import subprocess

@@ -208,8 +208,8 @@ def test_a_checkpoint_or_evaluation_is_allowed_the_collective_timeout() -> None:
 
 def test_a_worker_stopped_by_a_signal_during_a_save_is_the_culprit_at_the_hang_timeout() -> None:
     """SIGSTOP while an async checkpoint is being written: no save stops itself, so it is
-    found at the hang timeout, not the collective one (on real nodes its waiting peer was
-    named instead, after the peer grace)."""
+    found at the hang timeout, not the collective one (else its waiting peer would be named,
+    after the peer grace)."""
     now = T0 + 1000
     stopped = beat(1, now - 61, now - 61, paused="checkpoint")
     waiting = beat(0, now - 61, now)
@@ -239,9 +239,9 @@ def test_a_heartbeat_without_a_launcher_does_nothing(tmp_path: Path) -> None:
 
 
 def test_the_first_step_is_on_disk_at_once(tmp_path: Path) -> None:
-    """A worker stopped less than a heartbeat period after its first step left a file that
-    showed no step, and the watchdog took it for one still starting: never a hang (the
-    real-node hang test's SIGSTOP came 0.3 s into training and the waiting pod was blamed)."""
+    """A worker stopped less than a heartbeat period after its first step must have that step
+    on disk: a file that shows no step looks like a worker still starting, never hung, and
+    its waiting peer would be blamed instead."""
     heartbeat = Heartbeat(tmp_path, rank=1, local_rank=0)
     try:
         assert Beat.from_json(beat_file(tmp_path, 0).read_text()).stepped is None

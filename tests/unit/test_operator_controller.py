@@ -199,8 +199,8 @@ class _KubeRefusingPods(_RecordingKube):
 
 def test_the_events_of_a_recorded_failure_survive_a_refused_pod_write() -> None:
     """The status write ends the failure's incident: the next plan sees it recorded and opens
-    no incident, so an event not sent with this plan is never sent (a node loss on real nodes
-    left only Created and Running in ``kubectl describe``)."""
+    no incident, so an event not sent with this plan is never sent (a node loss would leave
+    only Created and Running in ``kubectl describe``)."""
     kube = _KubeRefusingPods()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {"restarts": 0}}
@@ -384,7 +384,7 @@ def _queued_after_writing(stored: dict[str, Any], planned: dict[str, Any], echo:
 
 def test_the_echo_of_a_goodput_only_write_is_not_reconciled() -> None:
     """A quiet job's goodput moves with the clock and is written every 30 s; reconciling its
-    echo changed nothing and was a third of a quiet fleet's reconciles."""
+    echo changes nothing, and would cost every quiet job a reconcile per write."""
     running = {"phase": "Running", "goodput": 0.91}
     assert not _queued_after_writing(running, {**running, "goodput": 0.92}, echo="42")
 

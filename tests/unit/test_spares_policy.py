@@ -27,8 +27,8 @@ def test_running_pods_beyond_the_target_are_the_spares() -> None:
 
 def test_a_spare_still_importing_torch_is_not_counted() -> None:
     """A spare pod Running but whose launcher's server has not imported torch yet (its
-    container not ``started``) would take a place only after the import: status.spares said
-    it stood by warm (on real nodes such a spare took 4.2 s more to train)."""
+    container not ``started``) would take a place only after the import, seconds later than
+    a warm one: counting it would promise a stand-by that is not ready."""
     cold = [*(pod(i) for i in range(5)), pod(5, warm=False), store()]
     result = run(make_job(running_status(), replicas=SPARED), cold)
     assert result.status.spares == 1 and result.status.replicas == 6

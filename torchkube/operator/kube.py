@@ -78,9 +78,9 @@ class Kube:
     ) -> dict[str, Any]:
         """Send one request, counted and bounded in time; the response's JSON as a dict.
 
-        The response is parsed as plain JSON instead of the client's model objects: building
-        a V1Pod and turning it back into a dict took most of the operator's CPU time per
-        created pod, and the operator only ever wants the dict."""
+        The response is parsed as plain JSON instead of the client's model objects: the
+        operator only ever wants the dict, and building a V1Pod to turn it back into one costs
+        more CPU than the rest of a pod's create (docs/benchmarks.md)."""
         metrics.API_REQUESTS.labels(verb, resource).inc()
         response = method(*args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
         data = response.data  # read in full, so the connection goes back to the pool

@@ -47,8 +47,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 SHUTDOWN_POLL_SECONDS = 0.05
 """How often the metrics thread looks for a shutdown request. ``close()`` waits for it, and a
-worker that fails (a dead peer) closes the server before it exits: socketserver's default
-half second was up to half a second more before the launcher saw the failure."""
+worker that fails (a dead peer) closes the server before it exits, so socketserver's default
+(half a second) would delay the launcher's view of the failure by as much."""
 
 
 class MetricsServer(ThreadingHTTPServer):
