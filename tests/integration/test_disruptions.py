@@ -2,7 +2,8 @@
 Eviction API while its node is drained, and preempted by kube-scheduler for a pod of higher
 priority. Each is an infrastructure incident (docs/operator.md, "What each failure costs"):
 recorded under its own reason, replaced at once, and free of ``maxRestarts``; the job says
-``Restarting`` until the replacement runs.
+``Restarting`` until the replacement runs, and ``WaitingForWorkers`` names the replacement and
+why it is not scheduled.
 
 Each test fills a pool of its own (a worker takes a whole node), so the replacement waits
 until the test gives the node back: the wait is what the status must explain.
@@ -51,6 +52,24 @@ def _assert_free_incident(status: dict[str, Any], victim: str, reason: str) -> N
     assert "waiting for replacements" in _condition(status, "Restarting")["message"]
 
 
+def _waits_for_replacement(job: Job, victim: Any) -> str:
+    """The replacement of ``victim``, once ``WaitingForWorkers`` names it as not scheduled
+    (with the scheduler's message): what the job waits for and what would unblock it."""
+    slot = int(victim.metadata.labels[lbl.REPLICA_INDEX])
+
+    def named() -> str | None:
+        found = job.replacements(slot, victim.metadata.name)
+        waiting = _condition(job.status(), "WaitingForWorkers")
+        message = waiting.get("message", "")
+        if not found or waiting.get("status") != "True":
+            return None
+        replacement: str = found[0].metadata.name
+        return replacement if f"pod {replacement}: not scheduled for" in message else None
+
+    name: str = job.wait(named, 30, "WaitingForWorkers naming the unscheduled replacement")
+    return name
+
+
 def test_evicted_worker_on_a_drained_node_is_replaced_free(
     make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
 ) -> None:
@@ -64,9 +83,7 @@ def test_evicted_worker_on_a_drained_node_is_replaced_free(
     faults.evict_pod(api_client, name, job.namespace)
     status = _incident(job, name)
     _assert_free_incident(status, name, "Evicted")
-    slot = int(victim.metadata.labels[lbl.REPLICA_INDEX])
-    replacement = job.wait(lambda: job.replacements(slot, name), 30, "a replacement")
-    assert replacement[0].spec.node_name is None  # its node cordoned, the other one taken
+    _waits_for_replacement(job, victim)  # its node cordoned, the other one taken
     job.wait_event("Evicted", 30, containing=name)
     faults.cordon_node(api_client, node, unschedulable=False)
     job.wait_running(2)
@@ -121,7 +138,8 @@ def test_worker_preempted_by_a_higher_priority_pod_is_replaced_free(
     _assert_free_incident(status, name, "Preempted")
     job.wait_event("Preempted", 30, containing=name)
     wait_pod_phase(api_client, "urgent", job.namespace, "Running", timeout=30)
-    assert job.status()["phase"] == "Restarting"  # the replacement waits for a node
+    _waits_for_replacement(job, workers[name])  # the urgent pod holds its node
+    assert job.status()["phase"] == "Restarting"
     core.delete_namespaced_pod("urgent", job.namespace, grace_period_seconds=0)
     wait_pod_gone(api_client, "urgent", job.namespace, timeout=30)
     replacement = job.wait_running(2)
