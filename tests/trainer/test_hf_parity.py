@@ -43,8 +43,9 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
 }
-FP32_TOLERANCE = 1e-4
-BF16_TOLERANCE = 2e-2  # a few bf16 roundings (2^-8 each) through two layers
+TOLERANCE = 1e-4
+"""Both models compute in fp32 (the trainer keeps fp32 weights, bf16 files included): a
+misread config shows at 1e-3 and more, rounding at 1e-6."""
 
 
 def save_hf(
@@ -77,10 +78,10 @@ def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return float((ours.float() - theirs.float()).norm() / theirs.float().norm())
 
 
-def assert_same_model(folder: Path, info: DistInfo, dtype: torch.dtype = torch.float32) -> None:
-    """Logits and next-token loss of the folder through weightsPath (fp32 weights, as the
-    trainer keeps them) against transformers' model of the folder in ``dtype``."""
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+def assert_same_model(folder: Path, info: DistInfo) -> None:
+    """Logits and next-token loss of the folder through weightsPath against transformers'
+    model of the folder, both in fp32 whatever dtype the files hold."""
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     model_type = read_config(folder)["model_type"]
     spec = TrainerSpec(model=f"{model_type}-tiny", weights_path=str(folder), device="cpu")
     workload = builtin_workload(spec)
@@ -93,11 +94,10 @@ def assert_same_model(folder: Path, info: DistInfo, dtype: torch.dtype = torch.f
         expected = theirs(tokens, labels=tokens)
         logits = ours(tokens)
         loss = cross_entropy_loss(ours(tokens[:, :-1]), tokens[:, 1:])
-    tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
     logits_error = relative_error(logits, expected.logits)
     loss_error = relative_error(loss, expected.loss)
-    assert logits_error < tolerance, f"logits differ from transformers' by {logits_error:.1e}"
-    assert loss_error < tolerance, f"loss differs from transformers' by {loss_error:.1e}"
+    assert logits_error < TOLERANCE, f"logits differ from transformers' by {logits_error:.1e}"
+    assert loss_error < TOLERANCE, f"loss differs from transformers' by {loss_error:.1e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -114,8 +114,6 @@ def test_llama3_rope_scaling_in_rope_parameters(
     saved = read_config(folder)
     assert saved["rope_parameters"]["rope_type"] == "llama3" and "rope_scaling" not in saved
     assert_same_model(folder, info)
-    if dtype == torch.bfloat16:
-        assert_same_model(folder, info, dtype)
 
 
 def to_top_level_keys(config: dict[str, Any]) -> None:
@@ -163,7 +161,7 @@ def test_untied_llama_sharded_with_an_index(
         max_position_embeddings=256,
     )
     assert (folder / INDEX_FILE).is_file()
-    assert_same_model(folder, info, dtype)
+    assert_same_model(folder, info)
 
 
 LEFT_OUT = (
@@ -184,13 +182,14 @@ def leave_out(config: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     ("architecture", "heads"),
-    [(transformers.LlamaForCausalLM, 4), (transformers.MistralForCausalLM, 8)],
+    [(transformers.LlamaForCausalLM, 4), (transformers.MistralForCausalLM, 16)],
 )
 def test_keys_left_out_take_transformers_defaults(
     tmp_path: Path, info: DistInfo, architecture: type, heads: int
 ) -> None:
     """Defaults differ by family: a Llama without num_key_value_heads has one per query
-    head, a Mistral 8; both norms' eps are 1e-6."""
+    head, a Mistral 8 (here against 16 query heads, so neither passes for the other); both
+    norms' eps are 1e-6."""
     folder = save_hf(
         tmp_path,
         architecture,
@@ -221,7 +220,7 @@ def test_mistral_sliding_window(tmp_path: Path, info: DistInfo, dtype: torch.dty
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     )
     assert read_config(folder)["sliding_window"] == 16
-    assert_same_model(folder, info, dtype)
+    assert_same_model(folder, info)
 
 
 LLAMA_CONFIG = {**SHAPE, "model_type": "llama"}
@@ -245,7 +244,6 @@ LLAMA_CONFIG = {**SHAPE, "model_type": "llama"}
 )
 def test_what_the_model_cannot_reproduce_is_refused_by_key(config: dict, key: str) -> None:
     fields = {k: v for k, v in {**LLAMA_CONFIG, **config}.items() if v is not None}
-    fields |= {k: v for k, v in config.items() if k.startswith("rope")}
     with pytest.raises(ValueError, match=key):
         llama_fields(fields)
 
