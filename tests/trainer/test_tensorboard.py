@@ -64,3 +64,21 @@ def test_two_runs_of_one_process_write_a_file_each(tmp_path: Path) -> None:
     first.close()
     second.close()
     assert first.path != second.path
+
+
+def test_steps_logged_past_the_checkpoint_a_run_resumed_from_are_dropped(tmp_path: Path) -> None:
+    """A run logged steps 1–10 and crashed after its checkpoint at step 5; the resumed run
+    computes 6–10 again. TensorBoard shows the resumed run's values, once each."""
+    crashed = EventWriter(tmp_path)
+    for step in range(1, 11):
+        crashed.scalars(step, {"train/loss": 10.0 - step})
+    crashed.close()
+    resumed = EventWriter(tmp_path)
+    resumed.resumed(5)
+    for step in range(6, 11):
+        resumed.scalars(step, {"train/loss": 100.0 + step})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = [(event.step, event.value) for event in events.Scalars("train/loss")]
+    assert logged == [(s, 10.0 - s) for s in range(1, 6)] + [(s, 100.0 + s) for s in range(6, 11)]

@@ -5,9 +5,9 @@ The format is TensorFlow's event file, ``events.out.tfevents.<time>.<host>.<pid>
 of TFRecords, each a little-endian uint64 length, the masked CRC-32C of those 8 bytes, the
 record, and the masked CRC-32C of the record. Each record is a serialised ``Event`` protocol
 buffer (tensorflow/core/util/event.proto): ``wall_time`` (field 1, double), ``step`` (2, int64),
-and either ``file_version`` (3, string; the first record) or ``summary`` (5), whose repeated
-``value`` (1) holds a ``tag`` (1, string) and a ``simple_value`` (2, float). The encoder below
-writes just those fields.
+and either ``file_version`` (3, string; the first record), ``summary`` (5), whose repeated
+``value`` (1) holds a ``tag`` (1, string) and a ``simple_value`` (2, float), or ``session_log``
+(7) marking a resume. The encoder below writes just those fields.
 """
 
 import itertools
@@ -79,6 +79,13 @@ def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float]) -> b
     return _event(wall_time, step, _bytes_field(5, values))
 
 
+def session_start_event(wall_time: float, step: int) -> bytes:
+    """An ``Event`` whose ``session_log`` (7) has ``status`` (1) START (1): TensorBoard drops
+    every earlier event at ``step`` or later, what a run wrote past the checkpoint it
+    crashed after and resumed from (computed again, and logged again, by the resumed run)."""
+    return _event(wall_time, step, _bytes_field(7, _field(1, 0) + _varint(1)))
+
+
 def record(data: bytes) -> bytes:
     """One TFRecord."""
     length = struct.pack("<Q", len(data))
@@ -104,6 +111,11 @@ class EventWriter:
         self.path = folder / name
         self._file = open(self.path, "ab")  # noqa: SIM115 (open for the writer's life)
         self._write(record(_event(now, 0, _bytes_field(3, FILE_VERSION.encode()))))
+
+    def resumed(self, step: int) -> None:
+        """Training goes on after ``step`` (a checkpoint's): whatever an earlier run logged for
+        later steps is orphaned."""
+        self._write(record(session_start_event(time.time(), step + 1)))
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Write ``values`` (tag → number) at ``step``, flushed at once: a pod can be killed

@@ -99,6 +99,8 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         ckpt.claim()
         if ckpt.load():
             state.resumes = ckpt.count_resume(state.resumes)
+            if board is not None:
+                board.resumed(state.step)
         elif workload.load_weights is not None:
             load_weights(workload, model, spec, info)
         elif on_meta:
