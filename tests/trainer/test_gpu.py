@@ -56,9 +56,9 @@ def test_step_time_is_the_gpu_time() -> None:
 
 HOPPER_FLOORS = {"gpt2 ddp mfu": 0.35, "gpt2 fsdp / ddp": 0.90, "llama-1b fsdp mfu": 0.40}
 """Floors on one GPU of the Hopper class (H100, H200), bf16 + compile, MFU by the trainer's own
-count (docs/metrics.md): a third below what these ran at when the floors were set
-(docs/trainer.md's GPU table), so they catch a regression like FSDP2 at half DDP's speed,
-not the spread between machines."""
+count (docs/metrics.md), set by the issue that asked for them: GPT-2 DDP ran at 40.4 % on an
+H200, 13 % above its floor; the Llama passed its floor there. FSDP2 + compile ran at about
+0.66× DDP, so "within 10 %" fails on a GPU until its gap is closed (docs/trainer.md)."""
 
 
 def hopper() -> str | None:
@@ -120,19 +120,19 @@ def train_on_gpus(
 
 def test_gpt2_small_on_one_gpu(token_data: Path, tmp_path: Path) -> None:
     """DDP (the plain module at world size 1) and FSDP2 at its MFU floor and within 10 %."""
-    ddp = train_on_gpus("gpt2", "ddp", 1, 1, token_data, tmp_path)
-    fsdp = train_on_gpus("gpt2", "fsdp", 1, 1, token_data, tmp_path)
     if reason := hopper():
         pytest.skip(reason)
+    ddp = train_on_gpus("gpt2", "ddp", 1, 1, token_data, tmp_path)
+    fsdp = train_on_gpus("gpt2", "fsdp", 1, 1, token_data, tmp_path)
     assert ddp.mfu >= HOPPER_FLOORS["gpt2 ddp mfu"], ddp.line
     ratio = fsdp.tokens_per_second / ddp.tokens_per_second
     assert ratio >= HOPPER_FLOORS["gpt2 fsdp / ddp"], f"FSDP2 at {ratio:.2f}× DDP: {fsdp.line}"
 
 
 def test_llama_1b_fsdp_on_one_gpu(token_data: Path, tmp_path: Path) -> None:
-    llama = train_on_gpus("llama-1b", "fsdp", 1, 1, token_data, tmp_path)
     if reason := hopper():
         pytest.skip(reason)
+    llama = train_on_gpus("llama-1b", "fsdp", 1, 1, token_data, tmp_path)
     assert llama.mfu >= HOPPER_FLOORS["llama-1b fsdp mfu"], llama.line
 
 

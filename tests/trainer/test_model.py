@@ -37,3 +37,29 @@ def test_attention_is_causal() -> None:
     with torch.no_grad():
         a, b = model(idx), model(changed)
     assert torch.equal(a[0, :10], b[0, :10]) and not torch.equal(a[0, 10:], b[0, 10:])
+
+
+@pytest.mark.slow
+def test_the_compiled_loss_is_the_eager_loss() -> None:
+    """A compiled model's loss (one fused pass over the logits) computes what the eager one
+    does, with its gradients, and under no_grad at another batch size (evaluation)."""
+    from torchkube.trainer.workload import next_token_loss
+
+    torch.manual_seed(0)
+    model = GPT(replace(PRESETS["tiny"], vocab_size=320, block_size=32))
+    tokens = torch.randint(0, 320, (3, 33), generator=torch.Generator().manual_seed(1))
+    batch = (tokens[:, :-1], tokens[:, 1:])
+    losses, grads = [], []
+    for compiled in (False, True):
+        model.zero_grad()
+        loss = next_token_loss(compiled)(model, batch)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(model.lm_head.weight.grad.clone())
+    torch.testing.assert_close(losses[1], losses[0])
+    torch.testing.assert_close(grads[1], grads[0])
+    with torch.no_grad():
+        half = (batch[0][:2], batch[1][:2])
+        torch.testing.assert_close(
+            next_token_loss(True)(model, half), next_token_loss(False)(model, half)
+        )

@@ -174,20 +174,23 @@ def test_gpt2_small_is_one_fsdp_unit_and_a_1b_llama_one_per_block() -> None:
     with torch.device("meta"):
         gpt2 = GPT(replace(PRESETS["gpt2"], vocab_size=50304))
         llama = Llama(replace(LLAMA_PRESETS["llama-1b"], vocab_size=128256))
-    assert fsdp_units(list(gpt2.h)) == [list(gpt2.h)]
-    assert fsdp_units(list(llama.layers)) == [[layer] for layer in llama.layers]
+    floor = parallel.FSDP_UNIT_MIN_PARAMS
+    assert fsdp_units(list(gpt2.h), floor) == [list(gpt2.h)]
+    assert fsdp_units(list(llama.layers), floor) == [[layer] for layer in llama.layers]
 
 
-def test_fsdp_shards_a_unit_of_several_blocks_as_one_group(
-    info: DistInfo, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("floor", "units"), [(10**9, 1), (1, PRESETS["tiny"].n_layer)])
+def test_fsdp_shards_each_unit_as_one_group(
+    info: DistInfo, monkeypatch: pytest.MonkeyPatch, floor: int, units: int
 ) -> None:
-    """One all-gather for all of a small model's blocks, which train like the plain module."""
-    monkeypatch.setattr(parallel, "FSDP_UNIT_MIN_PARAMS", 10**9)
+    """One all-gather for all of a small model's blocks, one per block of a large one; both
+    train like the plain module."""
+    monkeypatch.setattr(parallel, "FSDP_UNIT_MIN_PARAMS", floor)
     spec = TrainerSpec(model="tiny", device="cpu", strategy="fsdp")
     plain, gpt = tiny_gpt(), tiny_gpt()
     model = parallelize(gpt, spec, info, list(gpt.h))
     groups = {id(state._fsdp_param_group) for state in _fsdp_states(model)}
-    assert len(groups) == 2  # the blocks' unit and the root's
+    assert len(groups) == units + 1  # and the root's
     idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
     for net in (plain, model):
         cross_entropy_loss(net(idx[:, :-1]), idx[:, 1:]).backward()

@@ -214,9 +214,7 @@ stays a unit of its own. FSDP1's size-based wrapping policy drew the line by siz
 docs/benchmarks.md has the measurements."""
 
 
-def fsdp_units(
-    blocks: Sequence[nn.Module], min_params: int = FSDP_UNIT_MIN_PARAMS
-) -> list[list[nn.Module]]:
+def fsdp_units(blocks: Sequence[nn.Module], min_params: int) -> list[list[nn.Module]]:
     """The blocks in consecutive runs of about equal length, each of at least ``min_params``
     parameters where the blocks have that many in all; every block its own unit once they
     are that large. What a unit costs in memory is what it holds gathered: at most about
@@ -242,7 +240,7 @@ def apply_fsdp(
     parameters gathered after forward, since backward needs them straight away.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    units = fsdp_units(blocks)
+    units = fsdp_units(blocks, FSDP_UNIT_MIN_PARAMS)
     for i, unit in enumerate(units):
         fully_shard(
             unit[0] if len(unit) == 1 else unit,
