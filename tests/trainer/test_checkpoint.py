@@ -21,7 +21,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.checkpoint import MARKER, OWNER, CheckpointManager, FencedError, TrainState
+from torchkube.trainer.checkpoint import (
+    MARKER,
+    OWNER,
+    CheckpointManager,
+    FencedError,
+    TrainState,
+    hyperparameters,
+)
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.model import GPT, PRESETS, cross_entropy_loss
 from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
@@ -70,16 +77,17 @@ def make_job(
     async_save: bool = True,
     activation_checkpointing: str = "none",
     learning_rate: float = 6e-4,
+    **spec_fields: Any,
 ) -> Job:
     spec = TrainerSpec(
         model="tiny",
         device="cpu",
         seq_len=16,
         steps=100,
-        warmup_steps=10,
         learning_rate=learning_rate,
         strategy=strategy,
         activation_checkpointing=activation_checkpointing,  # type: ignore[arg-type]
+        **{"warmup_steps": 10, **spec_fields},
     )
     torch.manual_seed(0)
     gpt = GPT(replace(PRESETS["tiny"], vocab_size=64, block_size=16))
@@ -99,6 +107,7 @@ def make_job(
         interval_seconds=interval_seconds,
         keep=keep,
         async_save=async_save,
+        hyperparameters=hyperparameters(spec),
     )
     ckpt.claim()
     return Job(model, optimizer, scheduler, state, ckpt)
@@ -154,6 +163,21 @@ def test_a_resume_trains_at_the_specs_learning_rate(
         [lr / 2 for lr in job.scheduler.get_last_lr()], rel=1e-12
     )
     assert "learningRate 0.0003 differs from the checkpoint's 0.0006" in trainer_log.text
+
+
+def test_a_resume_follows_the_specs_schedule_from_its_first_step(
+    info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
+) -> None:
+    """A schedule changed in the spec (warm-up, decay length) is the one the resumed run
+    trains its next step at, and the log names every hyper-parameter that changed."""
+    job = make_job(info, tmp_path, warmup_steps=20)
+    job.train(12)
+    job.ckpt.save(job.state.step, blocking=True)
+    fresh = make_job(info, tmp_path, warmup_steps=4, weight_decay=0.05)
+    assert fresh.ckpt.load() and fresh.scheduler.last_epoch == 12
+    at = lr_lambda(TrainerSpec(steps=100, warmup_steps=4, learning_rate=6e-4))(12)
+    assert [g["lr"] for g in fresh.optimizer.param_groups] == [6e-4 * at, 6e-4 * at]
+    assert "warmupSteps 20 → 4, weightDecay 0.1 → 0.05" in trainer_log.text
 
 
 def test_async_save_is_a_snapshot_of_its_step(info: DistInfo, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from torch.utils.data import Dataset
 
 from torchkube.api.times import rfc3339
@@ -77,6 +77,37 @@ RNG = "rng"
 
 MARKER = "COMPLETE.json"
 HF_CONFIG = "hfConfig"  # the marker's copy of the model's Hugging Face config.json
+HYPERPARAMETERS = "hyperparameters"  # the marker's copy of what the spec set of the optimisation
+_OPTIMISATION_FIELDS = {
+    "learning_rate",
+    "min_learning_rate_ratio",
+    "lr_schedule",
+    "warmup_steps",
+    "steps",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "global_batch_size",
+}
+
+
+def hyperparameters(spec: TrainerSpec) -> dict[str, Any]:
+    """What the spec sets of the optimisation, by the spec's field names: recorded with each
+    checkpoint, since the optimizer state holds none of it (the spec is the truth on a
+    resume) and a resumed run should say what changed."""
+    return spec.model_dump(mode="json", by_alias=True, include=_OPTIMISATION_FIELDS)
+
+
+def changed_hyperparameters(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``name old → new`` for each hyper-parameter the checkpoint recorded otherwise."""
+    return [
+        f"{name} {saved[name]} → {value}"
+        for name, value in current.items()
+        if name in saved and saved[name] != value
+    ]
+
+
 OWNER = ".owner.json"
 RESUMES = "resumes.json"
 STEP_PREFIX = "step-"
@@ -219,6 +250,7 @@ class CheckpointManager:
         data_identity: dict[str, Any] | None = None,
         allow_dataset_change: bool = False,
         hf_config: dict[str, Any] | None = None,
+        hyperparameters: dict[str, Any] | None = None,
     ):
         self.folder, self.info = folder, info
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
@@ -234,6 +266,7 @@ class CheckpointManager:
         self.data_identity = data_identity  # dataset_identity() of the training data
         self.allow_dataset_change = allow_dataset_change
         self.hf_config = hf_config  # recorded in each marker, for an export (export.py)
+        self.hyperparameters = hyperparameters  # recorded in each marker, compared on a resume
         self.round = ""
         self.last_step: int | None = None
         self.blocked_seconds = 0.0
@@ -291,6 +324,7 @@ class CheckpointManager:
             data_identity=dataset_identity(dataset) if dataset is not None else None,
             allow_dataset_change=spec.allow_dataset_change,
             hf_config=hf_config,
+            hyperparameters=hyperparameters(spec),
         )
 
     # --- start-up -----------------------------------------------------------------------
@@ -380,6 +414,15 @@ class CheckpointManager:
                 f" × tensor {tensor}" if tensor > 1 else "",
                 seconds,
             )
+            changed = changed_hyperparameters(
+                cand.marker.get(HYPERPARAMETERS) or {}, self.hyperparameters or {}
+            )
+            if changed and self.info.is_main:
+                log.warning(
+                    "the spec's hyper-parameters differ from the checkpoint's, training goes on "
+                    "with the spec's: %s",
+                    ", ".join(changed),
+                )
             return True
         if partly_applied:
             raise RuntimeError(
@@ -465,33 +508,32 @@ class CheckpointManager:
                 torch.cuda.set_rng_state(state[RNG][rng_key]["cuda"], self.info.device)
 
     def _load_schedule(self, saved: dict[str, Any]) -> None:
-        """The schedule's position from the checkpoint, its learning rate from the spec.
+        """The schedule's position from the checkpoint, everything else from the spec.
 
         A scheduler's state holds the learning rate it was built with (``base_lrs``) and the
         rate of its step (``_last_lr``, the base times the schedule's multiplier), both of
-        which would outlive a change of ``learningRate`` in the spec; so the spec's base is
-        kept and the step's rate rescaled to it. An unchanged spec loads the state as it is,
-        bit for bit."""
+        which would outlive a change of ``learningRate``, ``warmupSteps``, ``steps`` or
+        ``lrSchedule`` in the spec; so the spec's base is kept and the rate of the step the
+        checkpoint reached computed again by the spec's schedule. An unchanged spec computes
+        the saved rate exactly (the same product), so it resumes bit for bit."""
         spec_lrs = [float(lr) for lr in self.lr_scheduler.base_lrs]
         saved_lrs = [float(lr) for lr in saved.get("base_lrs", spec_lrs)]
-        if saved_lrs != spec_lrs:
-            last = [
-                float(lr) * new / old
-                for lr, new, old in zip(saved["_last_lr"], spec_lrs, saved_lrs, strict=True)
+        if saved_lrs != spec_lrs and self.info.is_main:
+            log.warning(
+                "learningRate %s differs from the checkpoint's %s: training goes on at the "
+                "spec's from step %d",
+                _rates(spec_lrs),
+                _rates(saved_lrs),
+                saved["last_epoch"],
+            )
+        self.lr_scheduler.load_state_dict({**saved, "base_lrs": spec_lrs})
+        scheduler = self.lr_scheduler
+        if isinstance(scheduler, LambdaLR):
+            scheduler._last_lr = [
+                base * multiplier(scheduler.last_epoch)
+                for base, multiplier in zip(spec_lrs, scheduler.lr_lambdas, strict=True)
             ]
-            saved = {**saved, "base_lrs": spec_lrs, "_last_lr": last}
-            if self.info.is_main:
-                log.warning(
-                    "learningRate %s differs from the checkpoint's %s: training goes on at the "
-                    "spec's from step %d",
-                    _rates(spec_lrs),
-                    _rates(saved_lrs),
-                    saved["last_epoch"],
-                )
-        self.lr_scheduler.load_state_dict(saved)
-        for group, lr in zip(
-            self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True
-        ):
+        for group, lr in zip(self.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
             group["lr"] = lr
 
     # --- saving -------------------------------------------------------------------------
@@ -679,6 +721,7 @@ class CheckpointManager:
             "written": rfc3339(now),
             "dataset": self.data_identity,
             **({HF_CONFIG: self.hf_config} if self.hf_config is not None else {}),
+            **({HYPERPARAMETERS: self.hyperparameters} if self.hyperparameters else {}),
             "files": files,
         }
         with open(pending.folder / MARKER, "w") as f:
