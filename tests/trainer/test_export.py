@@ -12,7 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import transformers
 from click.testing import CliRunner
-from trainer_harness import spec_args
+from trainer_harness import relative_error, spec_args
 
 from torchkube.api.contract import ExitCode
 from torchkube.cli.main import main
@@ -39,10 +39,6 @@ def checkpoint_model(checkpoint: Path) -> Llama:
     }
     dcp.load({"model": state}, checkpoint_id=checkpoint, no_dist=True)
     return model.eval()
-
-
-def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return float((ours.float() - theirs.float()).norm() / theirs.float().norm())
 
 
 def assert_transformers_computes_the_checkpoint(

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from trainer_harness import relative_error
 
 from torchkube.api.trainer import TrainerSpec
 from torchkube.trainer.distributed import DistInfo
@@ -72,10 +73,6 @@ def save_hf(
         edit(saved)
         path.write_text(json.dumps(saved))
     return folder
-
-
-def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return float((ours.float() - theirs.float()).norm() / theirs.float().norm())
 
 
 def assert_same_model(folder: Path, info: DistInfo) -> None:

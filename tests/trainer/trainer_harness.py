@@ -276,3 +276,8 @@ def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
             continue  # how the run got there, not where it is
         else:
             assert value == b[key], f"{key}: {value!r} != {b[key]!r}"
+
+
+def relative_error(ours: Any, theirs: Any) -> float:
+    """‖ours − theirs‖ / ‖theirs‖ in fp32: how far our logits or loss are from the oracle's."""
+    return float((ours.float() - theirs.float()).norm() / theirs.float().norm())
