@@ -341,3 +341,25 @@ def test_an_incident_with_a_lost_node_is_named_after_the_node_whatever_failed_fi
     assert lost.status.restarts == 1
     assert [e.reason for e in lost.events] == ["NodeLost"], lost.events
     assert "n2" in lost.events[0].message and "1 more failing together" in lost.events[0].message
+
+
+@pytest.mark.parametrize("role", ["worker", "rendezvous"])
+def test_a_pod_released_by_the_operator_is_not_lost_with_its_node(role: str) -> None:
+    """A pod the operator deleted itself (a scale-down, a duplicate store) that is still
+    Terminating when its node goes NotReady is gone by choice: force-deleted, never an
+    incident."""
+    job = make_job(running_status(), replicas={"min": 1, "max": 4, "desired": 2})
+    released = pod(
+        3 if role == "worker" else 0,
+        node="n2",
+        role=role,
+        deleting=True,
+        labels={lbl.RELEASED: "scale-down" if role == "worker" else "duplicate"},
+    )
+    pods = [pod(0), pod(1), store("n1"), released]
+    down = {"n1": READY, "n2": NodeHealth(False, NOW - timedelta(minutes=10))}
+    result = run(job, pods, down)
+    assert (released["metadata"]["name"], True) in result.delete_pods, "force-deleted"
+    assert result.status.restarts == 0 and result.status.last_failure is None
+    assert [e.reason for e in result.events if e.type == "Warning"] == []
+    assert result.create_pods == []

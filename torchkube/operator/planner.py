@@ -141,6 +141,9 @@ class _Sorter:
                 self.ctx.plan.requeue(wait)
             if lost:
                 self.ctx.plan.delete(pod, force=True)
+            # A pod the operator let go (scale-down, duplicate, suspend) was leaving by choice:
+            # its node's loss only ends the wait for its kubelet.
+            lost = lost and not self._released_by_operator(pod)
             if p.role(pod) == lbl.ROLE_RENDEZVOUS:
                 self._store(out, pod, state, lost)
             elif p.role(pod) == lbl.ROLE_WORKER:
@@ -225,12 +228,16 @@ class _Sorter:
     def _running_job(self) -> bool:
         return not self.ctx.spec.run_policy.suspend and not lifecycle.is_finished(self.ctx)
 
-    def _released_by_someone(self, pod: dict[str, Any]) -> bool:
-        """Deleted, but not by this operator (it labels what it deletes, and remembers)."""
+    def _released_by_operator(self, pod: dict[str, Any]) -> bool:
+        """Deleted by this operator on purpose: it labels what it lets go, and remembers."""
         return (
-            lbl.RELEASED not in pod["metadata"].get("labels", {})
-            and p.name(pod) not in self.ctx.observed.self_deleted
+            lbl.RELEASED in pod["metadata"].get("labels", {})
+            or p.name(pod) in self.ctx.observed.self_deleted
         )
+
+    def _released_by_someone(self, pod: dict[str, Any]) -> bool:
+        """Deleted, but not by this operator."""
+        return not self._released_by_operator(pod)
 
     def _deleted_externally(self, out: _Pods, pod: dict[str, Any]) -> bool:
         """A worker being deleted by someone else while it was the only one in a wanted slot
