@@ -18,20 +18,48 @@ def _suspended_at(ago: timedelta) -> dict[str, object]:
     }
 
 
-def test_time_suspended_is_not_active_time() -> None:
-    """Started 2 h ago, suspended for the last 90 min: 30 min active, deadline 1 h."""
-    status = running_status(phase="Suspended", conditions=[_suspended_at(timedelta(minutes=90))])
-    status["startTime"] = format_time(NOW - timedelta(hours=2))
-    resumed = run(make_job(status, runPolicy={"activeDeadlineSeconds": 3600}), [])
+DEADLINE = {"activeDeadlineSeconds": 3600}
+
+
+def _resumed_and_running(status: dict[str, object]) -> object:
+    """Resume a suspended job now; its workers run a minute later."""
+    resumed = run(make_job(status, runPolicy=DEADLINE), [])
     assert resumed.status.phase != "Failed"
-    assert resumed.status.suspended_seconds == 5400
     assert created_slots(resumed) == [0, 1, 2, 3]
-    later = run(
-        make_job(resumed.status, runPolicy={"activeDeadlineSeconds": 3600}),
-        healthy(),
-        now=NOW + timedelta(minutes=31),
-    )
-    assert condition(later, "Failed")["reason"] == "DeadlineExceeded"
+    running = run(make_job(resumed.status, runPolicy=DEADLINE), healthy(), now=NOW + MINUTE)
+    assert running.status.phase == "Running"
+    return running.status
+
+
+MINUTE = timedelta(minutes=1)
+
+
+def test_a_job_created_suspended_gets_its_whole_deadline_from_its_first_start() -> None:
+    """Queued (suspended) for 2 h from its creation, as Kueue holds jobs, then started: the
+    1 h deadline counts from the start, not from the creation and not minus the queueing."""
+    queued = {"phase": "Suspended", "conditions": [_suspended_at(timedelta(hours=2))]}
+    status = _resumed_and_running(queued)
+    assert status.last_start_time == format_time(NOW + MINUTE)
+    job = make_job(status, runPolicy=DEADLINE)
+    before = run(job, healthy(), now=NOW + MINUTE + timedelta(minutes=59))
+    assert before.status.phase == "Running"
+    assert before.requeue_after is not None and before.requeue_after <= 60
+    after = run(job, healthy(), now=NOW + MINUTE + timedelta(minutes=60))
+    assert condition(after, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_a_suspension_stops_and_resets_the_deadline_like_a_kubernetes_job() -> None:
+    """Ran 50 min of its 1 h, suspended 90 min, resumed: a Kubernetes Job's timer is stopped
+    and reset by a suspension, so the job has a whole hour again from its restart."""
+    status = running_status(phase="Suspended", conditions=[_suspended_at(timedelta(minutes=90))])
+    status["startTime"] = format_time(NOW - timedelta(minutes=140))
+    status["lastStartTime"] = status["startTime"]
+    restarted = _resumed_and_running(status)
+    assert restarted.start_time == status["startTime"], "the first start stays recorded"
+    job = make_job(restarted, runPolicy=DEADLINE)
+    assert run(job, healthy(), now=NOW + timedelta(minutes=31)).status.phase == "Running"
+    late = run(job, healthy(), now=NOW + MINUTE + timedelta(minutes=60))
+    assert condition(late, "Failed")["reason"] == "DeadlineExceeded"
 
 
 def test_start_deadline_fails_a_job_that_never_starts_and_says_why() -> None:

@@ -472,8 +472,9 @@ class RunPolicySpec(ApiModel):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="Fail the job after running this long, counted from its first start; "
-        "time spent suspended is left out.",
+        description="Fail the job after running this long, counted from when replicas.min "
+        "workers first ran since its creation or its last resume (status.lastStartTime): as "
+        "with a Kubernetes Job, a suspension stops and resets the clock.",
     )
     start_deadline_seconds: int | None = Field(
         default=None,

@@ -187,11 +187,18 @@ class TrainingJobStatus(ApiModel):
         description="When replicas.min workers first ran.",
         json_schema_extra=DATE_TIME,
     )
+    last_start_time: str | None = Field(
+        default=None,
+        description="When replicas.min workers first ran since the job was created or last "
+        "resumed: runPolicy.activeDeadlineSeconds counts from here. Unset while suspended (a "
+        "suspension stops and resets that clock, as it does a Kubernetes Job's).",
+        json_schema_extra=DATE_TIME,
+    )
     suspended_seconds: float = Field(
         default=0,
         ge=0,
-        description="Time spent suspended before the current suspension, left out of the "
-        "job's deadlines.",
+        description="Time spent suspended before the current suspension, left out of "
+        "startDeadlineSeconds.",
     )
     completion_time: str | None = Field(
         default=None, description="When the job finished.", json_schema_extra=DATE_TIME

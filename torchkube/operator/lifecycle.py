@@ -62,9 +62,11 @@ def _suspended_since(ctx: Context) -> float:
 
 
 def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
-    """``runPolicy.suspend``: no pods, checkpoints kept. On resume the time spent suspended
-    is added to ``status.suspendedSeconds`` so no deadline counts it."""
+    """``runPolicy.suspend``: no pods, checkpoints kept. A suspension resets the active
+    deadline's clock (``status.lastStartTime``); on resume the time spent suspended is added
+    to ``status.suspendedSeconds``, which the start deadline leaves out."""
     if ctx.spec.run_policy.suspend:
+        ctx.status.last_start_time = None
         for pod in owned:
             if p.state(pod) in ("pending", "running"):
                 ctx.plan.delete(pod, why=RELEASE_SUSPENDED)
@@ -77,6 +79,7 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
         ctx.status.workers = f"0/{ctx.spec.replicas.target}"
         return True
     if ctx.is_true(cond.SUSPENDED):
+        ctx.status.last_start_time = None
         spent = _suspended_since(ctx)
         ctx.status.suspended_seconds = round(ctx.status.suspended_seconds + spent, 3)
         ctx.set(
@@ -89,23 +92,39 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
     return False
 
 
+def active_since(ctx: Context) -> str | None:
+    """When the active deadline's clock started: ``status.lastStartTime``, or, in a status
+    written before that field, the first start of a job that was never suspended."""
+    if ctx.status.last_start_time is not None or ctx.condition(cond.SUSPENDED) is not None:
+        return ctx.status.last_start_time
+    return ctx.status.start_time
+
+
 def deadlines(ctx: Context) -> bool:
-    """``activeDeadlineSeconds`` from the first start, ``startDeadlineSeconds`` from the
-    creation, both without the time spent suspended; True when the job just failed."""
+    """True when the job just failed a deadline.
+
+    ``activeDeadlineSeconds`` counts from ``status.lastStartTime``, when ``replicas.min``
+    workers first ran since the creation or the last resume: a Kubernetes Job's timer is
+    stopped and reset by a suspension, and a job queued suspended (Kueue) gets its whole
+    deadline once it runs. ``startDeadlineSeconds`` counts from the creation, without the
+    time spent suspended."""
     policy = ctx.spec.run_policy
     suspended = ctx.status.suspended_seconds
-    started = ctx.seconds_since(ctx.status.start_time)
-    if policy.active_deadline_seconds is not None and started is not None:
-        remaining = policy.active_deadline_seconds - (started - suspended)
+    since = active_since(ctx)
+    running = ctx.seconds_since(since)
+    if policy.active_deadline_seconds is not None and running is not None:
+        remaining = policy.active_deadline_seconds - running
         if remaining <= 0:
             ctx.finish(
                 "Failed",
                 "DeadlineExceeded",
                 f"job ran longer than runPolicy.activeDeadlineSeconds "
-                f"({policy.active_deadline_seconds}s, time suspended not counted)",
+                f"({policy.active_deadline_seconds}s since it started at {since}; a "
+                "suspension resets this clock)",
             )
             return True
         ctx.plan.requeue(remaining)
+    started = ctx.seconds_since(ctx.status.start_time)
     created = ctx.seconds_since(ctx.job.metadata.get("creationTimestamp"))
     if policy.start_deadline_seconds is not None and started is None and created is not None:
         remaining = policy.start_deadline_seconds - (created - suspended)

@@ -8,6 +8,7 @@ from typing import Any
 from torchkube.api import labels as lbl
 from torchkube.api.times import format_time
 from torchkube.operator import conditions as cond
+from torchkube.operator import lifecycle
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
 
@@ -98,6 +99,7 @@ def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
             ctx.event("Normal", "Running", f"{len(running)} workers running")
         ctx.status.phase = "Running"
         ctx.status.start_time = ctx.status.start_time or format_time(ctx.now)
+        ctx.status.last_start_time = lifecycle.active_since(ctx) or format_time(ctx.now)
         ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
         ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
     elif ctx.status.start_time:
