@@ -6,17 +6,19 @@ import asyncio
 import math
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from torchkube.api.contract import ProgressReport
 from torchkube.operator import kube as kube_module
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
-from torchkube.operator.decision import Event, Plan
+from torchkube.operator.decision import Event, Plan, Refusal
 
 KEY = ("ns", "demo")
 
@@ -433,6 +435,10 @@ def test_an_echo_that_comes_before_the_writes_response_is_not_reconciled() -> No
 class _KubeTakingEverything(_RecordingKube):
     """Takes every write; created pods come back as created, as the apiserver answers."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+
     def label_pods(self, _ns: str, _labels: dict[str, dict[str, str]]) -> None:
         pass
 
@@ -442,7 +448,8 @@ class _KubeTakingEverything(_RecordingKube):
     def patch(self, *_args: Any) -> None:
         pass
 
-    def create_all(self, bodies: list[dict[str, Any]]) -> list[Any]:
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[kube_module.CreateResult]:
+        self.created += [body["metadata"]["name"] for body in bodies]
         return [kube_module.CreateResult(body=body) for body in bodies]
 
 
@@ -475,3 +482,24 @@ def test_a_worker_force_deleted_between_two_plans_is_recorded_as_deleted() -> No
         kube.status[-1]["restarts"] == 1 and kube.status[-1].get("restartsCountTowardsMax", 0) == 0
     )
     assert ("Warning", "Deleted") in [event[:2] for event in kube.events]
+
+
+def test_a_job_recreated_under_the_same_name_starts_from_nothing() -> None:
+    """Deleted and created again before a reconcile saw it gone: what the controller
+    remembers of the old job (its progress, a refused create) is not the new one's."""
+    kube = _KubeTakingEverything()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    new = {
+        "metadata": {"name": "demo", "namespace": "ns", "uid": "new", "generation": 1},
+        "spec": {"replicas": {"min": 1, "max": 1}},
+    }
+    controller.attach({KEY: [new]}, {}, {}, {})
+    old = controller.memory[KEY] = _Memory(uid="old")
+    old.progress = ProgressReport(step=500, total_steps=1000, world_size=8)
+    old.progress_at = time.monotonic()
+    old.refused = Refusal(403, "Forbidden", "exceeded quota", datetime.now(UTC))
+    asyncio.run(controller.reconcile(KEY))
+    [written] = kube.status
+    assert "progress" not in written and written["worldSize"] == 0
+    assert any("-worker-0-" in name for name in kube.created), "no old refusal holds it back"
+    assert controller.memory[KEY].uid == "new"

@@ -57,8 +57,11 @@ Waiting for the API (creating 512 pods) does not count: it costs the operator no
 
 @dataclass
 class _Memory:
-    """What this process did to one job that the watch may not show yet."""
+    """What this process did to one job that the watch may not show yet, and what it
+    learnt of it (progress, goodput, a refused create): one job, the one with ``uid``."""
 
+    uid: str | None = None
+    """A job deleted and created again under its name is another job: it starts afresh."""
     created: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
     job: dict[str, Any] | None = None
@@ -212,6 +215,19 @@ class Controller:
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
+    def _memory_of(self, key: Key) -> _Memory:
+        """The memory of the job cached under ``key`` now: a namesake created after a
+        delete this process has not reconciled yet gets none of the old job's."""
+        cached = (self.jobs or {}).get(key)
+        body = next(iter(cached), None) if cached is not None else None
+        uid = (body or {}).get("metadata", {}).get("uid")
+        memory = self.memory.get(key)
+        if memory is None or (uid is not None and memory.uid != uid):
+            if memory is not None:
+                metrics.job_gone(*key)
+            memory = self.memory[key] = _Memory(uid=uid)
+        return memory
+
     def _echo_of_quiet_write(self, key: Key, version: int) -> bool:
         memory = self.memory.get(key)
         return memory is not None and version == memory.quiet_write
@@ -324,7 +340,7 @@ class Controller:
 
     # ------------------------------------------------------------------ reconciling
     async def reconcile(self, key: Key) -> None:
-        memory = self.memory.setdefault(key, _Memory())
+        memory = self._memory_of(key)
         body, pods = self._snapshot(key, memory)
         if body is None:
             self.memory.pop(key, None)
