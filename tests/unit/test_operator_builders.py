@@ -198,8 +198,38 @@ def test_store_has_its_own_small_template() -> None:
     assert box["image"] == "torch-cpu:1" and box["resources"] == {"requests": {"cpu": "50m"}}
     assert spec["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in spec
     assert "nvidia.com/gpu" not in str(box) and "volumes" not in spec
-    default = builders.rendezvous_pod(make_job(scheduling={"nodeSelector": {"pool": "gpu"}}), "s")
-    assert default["spec"]["nodeSelector"] == {"pool": "gpu"}, "unset: where the workers go"
+
+
+GPU_ONLY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}
+            ]
+        }
+    }
+}
+
+
+def test_the_store_takes_none_of_the_workers_gpu_placement() -> None:
+    """A node selector or affinity that sends workers to GPU nodes would keep a CPU store
+    Pending where GPU nodes are full or scaled to zero; tolerations only allow, so the store
+    keeps the workers' (a cluster whose every node is tainted still has room for it)."""
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists"}
+    job = make_job(
+        resources={"gpus": 8},
+        scheduling={
+            "nodeSelector": {"pool": "gpu"},
+            "affinity": GPU_ONLY,
+            "tolerations": [gpu],
+            "priorityClassName": "training",
+        },
+    )
+    spec = builders.rendezvous_pod(job, "s")["spec"]
+    assert "nodeSelector" not in spec and "affinity" not in spec
+    assert spec["tolerations"] == [gpu] and spec["priorityClassName"] == "training"
+    avoiding = builders.rendezvous_pod(job, "s", ["n2"])["spec"]["affinity"]
+    assert "gpu" not in str(avoiding) and "n2" in str(avoiding), "a lost node is still avoided"
 
 
 def test_checkpoint_claim_is_created_only_when_no_claim_is_named() -> None:

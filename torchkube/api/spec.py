@@ -149,14 +149,15 @@ class ReplicasSpec(ApiModel):
 
 class StoreSpec(ApiModel):
     """The rendezvous store's own pod: a few hundred MB of memory and no GPU, so it can live
-    on a CPU node away from the GPU workers (losing it costs one re-rendezvous, never a
-    failure of the job)."""
+    on a CPU node away from the GPU workers (losing it costs one re-rendezvous; losing it
+    again before training advanced a step counts under failurePolicy.maxRestarts)."""
 
     image: str | None = Field(
         default=None,
         max_length=1024,
-        description="Image of the store pod: any image with torch (a CPU-only build is a "
-        "fraction of the CUDA one). Unset: the job's image.",
+        description="Image of the store pod: it runs python -m torchkube.elastic.store, so "
+        "it needs torch and torchkube (a CPU-only build of the trainer image is a fraction of "
+        "the CUDA one; a plain torch image crash-loops). Unset: the job's image.",
     )
     resources: FreeForm = Field(
         default_factory=lambda: {"requests": {"cpu": "100m", "memory": "256Mi"}},
@@ -165,7 +166,8 @@ class StoreSpec(ApiModel):
     node_selector: dict[str, str] | None = Field(
         default=None,
         max_length=64,
-        description="Node labels the store needs. Unset: the workers' scheduling.nodeSelector.",
+        description="Node labels the store needs. Unset: any node (the store never takes the "
+        "workers' scheduling.nodeSelector or affinity, which may ask for GPU nodes).",
     )
     tolerations: list[FreeForm] | None = Field(
         default=None,

@@ -419,7 +419,10 @@ def rendezvous_pod(
     """The c10d store pod: tiny, restarted in place on a crash, reached as ``rendezvous.<job>``.
 
     It has its own template (``rendezvous.store``): no GPU, no volume, its own placement, so
-    it can sit on a CPU node; unset placement fields follow the workers'."""
+    it can sit on a CPU node. It never takes the workers' nodeSelector or affinity (they
+    send workers to GPU nodes, where a CPU store could wait Pending for ever); unset
+    tolerations and priority class follow the workers' (tolerations only allow: a cluster
+    whose every node is tainted for the workers still has room for it)."""
     spec = job.spec
     store = spec.rendezvous.store
     port = spec.rendezvous.port
@@ -434,11 +437,14 @@ def rendezvous_pod(
         "resources": dict(store.resources),
         "securityContext": container_security_context(),
     }
-    scheduling = _scheduling(job, sorted(set(avoid_nodes)))
-    if store.node_selector is not None:
-        scheduling.pop("nodeSelector", None)
-        if store.node_selector:
-            scheduling["nodeSelector"] = dict(store.node_selector)
+    scheduling = _scheduling(job, ())
+    scheduling.pop("nodeSelector", None)
+    scheduling.pop("affinity", None)
+    avoid = _avoid_nodes(None, sorted(set(avoid_nodes)))
+    if avoid:
+        scheduling["affinity"] = avoid
+    if store.node_selector:
+        scheduling["nodeSelector"] = dict(store.node_selector)
     if store.tolerations is not None:
         scheduling.pop("tolerations", None)
         if store.tolerations:
