@@ -485,6 +485,7 @@ def job_body(
             "tolerations": [kwok_toleration()],
             "nodeSelector": {BENCH_LABEL: group},
         },
+        "rendezvous": {"store": {"nodeSelector": {BENCH_LABEL: group}}},
     }
     if failure_policy:
         spec["failurePolicy"] = failure_policy

@@ -19,7 +19,7 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
     ``spec`` fields replace the defaults; a ``scheduling`` given is merged over the KWOK
     toleration and pool selection."""
     chosen = [pools] if isinstance(pools, NodePool) else list(pools)
-    placement: dict[str, Any] = {"tolerations": [kwok_toleration()]}
+    placement: dict[str, Any] = {}
     if len(chosen) == 1:
         placement["nodeSelector"] = {POOL_LABEL: chosen[0].name}
     else:
@@ -30,6 +30,9 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
             }
         }
+    # The store takes none of the workers' placement: it is kept in the pools too.
+    rendezvous = spec.get("rendezvous", {})
+    store = {**placement, **rendezvous.get("store", {})}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingJob",
@@ -37,7 +40,12 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
         "spec": {
             "resources": {"gpus": 8},
             **spec,
-            "scheduling": {**placement, **spec.get("scheduling", {})},
+            "rendezvous": {**rendezvous, "store": store},
+            "scheduling": {
+                "tolerations": [kwok_toleration()],
+                **placement,
+                **spec.get("scheduling", {}),
+            },
         },
     }
 

@@ -230,6 +230,11 @@ def test_the_store_takes_none_of_the_workers_gpu_placement() -> None:
     assert spec["tolerations"] == [gpu] and spec["priorityClassName"] == "training"
     avoiding = builders.rendezvous_pod(job, "s", ["n2"])["spec"]["affinity"]
     assert "gpu" not in str(avoiding) and "n2" in str(avoiding), "a lost node is still avoided"
+    own = make_job(scheduling={"affinity": GPU_ONLY}, rendezvous={"store": {"affinity": CPU}})
+    assert builders.rendezvous_pod(own, "s")["spec"]["affinity"] == CPU
+
+
+CPU = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}
 
 
 def test_checkpoint_claim_is_created_only_when_no_claim_is_named() -> None:

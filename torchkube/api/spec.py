@@ -169,6 +169,9 @@ class StoreSpec(ApiModel):
         description="Node labels the store needs. Unset: any node (the store never takes the "
         "workers' scheduling.nodeSelector or affinity, which may ask for GPU nodes).",
     )
+    affinity: FreeForm | None = Field(
+        default=None, description="core/v1 Affinity of the store pod. Unset: none."
+    )
     tolerations: list[FreeForm] | None = Field(
         default=None,
         max_length=64,
@@ -481,10 +484,11 @@ class RunPolicySpec(ApiModel):
     start_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="Fail the job if fewer than replicas.min workers are Running this long "
-        "after its creation (time spent suspended left out): an image that cannot be pulled, "
-        "a claim that is never bound or a quota that never frees would otherwise keep it "
-        "Pending for ever. Unset: wait, and say why in the PodsBlocked condition.",
+        description="Fail the job if replicas.min workers and the rendezvous store are not "
+        "Running this long after its creation (time spent suspended left out): an image that "
+        "cannot be pulled, a claim that is never bound or a quota that never frees would "
+        "otherwise keep it Pending for ever. Unset: wait, and say why in the PodsBlocked or "
+        "PodsUnschedulable condition.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,

@@ -40,6 +40,12 @@ class FailureRecord(ApiModel):
     restart_count: int | None = Field(
         default=None, ge=0, description="For a container restarted in place: which restart."
     )
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The training step last reported when it was seen (a rendezvous store "
+        "lost again at the same step counts under failurePolicy.maxRestarts).",
+    )
 
 
 class CheckpointRecord(ApiModel):

@@ -349,7 +349,8 @@ class LocalRun:
 
     def _check_store(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         """A dead store is started again on its port, as the kubelet restarts its pod's
-        container; its loss is one (free) incident."""
+        container; its loss is one incident, free unless no step was trained since the last
+        (``policy.store_loss``)."""
         if self.store is None or self.store.poll() is None:
             return None
         self.store_restarts += 1
@@ -360,6 +361,7 @@ class LocalRun:
             "store",
             restart_count=self.store_restarts,
         )
+        found = policy.store_loss(found, self.ledger.history, record.step if record else None)
         self._start_store()
         if not any(f.worker == -1 and f.recovered_at is None for f in self.failures):
             self.failures.append(self._display_failure(-1, "store lost", record, now))

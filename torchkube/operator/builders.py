@@ -440,9 +440,9 @@ def rendezvous_pod(
     scheduling = _scheduling(job, ())
     scheduling.pop("nodeSelector", None)
     scheduling.pop("affinity", None)
-    avoid = _avoid_nodes(None, sorted(set(avoid_nodes)))
-    if avoid:
-        scheduling["affinity"] = avoid
+    affinity = _avoid_nodes(store.affinity, sorted(set(avoid_nodes)))
+    if affinity:
+        scheduling["affinity"] = affinity
     if store.node_selector:
         scheduling["nodeSelector"] = dict(store.node_selector)
     if store.tolerations is not None:

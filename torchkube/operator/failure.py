@@ -78,6 +78,10 @@ class Failure:
     follows: bool = False
     """A consequence when it joins an incident: it charges none (a survivor's workers
     restarted because another pod's failed)."""
+    step: int | None = None
+    """The training step last reported when it was seen."""
+    charged: bool = False
+    """Spends the budget whatever its cause (a store lost again before a step was trained)."""
 
     @property
     def infrastructure(self) -> bool:
@@ -85,7 +89,7 @@ class Failure:
 
     def counts(self, policy: FailurePolicySpec) -> bool:
         """Whether this failure spends the job's ``maxRestarts`` budget."""
-        return policy.count_infrastructure_failures or not self.infrastructure
+        return self.charged or policy.count_infrastructure_failures or not self.infrastructure
 
 
 def _tail(text: str) -> str:
@@ -323,6 +327,27 @@ def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
     )
 
 
+def store_loss(found: Failure, history: Sequence[FailureRecord], step: int | None) -> Failure:
+    """A store loss at training step ``step``: free, unless the store was lost before and no
+    step was trained since. A store that crash-loops (an image without torchkube, a node that
+    kills it) restarts the workers' rendezvous for ever while they train nothing; counting
+    the repeats lets ``maxRestarts`` end it, while a store lost now and then on a job that
+    trains stays free. Without progress reports (``metrics.enabled`` false) every loss after
+    the first counts."""
+    previous = next((r for r in reversed(history) if r.reason == "RendezvousStoreLost"), None)
+    repeated = previous is not None and (step or 0) <= (previous.step or 0)
+    if not repeated:
+        return replace(found, step=step)
+    trained = f"step {step}" if step else "no step"
+    return replace(
+        found,
+        step=step,
+        charged=True,
+        message=f"{found.message} (lost again at {trained}, with no step trained since the "
+        "last loss: counts under failurePolicy.maxRestarts)",
+    )
+
+
 def straggler_failure(
     slowest: SlowestRank, policy: FailurePolicySpec, started: datetime | None
 ) -> Failure:
@@ -400,6 +425,7 @@ def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> 
         incident=incident,
         counted=counted,
         restart_count=failure.restart_count or None,
+        step=failure.step,
     )
 
 

@@ -129,13 +129,15 @@ def deadlines(ctx: Context) -> bool:
     if policy.start_deadline_seconds is not None and started is None and created is not None:
         remaining = policy.start_deadline_seconds - (created - suspended)
         if remaining <= 0:
-            blocked = ctx.condition(cond.PODS_BLOCKED) or ctx.condition(cond.PODS_UNSCHEDULABLE)
-            why = f": {blocked.message}" if blocked and blocked.status == "True" else ""
+            waits = (cond.PODS_BLOCKED, cond.PODS_UNSCHEDULABLE)
+            blocked = next((c for c in map(ctx.condition, waits) if c and c.status == "True"), None)
+            why = f": {blocked.message}" if blocked else ""
             ctx.finish(
                 "Failed",
                 "StartDeadlineExceeded",
-                f"fewer than replicas.min ({ctx.spec.replicas.min}) workers ran within "
-                f"runPolicy.startDeadlineSeconds ({policy.start_deadline_seconds}s){why}",
+                f"replicas.min ({ctx.spec.replicas.min}) workers and the rendezvous store did "
+                f"not run within runPolicy.startDeadlineSeconds "
+                f"({policy.start_deadline_seconds}s){why}",
             )
             return True
         ctx.plan.requeue(remaining)

@@ -1,5 +1,6 @@
 """Phase policy: from the sorted pods to ``status.phase``, the replica counts, and the
-conditions that say why workers are not running (unschedulable, blocked).
+conditions that say why the workers or the rendezvous store are not running (unschedulable,
+blocked, a store that does not serve).
 """
 
 from datetime import timedelta
@@ -13,37 +14,92 @@ from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
 
 
-def report_unschedulable(ctx: Context, workers: list[dict[str, Any]]) -> None:
-    timeout = timedelta(seconds=ctx.spec.scheduling.pending_timeout_seconds)
-    stuck: list[str] = []
-    for pod in workers:
+def _stuck(
+    ctx: Context, pods: list[dict[str, Any]], timeout: timedelta
+) -> list[tuple[dict[str, Any], str]]:
+    """(pod, the scheduler's message) for pods unschedulable for ``timeout`` or more; a
+    requeue for when the others would be."""
+    stuck: list[tuple[dict[str, Any], str]] = []
+    for pod in pods:
         message = p.unschedulable_message(pod)
         if message is None:
             continue
         born = p.created(pod) or ctx.now
         if born + timeout <= ctx.now:
-            stuck.append(message)
+            stuck.append((pod, message))
         else:
             ctx.plan.requeue((born + timeout - ctx.now).total_seconds())
-    if stuck:
+    return stuck
+
+
+def report_unschedulable(
+    ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, Any]]
+) -> None:
+    """``PodsUnschedulable``: workers, or the rendezvous store, that the scheduler could not
+    place for ``scheduling.pendingTimeoutSeconds``. The store comes first: without it no
+    worker trains, however many run."""
+    timeout = timedelta(seconds=ctx.spec.scheduling.pending_timeout_seconds)
+    waited = int(timeout.total_seconds())
+    stuck_workers = _stuck(ctx, workers, timeout)
+    stuck_store = _stuck(ctx, stores, timeout)
+    if stuck_store and not any(p.serving(pod) for pod in stores):
+        pod, message = stuck_store[0]
         text = (
-            f"{len(stuck)} of {ctx.spec.replicas.target} workers cannot be scheduled for "
-            f"{int(timeout.total_seconds())}s or more: {stuck[0]}"
+            f"the rendezvous store pod {p.name(pod)} cannot be scheduled for {waited}s or "
+            f"more: {message}. No worker trains until it runs: give it a node with "
+            "rendezvous.store.nodeSelector, .tolerations and .resources (it takes none of the "
+            "workers' nodeSelector or affinity)"
+        )
+        ctx.warn_once(cond.PODS_UNSCHEDULABLE, "StoreUnschedulable", text)
+    elif stuck_workers:
+        text = (
+            f"{len(stuck_workers)} of {ctx.spec.replicas.target} workers cannot be scheduled "
+            f"for {waited}s or more: {stuck_workers[0][1]}"
         )
         ctx.warn_once(cond.PODS_UNSCHEDULABLE, "Unschedulable", text)
     else:
-        ctx.clear(cond.PODS_UNSCHEDULABLE, "Scheduled", "all workers are scheduled")
+        ctx.clear(cond.PODS_UNSCHEDULABLE, "Scheduled", "all pods are scheduled")
 
 
 def blocked_pods(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     """(reason, message) of the first pod that cannot start by itself, if any."""
     for pod in pods:
         blocked = p.blocked_reason(pod)
-        if blocked is not None:
-            reason, message = blocked
-            role = "rendezvous store" if p.role(pod) == lbl.ROLE_RENDEZVOUS else "worker"
-            return reason, f"{role} pod {p.name(pod)}: {reason}: {message}".strip()
+        if blocked is None:
+            continue
+        reason, message = blocked
+        if p.role(pod) != lbl.ROLE_RENDEZVOUS:
+            return reason, f"worker pod {p.name(pod)}: {reason}: {message}".strip()
+        text = f"rendezvous store pod {p.name(pod)}: {reason}: {message}".strip()
+        if reason == "CrashLoopBackOff":
+            code = p.last_termination(pod).get("exitCode")
+            exited = f"it exited with code {code}" if code is not None else "it keeps exiting"
+            text += (
+                f"; {exited}, see kubectl logs {p.name(pod)} --previous. Its image "
+                "(rendezvous.store.image, default the job's) must have torch and torchkube "
+                "installed: it runs python -m torchkube.elastic.store"
+            )
+        return reason, text
     return None
+
+
+def store_problem(stores: list[dict[str, Any]]) -> str | None:
+    """Why no rendezvous store serves (None: one does). The workers' agents reach each other
+    only through it: without it they wait, whatever their pods' phase."""
+    if any(p.serving(pod) for pod in stores):
+        return None
+    if not stores:
+        return "no rendezvous store pod exists yet; the operator creates one"
+    pod = stores[0]
+    blocked = p.blocked_reason(pod)
+    unschedulable = p.unschedulable_message(pod)
+    if blocked is not None:
+        why = blocked[0]
+    elif unschedulable is not None:
+        why = f"unschedulable: {unschedulable}"
+    else:
+        why = "Running, not Ready yet" if p.state(pod) == "running" else "Pending"
+    return f"the rendezvous store pod {p.name(pod)} is not serving ({why})"
 
 
 NOT_STARTED_AFTER = timedelta(minutes=5)
@@ -90,11 +146,23 @@ def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
     ctx.warn_once(cond.PODS_BLOCKED, reason, message)
 
 
-def derive(ctx: Context, workers: list[dict[str, Any]]) -> None:
+def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, Any]]) -> None:
+    """``Running`` takes ``replicas.min`` running workers *and* a serving store: a job whose
+    store never runs has not started (``startDeadlineSeconds`` applies), and one whose store
+    is lost after the start is ``Restarting`` until a store serves again."""
     running = [pod for pod in workers if p.state(pod) == "running"]
     minimum = ctx.spec.replicas.min
+    no_store = store_problem(stores)
     ctx.plan.all_running = len(running) == ctx.spec.replicas.pods
-    if len(running) >= minimum:
+    if len(running) >= minimum and no_store is not None:
+        if ctx.status.start_time:
+            ctx.status.phase = "Restarting"
+            text = f"{len(running)} workers running, but {no_store}; they wait for it"
+            ctx.set(cond.RESTARTING, True, "WaitingForStore", text)
+            ctx.set(cond.RUNNING, False, "WaitingForStore", text)
+        else:
+            ctx.status.phase = "Pending"
+    elif len(running) >= minimum:
         if ctx.status.phase != "Running":
             ctx.event("Normal", "Running", f"{len(running)} workers running")
         ctx.status.phase = "Running"

@@ -128,7 +128,11 @@ class _Sorter:
         """The store's failure if it is new: each in-place restart is one, and its loss
         (node lost, evicted, deleted by someone) one more."""
         found = failure.store_failure(pod, lost)
-        return None if self.counted(pod, found.restart_count or 0) else found
+        if self.counted(pod, found.restart_count or 0):
+            return None
+        progress = self.ctx.status.progress
+        step = progress.step if progress is not None else None
+        return failure.store_loss(found, self.ctx.status.failures, step)
 
     def sort(self, owned: list[dict[str, Any]]) -> _Pods:
         out = _Pods()
@@ -469,7 +473,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     _keep_store(ctx, sorted_pods, may_create)
     workers = sorted_pods.workers
     running = any(p.state(pod) == "running" for pod in workers)
-    phase.report_unschedulable(ctx, workers)
+    phase.report_unschedulable(ctx, workers, sorted_pods.live_stores)
     waiting.report(ctx, workers, len(missing))
     phase.report_blocked(
         ctx,
@@ -483,7 +487,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     if lifecycle.is_finished(ctx):
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
-    phase.derive(ctx, workers)
+    phase.derive(ctx, workers, sorted_pods.live_stores)
     phase.counts(ctx, workers)
     return ctx.done()
 

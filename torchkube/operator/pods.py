@@ -30,9 +30,12 @@ WAITING_BLOCKED = frozenset(
         "CreateContainerConfigError",
         "CreateContainerError",
         "RunContainerError",
+        "CrashLoopBackOff",
     }
 )
-"""Container waiting reasons that keep a pod from ever running until something changes."""
+"""Container waiting reasons that keep a pod from ever running until something changes (a
+container that keeps exiting: the store's, restarted in place, in an image without
+torchkube)."""
 
 
 _KEPT_METADATA = (
@@ -233,6 +236,11 @@ def last_termination(pod: dict[str, Any]) -> dict[str, Any]:
     """Why the first container's previous run ended (a container restarted in place)."""
     state_ = _first_container_status(pod).get("lastState") or {}
     return dict(state_.get("terminated") or {})
+
+
+def serving(pod: dict[str, Any]) -> bool:
+    """A rendezvous store that takes connections: Running and Ready (its probe connects)."""
+    return state(pod) == "running" and is_ready(pod)
 
 
 def blocked_reason(pod: dict[str, Any]) -> tuple[str, str] | None:
