@@ -477,9 +477,10 @@ class RunPolicySpec(ApiModel):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="Fail the job after running this long, counted from when replicas.min "
-        "workers first ran since its creation or its last resume (status.lastStartTime): as "
-        "with a Kubernetes Job, a suspension stops and resets the clock.",
+        description="Fail the job after running this long, counted from when it first ran "
+        "(replicas.min workers and its store) since its creation or its last resume "
+        "(status.lastStartTime): as with a Kubernetes Job, a suspension stops and resets the "
+        "clock.",
     )
     start_deadline_seconds: int | None = Field(
         default=None,

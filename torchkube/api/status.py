@@ -190,14 +190,15 @@ class TrainingJobStatus(ApiModel):
     )
     start_time: str | None = Field(
         default=None,
-        description="When replicas.min workers first ran.",
+        description="When the job first ran: replicas.min workers and its rendezvous store.",
         json_schema_extra=DATE_TIME,
     )
     last_start_time: str | None = Field(
         default=None,
-        description="When replicas.min workers first ran since the job was created or last "
-        "resumed: runPolicy.activeDeadlineSeconds counts from here. Unset while suspended (a "
-        "suspension stops and resets that clock, as it does a Kubernetes Job's).",
+        description="When the job first ran (replicas.min workers and its rendezvous store) "
+        "since it was created or last resumed: runPolicy.activeDeadlineSeconds counts from "
+        "here. Unset while suspended (a suspension stops and resets that clock, as it does a "
+        "Kubernetes Job's).",
         json_schema_extra=DATE_TIME,
     )
     suspended_seconds: float = Field(

@@ -103,8 +103,8 @@ def active_since(ctx: Context) -> str | None:
 def deadlines(ctx: Context) -> bool:
     """True when the job just failed a deadline.
 
-    ``activeDeadlineSeconds`` counts from ``status.lastStartTime``, when ``replicas.min``
-    workers first ran since the creation or the last resume: a Kubernetes Job's timer is
+    ``activeDeadlineSeconds`` counts from ``status.lastStartTime``, when the job first ran
+    (``phase.derive``) since the creation or the last resume: a Kubernetes Job's timer is
     stopped and reset by a suspension, and a job queued suspended (Kueue) gets its whole
     deadline once it runs. ``startDeadlineSeconds`` counts from the creation, without the
     time spent suspended."""
