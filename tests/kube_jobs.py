@@ -17,7 +17,8 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
     """A TrainingJob whose workers take a whole KWOK node each (8 GPUs) of ``pools``.
 
     ``spec`` fields replace the defaults; a ``scheduling`` given is merged over the KWOK
-    toleration and pool selection."""
+    toleration and pool selection, and the store is kept to the workers' nodes (its own
+    ``rendezvous.store`` placement) unless one is given."""
     chosen = [pools] if isinstance(pools, NodePool) else list(pools)
     placement: dict[str, Any] = {}
     if len(chosen) == 1:
@@ -30,9 +31,10 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
             }
         }
-    # The store takes none of the workers' placement: it is kept in the pools too.
+    scheduling = {"tolerations": [kwok_toleration()], **placement, **spec.get("scheduling", {})}
     rendezvous = spec.get("rendezvous", {})
-    store = {**placement, **rendezvous.get("store", {})}
+    kept = {key: scheduling[key] for key in ("nodeSelector", "affinity") if scheduling.get(key)}
+    store = {**kept, **rendezvous.get("store", {})}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingJob",
@@ -41,11 +43,7 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
             "resources": {"gpus": 8},
             **spec,
             "rendezvous": {**rendezvous, "store": store},
-            "scheduling": {
-                "tolerations": [kwok_toleration()],
-                **placement,
-                **spec.get("scheduling", {}),
-            },
+            "scheduling": scheduling,
         },
     }
 
