@@ -210,6 +210,62 @@ def image_pull_failing(
     return core.patch_namespaced_pod_status(name, namespace, patch, _content_type=MERGE_PATCH)
 
 
+def crash_looping(
+    api: Any, name: str, namespace: str, restarts: int, exit_code: int = 1, timeout: float = 60
+) -> Any:
+    """What a kubelet reports for a ``restartPolicy: Always`` container that keeps exiting
+    (a rendezvous store whose image lacks torchkube): the pod still ``Running``, not Ready,
+    its container restarted ``restarts`` times and waiting in ``CrashLoopBackOff``, its last
+    run ended with ``exit_code``. KWOK leaves it (the pod has its IP)."""
+    from kubernetes.client.exceptions import ApiException
+
+    core = _core(api)
+    wait_pod_phase(api, name, namespace, "Running", timeout=timeout)
+    now = times.now()
+    for _ in range(10):
+        pod = api.sanitize_for_serialization(core.read_namespaced_pod_status(name, namespace))
+        status = pod.get("status") or {}
+        waiting = {
+            "reason": "CrashLoopBackOff",
+            "message": f"back-off 5m0s restarting failed container={{name}} pod={name}",
+        }
+        last = {"exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}
+        statuses = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": restarts,
+                "state": {"waiting": {**waiting, "message": waiting["message"].format(**c)}},
+                "lastState": {"terminated": last},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        conditions = [
+            c
+            for c in status.get("conditions") or []
+            if c["type"] not in ("Ready", "ContainersReady")
+        ]
+        conditions += [
+            _condition("Ready", "False", "ContainersNotReady"),
+            _condition("ContainersReady", "False", "ContainersNotReady"),
+        ]
+        patch = {
+            "metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]},
+            "status": {"conditions": conditions, "containerStatuses": statuses},
+        }
+        try:
+            return core.patch_namespaced_pod_status(
+                name, namespace, patch, _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise RuntimeError(f"pod {namespace}/{name}: status kept changing, could not patch it")
+
+
 def stop_deleted_pod(api: Any, name: str, namespace: str, timeout: float = 60) -> Any:
     """What a kubelet >= 1.27 does to a pod being deleted: stop its container (SIGTERM; the
     launcher exits 143) and report the pod ``Failed`` before it is removed. For nodes whose

@@ -216,6 +216,64 @@ def test_image_that_cannot_be_pulled_is_reported_and_ends_at_the_start_deadline(
     cluster.restart_domain(pool.failure_domain)
 
 
+def test_a_store_that_cannot_be_scheduled_is_reported_and_ends_at_the_start_deadline(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool]
+) -> None:
+    """The workers run, the store fits no node: the job has not started (the workers cannot
+    rendezvous), says why with the scheduler's own message, and meets its start deadline."""
+    pool = isolated_pool(nodes=1)
+    job = make_job(
+        "nostore",
+        pool,
+        replicas={"min": 1, "max": 1},
+        rendezvous={"store": {"nodeSelector": {POOL_LABEL: "no-such-pool"}}},
+        scheduling={"pendingTimeoutSeconds": 1},
+        runPolicy={"startDeadlineSeconds": 15},
+    )
+    job.wait(
+        lambda: _condition(job, "PodsUnschedulable").get("reason") == "StoreUnschedulable",
+        30,
+        "PodsUnschedulable=StoreUnschedulable",
+    )
+    assert "node affinity/selector" in _condition(job, "PodsUnschedulable")["message"]
+    job.wait(lambda: job.status().get("readyReplicas") == 1, 10, "the worker Running")
+    assert job.status()["phase"] == "Pending" and "startTime" not in job.status()
+    job.wait(lambda: job.status().get("phase") == "Failed", 30, "the start deadline")
+    failed = _condition(job, "Failed")
+    assert failed["reason"] == "StartDeadlineExceeded"
+    assert "rendezvous store" in failed["message"], failed
+
+
+def test_a_crash_looping_store_is_blocked_and_its_repeats_spend_max_restarts(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], api_client: Any
+) -> None:
+    """A store whose container keeps exiting (an image without torchkube) while no step is
+    trained: the first restart is free, the next spends the budget, and maxRestarts 0 ends
+    the job instead of a Running job that never trains."""
+    pool = isolated_pool(nodes=1)
+    job = make_job(
+        "storeloop", pool, replicas={"min": 1, "max": 1}, failurePolicy={"maxRestarts": 0}
+    )
+    job.wait_running(1)
+    job.wait(lambda: job.status().get("phase") == "Running", 30, "Running")
+    [store] = job.pods("rendezvous")
+    faults.crash_looping(api_client, store.metadata.name, job.namespace, restarts=1)
+    job.wait(
+        lambda: _condition(job, "PodsBlocked").get("reason") == "CrashLoopBackOff",
+        30,
+        "PodsBlocked=CrashLoopBackOff",
+    )
+    status = job.status()
+    assert (status["restarts"], status["restartsCountTowardsMax"]) == (1, 0), status
+    assert status["phase"] == "Restarting"
+    assert _condition(job, "Restarting")["reason"] == "WaitingForStore"
+    assert "--previous" in _condition(job, "PodsBlocked")["message"]
+    faults.crash_looping(api_client, store.metadata.name, job.namespace, restarts=2)
+    job.wait(lambda: job.status().get("phase") == "Failed", 30, "maxRestarts spent")
+    assert _condition(job, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert job.status()["restartsCountTowardsMax"] == 1
+
+
 def test_most_nodes_lost_at_once_is_a_partition_and_nothing_is_force_deleted(
     make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], cluster: Cluster
 ) -> None:

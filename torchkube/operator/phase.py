@@ -46,7 +46,7 @@ def report_unschedulable(
         pod, message = stuck_store[0]
         text = (
             f"the rendezvous store pod {p.name(pod)} cannot be scheduled for {waited}s or "
-            f"more: {message}. No worker trains until it runs: give it a node with "
+            f"more: {message.rstrip('. ')}. No worker trains until it runs: give it a node with "
             "rendezvous.store.nodeSelector, .tolerations and .resources (it takes none of the "
             "workers' nodeSelector or affinity)"
         )
