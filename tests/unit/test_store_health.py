@@ -5,7 +5,7 @@ failure.py, through the planner)."""
 from datetime import timedelta
 from typing import Any
 
-from planner import NOW, condition, make_job, pod, run, running_status, store
+from planner import NOW, READY, condition, make_job, pod, run, running_status, store
 
 from torchkube.api.contract import ProgressReport
 from torchkube.api.status import TrainingJobStatus
@@ -115,3 +115,25 @@ def test_the_loss_of_a_store_after_progress_is_free_again() -> None:
     assert (status.restarts, status.restarts_count_towards_max) == (4, 1)
     counted = [r.counted for r in status.failures if r.reason == "RendezvousStoreLost"]
     assert counted == [False, True, False, False]
+
+
+def test_without_progress_reports_a_store_lost_again_counts_only_if_the_job_did_not_run() -> None:
+    """No step is known (metrics off): the job running again between two losses (its store
+    replaced and serving) is the progress that keeps the next loss free."""
+    job = make_job(running_status(), replicas=WORKERS, failurePolicy={"maxRestarts": 0})
+    first = run(job, [*_workers(), store(node="gone")], nodes={"n1": READY})
+    assert first.status.restarts_count_towards_max == 0
+    [new_store] = [s for s in first.create_pods if p.role(s) == "rendezvous"]
+    serving = {**store(), "metadata": {**store()["metadata"], "name": p.name(new_store)}}
+    later = NOW + timedelta(minutes=10)
+    again = make_job(first.status, replicas=WORKERS, failurePolicy={"maxRestarts": 0})
+    back = run(again, [*_workers(), serving], nodes={"n1": READY}, now=later)
+    assert back.status.phase == "Running"
+    lost_again = run(
+        make_job(back.status, replicas=WORKERS, failurePolicy={"maxRestarts": 0}),
+        [*_workers(), {**serving, "spec": {"nodeName": "gone"}}],
+        nodes={"n1": READY},
+        now=later + timedelta(minutes=10),
+    )
+    assert lost_again.status.phase != "Failed"
+    assert (lost_again.status.restarts, lost_again.status.restarts_count_towards_max) == (2, 0)

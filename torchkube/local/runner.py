@@ -349,7 +349,7 @@ class LocalRun:
 
     def _check_store(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         """A dead store is started again on its port, as the kubelet restarts its pod's
-        container; its loss is one incident, free unless no step was trained since the last
+        container; its loss is one incident, free unless the run made no progress since the last
         (``policy.store_loss``)."""
         if self.store is None or self.store.poll() is None:
             return None

@@ -327,24 +327,36 @@ def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
     )
 
 
-def store_loss(found: Failure, history: Sequence[FailureRecord], step: int | None) -> Failure:
-    """A store loss at training step ``step``: free, unless the store was lost before and no
-    step was trained since. A store that crash-loops (an image without torchkube, a node that
-    kills it) restarts the workers' rendezvous for ever while they train nothing; counting
-    the repeats lets ``maxRestarts`` end it, while a store lost now and then on a job that
-    trains stays free. Without progress reports (``metrics.enabled`` false) every loss after
-    the first counts."""
+def store_loss(
+    found: Failure,
+    history: Sequence[FailureRecord],
+    step: int | None,
+    running_since: datetime | None = None,
+) -> Failure:
+    """A store loss seen at training step ``step`` (None: no progress report yet) while the
+    job has run since ``running_since`` (None: it is not running): free, unless the store was
+    lost before and the job made no progress since — no step trained, or, without progress
+    reports (``metrics.enabled`` false, or none yet), it did not run again in between. A
+    store that crash-loops (an image without torchkube, a node that kills it) restarts the
+    workers' rendezvous for ever while they train nothing; counting the repeats lets
+    ``maxRestarts`` end it, while a store lost now and then on a job that trains stays free."""
     previous = next((r for r in reversed(history) if r.reason == "RendezvousStoreLost"), None)
-    repeated = previous is not None and (step or 0) <= (previous.step or 0)
+    if previous is None:
+        return replace(found, step=step)
+    if step is not None:
+        repeated = step <= (previous.step or 0)
+    else:
+        lost_at = parse_time(previous.time)
+        repeated = running_since is None or (lost_at is not None and running_since <= lost_at)
     if not repeated:
         return replace(found, step=step)
-    trained = f"step {step}" if step else "no step"
+    since = f"no step trained (step {step})" if step is not None else "the job not running"
     return replace(
         found,
         step=step,
         charged=True,
-        message=f"{found.message} (lost again at {trained}, with no step trained since the "
-        "last loss: counts under failurePolicy.maxRestarts)",
+        message=f"{found.message} (lost again with {since} since the last loss: counts under "
+        "failurePolicy.maxRestarts)",
     )
 
 

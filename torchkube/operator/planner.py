@@ -132,7 +132,11 @@ class _Sorter:
             return None
         progress = self.ctx.status.progress
         step = progress.step if progress is not None else None
-        return failure.store_loss(found, self.ctx.status.failures, step)
+        running = self.ctx.condition(cond.RUNNING)
+        since = None
+        if running is not None and running.status == "True":
+            since = parse_time(running.last_transition_time)
+        return failure.store_loss(found, self.ctx.status.failures, step, since)
 
     def sort(self, owned: list[dict[str, Any]]) -> _Pods:
         out = _Pods()
