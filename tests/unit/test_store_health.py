@@ -35,6 +35,8 @@ def test_a_store_unschedulable_for_an_hour_is_not_running_and_says_why() -> None
     assert "rendezvous.store" in unschedulable["message"], "says what would unblock it"
     restarting = condition(result, "Restarting")
     assert restarting["status"] == "True" and restarting["reason"] == "WaitingForStore"
+    store_ready = condition(result, "StoreReady")
+    assert store_ready["status"] == "False" and "unschedulable" in store_ready["message"]
     assert "StoreUnschedulable" in [e.reason for e in result.events]
 
 
@@ -117,9 +119,9 @@ def test_the_loss_of_a_store_after_progress_is_free_again() -> None:
     assert counted == [False, True, False, False]
 
 
-def test_without_progress_reports_a_store_lost_again_counts_only_if_the_job_did_not_run() -> None:
-    """No step is known (metrics off): the job running again between two losses (its store
-    replaced and serving) is the progress that keeps the next loss free."""
+def test_without_progress_reports_a_store_lost_again_is_free_if_a_store_served_between() -> None:
+    """No step is known (metrics off): a store that served between two losses (the first
+    one's replacement) keeps the next loss free, whatever the workers did."""
     job = make_job(running_status(), replicas=WORKERS, failurePolicy={"maxRestarts": 0})
     first = run(job, [*_workers(), store(node="gone")], nodes={"n1": READY})
     assert first.status.restarts_count_towards_max == 0
@@ -129,6 +131,7 @@ def test_without_progress_reports_a_store_lost_again_counts_only_if_the_job_did_
     again = make_job(first.status, replicas=WORKERS, failurePolicy={"maxRestarts": 0})
     back = run(again, [*_workers(), serving], nodes={"n1": READY}, now=later)
     assert back.status.phase == "Running"
+    assert condition(back, "StoreReady")["status"] == "True"
     lost_again = run(
         make_job(back.status, replicas=WORKERS, failurePolicy={"maxRestarts": 0}),
         [*_workers(), {**serving, "spec": {"nodeName": "gone"}}],

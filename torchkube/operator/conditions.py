@@ -31,6 +31,10 @@ leave its node (it came back there, or there is no other node)."""
 INVALID = "Invalid"
 """The job's spec or status does not validate: the operator cannot act on it."""
 NODES_UNREACHABLE = "NodesUnreachable"
+STORE_READY = "StoreReady"
+"""The rendezvous store serves (True), or why it does not (False): the workers meet only
+through it. When it last turned True also tells whether a store lost again served between
+the two losses (``failure.store_loss``)."""
 """Most nodes went NotReady at once (a partition): workers there are kept, not replaced."""
 
 

@@ -331,13 +331,13 @@ def store_loss(
     found: Failure,
     history: Sequence[FailureRecord],
     step: int | None,
-    running_since: datetime | None = None,
+    serving_since: datetime | None = None,
 ) -> Failure:
-    """A store loss seen at training step ``step`` (None: no progress report yet) while the
-    job has run since ``running_since`` (None: it is not running): free, unless the store was
-    lost before and the job made no progress since — no step trained, or, without progress
-    reports (``metrics.enabled`` false, or none yet), it did not run again in between. A
-    store that crash-loops (an image without torchkube, a node that kills it) restarts the
+    """A store loss seen at training step ``step`` (None: no progress report yet) while a
+    store served since ``serving_since`` (None: none did): free, unless the store was lost
+    before and the job made no progress since — no step trained, or, without progress
+    reports (``metrics.enabled`` false, or none yet), no store served in between. A store
+    that crash-loops (an image without torchkube, a node that kills it) restarts the
     workers' rendezvous for ever while they train nothing; counting the repeats lets
     ``maxRestarts`` end it, while a store lost now and then on a job that trains stays free."""
     previous = next((r for r in reversed(history) if r.reason == "RendezvousStoreLost"), None)
@@ -347,10 +347,10 @@ def store_loss(
         repeated = step <= (previous.step or 0)
     else:
         lost_at = parse_time(previous.time)
-        repeated = running_since is None or (lost_at is not None and running_since <= lost_at)
+        repeated = serving_since is None or (lost_at is not None and serving_since <= lost_at)
     if not repeated:
         return replace(found, step=step)
-    since = f"no step trained (step {step})" if step is not None else "the job not running"
+    since = f"no step trained (step {step})" if step is not None else "no store serving"
     return replace(
         found,
         step=step,

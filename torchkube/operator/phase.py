@@ -153,6 +153,10 @@ def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, A
     running = [pod for pod in workers if p.state(pod) == "running"]
     minimum = ctx.spec.replicas.min
     no_store = store_problem(stores)
+    if no_store is None:
+        ctx.set(cond.STORE_READY, True, "Serving", "the rendezvous store serves")
+    else:
+        ctx.set(cond.STORE_READY, False, "NotServing", no_store)
     ctx.plan.all_running = len(running) == ctx.spec.replicas.pods
     if len(running) >= minimum and no_store is not None:
         if ctx.status.start_time:

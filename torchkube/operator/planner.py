@@ -132,10 +132,10 @@ class _Sorter:
             return None
         progress = self.ctx.status.progress
         step = progress.step if progress is not None else None
-        running = self.ctx.condition(cond.RUNNING)
+        served = self.ctx.condition(cond.STORE_READY)
         since = None
-        if running is not None and running.status == "True":
-            since = parse_time(running.last_transition_time)
+        if served is not None and served.status == "True":
+            since = parse_time(served.last_transition_time)
         return failure.store_loss(found, self.ctx.status.failures, step, since)
 
     def sort(self, owned: list[dict[str, Any]]) -> _Pods:
