@@ -149,8 +149,8 @@ class ReplicasSpec(ApiModel):
 
 class StoreSpec(ApiModel):
     """The rendezvous store's own pod: a few hundred MB of memory and no GPU, so it can live
-    on a CPU node away from the GPU workers (losing it costs one re-rendezvous; losing it
-    again before training advanced a step counts under failurePolicy.maxRestarts)."""
+    on a CPU node away from the GPU workers (losing it costs one re-rendezvous; a crash of
+    it with no progress since its last loss counts under failurePolicy.maxRestarts)."""
 
     image: str | None = Field(
         default=None,

@@ -44,7 +44,7 @@ class FailureRecord(ApiModel):
         default=None,
         ge=0,
         description="The training step last reported when it was seen (a rendezvous store "
-        "lost again at the same step counts under failurePolicy.maxRestarts).",
+        "that crashes again at the same step counts under failurePolicy.maxRestarts).",
     )
 
 

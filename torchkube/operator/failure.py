@@ -332,16 +332,20 @@ def store_loss(
     history: Sequence[FailureRecord],
     step: int | None,
     serving_since: datetime | None = None,
+    *,
+    crashed: bool = True,
 ) -> Failure:
     """A store loss seen at training step ``step`` (None: no progress report yet) while a
-    store served since ``serving_since`` (None: none did): free, unless the store was lost
-    before and the job made no progress since — no step trained, or, without progress
-    reports (``metrics.enabled`` false, or none yet), no store served in between. A store
-    that crash-loops (an image without torchkube, a node that kills it) restarts the
-    workers' rendezvous for ever while they train nothing; counting the repeats lets
-    ``maxRestarts`` end it, while a store lost now and then on a job that trains stays free."""
+    store served since ``serving_since`` (None: none did). Free, unless the store itself
+    ``crashed`` (its container exited and restarts in place) after an earlier store loss with
+    no progress since — no step trained, or, without progress reports (``metrics.enabled``
+    false, or none yet), no store serving in between. A store that crash-loops (an image
+    without torchkube, a node that OOM-kills it) restarts the workers' rendezvous for ever
+    while they train nothing; counting the repeats lets ``maxRestarts`` end it. A store lost
+    with its node, evicted or deleted is the cluster's doing and stays free, as does one
+    that crashes now and then on a job that trains."""
     previous = next((r for r in reversed(history) if r.reason == "RendezvousStoreLost"), None)
-    if previous is None:
+    if previous is None or not crashed:
         return replace(found, step=step)
     if step is not None:
         repeated = step <= (previous.step or 0)
@@ -355,8 +359,8 @@ def store_loss(
         found,
         step=step,
         charged=True,
-        message=f"{found.message} (lost again with {since} since the last loss: counts under "
-        "failurePolicy.maxRestarts)",
+        message=f"{found.message} (it crashed again with {since} since the last loss: counts "
+        "under failurePolicy.maxRestarts)",
     )
 
 

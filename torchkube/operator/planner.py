@@ -136,7 +136,7 @@ class _Sorter:
         since = None
         if served is not None and served.status == "True":
             since = parse_time(served.last_transition_time)
-        return failure.store_loss(found, self.ctx.status.failures, step, since)
+        return failure.store_loss(found, self.ctx.status.failures, step, since, crashed=not lost)
 
     def sort(self, owned: list[dict[str, Any]]) -> _Pods:
         out = _Pods()
