@@ -17,7 +17,7 @@ from planner import (
     kubelet_stopped as stopped,
 )
 
-from torchkube.api.contract import ExitCode
+from torchkube.api.contract import ExitCode, InPlaceRestart
 from torchkube.api.labels import RELEASED
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
@@ -192,6 +192,32 @@ def test_account_is_what_the_local_runner_uses_too() -> None:
     assert more.fail_reason == "MaxRestartsExceeded"
     permanent = classify_exit(3, "bad config", policy, "worker 0")
     assert account(Ledger(), [permanent], policy, NOW).fail_reason == "PermanentFailure"
+
+
+def test_a_store_crash_and_the_in_place_restarts_it_caused_are_one_incident_counted_once() -> None:
+    """Two rules decide what an incident charges: a store that crashed again without progress
+    is charged (``store_loss``), and an in-place restart that joins an incident is its
+    consequence (``follows``). Together: one incident, counted once if the store's crash is
+    charged, free if it is not; never a second count for the workers it restarted."""
+    policy = FailurePolicySpec(max_restarts=5)
+    earlier = FailureRecord(
+        reason="RendezvousStoreLost", time=format_time(NOW - timedelta(minutes=5)), step=40
+    )
+    crash = failure.Failure("RendezvousStoreLost", "store restarted", "demo-rendezvous-x")
+    restarted = failure.in_place_failure(
+        InPlaceRestart(
+            pod="demo-worker-0-a",
+            restart=1,
+            exit_code=1,
+            time=format_time(NOW + timedelta(seconds=2)),
+        ),
+        NOW - timedelta(hours=1),
+    )
+    for step, counted in ((40, 1), (90, 0)):
+        lost = failure.store_loss(crash, [earlier], step)
+        outcome = account(Ledger(1, 0, (earlier,)), [lost, restarted], policy, NOW)
+        assert (outcome.restarts, outcome.counted) == (2, counted), step
+        assert [r.counted for r in outcome.records] == [bool(counted), False], step
 
 
 def test_rendezvous_exit_is_infrastructure() -> None:
