@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the test control plane (Kubernetes, etcd, KWOK, Helm, optionally CoreDNS) from source.
+# Build the test control plane (Kubernetes, etcd, KWOK, Helm, optionally CoreDNS and Kueue) from
+# source.
 #
 # This machine has no image registry and no release downloads, only the Go module proxy, so every
 # component is compiled from its pinned module. Binaries land in
@@ -9,8 +10,9 @@
 # GOCACHE and GOMODCACHE stay at Go's defaults so warm rebuilds on the same machine are fast.
 #
 # Usage: hack/build-cluster.sh [COMPONENT...]
-#   components: kubernetes etcd kwok helm coredns; "all" means every one of them.
-#   default: kubernetes etcd kwok helm (CoreDNS is only needed by real nodes, so it is opt-in).
+#   components: kubernetes etcd kwok helm coredns kueue; "all" means every one of them.
+#   default: kubernetes etcd kwok helm (CoreDNS is only needed by real nodes, Kueue by the queueing
+#   tests, so they are opt-in).
 # The last line of stdout is the bin folder; everything else goes to stderr.
 set -euo pipefail
 
@@ -19,6 +21,8 @@ readonly KUBE_MINOR=34
 readonly KWOK_PKG=sigs.k8s.io/kwok/cmd/kwok@v0.7.0
 readonly HELM_PKG=helm.sh/helm/v3/cmd/helm@v3.19.0
 readonly COREDNS_PKG=github.com/coredns/coredns@v1.12.4
+readonly KUEUE_MODULE=sigs.k8s.io/kueue
+readonly KUEUE_VERSION=v0.17.0
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mod_dir="$repo_root/hack/cluster"
@@ -31,7 +35,7 @@ command -v go >/dev/null || die "Go is not installed (need Go >= 1.24 and the Go
 command -v sha256sum >/dev/null || die "sha256sum is missing (coreutils)"
 
 # --- which components --------------------------------------------------------------------------
-all_components=(kubernetes etcd kwok helm coredns)
+all_components=(kubernetes etcd kwok helm coredns kueue)
 components=()
 if [[ $# -eq 0 ]]; then
     components=(kubernetes etcd kwok helm)
@@ -39,7 +43,7 @@ else
     for arg in "$@"; do
         case "$arg" in
             all) components=("${all_components[@]}") ;;
-            kubernetes | etcd | kwok | helm | coredns) components+=("$arg") ;;
+            kubernetes | etcd | kwok | helm | coredns | kueue) components+=("$arg") ;;
             -h | --help) sed -n '2,15p' "$script" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
             *) die "unknown component '$arg' (known: ${all_components[*]} all)" ;;
         esac
@@ -53,6 +57,8 @@ binaries_of() {
         kwok) echo "kwok" ;;
         helm) echo "helm" ;;
         coredns) echo "coredns" ;;
+        # Kueue's CRDs and webhook configurations travel with its binary: they must match it.
+        kueue) echo "kueue kueue-config" ;;
     esac
 }
 
@@ -151,6 +157,17 @@ for pkg in pkg/chartutil pkg/lint/rules; do
 done
 build_helm() { go_install "$HELM_PKG" "$helm_ldflags"; }
 build_coredns() { go_install "$COREDNS_PKG"; }
+build_kueue() {
+    go_install "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION" &&
+        local source &&
+        source=$(cd "$stage" && go mod download -json "$KUEUE_MODULE@$KUEUE_VERSION" |
+            sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') &&
+        [[ -d "$source/config/components" ]] &&
+        mkdir -p "$stage/kueue-config" &&
+        cp "$source"/config/components/crd/bases/*.yaml "$stage/kueue-config/" &&
+        cp "$source/config/components/webhook/manifests.yaml" "$stage/kueue-config/webhooks.yaml" &&
+        chmod -R u+w "$stage/kueue-config"
+}
 
 for component in "${components[@]}"; do
     if have_all "$component"; then
@@ -159,6 +176,7 @@ for component in "${components[@]}"; do
     run_step "$component" "build_$component"
     for bin in $(binaries_of "$component"); do
         [[ -x "$stage/$bin" ]] || die "FAILED to build $component: $bin was not produced"
+        rm -rf "${bin_dir:?}/$bin" # a folder (kueue-config) would be moved into the old one
         mv -f "$stage/$bin" "$bin_dir/$bin"
     done
 done

@@ -31,6 +31,7 @@ COMPONENT_OF = {
     "kwok": "kwok",
     "helm": "helm",
     "coredns": "coredns",
+    "kueue": "kueue",
 }
 """Binary name -> the build-script component that produces it."""
 

@@ -12,6 +12,7 @@ from kube_jobs import Job, job_manifest
 
 from testbed.cluster import Cluster
 from testbed.crds import install_crd
+from testbed.kueue import Kueue
 from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
 from testbed.volumes import delete_volume, prebound_volume
@@ -23,6 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def crd(api_client: Any) -> dict[str, Any]:
     """manifests/crd.yaml, applied and Established."""
     return install_crd(api_client)
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster, crd: dict[str, Any]) -> Iterator[Kueue]:
+    """The real Kueue (built by hack/build-cluster.sh kueue), one for the session, started by
+    the first test that asks for it; a Kueue that cannot start fails that test, naming why."""
+    started = Kueue(cluster).start()
+    yield started
+    started.stop()
 
 
 class ProgressReports:
