@@ -178,6 +178,16 @@ def test_status_table() -> None:
     ]
 
 
+def test_status_table_says_which_queue_a_job_waits_in() -> None:
+    queued = job("big", phase="Queued", queue={"name": "team-a", "workload": "trainingjob-big-1"})
+    row = render.status_table([queued], NOW).splitlines()[1]
+    assert row.split()[:3] == ["big", "Queued", "(team-a)"]
+    status = render.status_of(queued)
+    assert render.queue_line(status) == "waiting in LocalQueue team-a (Workload trainingjob-big-1)"
+    status.queue = status.queue.model_copy(update={"admitted_workers": 2, "cluster_queue": "gpus"})
+    assert "by ClusterQueue gpus at 2 workers" in render.queue_line(status)
+
+
 def test_status_table_all_namespaces_and_wide() -> None:
     text = render.status_table(
         [job("gpt", namespace="b", **running_status())], NOW, all_namespaces=True, wide=True

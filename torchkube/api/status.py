@@ -10,7 +10,7 @@ from torchkube.api.base import ApiModel
 from torchkube.api.spec import FailureReason
 from torchkube.api.types import Condition
 
-Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Queued", "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 MAX_FAILURE_HISTORY = 20
 
@@ -91,6 +91,19 @@ class SlowestRank(ApiModel):
     )
 
 
+class QueueStatus(ApiModel):
+    """Where a job labelled ``kueue.x-k8s.io/queue-name`` stands with Kueue."""
+
+    name: str = Field(max_length=253, description="The LocalQueue it waits in.")
+    workload: str = Field(default="", max_length=253, description="Its Kueue Workload.")
+    cluster_queue: str | None = Field(
+        default=None, max_length=253, description="The ClusterQueue that admitted it."
+    )
+    admitted_workers: int | None = Field(
+        default=None, ge=0, description="Workers Kueue admitted (unset while it waits)."
+    )
+
+
 DataPhase = Literal["Preparing", "Prepared", "Failed"]
 
 
@@ -123,8 +136,8 @@ class TrainingJobStatus(ApiModel):
     phase: Phase = Field(default="Pending", description="Where the job is in its life cycle.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Latest observations, one per type (Created, DataReady, Running, "
-        "Restarting, Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, "
+        description="Latest observations, one per type (Created, DataReady, Queued, "
+        "Running, Restarting, Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, "
         "NodesUnreachable).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
@@ -168,6 +181,9 @@ class TrainingJobStatus(ApiModel):
     progress: ProgressRecord | None = Field(default=None, description="Training progress.")
     data: DataStatus | None = Field(
         default=None, description="The preparation of spec.data, when the job has one."
+    )
+    queue: QueueStatus | None = Field(
+        default=None, description="Its admission by Kueue, when it has a queue-name label."
     )
     goodput: float | None = Field(
         default=None,

@@ -95,6 +95,26 @@ def goodput_cell(status: TrainingJobStatus) -> str:
     return f"{status.goodput:.1%}" if status.goodput is not None else NONE
 
 
+def phase_cell(status: TrainingJobStatus) -> str:
+    """The phase, and for a job waiting for Kueue the LocalQueue it waits in."""
+    if status.phase == "Queued" and status.queue is not None:
+        return f"Queued ({status.queue.name})"
+    return status.phase
+
+
+def queue_line(status: TrainingJobStatus) -> str:
+    """Where the job stands with Kueue, for ``describe``."""
+    queue = status.queue
+    if queue is None:
+        return NONE
+    if queue.admitted_workers is None:
+        return f"waiting in LocalQueue {queue.name} (Workload {queue.workload})"
+    return (
+        f"admitted from LocalQueue {queue.name} by ClusterQueue {queue.cluster_queue} at "
+        f"{queue.admitted_workers} workers (Workload {queue.workload})"
+    )
+
+
 def status_of(job: dict[str, Any]) -> TrainingJobStatus:
     return TrainingJobStatus.lenient(job.get("status"))
 
@@ -137,7 +157,7 @@ def status_table(
         progress = status.progress
         row = [
             str(meta.get("name", "")),
-            status.phase if written else NONE,
+            phase_cell(status) if written else NONE,
             status.workers if written else NONE,
             str(status.restarts),
             step_cell(progress),
@@ -379,6 +399,8 @@ def describe(
         ("Checkpoint", checkpoint_cell(status, now)),
         ("Goodput", goodput_cell(status)),
     ]
+    if status.queue is not None:
+        state.append(("Queue", queue_line(status)))
     if status.start_time:
         state.append(("Started", status.start_time))
     if status.completion_time:

@@ -12,6 +12,8 @@ from torchkube.api.types import Condition
 CREATED = "Created"
 DATA_READY = "DataReady"
 """spec.data is on the checkpoint volume (True), being prepared, or could not be (False)."""
+QUEUED = "Queued"
+"""The job waits for Kueue to admit its Workload (True), or was admitted (False)."""
 RUNNING = "Running"
 RESTARTING = "Restarting"
 SUSPENDED = "Suspended"

@@ -31,7 +31,7 @@ from torchkube.api.errors import describe
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
-from torchkube.operator import goodput, metrics, progress
+from torchkube.operator import goodput, metrics, progress, queueing, workloads
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
@@ -40,6 +40,8 @@ from torchkube.operator.goodput import Goodput
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection, LostLeadership
 from torchkube.operator.planner import Observed, Plan, plan
+from torchkube.operator.queue_client import QueueClient
+from torchkube.operator.workloads import QueueObservation
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -98,11 +100,17 @@ def _resource_version(body: Mapping[str, Any] | None) -> int:
 
 class Controller:
     def __init__(
-        self, settings: OperatorSettings, kube: Kube, leader: LeaderElection | None = None
+        self,
+        settings: OperatorSettings,
+        kube: Kube,
+        leader: LeaderElection | None = None,
+        queues: QueueClient | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
         self.leader = leader
+        self.queues = queues
+        """Kueue's API, for jobs with a queue-name label (None: Kueue is not used)."""
         self.jobs: Mapping[Key, Any] | None = None
         self.pods: Mapping[Key, Any] | None = None
         self.nodes: Mapping[str, Any] | None = None
@@ -232,6 +240,16 @@ class Controller:
         memory = self.memory.get(key)
         return memory is not None and version == memory.quiet_write
 
+    def workload_changed(self, body: Mapping[str, Any]) -> None:
+        """Wake the job whose Kueue Workload changed (admitted, evicted); release Kueue's
+        finalizer from one being deleted."""
+        key = queueing.job_key_of(dict(body))
+        if key is None:
+            return
+        self.enqueue(key)
+        if self.queues is not None and queueing.finalizer_to_remove(dict(body)):
+            self.writes.submit(self.queues.release_finalizer, dict(body))
+
     def _timer_fired(self, key: Key) -> None:
         self.timers.pop(key, None)
         self.enqueue(key)
@@ -357,10 +375,11 @@ class Controller:
             await asyncio.to_thread(self._report_invalid, key, body, error, memory)
             return
         memory.invalid = None
+        queue = await self._observe_queue(job)
         await self._refresh_progress(job, pods, memory)
         thinking = time.perf_counter()
         observed = Observed(
-            job=job,
+            job=queueing.admitted_view(job, queue),
             pods=pods,
             nodes=self._nodes(),
             now=datetime.now(UTC),
@@ -369,6 +388,7 @@ class Controller:
             children=self._children(key),
             refused=memory.refused,
             vanished=p.vanished(memory.live, pods, memory.deleted),
+            queue=queue,
         )
         unseen = set(memory.created)
         decided = plan(observed)
@@ -386,6 +406,10 @@ class Controller:
         decided.status.goodput = memory.goodput_written.value
         planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
+        if queue is not None and self.queues is not None:
+            needed = queueing.flavors_needed(decided.create_pods, queue)
+            flavors = await asyncio.to_thread(self.queues.flavors, needed) if needed else {}
+            decided.create_pods = queueing.placed(decided.create_pods, queue, flavors)
         await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
         memory.live = p.live_workers(pods, unseen | set(memory.deleted))
         self._observe(job, decided, memory)
@@ -396,6 +420,11 @@ class Controller:
             delay = interval if delay is None else min(delay, interval)
         if delay is not None:
             self.enqueue(key, delay=delay)
+
+    async def _observe_queue(self, job: TrainingJob) -> QueueObservation | None:
+        if self.queues is None or workloads.queue_name(job) is None:
+            return None
+        return await asyncio.to_thread(self.queues.observe, job)
 
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
         """Running jobs are revisited every progress interval so their status stays fresh."""
@@ -480,6 +509,8 @@ class Controller:
         beside its creates, and a Service with its pods (see :func:`_status_may_go_beside`)."""
         namespace, name = key
         self._check_leading()
+        if decided.workload_writes and self.queues is not None:
+            self.queues.write(namespace, decided.workload_writes)
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
         status_patch = st.merge_patch(body.get("status"), planned)

@@ -18,6 +18,7 @@ from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator.failure import Failure
+from torchkube.operator.workloads import QueueObservation
 
 
 def random_suffix() -> str:
@@ -74,6 +75,8 @@ class Observed:
     vanished: list[dict[str, Any]] = field(default_factory=list)
     """Workers live at the previous plan and gone now, never seen Terminating nor deleted
     by this operator (``pods.vanished``): their last known bodies."""
+    queue: QueueObservation | None = None
+    """The job's Kueue Workload, read for jobs with a queue-name label."""
 
 
 @dataclass
@@ -95,6 +98,8 @@ class Plan:
     requeue_after: float | None = None
     delete_job: bool = False
     failures: list[Failure] = field(default_factory=list)
+    workload_writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """("create", Workload) or ("status", merge patch of the job's Workload's status)."""
     all_running: bool = False
     """Every desired worker is Running (start-up and recovery are timed to this moment)."""
 

@@ -56,6 +56,9 @@ CAUSES = (
 
 Mode = Literal["scheduling", "waiting", "training", "paused", "finished"]
 _EXCLUDED_PHASES = ("Succeeded", "Failed")
+PAUSED_PHASES = ("Suspended", "Queued")
+"""Left out of the wall time: the user paused the job, or Kueue has not admitted it (yet or
+again); neither is time the job lost."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ _MODE_OF_PHASE: Mapping[str, Mode] = {
     "Running": "training",
     "Restarting": "waiting",
     "Suspended": "paused",
+    "Queued": "paused",
     "Succeeded": "finished",
     "Failed": "finished",
 }
@@ -324,7 +328,7 @@ def advance(state: Goodput, sample: Sample) -> Goodput:
     failed = sample.restarts > state.restarts
     leaving = (
         sample.phase in _EXCLUDED_PHASES
-        or sample.phase == "Suspended"
+        or sample.phase in PAUSED_PHASES
         or failed
         or sample.phase == "Restarting"
     )
@@ -333,12 +337,12 @@ def advance(state: Goodput, sample: Sample) -> Goodput:
         # were lost with the workers: they will be done again, so they count as reached.
         seconds = _open(replace(state, open_since=open_since), now) - open_stall
         book.productive += max(seconds, 0.0)
-        lost = (failed or sample.phase == "Restarting") and sample.phase != "Suspended"
+        lost = (failed or sample.phase == "Restarting") and sample.phase not in PAUSED_PHASES
         if state.step_seconds and lost:
             high_water = (high_water or 0) + int(max(seconds, 0.0) // state.step_seconds)
     if sample.phase in _EXCLUDED_PHASES:
         mode = "finished"
-    elif sample.phase == "Suspended":
+    elif sample.phase in PAUSED_PHASES:
         mode = "paused"
     elif mode == "paused" or (mode == "training" and leaving):
         checkpoint = sample.checkpoint_step

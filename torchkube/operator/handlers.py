@@ -25,7 +25,7 @@ from prometheus_client import start_http_server
 
 from torchkube.api import labels as lbl
 from torchkube.api.trainingjob import GROUP, PLURAL, VERSION
-from torchkube.operator import metrics
+from torchkube.operator import metrics, workloads
 from torchkube.operator.api_client import make_api_client
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller
@@ -33,6 +33,7 @@ from torchkube.operator.informer import PodInformer
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection, own_namespace
 from torchkube.operator.pods import node_health, slim_child
+from torchkube.operator.queue_client import QueueClient
 
 JOB_PODS = {lbl.JOB_NAME: kopf.PRESENT}
 CHILD_RESOURCES = ("services", "persistentvolumeclaims")
@@ -76,7 +77,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     if config.leader_election:
         namespace = config.leader_election_namespace or own_namespace()
         leader = LeaderElection(api_client, namespace, config.leader_election_name)
-    memo.controller = Controller(config, Kube(api_client, config.api_concurrency), leader)
+    kube = Kube(api_client, config.api_concurrency)
+    memo.controller = Controller(config, kube, leader, QueueClient(api_client))
     # A client of its own: each watch holds a connection for minutes, outside the write pool.
     memo.pods = PodInformer(make_api_client(config), config.namespaces, memo.controller.enqueue)
     memo.node_ready = {}
@@ -188,6 +190,13 @@ async def claim_changed(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any
 ) -> None:
     _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
+
+
+@kopf.on.event(workloads.API_GROUP, workloads.API_VERSION, workloads.PLURAL, labels=JOB_PODS)
+async def workload_changed(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    """Kueue admitted or evicted a job's Workload (only ours carry the job-name label). Where
+    Kueue is not installed kopf watches nothing here, and starts once its CRD appears."""
+    _controller(memo, kwargs).workload_changed(dict(body))
 
 
 @kopf.on.event("nodes")

@@ -10,7 +10,8 @@ The decisions live one policy per module; this file only sorts the pods and runs
 in order:
 
   being deleted: nothing (``lifecycle``) → children (``children``) → finished: clean-up and
-  TTL (``lifecycle``) → suspended
+  TTL (``lifecycle``), the Workload Finished (``queueing``) → waiting for Kueue (``queueing``)
+  → suspended
   (``lifecycle``) → deadlines (``lifecycle``) → ``spec.data`` prepared, else the prepare pod
   and nothing more (``preparation``) → sort the job's own pods → new failures
   (``failure``): permanent or over budget → Failed, else record, back off, replace → success
@@ -38,6 +39,7 @@ from torchkube.operator import (
     lifecycle,
     phase,
     preparation,
+    queueing,
     scaling,
     stragglers,
     waiting,
@@ -429,8 +431,11 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         return ctx.done()
     if lifecycle.is_finished(ctx):
         lifecycle.clean_up_finished(ctx, owned)
+        queueing.finish(ctx)
         return ctx.done()
     children_ready = children.ensure(ctx, observed.children)
+    if queueing.hold(ctx, owned):
+        return ctx.done()
     if lifecycle.suspend(ctx, owned):
         ctx.clear(cond.WAITING_FOR_WORKERS, "Suspended", "job is suspended")
         return ctx.done()

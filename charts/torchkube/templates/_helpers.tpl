@@ -113,4 +113,12 @@ kopf never patches them (no finalizers).
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+# Kueue (docs/queueing.md): a job with a queue-name label is admitted through a Workload the
+# operator creates, follows, updates (quota given back, Finished) and releases at deletion.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
 {{- end }}

@@ -1,0 +1,263 @@
+"""TrainingJobs admitted by the real Kueue (testbed.kueue): quota decides which job runs and at
+what size, a waiting job creates no pod, and quota comes back when a job goes or ends.
+
+Each test has its own KWOK GPU pool, ResourceFlavor, ClusterQueue and LocalQueue: the flavor's
+node labels and toleration are the only thing that steers the pods onto the pool, so a pod on
+the pool shows that the admitted flavor was injected."""
+
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_jobs import Job, job_manifest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from testbed import faults
+from testbed.kueue import Kueue
+from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.operator import OperatorProcess
+from testbed.volumes import delete_volume, prebound_volume
+from testbed.wait import wait_for
+from torchkube.api import labels as lbl
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+GPUS = 8
+
+
+class Queue:
+    """A LocalQueue in the test's namespace over a ClusterQueue with ``workers`` workers'
+    worth of GPUs on one flavor: the pool's nodes."""
+
+    def __init__(self, api: Any, namespace: str, pool: NodePool, workers: int) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.name = f"q-{secrets.token_hex(3)}"
+        self.flavor = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": self.name},
+            "spec": {"nodeLabels": {POOL_LABEL: pool.name}, "tolerations": [kwok_toleration()]},
+        }
+        quota = [
+            {"name": "cpu", "nominalQuota": "100"},
+            {"name": "memory", "nominalQuota": "1Ti"},
+            {"name": "nvidia.com/gpu", "nominalQuota": str(workers * GPUS)},
+        ]
+        self.cluster_queue = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": self.name},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [{"name": self.name, "resources": quota}],
+                    }
+                ],
+            },
+        }
+        self.custom.create_cluster_custom_object(*KUEUE, "resourceflavors", self.flavor)
+        self.custom.create_cluster_custom_object(*KUEUE, "clusterqueues", self.cluster_queue)
+        local = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": self.name},
+            "spec": {"clusterQueue": self.name},
+        }
+        self.custom.create_namespaced_custom_object(*KUEUE, namespace, "localqueues", local)
+
+    def delete(self) -> None:
+        for delete in (
+            lambda: self.custom.delete_namespaced_custom_object(
+                *KUEUE, self.namespace, "localqueues", self.name
+            ),
+            lambda: self.custom.delete_cluster_custom_object(*KUEUE, "clusterqueues", self.name),
+            lambda: self.custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", self.name),
+        ):
+            try:
+                delete()
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    def workload(self, job: Job) -> dict[str, Any] | None:
+        found = self.custom.list_namespaced_custom_object(
+            *KUEUE, self.namespace, "workloads", label_selector=f"{lbl.JOB_NAME}={job.name}"
+        )["items"]
+        return found[0] if found else None
+
+
+@dataclass
+class Queues:
+    """Makes a test's queues (each on a pool of its own) and its queued jobs."""
+
+    api: Any
+    namespace: str
+    isolated_pool: Callable[..., NodePool]
+    tmp_path: Path
+    made: list[Queue]
+    volumes: list[str]
+
+    def queue(self, workers: int) -> tuple[Queue, NodePool]:
+        pool = self.isolated_pool(nodes=6, gpus_per_node=GPUS)
+        self.made.append(Queue(self.api, self.namespace, pool, workers))
+        return self.made[-1], pool
+
+    def job(self, name: str, queue: Queue, pool: NodePool, **spec: Any) -> Job:
+        """A job labelled for ``queue`` whose own spec does not choose the pool: only the
+        flavor Kueue assigns puts its pods there."""
+        claim = f"{name}-checkpoints"
+        path = str(self.tmp_path / claim)
+        self.volumes.append(prebound_volume(self.api, self.namespace, claim, path))
+        body = job_manifest(name, pool, **spec)
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue.name}
+        body["spec"]["scheduling"].pop("nodeSelector")
+        body["spec"]["scheduling"]["tolerations"] = []
+        return Job.create(self.api, self.namespace, body)
+
+
+@pytest.fixture
+def queues(
+    api_client: Any,
+    namespace: str,
+    kueue: Kueue,
+    operator: OperatorProcess,
+    isolated_pool: Callable[..., NodePool],
+    tmp_path: Path,
+) -> Iterator[Queues]:
+    made = Queues(api_client, namespace, isolated_pool, tmp_path, [], [])
+    yield made
+    for q in made.made:
+        q.delete()
+    for volume in made.volumes:
+        delete_volume(api_client, volume)
+
+
+def wait_queued(job: Job, timeout: float = 30) -> dict[str, Any]:
+    def queued() -> dict[str, Any] | None:
+        status = job.status()
+        return status if status.get("phase") == "Queued" else None
+
+    found: dict[str, Any] = job.wait(queued, timeout, "phase Queued")
+    return found
+
+
+def reconciles(operator: OperatorProcess) -> float:
+    """Reconciles the operator process has finished so far (from its metrics)."""
+    for line in operator.metrics().splitlines():
+        if line.startswith("torchkube_reconcile_duration_seconds_count"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_quota_admits_one_whole_job_and_queues_the_other_until_the_first_is_gone(
+    queues: Queues, operator: OperatorProcess
+) -> None:
+    q, pool = queues.queue(6)
+    first = queues.job("first", q, pool, replicas={"min": 4, "max": 4})
+    running = first.wait_running(4)
+    assert {pod.spec.node_name for pod in running} <= set(pool.node_names())
+    assert all(pod.spec.node_selector == {POOL_LABEL: pool.name} for pod in running)
+
+    second = queues.job("second", q, pool, replicas={"min": 4, "max": 4})
+    status = wait_queued(second)
+    queued = next(c for c in status["conditions"] if c["type"] == "Queued")
+    assert queued["status"] == "True" and q.name in queued["message"], queued
+    workload = q.workload(second)
+    assert workload is not None
+    owner = workload["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("TrainingJob", "second", True)
+    assert workload["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == owner["uid"]
+    workers = next(s for s in workload["spec"]["podSets"] if s["name"] == "worker")
+    assert workers["count"] == 4 and "minCount" not in workers
+    assert second.pods("worker") == [] and second.pods(lbl.ROLE_RENDEZVOUS) == []
+
+    operator.kill()  # a new operator process creates nothing for it either
+    operator.start()
+    wait_for(lambda: reconciles(operator) >= 2, 30, what="the new operator to reconcile both jobs")
+    assert second.pods("worker") == [] and second.pods(lbl.ROLE_RENDEZVOUS) == []
+    assert second.status()["phase"] == "Queued"
+
+    first.delete()
+    second.wait_running(4, timeout=60)
+    assert second.status()["queue"]["admittedWorkers"] == 4
+
+
+def test_partial_admission_starts_an_elastic_job_at_what_the_quota_leaves(
+    queues: Queues,
+) -> None:
+    q, pool = queues.queue(6)
+    fixed = queues.job("fixed", q, pool, replicas={"min": 4, "max": 4})
+    fixed.wait_running(4)
+    elastic = queues.job("elastic", q, pool, replicas={"min": 2, "max": 4})
+    elastic.wait_running(2, timeout=60)
+    status = elastic.status()
+    assert status["queue"]["admittedWorkers"] == 2 and status["workers"].endswith("/2"), status
+    assert len(elastic.live_workers()) == 2
+
+
+def test_a_finished_job_returns_its_quota(queues: Queues) -> None:
+    q, pool = queues.queue(4)
+    done = queues.job("done", q, pool, replicas={"min": 4, "max": 4})
+    workers = done.wait_running(4)
+    waiting = queues.job("waiting", q, pool, replicas={"min": 4, "max": 4})
+    wait_queued(waiting)
+    for pod in workers:
+        faults.succeed_pod(queues.api, pod.metadata.name, queues.namespace)
+
+    def finished() -> bool:
+        workload = q.workload(done) or {}
+        conditions = (workload.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Finished" and c["status"] == "True" for c in conditions)
+
+    wait_for(finished, 30, what="the finished job's Workload to be Finished")
+    waiting.wait_running(4, timeout=60)
+
+
+@pytest.fixture
+def priority_classes(api_client: Any) -> Iterator[Callable[[int], str]]:
+    scheduling = client.SchedulingV1Api(api_client)
+    made: list[str] = []
+
+    def make(value: int) -> str:
+        name = f"p{value}-{secrets.token_hex(3)}"
+        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        scheduling.delete_priority_class(name)
+
+
+def test_a_higher_priority_job_preempts_a_running_one_which_resumes_after_it(
+    queues: Queues, priority_classes: Callable[[int], str]
+) -> None:
+    q, pool = queues.queue(4)
+    low, high = priority_classes(10), priority_classes(1000)
+    fixed = {"min": 4, "max": 4}
+    victim = queues.job("victim", q, pool, replicas=fixed, scheduling={"priorityClassName": low})
+    stopped = victim.wait_running(4)
+    urgent = queues.job("urgent", q, pool, replicas=fixed, scheduling={"priorityClassName": high})
+    status = wait_queued(victim, timeout=60)
+    queued = next(c for c in status["conditions"] if c["type"] == "Queued")
+    assert queued["reason"] == "Preempted", queued
+    urgent.wait_running(4, timeout=60)
+    for pod in stopped:  # stopped the way a suspend stops them: SIGTERM, labelled released
+        assert pod.metadata.name not in {p.metadata.name for p in victim.live_workers()}
+    status = victim.status()
+    assert status.get("restarts", 0) == 0 and not status.get("failures"), status
+    victim.wait_event("Preempted")
+
+    urgent.delete()
+    victim.wait_running(4, timeout=60)
+    status = victim.status()
+    assert status.get("restarts", 0) == 0 and status["queue"]["admittedWorkers"] == 4

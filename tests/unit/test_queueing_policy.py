@@ -1,0 +1,207 @@
+"""Queueing policy (torchkube/operator/queueing.py) and the Workload it keeps
+(torchkube/operator/workloads.py): a job with a queue-name label runs only while Kueue admits
+its Workload, at the admitted size and on the admitted flavors."""
+
+from datetime import timedelta
+from typing import Any
+
+from planner import NOW, condition, created_slots, healthy, make_job, pod, run, running_status
+
+from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
+from torchkube.api.times import format_time
+from torchkube.operator import queueing, workloads
+from torchkube.operator.workloads import QueueObservation
+
+QUEUE = "team-a"
+
+
+def queued_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
+    job = make_job(status, **spec)
+    metadata = {**job.metadata, "labels": {workloads.QUEUE_LABEL: QUEUE}}
+    return job.model_copy(update={"metadata": metadata})
+
+
+def condition_of(kind: str, status: str, reason: str = "", message: str = "", ago: int = 60):
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason or kind,
+        "message": message,
+        "lastTransitionTime": format_time(NOW - timedelta(seconds=ago)),
+    }
+
+
+def workload_body(
+    job: TrainingJob, *conditions: dict[str, Any], workers: int | None = None
+) -> dict[str, Any]:
+    body = workloads.workload(job, None)
+    body["metadata"]["resourceVersion"] = "7"
+    status: dict[str, Any] = {"conditions": list(conditions)}
+    if workers is not None:
+        status["admission"] = {
+            "clusterQueue": "gpus",
+            "podSetAssignments": [
+                {"name": "worker", "count": workers, "flavors": {"nvidia.com/gpu": "h100"}},
+                {"name": "store", "count": 1, "flavors": {"cpu": "cpu-nodes"}},
+            ],
+        }
+    body["status"] = status
+    return body
+
+
+def observed(body: dict[str, Any] | None) -> QueueObservation:
+    return QueueObservation(workload=workloads.read(body) if body else None)
+
+
+ADMITTED = (condition_of("QuotaReserved", "True"), condition_of("Admitted", "True"))
+
+
+def test_workload_names_are_kueues() -> None:
+    """The names Kueue v0.17.0's own ``jobframework.GetWorkloadNameForOwnerWithGVK`` gives
+    these owners (printed by a Go program calling it), so Kueue's tools find the Workload
+    where they look for a job's."""
+    job = make_job()
+    assert workloads.workload_name(job) == "trainingjob-demo-e4f44"
+    metadata = {**job.metadata, "name": "llama-70b-pretrain"}
+    metadata["uid"] = "0b8f6c1e-3a2d-4d8e-9b1a-2f5c7d9e1a3b"
+    renamed = job.model_copy(update={"metadata": metadata})
+    assert workloads.workload_name(renamed) == "trainingjob-llama-70b-pretrain-8ac7d"
+
+
+def test_a_job_without_a_queue_label_is_not_held() -> None:
+    job = make_job()
+    assert queueing.admitted_view(job, None) is job
+    assert created_slots(run(job, [])) == [0, 1, 2, 3]
+
+
+def test_a_queued_job_without_a_workload_creates_one_and_no_pod() -> None:
+    job = queued_job(replicas={"min": 2, "max": 4, "spares": 1}, resources={"gpus": 8})
+    result = run(job, [], queue=observed(None))
+    assert result.create_pods == [] and result.status.phase == "Queued"
+    assert condition(result, "Queued")["status"] == "True"
+    [(verb, body)] = result.workload_writes
+    assert verb == "create"
+    assert body["metadata"]["name"] == workloads.workload_name(job)
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert body["metadata"]["labels"][workloads.JOB_UID_LABEL] == "u1"
+    assert body["spec"]["queueName"] == QUEUE
+    sets = {s["name"]: s for s in body["spec"]["podSets"]}
+    assert set(sets) == {"worker", "store"}
+    assert (sets["worker"]["count"], sets["worker"]["minCount"]) == (5, 2)
+    worker = sets["worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+    assert sets["store"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+
+
+def test_the_prepare_pod_has_a_pod_set_of_its_own() -> None:
+    job = queued_job(data={"source": {"path": "/corpus"}})
+    names = [s["name"] for s in workloads.pod_sets(job)]
+    assert names == ["worker", "store", "prepare"]
+
+
+def test_a_fixed_size_job_asks_for_no_partial_admission() -> None:
+    [workers, _] = workloads.pod_sets(queued_job(replicas={"min": 4, "max": 4}))
+    assert workers["count"] == 4 and "minCount" not in workers
+
+
+def test_priority_class_and_its_value_go_into_the_workload() -> None:
+    job = queued_job(scheduling={"priorityClassName": "high"})
+    spec = workloads.workload(job, 1000)["spec"]
+    assert spec["priority"] == 1000
+    assert spec["priorityClassRef"] == {
+        "group": "scheduling.k8s.io",
+        "kind": "PriorityClass",
+        "name": "high",
+    }
+    assert "priority" not in workloads.workload(job, None)["spec"]
+
+
+def test_waiting_for_quota_creates_nothing_and_says_why() -> None:
+    job = queued_job()
+    pending = condition_of("QuotaReserved", "False", "Pending", "insufficient quota for gpu")
+    result = run(job, [], queue=observed(workload_body(job, pending)))
+    assert result.create_pods == [] and result.workload_writes == []
+    queued = condition(result, "Queued")
+    assert QUEUE in queued["message"] and "insufficient quota for gpu" in queued["message"]
+    assert result.status.queue is not None and result.status.queue.name == QUEUE
+
+
+def test_pods_of_a_job_not_admitted_are_stopped_as_released() -> None:
+    """An operator restart, or a Workload deleted by hand: what runs without admission stops."""
+    job = queued_job(running_status())
+    result = run(job, healthy(), queue=observed(workload_body(job)))
+    assert len(result.delete_pods) == 5  # the workers and the store
+    assert set(result.release.values()) == {queueing.RELEASE_QUEUED}
+    assert result.failures == [] and result.status.restarts == 0
+
+
+def test_an_admitted_job_runs_at_the_admitted_size_on_the_admitted_flavors() -> None:
+    job = queued_job(replicas={"min": 2, "max": 4})
+    queue = observed(workload_body(job, *ADMITTED, workers=2))
+    result = run(queueing.admitted_view(job, queue), [], queue=queue)
+    assert created_slots(result) == [0, 1]
+    assert condition(result, "Queued")["status"] == "False"
+    assert result.status.queue is not None and result.status.queue.admitted_workers == 2
+    flavors = {
+        "h100": {"spec": {"nodeLabels": {"gpu": "h100"}, "tolerations": [{"key": "gpu"}]}},
+        "cpu-nodes": {"spec": {"nodeLabels": {"pool": "cpu"}}},
+    }
+    assert queueing.flavors_needed(result.create_pods, queue) == {"h100", "cpu-nodes"}
+    pods = queueing.placed(result.create_pods, queue, flavors)
+    roles = {p["metadata"]["labels"][lbl.ROLE]: p["spec"] for p in pods}
+    assert roles["worker"]["nodeSelector"]["gpu"] == "h100"
+    assert {"key": "gpu"} in roles["worker"]["tolerations"]
+    assert roles["rendezvous"]["nodeSelector"]["pool"] == "cpu"
+
+
+def test_time_queued_is_left_out_of_the_deadlines() -> None:
+    queued = condition_of("Queued", "True", "Queued", ago=3600)
+    job = queued_job({"phase": "Queued", "conditions": [queued]})
+    queue = observed(workload_body(job, *ADMITTED, workers=4))
+    result = run(queueing.admitted_view(job, queue), [], queue=queue)
+    assert result.status.suspended_seconds == 3600
+    assert [e.reason for e in result.events].count("Admitted") == 1
+
+
+def test_eviction_stops_the_workers_uncounted_then_gives_the_quota_back() -> None:
+    job = queued_job(running_status())
+    evicted = condition_of("Evicted", "True", "Preempted", "preempted by a higher priority")
+    body = workload_body(job, *ADMITTED, evicted, workers=4)
+    stopping = run(job, healthy(), queue=observed(body))
+    assert len(stopping.delete_pods) == 5  # the workers and the store
+    assert set(stopping.release.values()) == {queueing.RELEASE_EVICTED}
+    assert stopping.failures == [] and stopping.status.phase == "Queued"
+    assert condition(stopping, "Queued")["reason"] == "Preempted"
+    assert stopping.workload_writes == []  # not before the workers are gone
+    terminating = [pod(i, deleting=True) for i in range(4)]
+    assert run(job, terminating, queue=observed(body)).workload_writes == []
+    gone = run(job, [], queue=observed(body))
+    [(verb, patch)] = gone.workload_writes
+    assert verb == "status" and patch["status"]["admission"] is None
+    states = {c["type"]: (c["status"], c["reason"]) for c in patch["status"]["conditions"]}
+    assert states["QuotaReserved"] == ("False", "Pending")
+    assert states["Requeued"] == ("True", "Preempted")
+    assert patch["metadata"] == {"name": body["metadata"]["name"], "resourceVersion": "7"}
+
+
+def test_a_finished_job_marks_its_workload_finished_once() -> None:
+    status = running_status(phase="Succeeded", completionTime=format_time(NOW))
+    job = queued_job(status)
+    body = workload_body(job, *ADMITTED, workers=4)
+    [(verb, patch)] = run(job, [], queue=observed(body)).workload_writes
+    finished = next(c for c in patch["status"]["conditions"] if c["type"] == "Finished")
+    assert (verb, finished["status"], finished["reason"]) == ("status", "True", "Succeeded")
+    done = workload_body(job, *ADMITTED, condition_of("Finished", "True"), workers=4)
+    assert run(job, [], queue=observed(done)).workload_writes == []
+
+
+def test_a_workload_of_ours_being_deleted_loses_kueues_finalizer() -> None:
+    job = queued_job()
+    body = workload_body(job)
+    assert queueing.job_key_of(body) == ("ns", "demo")
+    assert not queueing.finalizer_to_remove(body)
+    body["metadata"] |= {"deletionTimestamp": format_time(NOW), "finalizers": [workloads.FINALIZER]}
+    assert queueing.finalizer_to_remove(body)
+    body["metadata"]["ownerReferences"] = []
+    assert not queueing.finalizer_to_remove(body)

@@ -1,0 +1,213 @@
+"""Queueing policy: a job with a ``kueue.x-k8s.io/queue-name`` label runs only while Kueue
+admits its Workload, at the size and on the ResourceFlavors Kueue admitted.
+
+Kueue decides who runs; this module only follows its Workload, the way Kueue's jobframework
+does for the kinds it integrates itself:
+
+* no Workload yet → create it; the job is Queued and creates no pod;
+* not admitted → Queued, with Kueue's own words for why (quota, the queue's order); any pod
+  left from before (an operator restart, a Workload deleted by hand) is stopped;
+* admitted → the job runs, its worker count the admitted count (partial admission may admit
+  fewer than ``replicas.max``, never fewer than ``replicas.min``), its pods carrying the node
+  labels and tolerations of the ResourceFlavors Kueue assigned;
+* evicted (preempted by a higher priority, quota reclaimed, ``spec.active: false``) → the
+  workers are stopped as a suspend stops them (SIGTERM: the trainer takes its emergency
+  checkpoint), not counted as a failure; once they are gone the Workload gives its quota back
+  and Kueue queues it again; admitted again, training resumes from that checkpoint;
+* finished → the Workload is marked Finished, so Kueue releases the quota at once.
+
+Time spent Queued is left out of the job's deadlines, as time suspended is.
+"""
+
+from typing import Any
+
+from torchkube.api import TrainingJob
+from torchkube.api.status import QueueStatus
+from torchkube.operator import conditions as cond
+from torchkube.operator import pods as p
+from torchkube.operator import workloads
+from torchkube.operator.decision import Context
+from torchkube.operator.workloads import QueueObservation, WorkloadState
+
+RELEASE_QUEUED = "queued"
+RELEASE_EVICTED = "evicted"
+
+
+def admitted_view(job: TrainingJob, observed: QueueObservation | None) -> TrainingJob:
+    """The job as the planner should run it: at the worker count Kueue admitted, which
+    partial admission may have cut below the target (spares first, then workers)."""
+    state = observed.workload if observed else None
+    if workloads.queue_name(job) is None or state is None or not state.admitted:
+        return job
+    placement = state.placements.get(workloads.WORKERS)
+    if placement is None:
+        return job
+    replicas = job.spec.replicas
+    admitted = placement.count
+    if admitted >= replicas.target + replicas.spares:
+        return job
+    if admitted >= replicas.target:
+        cut = replicas.model_copy(update={"spares": admitted - replicas.target})
+    else:
+        cut = replicas.model_copy(update={"desired": admitted, "spares": 0})
+    spec = job.spec.model_copy(update={"replicas": cut})
+    return job.model_copy(update={"spec": spec})
+
+
+def flavors_needed(pods: list[dict[str, Any]], observed: QueueObservation | None) -> set[str]:
+    """The ResourceFlavors to read before ``pods`` can be placed (none for a job not queued)."""
+    state = observed.workload if observed else None
+    if state is None or not state.admitted:
+        return set()
+    roles = {workloads.POD_SET_OF_ROLE.get(p.role(pod), "") for pod in pods}
+    return {f for name, pl in state.placements.items() if name in roles for f in pl.flavors}
+
+
+def placed(
+    pods: list[dict[str, Any]],
+    observed: QueueObservation | None,
+    flavors: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``pods`` with the node labels and tolerations of the ResourceFlavors Kueue assigned to
+    their pod set (jobframework's ``podset.Merge``): the nodes Kueue counted them against."""
+    state = observed.workload if observed else None
+    if state is None or not state.admitted:
+        return pods
+    out = []
+    for pod in pods:
+        placement = state.placements.get(workloads.POD_SET_OF_ROLE.get(p.role(pod), ""))
+        if placement is None or pod.get("kind") != "Pod":
+            out.append(pod)
+            continue
+        selector, tolerations = workloads.flavor_constraints(placement, flavors)
+        spec = dict(pod["spec"])
+        if selector:
+            spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **selector}
+        if tolerations:
+            present = spec.get("tolerations") or []
+            spec["tolerations"] = [*present, *(t for t in tolerations if t not in present)]
+        out.append({**pod, "spec": spec})
+    return out
+
+
+def hold(ctx: Context, owned: list[dict[str, Any]]) -> bool:
+    """True while the job must not run (it waits for Kueue); False for a job without a queue
+    or one Kueue admitted, which the other policies then run."""
+    queue = workloads.queue_name(ctx.job)
+    if queue is None:
+        return False
+    observed = ctx.observed.queue or QueueObservation()
+    state = observed.workload
+    if state is None:
+        ctx.plan.workload_writes.append(("create", workloads.workload(ctx.job, observed.priority)))
+        _wait(ctx, owned, queue, None, "Queued", f"waiting in LocalQueue {queue}: Workload created")
+        return True
+    if state.admitted and not state.being_deleted:
+        _admitted(ctx, queue, state)
+        return False
+    if state.is_true("Evicted"):
+        _evicted(ctx, owned, queue, state)
+        return True
+    why = state.message("QuotaReserved") or "Kueue has not considered it yet"
+    _wait(ctx, owned, queue, state, "Queued", f"waiting in LocalQueue {queue} for admission: {why}")
+    return True
+
+
+def _evicted(ctx: Context, owned: list[dict[str, Any]], queue: str, state: WorkloadState) -> None:
+    evicted = state.condition("Evicted") or {}
+    reason = str(evicted.get("reason") or "Evicted")
+    message = state.message("Evicted")
+    _wait(
+        ctx,
+        owned,
+        queue,
+        state,
+        "Preempted" if reason == "Preempted" else "Evicted",
+        f"evicted by Kueue ({reason}: {message}); workers stopped with an emergency checkpoint, "
+        f"waiting in LocalQueue {queue} to be admitted again",
+        why=RELEASE_EVICTED,
+    )
+    if state.reserved and not _alive(owned):
+        ctx.plan.workload_writes.append(("status", workloads.release_reservation(state, ctx.now)))
+
+
+def _alive(owned: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods that still hold their node's resources (those terminating included)."""
+    return [pod for pod in owned if p.state(pod) in ("pending", "running", "deleting")]
+
+
+def _wait(
+    ctx: Context,
+    owned: list[dict[str, Any]],
+    queue: str,
+    state: WorkloadState | None,
+    reason: str,
+    message: str,
+    why: str = RELEASE_QUEUED,
+) -> None:
+    for pod in owned:
+        if p.state(pod) in ("pending", "running"):
+            ctx.plan.delete(pod, why=why)
+    if ctx.status.phase != "Queued" or not ctx.is_true(cond.QUEUED):
+        kind = "Warning" if reason in ("Preempted", "Evicted") else "Normal"
+        ctx.event(kind, reason, message)
+    ctx.status.phase = "Queued"
+    ctx.set(cond.QUEUED, True, reason, message)
+    ctx.clear(cond.RUNNING, reason, message)
+    ctx.status.queue = QueueStatus(
+        name=queue,
+        workload=state.name if state else workloads.workload_name(ctx.job),
+        cluster_queue=None,
+        admitted_workers=None,
+    )
+    ctx.status.replicas = ctx.status.ready_replicas = 0
+    ctx.status.workers = f"0/{ctx.spec.replicas.target}"
+    ctx.status.spares = 0
+
+
+def _admitted(ctx: Context, queue: str, state: WorkloadState) -> None:
+    placement = state.placements.get(workloads.WORKERS)
+    workers = placement.count if placement else ctx.spec.replicas.target
+    message = f"admitted by ClusterQueue {state.cluster_queue} at {workers} workers"
+    queued = ctx.condition(cond.QUEUED)
+    if queued is not None and queued.status == "True":
+        waited = ctx.seconds_since(queued.last_transition_time) or 0.0
+        ctx.status.suspended_seconds = round(ctx.status.suspended_seconds + max(waited, 0.0), 3)
+        ctx.event("Normal", "Admitted", message)
+    ctx.set(cond.QUEUED, False, "Admitted", message)
+    ctx.status.queue = QueueStatus(
+        name=queue, workload=state.name, cluster_queue=state.cluster_queue, admitted_workers=workers
+    )
+
+
+def finish(ctx: Context) -> None:
+    """A finished job's Workload is marked Finished (once): Kueue releases its quota."""
+    state = ctx.observed.queue.workload if ctx.observed.queue else None
+    if workloads.queue_name(ctx.job) is None or state is None or state.is_true("Finished"):
+        return
+    if state.being_deleted:
+        return
+    finished = ctx.condition(ctx.status.phase)
+    message = finished.message if finished else f"the TrainingJob {ctx.status.phase.lower()}"
+    patch = workloads.finish(state, ctx.status.phase == "Succeeded", message, ctx.now)
+    ctx.plan.workload_writes.append(("status", patch))
+
+
+def job_key_of(workload: dict[str, Any]) -> tuple[str, str] | None:
+    """The TrainingJob that owns a Workload (None: not one of ours)."""
+    metadata = workload.get("metadata", {})
+    for owner in metadata.get("ownerReferences") or []:
+        if owner.get("kind") == "TrainingJob" and owner.get("controller"):
+            return str(metadata.get("namespace", "")), str(owner.get("name", ""))
+    return None
+
+
+def finalizer_to_remove(workload: dict[str, Any]) -> bool:
+    """A Workload of ours being deleted (its job deleted, or someone deleted it) keeps Kueue's
+    finalizer until the job's controller removes it, as jobframework does: it is over."""
+    metadata = workload.get("metadata", {})
+    return (
+        job_key_of(workload) is not None
+        and bool(metadata.get("deletionTimestamp"))
+        and workloads.FINALIZER in (metadata.get("finalizers") or [])
+    )
