@@ -34,8 +34,9 @@ BUILTIN_VARIABLES = {
 """Grafana's own variables, with values that suit a test run of a few minutes."""
 VARIABLE_TYPES = {"query", "datasource", "custom", "constant", "interval", "textbox", "adhoc"}
 DATASOURCE = "${datasource}"
-OPTIONAL = ("DCGM_",)
-"""Metrics from exporters torchkube does not run: their queries must be valid, may be empty."""
+OPTIONAL = ("DCGM_", "kueue_")
+"""Metrics from exporters torchkube does not run (NVIDIA's DCGM, Kueue): their queries must be
+valid, may be empty."""
 _REFERENCE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)\]\]|\$(\w+)")
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(.+),\s*)?(\w+)\s*\)\s*$", re.S)
 
