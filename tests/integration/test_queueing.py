@@ -261,3 +261,27 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_after_it(
     victim.wait_running(4, timeout=60)
     status = victim.status()
     assert status.get("restarts", 0) == 0 and status["queue"]["admittedWorkers"] == 4
+
+
+def test_a_job_taken_off_the_queue_or_deleted_while_queued_holds_no_quota(
+    queues: Queues,
+) -> None:
+    q, pool = queues.queue(4)
+    fixed = {"min": 4, "max": 4}
+    parked = queues.job("parked", q, pool, replicas=fixed)
+    parked.wait_running(4)
+    waiting = queues.job("waiting", q, pool, replicas=fixed)
+    wait_queued(waiting)
+    workload = q.workload(parked)
+    assert workload is not None
+    q.custom.patch_namespaced_custom_object(  # what `kueuectl stop workload` does
+        *KUEUE, queues.namespace, "workloads", workload["metadata"]["name"],
+        {"spec": {"active": False}},
+    )  # fmt: skip
+    status = wait_queued(parked)
+    assert next(c for c in status["conditions"] if c["type"] == "Queued")["reason"] == "Evicted"
+    waiting.wait_running(4, timeout=60)
+    assert parked.live_workers() == [] and parked.status().get("restarts", 0) == 0
+
+    parked.delete()  # while queued: its Workload goes with it, no finalizer holds it
+    wait_for(lambda: q.workload(parked) is None, 30, what="the deleted job's Workload to go")

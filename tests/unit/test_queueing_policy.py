@@ -127,6 +127,22 @@ def test_waiting_for_quota_creates_nothing_and_says_why() -> None:
     assert result.status.queue is not None and result.status.queue.name == QUEUE
 
 
+def test_a_waiting_job_moved_to_another_queue_moves_its_workload() -> None:
+    job = queued_job()
+    body = workload_body(job)
+    body["spec"]["queueName"] = "old-queue"
+    [(verb, patch)] = run(job, [], queue=observed(body)).workload_writes
+    assert (verb, patch["spec"]) == ("spec", {"queueName": QUEUE})
+
+
+def test_a_job_whose_queue_label_is_removed_stays_under_kueue() -> None:
+    waiting = run(queued_job(), [], queue=observed(None)).status
+    unlabelled = make_job(waiting.to_wire())
+    assert workloads.queue_name(unlabelled) == QUEUE
+    result = run(unlabelled, [], queue=observed(workload_body(unlabelled)))
+    assert result.create_pods == [] and result.status.phase == "Queued"
+
+
 def test_pods_of_a_job_not_admitted_are_stopped_as_released() -> None:
     """An operator restart, or a Workload deleted by hand: what runs without admission stops."""
     job = queued_job(running_status())

@@ -99,7 +99,8 @@ class Plan:
     delete_job: bool = False
     failures: list[Failure] = field(default_factory=list)
     workload_writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    """("create", Workload) or ("status", merge patch of the job's Workload's status)."""
+    """("create", Workload), or a merge patch of the job's Workload: ("status", ...) of its
+    status, ("spec", ...) of the rest."""
     all_running: bool = False
     """Every desired worker is Running (start-up and recovery are timed to this moment)."""
 

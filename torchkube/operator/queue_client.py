@@ -73,7 +73,12 @@ class QueueClient:
             else:
                 metrics.API_REQUESTS.labels("patch", "workload").inc()
                 name = body["metadata"]["name"]
-                self.custom.patch_namespaced_custom_object_status(
+                patch = (
+                    self.custom.patch_namespaced_custom_object_status
+                    if verb == "status"
+                    else self.custom.patch_namespaced_custom_object
+                )
+                patch(
                     API_GROUP, API_VERSION, namespace, PLURAL, name, body,
                     _request_timeout=REQUEST_TIMEOUT,
                 )  # fmt: skip

@@ -108,6 +108,8 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> bool:
     if state.is_true("Evicted"):
         _evicted(ctx, owned, queue, state)
         return True
+    if state.queue != queue and not state.reserved:
+        ctx.plan.workload_writes.append(("spec", workloads.move(state, queue)))
     why = state.message("QuotaReserved") or "Kueue has not considered it yet"
     _wait(ctx, owned, queue, state, "Queued", f"waiting in LocalQueue {queue} for admission: {why}")
     return True

@@ -35,8 +35,13 @@ HASH_LENGTH = 5
 
 
 def queue_name(job: TrainingJob) -> str | None:
-    """The LocalQueue the job waits in, or None for a job Kueue does not admit."""
-    return job.metadata.get("labels", {}).get(QUEUE_LABEL) or None
+    """The LocalQueue the job waits in, or None for a job Kueue does not admit. A job once
+    under Kueue stays there (in its last queue) when its label is removed: dropping the
+    label must not start it past the quota. Moving it is changing the label."""
+    labelled = job.metadata.get("labels", {}).get(QUEUE_LABEL)
+    if labelled:
+        return str(labelled)
+    return job.status.queue.name if job.status and job.status.queue else None
 
 
 def workload_name(job: TrainingJob) -> str:
@@ -133,6 +138,7 @@ class WorkloadState:
     """A Workload as the job's controller reads it."""
 
     name: str
+    queue: str
     conditions: list[dict[str, Any]]
     resource_version: str | None
     cluster_queue: str | None
@@ -183,6 +189,7 @@ def read(body: dict[str, Any]) -> WorkloadState:
     metadata = body.get("metadata", {})
     return WorkloadState(
         name=metadata.get("name", ""),
+        queue=str(body.get("spec", {}).get("queueName", "")),
         conditions=list(status.get("conditions") or []),
         resource_version=metadata.get("resourceVersion"),
         cluster_queue=admission.get("clusterQueue"),
@@ -257,6 +264,15 @@ def release_reservation(state: WorkloadState, now: datetime) -> dict[str, Any]:
     return {
         "metadata": {"name": state.name, "resourceVersion": state.resource_version},
         "status": {"admission": None, "conditions": conditions},
+    }
+
+
+def move(state: WorkloadState, queue: str) -> dict[str, Any]:
+    """The patch that moves a waiting Workload to another LocalQueue (the job's label
+    changed), as jobframework does for a suspended job."""
+    return {
+        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
+        "spec": {"queueName": queue},
     }
 
 
