@@ -248,7 +248,8 @@ class Controller:
             return
         self.enqueue(key)
         if self.queues is not None and queueing.finalizer_to_remove(dict(body)):
-            self.writes.submit(self.queues.release_finalizer, dict(body))
+            released = self.writes.submit(self.queues.release_finalizer, dict(body))
+            released.add_done_callback(_log_failure(f"releasing the Workload of {key[0]}/{key[1]}"))
 
     def _timer_fired(self, key: Key) -> None:
         self.timers.pop(key, None)
@@ -686,6 +687,18 @@ def _status_may_go_beside(decided: Plan) -> bool:
     return not (
         decided.failures or decided.mark_recorded or decided.delete_pods or decided.delete_job
     )
+
+
+def _log_failure(what: str) -> Any:
+    """A done-callback that says in the log when a write beside the reconciles failed (it is
+    tried again at the object's next event)."""
+
+    def report(done: Future[Any]) -> None:
+        error = done.exception()
+        if error is not None:
+            log.warning("%s failed: %s; tried again at its next watch event", what, error)
+
+    return report
 
 
 def _valid(condition: dict[str, Any]) -> bool:

@@ -134,8 +134,10 @@ def _evicted(ctx: Context, owned: list[dict[str, Any]], queue: str, state: Workl
 
 
 def _alive(owned: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pods that still hold their node's resources (those terminating included)."""
-    return [pod for pod in owned if p.state(pod) in ("pending", "running", "deleting")]
+    """Pods still active as a batch Job counts them (jobframework's ``IsActive``): a pod
+    already terminating, writing its emergency checkpoint, does not hold the quota back, and
+    one stuck Terminating on a dead node never could."""
+    return [pod for pod in owned if p.state(pod) in ("pending", "running")]
 
 
 def _wait(
