@@ -36,6 +36,7 @@ from testbed.cluster import Cluster, ClusterConfig
 from testbed.crds import install_crd
 from testbed.docker import Docker, DockerDaemon, build_image, ensure_base_image
 from testbed.errors import ClusterError
+from testbed.kueue import Kueue
 from testbed.operator import OperatorProcess
 from testbed.prometheus import Prometheus, pod_monitor_job
 from testbed.realnodes import REAL_NODE_LABEL, LoadedImage, pod_process, trainer_process
@@ -1526,3 +1527,137 @@ def test_a_worker_that_starts_after_the_join_timeout_still_trains_to_the_end(
         reasons = {f["reason"] for f in final.get("failures") or []}
         assert reasons == {"JoinTimeout"}, final
         assert final.get("restartsCountTowardsMax", 0) == 0, final
+
+
+@pytest.fixture(scope="module")
+def kueue(real_cluster: Cluster, crd: None) -> Iterator[Kueue]:
+    started = Kueue(real_cluster).start()
+    yield started
+    started.stop()
+
+
+def _real_queue(api: Any, name: str, namespaces: list[str]) -> None:
+    """A ClusterQueue on the real nodes with room for one 2-worker job (each worker 100m and
+    512Mi, the store 100m and 256Mi) and a LocalQueue ``name`` in each namespace."""
+    custom: Any = client.CustomObjectsApi(api)
+    group = ("kueue.x-k8s.io", "v1beta2")
+    custom.create_cluster_custom_object(
+        *group,
+        "resourceflavors",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": name},
+            "spec": {"nodeLabels": {REAL_NODE_LABEL: "true"}},
+        },
+    )
+    quota = [{"name": "cpu", "nominalQuota": "500m"}, {"name": "memory", "nominalQuota": "2Gi"}]
+    custom.create_cluster_custom_object(
+        *group,
+        "clusterqueues",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [{"name": name, "resources": quota}],
+                    }
+                ],
+            },
+        },
+    )
+    for namespace in namespaces:
+        custom.create_namespaced_custom_object(
+            *group,
+            namespace,
+            "localqueues",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": name},
+                "spec": {"clusterQueue": name},
+            },
+        )
+
+
+def _queued(manifest: dict[str, Any], queue: str, priority: str) -> dict[str, Any]:
+    """The manifest on ``queue`` at ``priority``, two workers, its node choice left to the
+    ResourceFlavor Kueue admits it on."""
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
+    manifest["spec"]["replicas"] = {"min": 2, "max": 2}
+    scheduling = manifest["spec"]["scheduling"]
+    scheduling.pop("nodeSelector")
+    scheduling["priorityClassName"] = priority
+    return manifest
+
+
+def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
+    real_cluster: Cluster,
+    trainer_image: LoadedImage,
+    operator: OperatorProcess,
+    kueue: Kueue,
+    api: Any,
+    tmp_path: Path,
+    say: Say,
+) -> None:
+    """Kueue preempts a running job for a higher-priority one: SIGTERM → the emergency
+    checkpoint, Queued, no failure counted; re-admitted when the other ends, it resumes from
+    that checkpoint and finishes with the exact step count."""
+    scheduling: Any = client.SchedulingV1Api(api)
+    for name, value in (("kueue-low", 10), ("kueue-high", 1000)):
+        with contextlib.suppress(client.ApiException):
+            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    steps, every = 600, 100
+    (tmp_path / "low").mkdir()
+    (tmp_path / "high").mkdir()
+    where_low = {"namespace": "realnodes-queue-low", "name": "low"}
+    where_high = {"namespace": "realnodes-queue-high", "name": "high"}
+    with (
+        real_job(real_cluster, api, operator, say, tmp_path / "low", **where_low) as low,
+        real_job(real_cluster, api, operator, say, tmp_path / "high", **where_high) as high,
+    ):
+        _real_queue(api, "realnodes", [low.namespace, high.namespace])
+        manifest = _job_manifest(low.name, low.namespace, steps, every)
+        low.apply(_queued(manifest, "realnodes", "kueue-low"))
+
+        def past_first_checkpoint() -> bool:
+            report = low.progress()
+            return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
+
+        wait_for(
+            past_first_checkpoint, 300, what="training past step 100", describe_last=low.describe
+        )
+        say(f"higher-priority job submitted at step {low.progress().get('step')}")
+        high.apply(
+            _queued(_job_manifest(high.name, high.namespace, 20, 10), "realnodes", "kueue-high")
+        )
+
+        def preempted() -> dict[str, Any] | None:
+            status = low.status()
+            queued = [c for c in status.get("conditions", []) if c["type"] == "Queued"]
+            return status if queued and queued[0]["reason"] == "Preempted" else None
+
+        wait_for(preempted, 60, what="the low job preempted", describe_last=low.describe)
+
+        def emergency() -> int | None:
+            off_interval = [s for s in _checkpoint_steps(low.checkpoints) if s % every]
+            return off_interval[-1] if off_interval else None
+
+        emergency_step = wait_for(
+            emergency, 120, what="the emergency checkpoint", describe_last=low.describe
+        )
+        say(f"preempted: emergency checkpoint at step {emergency_step}")
+        assert high.wait_finished() == "Succeeded", high.describe()
+
+        assert low.wait_finished() == "Succeeded", low.describe()
+        report, status = low.progress(), low.status()
+        assert report.get("step") == steps and int(report.get("resumes") or 0) >= 1, report
+        assert status.get("restarts", 0) == 0 and not status.get("failures"), status
+        logs = "".join(_logs(real_cluster, low.namespace, p.metadata.name) for p in low.pods())
+        resumed = [line for line in logs.splitlines() if "resumed from" in line]
+        assert resumed and all(f"step-{emergency_step}" in line for line in resumed), resumed
