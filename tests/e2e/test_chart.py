@@ -191,6 +191,8 @@ def test_default_render_is_one_least_privilege_cluster_wide_operator(helm: Helm)
     assert ("", "pods", "create") in rules
     assert ("torchkube.io", "trainingjobs/status", "patch") in rules
     assert ("", "nodes", "watch") in rules
+    assert ("kueue.x-k8s.io", "workloads/status", "patch") in rules  # docs/queueing.md
+    assert ("kueue.x-k8s.io", "resourceflavors", "get") in rules
     assert not {r for r in rules if r[1] in {"secrets", "configmaps", "*"} or r[2] == "*"}
     assert ("torchkube.io", "trainingjobs", "update") not in rules  # never edits a job's spec
     assert not find(objects, "Role") and not find(objects, "RoleBinding")  # no election, no Lease
@@ -222,7 +224,10 @@ def test_namespaced_render_grants_job_rights_only_in_the_watched_namespaces(helm
         "nodes",
         "namespaces",
         "customresourcedefinitions",
+        "resourceflavors",  # Kueue's, read for the admitted flavors' node labels
+        "priorityclasses",  # their values go into a queued job's Workload
     }
+    assert ("kueue.x-k8s.io", "workloads", "create") in rules_of(roles[0])
     (deployment,) = find(objects, "Deployment")
     assert container_env(deployment)["TORCHKUBE_NAMESPACES"] == "team-a,team-b"
 
