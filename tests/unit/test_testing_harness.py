@@ -336,3 +336,61 @@ def test_pod_discovery_gives_each_named_port_the_labels_kubernetes_sd_would() ->
     assert config["file_sd_configs"] == [{"files": ["/tmp/pods-0.json"], "refresh_interval": "1s"}]
     used = {name for rule in config["relabel_configs"] for name in rule["source_labels"]}
     assert used <= set(labels), used - set(labels)
+
+
+def test_kueue_webhooks_are_called_by_url_and_only_for_kueues_own_api() -> None:
+    """A live Kueue must never sit in the path of the rest of the suite's pods and Jobs."""
+    from testbed import kueue
+
+    manifests = """
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: mutating-webhook-configuration}
+webhooks:
+- name: mpod.kb.io
+  clientConfig: {service: {name: webhook-service, namespace: system, path: /mutate--v1-pod}}
+  rules: [{apiGroups: [""], resources: [pods]}]
+- name: mworkload.kb.io
+  clientConfig: {service: {name: webhook-service, namespace: system, path: /mutate-w}}
+  rules: [{apiGroups: [kueue.x-k8s.io], resources: [workloads]}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {name: validating-webhook-configuration}
+webhooks:
+- name: vjob.kb.io
+  clientConfig: {service: {name: webhook-service, namespace: system, path: /validate-job}}
+  rules: [{apiGroups: [batch], resources: [jobs]}]
+"""
+    mutating, validating = kueue.webhook_configurations(manifests, "https://127.0.0.1:9443")
+    assert mutating["metadata"]["name"] == "kueue-mutating-webhook-configuration"
+    assert validating["metadata"]["name"] == "kueue-validating-webhook-configuration"
+    assert [w["name"] for w in mutating["webhooks"]] == ["mworkload.kb.io"]
+    assert mutating["webhooks"][0]["clientConfig"] == {"url": "https://127.0.0.1:9443/mutate-w"}
+    assert validating["webhooks"] == []
+
+
+def test_kueues_certificate_rotator_accepts_the_testbeds_certificates() -> None:
+    """Kueue's rotator regenerates what does not verify as its CA (``kueue-ca``) and as its
+    Service's name; the serving certificate must also be valid for 127.0.0.1."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+
+    from testbed import kueue
+
+    data = kueue.webhook_certificates()
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    cert.verify_directly_issued_by(ca)
+    ca_names = ca.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ca_names.get_values_for_type(x509.DNSName) == [kueue.CA_NAME]
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [
+        f"{kueue.WEBHOOK_SERVICE}.{kueue.NAMESPACE}.svc"
+    ]
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    lookahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=90)
+    assert cert.not_valid_after_utc > lookahead and ca.not_valid_after_utc > lookahead
+    assert data["ca.key"].startswith(b"-----BEGIN RSA PRIVATE KEY-----")  # PKCS#1
