@@ -45,8 +45,13 @@ CA_NAME = "kueue-ca"
 CONVERTED_CRDS = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters")
 """The CRDs whose conversion webhook the rotator injects its CA into (it fails without one)."""
 EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.torchkube.io"
-FEATURE_GATES = {"PartialAdmission": True, "VisibilityOnDemand": False}
-"""Partial admission lets Kueue admit an elastic job below replicas.max. The on-demand
+FEATURE_GATES = {
+    "PartialAdmission": True,
+    "ElasticJobsViaWorkloadSlices": True,
+    "VisibilityOnDemand": False,
+}
+"""Partial admission lets Kueue admit an elastic job below replicas.max; workload slices let
+a job annotated ``kueue.x-k8s.io/elastic-job`` be resized under quota. The on-demand
 visibility API (queue positions) is an aggregated apiserver that authenticates its callers
 through in-cluster configuration, which a process outside the cluster does not have."""
 CONFIG_DIR = "kueue-config"

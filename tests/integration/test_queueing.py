@@ -111,14 +111,18 @@ class Queues:
         self.made.append(Queue(self.api, self.namespace, pool, workers))
         return self.made[-1], pool
 
-    def job(self, name: str, queue: Queue, pool: NodePool, **spec: Any) -> Job:
+    def job(
+        self, name: str, queue: Queue, pool: NodePool, elastic: bool = False, **spec: Any
+    ) -> Job:
         """A job labelled for ``queue`` whose own spec does not choose the pool: only the
-        flavor Kueue assigns puts its pods there."""
+        flavor Kueue assigns puts its pods there; ``elastic`` resized under quota."""
         claim = f"{name}-checkpoints"
         path = str(self.tmp_path / claim)
         self.volumes.append(prebound_volume(self.api, self.namespace, claim, path))
         body = job_manifest(name, pool, **spec)
         body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue.name}
+        if elastic:
+            body["metadata"]["annotations"] = {"kueue.x-k8s.io/elastic-job": "true"}
         body["spec"]["scheduling"].pop("nodeSelector")
         body["spec"]["scheduling"]["tolerations"] = []
         return Job.create(self.api, self.namespace, body)
@@ -285,3 +289,33 @@ def test_a_job_taken_off_the_queue_or_deleted_while_queued_holds_no_quota(
 
     parked.delete()  # while queued: its Workload goes with it, no finalizer holds it
     wait_for(lambda: q.workload(parked) is None, 30, what="the deleted job's Workload to go")
+
+
+def test_an_elastic_job_grows_when_quota_frees_and_shrinking_returns_quota_at_once(
+    queues: Queues,
+) -> None:
+    q, pool = queues.queue(6)
+    elastic = queues.job(
+        "elastic", q, pool, elastic=True, replicas={"min": 1, "max": 6, "desired": 2}
+    )
+    elastic.wait_running(2)
+    other = queues.job("other", q, pool, replicas={"min": 4, "max": 4})
+    other.wait_running(4)
+
+    elastic.patch({"replicas": {"min": 1, "max": 6, "desired": 4}})
+
+    def slices() -> list[dict[str, Any]]:
+        return q.custom.list_namespaced_custom_object(
+            *KUEUE, queues.namespace, "workloads", label_selector=f"{lbl.JOB_NAME}=elastic"
+        )["items"]
+
+    wait_for(lambda: len(slices()) == 2, 30, what="a scale-up slice")
+    assert len(elastic.live_workers()) == 2  # no room yet: it goes on at 2
+    other.delete()
+    elastic.wait_running(4, timeout=60)
+    assert elastic.status()["queue"]["admittedWorkers"] == 4
+
+    elastic.patch({"replicas": {"min": 1, "max": 6, "desired": 1}})
+    third = queues.job("third", q, pool, replicas={"min": 5, "max": 5})
+    third.wait_running(5, timeout=60)  # the 3 workers given back made room
+    assert len(elastic.live_workers()) == 1

@@ -63,6 +63,7 @@ def test_workload_names_are_kueues() -> None:
     where they look for a job's."""
     job = make_job()
     assert workloads.workload_name(job) == "trainingjob-demo-e4f44"
+    assert workloads.workload_name(job, 3) == "trainingjob-demo-8eb6f"  # ...AndGeneration
     metadata = {**job.metadata, "name": "llama-70b-pretrain"}
     metadata["uid"] = "0b8f6c1e-3a2d-4d8e-9b1a-2f5c7d9e1a3b"
     renamed = job.model_copy(update={"metadata": metadata})
@@ -220,3 +221,60 @@ def test_a_workload_of_ours_being_deleted_loses_kueues_finalizer() -> None:
     assert queueing.finalizer_to_remove(body)
     body["metadata"]["ownerReferences"] = []
     assert not queueing.finalizer_to_remove(body)
+
+
+def elastic_job(desired: int, status: dict[str, Any] | None = None) -> TrainingJob:
+    job = queued_job(status, replicas={"min": 1, "max": 6, "desired": desired})
+    metadata = {**job.metadata, "annotations": {workloads.ELASTIC_ANNOTATION: "true"}}
+    return job.model_copy(update={"metadata": metadata})
+
+
+def elastic_observed(job: TrainingJob, admitted: int, *more: dict[str, Any]) -> QueueObservation:
+    """The job's slice admitted at ``admitted`` workers, and ``more`` Workloads beside it."""
+    slice_ = workload_body(elastic_job(admitted), *ADMITTED, workers=admitted)
+    slice_["metadata"]["creationTimestamp"] = format_time(NOW - timedelta(minutes=10))
+    replicas = job.spec.replicas
+    return workloads.observe([slice_, *more], None, replicas.target + replicas.spares)
+
+
+def test_an_elastic_jobs_workload_asks_for_its_current_size() -> None:
+    body = workloads.workload(elastic_job(2), None)
+    assert body["metadata"]["annotations"] == {workloads.ELASTIC_ANNOTATION: "true"}
+    [workers, _] = body["spec"]["podSets"]
+    assert workers["count"] == 2 and "minCount" not in workers
+
+
+def test_scaling_an_elastic_job_up_asks_kueue_for_a_slice_and_runs_on_meanwhile() -> None:
+    job = elastic_job(4, running_status())
+    queue = elastic_observed(job, 2)
+    result = run(queueing.admitted_view(job, queue), healthy(2), queue=queue)
+    assert result.create_pods == [] and result.delete_pods == []  # still 2, as admitted
+    [(verb, body)] = result.workload_writes
+    old = queue.workload
+    assert verb == "create" and old is not None
+    annotations = body["metadata"]["annotations"]
+    assert annotations[workloads.REPLACEMENT_ANNOTATION] == f"ns/{old.name}"
+    assert annotations[workloads.SLICE_NAME_ANNOTATION] == old.name
+    assert body["metadata"]["name"] != old.name
+    assert body["spec"]["podSets"][0]["count"] == 4
+    waiting = dict(body, metadata={**body["metadata"], "creationTimestamp": format_time(NOW)})
+    again = elastic_observed(elastic_job(5, running_status()), 2, waiting)
+    [(verb, patch)] = run(elastic_job(5, running_status()), healthy(2), queue=again).workload_writes
+    assert (verb, patch["spec"]["podSets"][0]["count"]) == ("spec", 5)
+    withdrawn = elastic_observed(elastic_job(2, running_status()), 2, waiting)
+    [(verb, patch)] = run(elastic_job(2), healthy(2), queue=withdrawn).workload_writes
+    assert verb == "status" and patch["metadata"]["name"] == body["metadata"]["name"]
+
+
+def test_scaling_an_elastic_job_down_gives_quota_back_at_once() -> None:
+    job = elastic_job(2, running_status())
+    queue = elastic_observed(job, 4)
+    result = run(queueing.admitted_view(job, queue), healthy(4), queue=queue)
+    assert len([n for n, _ in result.delete_pods if "worker" in n]) == 2
+    [(verb, patch)] = result.workload_writes
+    assert verb == "spec" and patch["spec"]["podSets"][0]["count"] == 2
+    assert [s["name"] for s in patch["spec"]["podSets"]] == ["worker", "store"]
+    shrunk = workload_body(elastic_job(2), *ADMITTED, workers=4)  # admission not yet updated
+    shrunk["spec"]["podSets"][0]["count"] = 2
+    placement = workloads.read(shrunk).placements["worker"]
+    assert placement.count == 2

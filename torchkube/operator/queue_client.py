@@ -22,14 +22,20 @@ class QueueClient:
         self.scheduling = client.SchedulingV1Api(api_client)
 
     def observe(self, job: TrainingJob) -> QueueObservation:
-        """The job's Workload as Kueue left it; the PriorityClass's value only while there is
-        no Workload yet (it is copied into the Workload once)."""
-        body = self._get_workload(job.namespace, workloads.workload_name(job))
-        if body is not None:
-            return QueueObservation(workload=workloads.read(body))
+        """The job's Workloads (the slices of an elastic one) as Kueue left them; the
+        PriorityClass's value while there is one to create."""
+        metrics.API_REQUESTS.labels("list", "workload").inc()
+        listed: Any = self.custom.list_namespaced_custom_object(
+            API_GROUP, API_VERSION, job.namespace, PLURAL,
+            label_selector=f"{workloads.JOB_UID_LABEL}={job.uid}",
+            _request_timeout=REQUEST_TIMEOUT,
+        )  # fmt: skip
+        bodies: list[dict[str, Any]] = listed["items"]
+        replicas = job.spec.replicas
+        wanted = replicas.target + replicas.spares
         priority = None
         name = job.spec.scheduling.priority_class_name
-        if name:
+        if name and (not bodies or workloads.elastic(job)):
             try:
                 metrics.API_REQUESTS.labels("get", "priorityclass").inc()
                 found = self.scheduling.read_priority_class(name, _request_timeout=REQUEST_TIMEOUT)
@@ -37,7 +43,7 @@ class QueueClient:
             except ApiException as error:
                 if error.status != 404:
                     raise
-        return QueueObservation(workload=None, priority=priority)
+        return workloads.observe(bodies, priority, wanted)
 
     def flavors(self, names: set[str]) -> dict[str, dict[str, Any]]:
         """The named ResourceFlavors (a deleted one is left out: its pods get no labels)."""
@@ -54,7 +60,7 @@ class QueueClient:
             except ApiException as error:
                 if error.status != 404:
                     raise
-        return cast(dict[str, Any], found)
+        return found
 
     def write(self, namespace: str, writes: list[tuple[str, dict[str, Any]]]) -> None:
         """Carry out a plan's Workload writes; a conflict on a status update (Kueue wrote the
@@ -97,15 +103,3 @@ class QueueClient:
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
-
-    def _get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            metrics.API_REQUESTS.labels("get", "workload").inc()
-            found = self.custom.get_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return cast(dict[str, Any], found)

@@ -104,6 +104,7 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> bool:
         return True
     if state.admitted and not state.being_deleted:
         _admitted(ctx, queue, state)
+        _resize(ctx, state, observed)
         return False
     if state.is_true("Evicted"):
         _evicted(ctx, owned, queue, state)
@@ -169,6 +170,39 @@ def _wait(
     ctx.status.spares = 0
 
 
+def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> None:
+    """An elastic job resized under quota, the way Kueue's workload slices work: fewer
+    workers give quota back at once (the admitted Workload asks for fewer); more ask Kueue
+    for a new slice, admitted in place of the running one when the quota allows, while the
+    job goes on at the size it has."""
+    admitted = state.count(workloads.WORKERS)
+    wanted = observed.wanted_workers
+    if not workloads.elastic(ctx.job) or admitted is None or not wanted:
+        return
+    waiting = observed.scale_up
+    if wanted < admitted:
+        ctx.plan.workload_writes.append(("spec", workloads.resize(state, wanted)))
+    if wanted <= admitted:
+        if waiting is not None:
+            withdrawn = f"scale-up withdrawn: the job wants {wanted} workers again"
+            ctx.plan.workload_writes.append(
+                ("status", workloads.finish(waiting, False, withdrawn, ctx.now))
+            )
+        return
+    if waiting is None:
+        body = workloads.workload(ctx.job, observed.priority, replaces=state)
+        body["spec"]["podSets"] = [
+            {**s, "count": wanted} if s["name"] == workloads.WORKERS else s
+            for s in body["spec"]["podSets"]
+        ]
+        ctx.plan.workload_writes.append(("create", body))
+        ctx.event(
+            "Normal", "ScaleUpQueued", f"asking Kueue for {wanted} workers ({admitted} admitted)"
+        )
+    elif waiting.count(workloads.WORKERS) != wanted and not waiting.reserved:
+        ctx.plan.workload_writes.append(("spec", workloads.resize(waiting, wanted)))
+
+
 def _admitted(ctx: Context, queue: str, state: WorkloadState) -> None:
     placement = state.placements.get(workloads.WORKERS)
     workers = placement.count if placement else ctx.spec.replicas.target
@@ -193,8 +227,12 @@ def finish(ctx: Context) -> None:
         return
     finished = ctx.condition(ctx.status.phase)
     message = finished.message if finished else f"the TrainingJob {ctx.status.phase.lower()}"
-    patch = workloads.finish(state, ctx.status.phase == "Succeeded", message, ctx.now)
-    ctx.plan.workload_writes.append(("status", patch))
+    succeeded = ctx.status.phase == "Succeeded"
+    waiting = ctx.observed.queue.scale_up if ctx.observed.queue else None
+    for slice_ in (state, waiting):
+        if slice_ is not None and not slice_.is_true("Finished"):
+            patch = workloads.finish(slice_, succeeded, message, ctx.now)
+            ctx.plan.workload_writes.append(("status", patch))
 
 
 def job_key_of(workload: dict[str, Any]) -> tuple[str, str] | None:

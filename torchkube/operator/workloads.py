@@ -25,6 +25,11 @@ API_VERSION = "v1beta2"
 PLURAL = "workloads"
 QUEUE_LABEL = f"{API_GROUP}/queue-name"
 JOB_UID_LABEL = f"{API_GROUP}/job-uid"
+ELASTIC_ANNOTATION = f"{API_GROUP}/elastic-job"
+"""``"true"`` on a job (and its Workloads): resized under quota by Kueue's workload slices."""
+REPLACEMENT_ANNOTATION = f"{API_GROUP}/workload-slice-replacement-for"
+"""On a scale-up's new slice: the ``namespace/name`` of the admitted slice it replaces."""
+SLICE_NAME_ANNOTATION = f"{API_GROUP}/workload-slice-name"
 FINALIZER = f"{API_GROUP}/resource-in-use"
 """Kueue puts it on a Workload that holds quota; the job's controller removes it."""
 WORKERS, STORE, PREPARE = "worker", "store", "prepare"
@@ -44,11 +49,18 @@ def queue_name(job: TrainingJob) -> str | None:
     return job.status.queue.name if job.status and job.status.queue else None
 
 
-def workload_name(job: TrainingJob) -> str:
+def elastic(job: TrainingJob) -> bool:
+    """Whether the job is resized under quota (Kueue's ``ElasticJobsViaWorkloadSlices``)."""
+    return job.metadata.get("annotations", {}).get(ELASTIC_ANNOTATION) == "true"
+
+
+def workload_name(job: TrainingJob, generation: int | None = None) -> str:
     """jobframework's ``GetWorkloadNameForOwnerWithGVK``: the kind and name, cut to fit, and
     five hex digits of a SHA-1 over kind, group, name and UID (a job created again under the
-    same name gets a Workload of its own)."""
-    digest = hashlib.sha1(f"{KIND}\n{GROUP}\n{job.name}\n{job.uid}".encode()).hexdigest()
+    same name gets a Workload of its own); a scale-up's slice also hashes the job's
+    generation (``...WithGVKAndGeneration``)."""
+    extra = "" if generation is None else f"\n{generation}"
+    digest = hashlib.sha1(f"{KIND}\n{GROUP}\n{job.name}\n{job.uid}{extra}".encode()).hexdigest()
     prefix = f"{KIND.lower()}-{job.name}"[: NAME_LIMIT - 1 - HASH_LENGTH]
     return f"{prefix}-{digest[:HASH_LENGTH]}"
 
@@ -78,13 +90,13 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
     partial admission may admit any size in the elastic range), the rendezvous store, and the
     data-preparation pod when the job has ``spec.data``."""
     replicas = job.spec.replicas
-    count = replicas.max + replicas.spares
+    count = (replicas.target if elastic(job) else replicas.max) + replicas.spares
     workers: dict[str, Any] = {
         "name": WORKERS,
         "count": count,
         "template": _slim_template(builders.worker_pod(job, 0, "podset", ())),
     }
-    if replicas.min < count:
+    if replicas.min < count and not elastic(job):
         workers["minCount"] = replicas.min
     sets = [
         workers,
@@ -101,8 +113,12 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
     return sets
 
 
-def workload(job: TrainingJob, priority: int | None) -> dict[str, Any]:
-    """The job's Workload; ``priority`` is the value of its PriorityClass (None: none)."""
+def workload(
+    job: TrainingJob, priority: int | None, replaces: "WorkloadState | None" = None
+) -> dict[str, Any]:
+    """The job's Workload; ``priority`` is the value of its PriorityClass (None: none). An
+    elastic job's Workload asks for its current worker count; ``replaces`` makes it the slice
+    of a scale-up that Kueue admits in place of that admitted one."""
     spec: dict[str, Any] = {"queueName": queue_name(job), "podSets": pod_sets(job)}
     priority_class = job.spec.scheduling.priority_class_name
     if priority_class and priority is not None:
@@ -112,15 +128,26 @@ def workload(job: TrainingJob, priority: int | None) -> dict[str, Any]:
             "name": priority_class,
         }
         spec["priority"] = priority
+    metadata: dict[str, Any] = {
+        "name": workload_name(job),
+        "namespace": job.namespace,
+        "labels": {**lbl.job_labels(job.name), JOB_UID_LABEL: job.uid},
+        "ownerReferences": [builders.owner_reference(job)],
+    }
+    if elastic(job):
+        metadata["annotations"] = {ELASTIC_ANNOTATION: "true"}
+    if replaces is not None:
+        metadata["name"] = workload_name(job, job.metadata.get("generation") or 0)
+        metadata.setdefault("annotations", {}).update(
+            {
+                REPLACEMENT_ANNOTATION: f"{job.namespace}/{replaces.name}",
+                SLICE_NAME_ANNOTATION: replaces.slice_name,
+            }
+        )
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job),
-            "namespace": job.namespace,
-            "labels": {**lbl.job_labels(job.name), JOB_UID_LABEL: job.uid},
-            "ownerReferences": [builders.owner_reference(job)],
-        },
+        "metadata": metadata,
         "spec": spec,
     }
 
@@ -144,6 +171,16 @@ class WorkloadState:
     cluster_queue: str | None
     placements: dict[str, Placement]
     being_deleted: bool = False
+    pod_sets: tuple[dict[str, Any], ...] = ()
+    slice_name: str = ""
+    """The first slice's name, shared by the slices that replace it."""
+    replaces: str | None = None
+    created: str = ""
+
+    def count(self, pod_set: str) -> int | None:
+        """The count the Workload asks for ``pod_set``."""
+        found = next((s for s in self.pod_sets if s.get("name") == pod_set), None)
+        return int(found.get("count", 1)) if found else None
 
     def condition(self, kind: str) -> dict[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)
@@ -167,11 +204,39 @@ class WorkloadState:
 
 @dataclass(frozen=True)
 class QueueObservation:
-    """What the controller read for a queued job: its Workload (None: none exists) and the
-    value of its PriorityClass (for the Workload it creates)."""
+    """What the controller read for a queued job: its Workload (None: none exists), a
+    scale-up's slice waiting beside it, and the value of its PriorityClass (for the
+    Workload it creates)."""
 
     workload: WorkloadState | None = None
     priority: int | None = None
+    scale_up: WorkloadState | None = None
+    wanted_workers: int = 0
+    """The worker pods the job's spec asks for now (target and spares)."""
+
+
+def observe(
+    bodies: list[dict[str, Any]], priority: int | None, wanted_workers: int = 0
+) -> QueueObservation:
+    """The job's unfinished Workloads as one observation: the slice admitted (else the
+    oldest) is the one the job follows; a younger one is a scale-up waiting for admission."""
+    states = sorted(
+        (read(b) for b in bodies), key=lambda state: (not state.admitted, state.created)
+    )
+    live = [state for state in states if not state.is_true("Finished")] or states[-1:]
+    followed = live[0] if live else None
+    waiting = next((s for s in live[1:] if s.replaces), None)
+    return QueueObservation(followed, priority, waiting, wanted_workers)
+
+
+def resize(state: WorkloadState, workers: int) -> dict[str, Any]:
+    """The patch that asks ``workers`` of a Workload's worker pod set (all pod sets sent:
+    a merge patch replaces the list)."""
+    pod_sets = [{**s, "count": workers} if s.get("name") == WORKERS else s for s in state.pod_sets]
+    return {
+        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
+        "spec": {"podSets": pod_sets},
+    }
 
 
 def read(body: dict[str, Any]) -> WorkloadState:
@@ -179,15 +244,24 @@ def read(body: dict[str, Any]) -> WorkloadState:
     status = body.get("status") or {}
     admission = status.get("admission") or {}
     spec_counts = {s["name"]: s.get("count", 1) for s in body.get("spec", {}).get("podSets", [])}
+    # An elastic Workload scaled down in place asks for fewer than its admission still says.
     placements = {
         assignment["name"]: Placement(
-            int(assignment.get("count", spec_counts.get(assignment["name"], 1))),
+            min(
+                int(assignment.get("count", spec_counts.get(assignment["name"], 1))),
+                int(spec_counts.get(assignment["name"], 1)),
+            ),
             tuple(sorted(set((assignment.get("flavors") or {}).values()))),
         )
         for assignment in admission.get("podSetAssignments") or []
     }
     metadata = body.get("metadata", {})
+    annotations = metadata.get("annotations") or {}
     return WorkloadState(
+        pod_sets=tuple(body.get("spec", {}).get("podSets") or []),
+        slice_name=annotations.get(SLICE_NAME_ANNOTATION) or metadata.get("name", ""),
+        replaces=annotations.get(REPLACEMENT_ANNOTATION),
+        created=str(metadata.get("creationTimestamp", "")),
         name=metadata.get("name", ""),
         queue=str(body.get("spec", {}).get("queueName", "")),
         conditions=list(status.get("conditions") or []),
