@@ -14,6 +14,8 @@ does for the kinds it integrates itself:
   workers are stopped as a suspend stops them (SIGTERM: the trainer takes its emergency
   checkpoint), not counted as a failure; once they are gone the Workload gives its quota back
   and Kueue queues it again; admitted again, training resumes from that checkpoint;
+* resized, for a job annotated ``kueue.x-k8s.io/elastic-job`` → smaller gives quota back at
+  once, larger asks for a new Workload slice that Kueue admits in place of the running one;
 * finished → the Workload is marked Finished, so Kueue releases the quota at once.
 
 Time spent Queued is left out of the job's deadlines, as time suspended is.
