@@ -26,10 +26,10 @@ def inputs() -> dict[str, list[str]]:
     deps, extras = project["dependencies"], project["optional-dependencies"]
     own = [r for r in extras["test"] if name(r) != "torchkube"]
     return {
-        "trainer": [*deps, *extras["data"]],
+        "trainer": [*deps, *extras["data"], *extras["live"]],
         "torch": [r for r in deps if name(r) == "torch"],
         "operator": list(extras["operator"]),
-        "dev": [*deps, *extras["data"], *extras["plot"], *own],
+        "dev": [*deps, *extras["data"], *extras["live"], *extras["plot"], *own],
     }
 
 
