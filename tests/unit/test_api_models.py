@@ -135,3 +135,10 @@ def test_the_tensor_parallel_example_is_a_valid_job() -> None:
     spec = TrainingJob.model_validate(manifest).spec
     assert spec.trainer.parallelism.tensor == spec.nproc_per_node == spec.resources.gpus == 8
     assert is_llama_family(spec.trainer.model) and spec.trainer.weights_path
+
+
+def test_recovery_is_restart_unless_live_is_asked_for() -> None:
+    assert TrainingJob.model_validate(job("demo", {})).spec.failure_policy.recovery == "restart"
+    live = TrainingJob.model_validate(job("demo", {"failurePolicy": {"recovery": "live"}}))
+    assert live.spec.failure_policy.recovery == "live"
+    assert live.to_wire()["spec"]["failurePolicy"]["recovery"] == "live"

@@ -22,6 +22,11 @@ DATA_OR_PATH = (
     "not both"
 )
 DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
+LIVE_SUPPORTS = (
+    "failurePolicy.recovery live supports strategy ddp with one process per pod (nprocPerNode "
+    "1, or auto with at most one GPU) and no tensor parallelism so far: use recovery restart "
+    "for the others"
+)
 HSDP_RANGE = (
     "trainer.hsdpShardSize must divide the data-parallel size at every size in the elastic range"
 )
@@ -450,6 +455,16 @@ class FailurePolicySpec(ApiModel):
         le=86400,
         description="How long a rank must stay a straggler before its pod is replaced.",
     )
+    recovery: Literal["restart", "live"] = Field(
+        default="restart",
+        description="What the loss of a worker pod does. restart: every worker stops and "
+        "training resumes from the newest checkpoint. live: each pod is one torchft replica "
+        "group; the others keep training from the next step at the smaller data-parallel "
+        "size (same global batch, more accumulation each) and the replacement copies the "
+        "current state from a live peer before it trains (strategy ddp, one process per "
+        "pod, no tensor parallelism; needs torchft in the image).",
+        json_schema_extra=immutable("failurePolicy.recovery"),
+    )
 
     @model_validator(mode="after")
     def _disjoint(self) -> Self:
@@ -591,6 +606,12 @@ class TrainingJobSpec(ApiModel):
             "self.trainer.parallelism.tensor == 1 || self.resources.gpus == 0 || "
             "self.resources.gpus % self.trainer.parallelism.tensor == 0",
             "trainer.parallelism.tensor must divide resources.gpus (the GPUs per pod)",
+        ),
+        (
+            "self.failurePolicy.recovery != 'live' || (self.trainer.strategy == 'ddp' && "
+            "self.trainer.parallelism.tensor == 1 && (type(self.nprocPerNode) == int ? "
+            "self.nprocPerNode == 1 : self.nprocPerNode == 'auto' && self.resources.gpus <= 1))",
+            LIVE_SUPPORTS,
         ),
         (
             "!has(self.trainer.hsdpShardSize) || self.trainer.strategy != 'hsdp' || "
@@ -751,6 +772,25 @@ class TrainingJobSpec(ApiModel):
         if self.nproc_per_node in ("auto", "gpu") and self.resources.gpus:
             return self.resources.gpus
         return None
+
+    @model_validator(mode="after")
+    def _live_recovery_is_supported(self) -> Self:
+        """Live recovery makes each pod one torchft replica group and the data-parallel
+        all-reduce across pods fault tolerant; what that does not cover yet is refused here
+        rather than quietly recovered by restart."""
+        if self.failure_policy.recovery != "live":
+            return self
+        trainer, procs = self.trainer, self.processes_per_pod()
+        unsupported = []
+        if trainer.strategy != "ddp":
+            unsupported.append(f"strategy {trainer.strategy}")
+        if trainer.parallelism.tensor != 1:
+            unsupported.append(f"parallelism.tensor {trainer.parallelism.tensor}")
+        if procs != 1 and not (procs is None and self.nproc_per_node == "auto"):
+            unsupported.append(f"nprocPerNode {self.nproc_per_node} ({procs or 'many'} per pod)")
+        if unsupported:
+            raise ValueError(f"{LIVE_SUPPORTS}; this job has {', '.join(unsupported)}")
+        return self
 
     @model_validator(mode="after")
     def _tensor_groups_fit_a_pod(self) -> Self:
