@@ -61,6 +61,12 @@ class Env(StrEnum):
     """Set by the launcher for its workers: the rendezvous store (``host:port``), where every
     launcher posts the in-place restarts of its workers and every trainer reads them for its
     progress report (:class:`InPlaceRestart`, ``torchkube.elastic.restarts``)."""
+    RECOVERY = "TORCHKUBE_RECOVERY"
+    """``failurePolicy.recovery``: ``restart`` (default) or ``live``, where each pod is one
+    torchft replica group and its all-reduce across pods goes through torchft's Manager."""
+    LIGHTHOUSE = "TORCHKUBE_LIGHTHOUSE"
+    """Live recovery: the torchft Lighthouse that forms each step's quorum of replica groups
+    (``http://host:port``)."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here
@@ -175,6 +181,33 @@ class InPlaceRestart(BaseModel):
     time: str = Field(description="When the launcher restarted the workers (RFC 3339).")
 
 
+class LiveProgress(BaseModel):
+    """Live recovery (``failurePolicy.recovery: live``) as the writing replica group sees it:
+    how many groups shared the last step and how the constant global batch is split."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    replica_groups: int = Field(ge=0, description="Replica groups in the last step's quorum.")
+    grad_accum_steps: int = Field(
+        ge=1, description="Micro-steps each group accumulates so the global batch stays."
+    )
+    quorum_changes: int = Field(
+        default=0, ge=0, description="Times the quorum changed size since this group started."
+    )
+    discarded_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Step attempts this group did not commit (a peer failed mid-step); the "
+        "step counter stays, the step is tried again at the new size.",
+    )
+    joined_from_peer_step: int | None = Field(
+        default=None, description="The step whose live state this group copied from a peer."
+    )
+    longest_step_seconds: float | None = Field(
+        default=None, description="This group's longest step after its first, quorum included."
+    )
+
+
 class ProgressReport(BaseModel):
     """What the trainer's rank 0 reports, and the operator and ``torchkube run`` read.
 
@@ -209,6 +242,9 @@ class ProgressReport(BaseModel):
         default_factory=list,
         description="The job's recent in-place restarts of workers, every pod's (read from "
         "the rendezvous store; empty when it is away).",
+    )
+    live: LiveProgress | None = Field(
+        default=None, description="Live recovery's state (None: recovery restart)."
     )
     finished: bool = Field(default=False, description="Every step is done.")
     error: str | None = Field(default=None, description="Why the trainer cannot run.")

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
-from torchkube.api.contract import ExitCode, training_finished_message
+from torchkube.api.contract import Env, ExitCode, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, stragglers, tensorboard
@@ -184,7 +184,12 @@ def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) ->
     """:func:`train` with the exit-code contract: errors become one line and a code."""
     code: int = ExitCode.FAILURE
     try:
-        code = train(spec, run_env, workload)
+        if os.environ.get(Env.RECOVERY) == "live":
+            from torchkube.trainer.live import train_live  # torchft only where it is used
+
+            code = train_live(spec, run_env, workload)
+        else:
+            code = train(spec, run_env, workload)
     except ConfigError as e:
         report_permanent_error(str(e), run_env)
         code = ExitCode.CONFIG_ERROR
@@ -302,13 +307,27 @@ def train_step(
     spec: TrainerSpec,
     loss_fn: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """One optimizer step over this rank's micro-batches.
+    """One optimizer step over this rank's micro-batches: :func:`accumulate`, then
+    :func:`apply_update`. Returns this rank's weighted loss (its mean over ranks is the global
+    batch's mean loss), the gradient norm before clipping, and the data wait."""
+    total, data_wait = accumulate(model, batches, accum_steps, spec, loss_fn)
+    return total, apply_update(model, optimizer, scheduler, spec), data_wait
+
+
+def accumulate(
+    model: nn.Module,
+    batches: Iterator[tuple[Any, float]],
+    accum_steps: int,
+    spec: TrainerSpec,
+    loss_fn: Any,
+) -> tuple[torch.Tensor, float]:
+    """Forward and backward over this rank's micro-batches; the gradients are averaged over
+    ranks in the last backward.
 
     Each micro-loss is multiplied by its micro-batch's weight (its share of the global batch
     times the world size, see ``data.MicroBatch``), so after the gradient averaging over ranks
     the update equals one over the whole global batch, however unevenly it is split.
-    Returns this rank's weighted loss (its mean over ranks is the global batch's mean loss),
-    the gradient norm before clipping, and the data wait.
+    Returns this rank's weighted loss and the data wait.
     """
     device = next(model.parameters()).device
     total = torch.zeros((), device=device)
@@ -322,6 +341,14 @@ def train_step(
                 loss = loss_fn(model, batch) * weight
             loss.backward()
         total += loss.detach()
+    return total, data_wait
+
+
+def apply_update(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR, spec: TrainerSpec
+) -> torch.Tensor | None:
+    """Clip, step the optimizer and the schedule, drop the gradients; returns the gradient
+    norm before clipping (None without clipping)."""
     grad_norm = (
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
         if spec.grad_clip
@@ -330,7 +357,7 @@ def train_step(
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return total, grad_norm, data_wait
+    return grad_norm
 
 
 @torch.no_grad()
