@@ -305,3 +305,18 @@ def test_a_users_probe_replaces_ours_whole() -> None:
     template = {"containers": [{"name": lbl.TRAINER_CONTAINER, "startupProbe": mine}]}
     pod = builders.worker_pod(make_job(scheduling={"podTemplate": {"spec": template}}), 0, "a")
     assert container(pod)["startupProbe"] == mine
+
+
+def test_a_live_recovery_pod_is_a_rendezvous_of_its_own_each_incarnation() -> None:
+    """recovery live: a pod's loss must not end the others' torchrun round (torchft's quorum
+    spans the pods instead), and a replacement must not wait behind its predecessor's round."""
+    job = make_job(replicas={"min": 2, "max": 2}, failurePolicy={"recovery": "live"})
+    first = container(builders.worker_pod(job, 1, "a1"))["command"]
+    again = container(builders.worker_pod(job, 1, "b2"))["command"]
+    assert "--nnodes=1" in first and "--rdzv-id=uid-1-group-1-a1" in first
+    assert "--rdzv-id=uid-1-group-1-b2" in again
+    assert env(builders.worker_pod(job, 1, "a1"))[Env.RECOVERY] == "live"
+    restart = make_job(replicas={"min": 2, "max": 2})
+    command = container(builders.worker_pod(restart, 1, "a1"))["command"]
+    assert "--nnodes=2" in command and "--rdzv-id=uid-1" in command
+    assert env(builders.worker_pod(restart, 1, "a1"))[Env.RECOVERY] == "restart"

@@ -40,6 +40,8 @@ class Failure:
     step: int
     checkpoint_step: int | None
     recovered_at: float | None = None
+    live: bool = False
+    """Lost under recovery live: the others trained on, nothing was resumed."""
 
     @property
     def lost_seconds(self) -> float | None:
@@ -84,6 +86,8 @@ class Summary:
         ]
         for f in self.failures:
             redo = "" if f.checkpoint_step is None else f", resumed from step {f.checkpoint_step}"
+            if f.live:
+                redo = ", the others trained on without a restart (recovery live)"
             took = "not recovered" if f.lost_seconds is None else f"back in {f.lost_seconds:.1f}s"
             lines.append(f"    {f.subject} {f.reason} at step {f.step}{redo}: {took}")
         return "\n".join(lines)

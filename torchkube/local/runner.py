@@ -146,6 +146,9 @@ class LocalRun:
         self.out = out
         self.nproc = nproc
         self.store_port = free_port()
+        self.live = job.spec.failure_policy.recovery == "live"
+        self.lighthouse_port = free_port() if self.live else None
+        self.lighthouse: subprocess.Popen[bytes] | None = None
         self.metrics_ports = [free_port() for _ in range(self.count)]
         self.failures: list[Failure] = []
         self.ledger = Ledger()
@@ -155,6 +158,9 @@ class LocalRun:
         self.waiting: dict[int, float] = {}
         """Workers to start again, and when (the failure policy's backoff)."""
         self._kills = 0
+        self._starts: dict[int, int] = {}
+        """Times each worker was started: a live-recovery worker's own rendezvous is new each
+        time (``torchrun_args``)."""
         self._stop: int | None = None
         self.slowest: SlowestRank | None = None
         self._hung: dict[int, Failure] = {}
@@ -174,6 +180,8 @@ class LocalRun:
         )
         env[Env.TERMINATION_LOG] = str(self.log_dir / f"worker-{index}.termination")
         env[Env.POD_NAME], env[Env.NODE_NAME] = worker_name(index), socket.gethostname()
+        if self.lighthouse_port is not None:
+            env[Env.LIGHTHOUSE] = f"http://127.0.0.1:{self.lighthouse_port}"
         cpus = len(os.sched_getaffinity(0))
         env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
         for variable in self.job.spec.env:
@@ -189,13 +197,27 @@ class LocalRun:
             start_new_session=True,
         )
 
+    def _start_lighthouse(self) -> None:
+        """recovery live: torchft's Lighthouse, which forms every step's quorum of workers."""
+        port = self.lighthouse_port
+        assert port is not None
+        self.lighthouse = subprocess.Popen(
+            [sys.executable, "-m", "torchkube.elastic.lighthouse", "--port", str(port)],
+            stdout=(self.log_dir / "lighthouse.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
     def _start_worker(self, index: int) -> None:
         args = torchrun_args(
             self.job,
             endpoint=f"127.0.0.1:{self.store_port}",
             local_addr="127.0.0.1",
             nproc=self.nproc,
+            index=index,
+            incarnation=str(self._starts.setdefault(index, 0)),
         )
+        self._starts[index] += 1
         assert args[:3] == ["python", "-m", "torchkube.elastic.launch"]
         log = self.log_dir / f"worker-{index}.log"
         termination = self.log_dir / f"worker-{index}.termination"
@@ -228,13 +250,14 @@ class LocalRun:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             worker.proc.wait()
-        if self.store is not None and self.store.poll() is None:
-            self.store.terminate()
-            try:
-                self.store.wait(timeout=STORE_STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.store.kill()
-                self.store.wait()
+        for server in (self.store, self.lighthouse):
+            if server is not None and server.poll() is None:
+                server.terminate()
+                try:
+                    server.wait(timeout=STORE_STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
 
     # ------------------------------------------------------------------ observation
     def progress(self) -> ProgressReport | None:
@@ -261,6 +284,8 @@ class LocalRun:
         grace = float(self.job.spec.checkpoint.termination_grace_period_seconds)
         try:
             self._start_store()
+            if self.live:
+                self._start_lighthouse()
             for index in range(self.count):
                 self._start_worker(index)
             return self._supervise(show, started)
@@ -305,6 +330,7 @@ class LocalRun:
                     )
             ended = (
                 self._check_store(record, now)
+                or self._check_lighthouse()
                 or self._check_workers(record, now)
                 or self._check_in_place()
             )
@@ -367,6 +393,22 @@ class LocalRun:
             self.failures.append(self._display_failure(-1, "store lost", record, now))
         return self._account(found)
 
+    def _check_lighthouse(self) -> tuple[bool, str] | None:
+        """A dead Lighthouse is started again on its port, as the kubelet would restart its
+        container: the workers wait for it at their next quorum. One free incident."""
+        if self.lighthouse is None or self.lighthouse.poll() is None:
+            return None
+        code = self.lighthouse.returncode
+        self._start_lighthouse()
+        self.out.write(f"\nlighthouse exited with code {code}; restarted in place\n")
+        return self._account(
+            policy.Failure(
+                "RendezvousStoreLost",
+                f"torchft lighthouse exited with code {code}; restarted in place",
+                "lighthouse",
+            )
+        )
+
     def _check_workers(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         for worker in list(self.workers.values()):
             code = worker.proc.poll()
@@ -411,7 +453,14 @@ class LocalRun:
         self, worker: int, reason: str, record: ProgressReport | None, now: float
     ) -> Failure:
         report = record or ProgressReport()
-        return Failure(worker, reason, now, report.step, report.last_checkpoint_step)
+        return Failure(
+            worker,
+            reason,
+            now,
+            report.step,
+            report.last_checkpoint_step,
+            live=self.live and worker >= 0,
+        )
 
     def _kill_one(self, record: ProgressReport, now: float) -> None:
         index = self.chaos.worker if self.chaos.worker is not None else self._kills % self.count
@@ -420,6 +469,11 @@ class LocalRun:
         if worker is None or worker.proc.poll() is not None:
             return
         self.out.write(f"\nchaos: SIGKILL worker {index} at step {record.step}\n")
+        if self.live:
+            self.out.write(
+                "recovery live: the other workers keep training without it from their next "
+                f"step; worker {index} is started again and joins from a live peer\n"
+            )
         self.failures.append(self._display_failure(index, "killed (chaos)", record, now))
         kill_tree(worker.proc.pid)
         worker.proc.wait()

@@ -87,16 +87,26 @@ def torchrun_args(
     endpoint: str | None = None,
     local_addr: str = "$(POD_IP)",
     nproc: int | str | None = None,
+    index: int | None = None,
+    incarnation: str = "",
 ) -> list[str]:
     """The worker's command: torchrun (through torchkube's launcher, which passes the worker
     exit code on and stops on permanent errors; see torchkube/elastic/launch.py).
 
     ``endpoint``, ``local_addr`` and ``nproc`` let ``torchkube run`` start the same command on
-    loopback instead of in pods."""
+    loopback instead of in pods. With ``failurePolicy.recovery: live`` each pod (slot
+    ``index``) is a rendezvous of its own: its loss must not end the others' round, which
+    torchft's quorum spans instead (torchkube/trainer/live.py); each ``incarnation`` of the
+    slot gets a new one, so a replacement never waits behind its dead predecessor's round."""
     spec = job.spec
     rdzv = spec.rendezvous
     replicas = spec.replicas
     nnodes = str(replicas.max) if replicas.min == replicas.max else f"{replicas.min}:{replicas.max}"
+    rdzv_id = job.uid
+    if spec.failure_policy.recovery == "live":
+        if index is None:
+            raise ValueError("recovery live: each pod's rendezvous needs its slot index")
+        nnodes, rdzv_id = "1", f"{job.uid}-group-{index}-{incarnation}"
     rdzv_conf = ",".join(
         [
             "is_host=false",
@@ -115,7 +125,7 @@ def torchrun_args(
         f"--nproc-per-node={spec.nproc_per_node if nproc is None else nproc}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint or rendezvous_endpoint(job)}",
-        f"--rdzv-id={job.uid}",
+        f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf={rdzv_conf}",
         f"--max-restarts={torchrun_max_restarts(job)}",
         f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}",
@@ -150,6 +160,7 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         Env.METRICS_PORT: str(spec.metrics.port if spec.metrics.enabled else 0),
         Env.HANG_TIMEOUT_SECONDS: "" if hang is None else str(hang),
         Env.TRAINER_CONFIG: json.dumps(spec.trainer_config().to_wire(), sort_keys=True),
+        Env.RECOVERY: spec.failure_policy.recovery,
     }
 
 
@@ -313,7 +324,7 @@ def worker_pod(
         "name": lbl.TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": torchrun_args(job),
+        "command": torchrun_args(job, index=index, incarnation=suffix),
         "env": worker_env(job, index),
         "resources": worker_resources(job),
         "volumeMounts": [

@@ -1,0 +1,60 @@
+"""The job's torchft Lighthouse, for ``failurePolicy.recovery: live``: a process of its own.
+
+Before every step each replica group (a pod) asks the Lighthouse for a quorum; it answers with
+the groups alive, which of them are behind and whom they copy the state from. A group whose
+heartbeats stop for ``--heartbeat-timeout-ms`` is left out of the next quorum: that, not a
+restart, is how the survivors go on without a lost pod. It holds no training state, so its
+own loss costs the groups only their next quorum (they wait for it to come back).
+
+Run: ``python -m torchkube.elastic.lighthouse --port 29510``.
+"""
+
+import argparse
+import logging
+import signal
+import threading
+
+log = logging.getLogger("torchkube.lighthouse")
+
+HEARTBEAT_TIMEOUT_MS = 2000
+"""A group silent this long is gone (torchft's default is 5 s). Heartbeats come every 100 ms
+from a thread of their own, so a long step never looks like a loss; this is most of what a
+lost pod costs the survivors' next step."""
+JOIN_TIMEOUT_MS = 1000
+"""How long a quorum waits for groups that heartbeat but have not asked yet: a replacement
+joins at the next step rather than a step later."""
+
+
+def serve(
+    port: int, stop: threading.Event, heartbeat_timeout_ms: int, join_timeout_ms: int
+) -> None:
+    """Serve until ``stop`` is set. Importing torchft here keeps ``--help`` instant."""
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(
+        bind=f"[::]:{port}",
+        min_replicas=1,  # one group alive is enough to go on
+        join_timeout_ms=join_timeout_ms,
+        heartbeat_timeout_ms=heartbeat_timeout_ms,
+    )
+    log.info("torchft lighthouse listening at %s", server.address())
+    stop.wait()
+    log.info("torchft lighthouse stopping")
+    server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=29510, help="TCP port to serve on")
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=HEARTBEAT_TIMEOUT_MS)
+    parser.add_argument("--join-timeout-ms", type=int, default=JOIN_TIMEOUT_MS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(args.port, stop, args.heartbeat_timeout_ms, args.join_timeout_ms)
+
+
+if __name__ == "__main__":
+    main()
