@@ -320,3 +320,22 @@ def test_a_live_recovery_pod_is_a_rendezvous_of_its_own_each_incarnation() -> No
     command = container(builders.worker_pod(restart, 1, "a1"))["command"]
     assert "--nnodes=2" in command and "--rdzv-id=uid-1" in command
     assert env(builders.worker_pod(restart, 1, "a1"))[Env.RECOVERY] == "restart"
+
+
+def test_a_live_recovery_job_gets_a_lighthouse_beside_its_store() -> None:
+    """The Lighthouse shares the store pod (its placement, its Service name, its in-place
+    restarts), runs from the job's image (which has torchft), and the workers are told where."""
+    job = make_job(failurePolicy={"recovery": "live"}, rendezvous={"port": 29400})
+    pod = builders.rendezvous_pod(job, "s1")
+    lighthouse = next(c for c in pod["spec"]["containers"] if c["name"] == "lighthouse")
+    assert lighthouse["command"][-2:] == ["--port", "29401"]
+    assert lighthouse["image"] == job.spec.image
+    ports = {p["name"]: p["port"] for p in builders.headless_service(job)["spec"]["ports"]}
+    assert ports == {"rendezvous": 29400, "lighthouse": 29401}
+    worker = env(builders.worker_pod(job, 0, "a"))
+    assert worker[Env.LIGHTHOUSE] == "http://rendezvous.demo.team.svc:29401"
+    restart = make_job()
+    assert [c["name"] for c in builders.rendezvous_pod(restart, "s1")["spec"]["containers"]] == [
+        "store"
+    ]
+    assert Env.LIGHTHOUSE not in env(builders.worker_pod(restart, 0, "a"))

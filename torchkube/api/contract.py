@@ -42,6 +42,9 @@ class Env(StrEnum):
     :attr:`ExitCode.CONFIG_ERROR` instead of being restarted by torchrun."""
     PEAK_FLOPS = "TORCHKUBE_PEAK_FLOPS"
     """The user's: the device's peak FLOP/s for MFU, where the built-in table has none."""
+    POD_IP = "POD_IP"
+    """The worker's pod IP (the downward API): torchrun's ``--local-addr``, and where a live
+    recovery group is reached by the others."""
     POD_NAME = "POD_NAME"
     NODE_NAME = "NODE_NAME"
     """The worker's pod and node (the downward API; ``torchkube run`` names its workers), so

@@ -24,8 +24,8 @@ DATA_OR_PATH = (
 DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
 LIVE_SUPPORTS = (
     "failurePolicy.recovery live supports strategy ddp with one process per pod (nprocPerNode "
-    "1, or auto with at most one GPU) and no tensor parallelism so far: use recovery restart "
-    "for the others"
+    "1, or auto with at most one GPU) and no tensor parallelism so far, and a rendezvous.port "
+    "below 65535 (its Lighthouse takes the next port): use recovery restart for the others"
 )
 HSDP_RANGE = (
     "trainer.hsdpShardSize must divide the data-parallel size at every size in the elastic range"
@@ -610,7 +610,8 @@ class TrainingJobSpec(ApiModel):
         (
             "self.failurePolicy.recovery != 'live' || (self.trainer.strategy == 'ddp' && "
             "self.trainer.parallelism.tensor == 1 && (type(self.nprocPerNode) == int ? "
-            "self.nprocPerNode == 1 : self.nprocPerNode == 'auto' && self.resources.gpus <= 1))",
+            "self.nprocPerNode == 1 : self.nprocPerNode == 'auto' && self.resources.gpus <= 1) "
+            "&& self.rendezvous.port < 65535)",
             LIVE_SUPPORTS,
         ),
         (
@@ -788,6 +789,8 @@ class TrainingJobSpec(ApiModel):
             unsupported.append(f"parallelism.tensor {trainer.parallelism.tensor}")
         if procs != 1 and not (procs is None and self.nproc_per_node == "auto"):
             unsupported.append(f"nprocPerNode {self.nproc_per_node} ({procs or 'many'} per pod)")
+        if self.rendezvous.port == 65535:
+            unsupported.append("rendezvous.port 65535")
         if unsupported:
             raise ValueError(f"{LIVE_SUPPORTS}; this job has {', '.join(unsupported)}")
         return self

@@ -32,7 +32,7 @@ def serve(
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(
-        bind=f"[::]:{port}",
+        bind=f"0.0.0.0:{port}",  # IPv4, as the store: a pod may have no IPv6
         min_replicas=1,  # one group alive is enough to go on
         join_timeout_ms=join_timeout_ms,
         heartbeat_timeout_ms=heartbeat_timeout_ms,

@@ -25,6 +25,7 @@ DEFAULT_CLAIM_SIZE = "10Gi"
 CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 RENDEZVOUS_PORT_NAME = "rendezvous"
+LIGHTHOUSE_PORT_NAME = "lighthouse"
 METRICS_PORT_NAME = "metrics"
 TORCHRUN_MONITOR_INTERVAL = 0.5
 KEEP_ALIVE_MAX_ATTEMPTS = 3
@@ -58,6 +59,17 @@ def claim_name(job: TrainingJob) -> str:
 def rendezvous_endpoint(job: TrainingJob) -> str:
     """DNS name of the store pod through the job's headless Service."""
     return f"{lbl.RENDEZVOUS_HOSTNAME}.{job.name}.{job.namespace}.svc:{job.spec.rendezvous.port}"
+
+
+def lighthouse_port(job: TrainingJob) -> int:
+    """recovery live: the Lighthouse's port, beside the store's in the same pod."""
+    return job.spec.rendezvous.port + 1
+
+
+def lighthouse_endpoint(job: TrainingJob) -> str:
+    """recovery live: the torchft Lighthouse, through the store pod's Service name."""
+    host = f"{lbl.RENDEZVOUS_HOSTNAME}.{job.name}.{job.namespace}.svc"
+    return f"http://{host}:{lighthouse_port(job)}"
 
 
 def torchrun_max_restarts(job: TrainingJob) -> int:
@@ -161,7 +173,12 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         Env.HANG_TIMEOUT_SECONDS: "" if hang is None else str(hang),
         Env.TRAINER_CONFIG: json.dumps(spec.trainer_config().to_wire(), sort_keys=True),
         Env.RECOVERY: spec.failure_policy.recovery,
+        **({Env.LIGHTHOUSE: lighthouse_endpoint(job)} if live(job) else {}),
     }
+
+
+def live(job: TrainingJob) -> bool:
+    return job.spec.failure_policy.recovery == "live"
 
 
 def worker_env(job: TrainingJob, index: int) -> list[dict[str, Any]]:
@@ -462,6 +479,7 @@ def rendezvous_pod(
             scheduling["tolerations"] = [dict(t) for t in store.tolerations]
     if store.priority_class_name is not None:
         scheduling["priorityClassName"] = store.priority_class_name
+    containers = [container, lighthouse_container(job)] if live(job) else [container]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "hostname": lbl.RENDEZVOUS_HOSTNAME,
@@ -474,7 +492,7 @@ def rendezvous_pod(
             if not key.startswith("fsGroup")
         },
         "terminationGracePeriodSeconds": 5,
-        "containers": [container],
+        "containers": containers,
         **scheduling,
     }
     return {
@@ -482,6 +500,23 @@ def rendezvous_pod(
         "kind": "Pod",
         "metadata": _metadata(job, f"{job.name}-rendezvous-{suffix}", labels),
         "spec": pod_spec,
+    }
+
+
+def lighthouse_container(job: TrainingJob) -> dict[str, Any]:
+    """recovery live: torchft's Lighthouse beside the store, so it shares the store pod's
+    placement, name and in-place restarts. From the job's image: the trainer image has
+    torchft, a slim store image may not."""
+    port = lighthouse_port(job)
+    return {
+        "name": "lighthouse",
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        "command": ["python", "-m", "torchkube.elastic.lighthouse", "--port", str(port)],
+        "ports": [{"name": LIGHTHOUSE_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": dict(job.spec.rendezvous.store.resources),
+        "securityContext": container_security_context(),
     }
 
 
@@ -496,6 +531,10 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
     half of kube-controller-manager's CPU while a 512-worker job started, more writes for the
     API server and for every EndpointSlice watcher of a large cluster (CoreDNS)."""
     ports = [{"name": RENDEZVOUS_PORT_NAME, "port": job.spec.rendezvous.port, "protocol": "TCP"}]
+    if live(job):
+        ports.append(
+            {"name": LIGHTHOUSE_PORT_NAME, "port": lighthouse_port(job), "protocol": "TCP"}
+        )
     return {
         "apiVersion": "v1",
         "kind": "Service",

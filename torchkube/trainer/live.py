@@ -29,6 +29,7 @@ dimension), tensor parallelism.
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -38,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
+from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+from torchft.checkpointing import HTTPTransport
 
 from torchkube.api.contract import Env, LiveProgress, training_finished_message
 from torchkube.api.trainer import TrainerSpec
@@ -75,6 +78,9 @@ class LiveEnv:
     lighthouse: str
     replica_id: str
     """``<job>-<slot>``: torchft orders the quorum by it and reads the slot from its digits."""
+    host: str
+    """Where the other groups reach this one (its Manager and the state it serves to a joining
+    group): the pod IP, as a pod's host name resolves nowhere; outside a pod the host name."""
 
     @classmethod
     def from_env(cls, job_name: str) -> "LiveEnv":
@@ -82,10 +88,11 @@ class LiveEnv:
         if not lighthouse:
             raise ConfigError(
                 f"failurePolicy.recovery live needs a torchft Lighthouse ({Env.LIGHTHOUSE}): "
-                "torchkube run starts one; the operator does not yet, so use recovery restart "
-                "on a cluster"
+                "the operator and torchkube run start one beside the rendezvous store"
             )
-        return cls(lighthouse, f"{job_name}-{int(os.environ.get(Env.REPLICA_INDEX, '0'))}")
+        slot = int(os.environ.get(Env.REPLICA_INDEX, "0"))
+        host = os.environ.get(Env.POD_IP) or socket.gethostname()
+        return cls(lighthouse, f"{job_name}-{slot}", host)
 
 
 class LiveState:
@@ -117,6 +124,19 @@ class LiveState:
         self.scheduler.load_state_dict(saved["scheduler"])
         self.state.load_state_dict(saved["train"])
         self.copied_step = self.state.step
+
+
+class AdvertisedTransport(HTTPTransport):
+    """torchft's HTTP state transfer, advertised at :attr:`LiveEnv.host` rather than at the
+    host name, which torchft's own uses and which no other pod can resolve."""
+
+    def __init__(self, host: str, timeout: timedelta) -> None:
+        super().__init__(timeout=timeout, num_chunks=0)
+        self.host = host
+
+    def address(self) -> str:
+        port = self._server.socket.getsockname()[1]
+        return f"http://{self.host}:{port}/checkpoint/"
 
 
 def replica_store() -> tuple[str, int, dist.TCPStore | None]:
@@ -153,10 +173,9 @@ def describe_split(groups: int, layout: Layout) -> str:
 
 def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) -> int:
     """Train to ``spec.steps`` as one replica group of the job; returns the exit code."""
-    from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
-    workload = workload or builtin_workload(spec)
     live_env = LiveEnv.from_env(run_env.job_name)
+    workload = workload or builtin_workload(spec)
     info = distributed.setup(spec)  # this pod's own world: one process (admission checks)
     metrics = TrainMetrics(run_env.job_name, info.rank)
     progress = ProgressReporter(run_env.checkpoint_dir, enabled=False)
@@ -191,6 +210,8 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
             store_port=port,
             lighthouse_addr=live_env.lighthouse,
             replica_id=live_env.replica_id,
+            hostname=live_env.host,
+            checkpoint_transport=AdvertisedTransport(live_env.host, LIVE_TIMEOUT),
         )
         dataset = workload.train_dataset(spec)
         # synchronous saves: a save ends before the next quorum, so the writer can change
