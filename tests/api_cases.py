@@ -69,6 +69,12 @@ BAD_SPECS = [
         "spec",
         "one process per pod",
     ),
+    BadSpec(
+        "live-last-port",
+        {"failurePolicy": {"recovery": "live"}, "rendezvous": {"port": 65535}},
+        "spec",
+        "Lighthouse takes the next port",
+    ),
     BadSpec("recovery-word", {"failurePolicy": {"recovery": "hot"}}, "recovery", "live"),
     BadSpec("nproc-word", {"nprocPerNode": "many"}, "nprocPerNode", "auto, cpu, gpu"),
     BadSpec("nproc-zero", {"nprocPerNode": 0}, "nprocPerNode", "positive integer"),

@@ -131,8 +131,8 @@ class AdvertisedTransport(HTTPTransport):
     host name, which torchft's own uses and which no other pod can resolve."""
 
     def __init__(self, host: str, timeout: timedelta) -> None:
+        self.host = host  # before torchft's constructor, which may ask for the address
         super().__init__(timeout=timeout, num_chunks=0)
-        self.host = host
 
     def address(self) -> str:
         port = self._server.socket.getsockname()[1]
