@@ -70,6 +70,14 @@ def test_hsdp_shard_sizes_that_fit_every_size_are_accepted(custom: Any, namespac
         create(custom, namespace, body)
 
 
+def test_live_recovery_jobs_that_it_supports_are_accepted(custom: Any, namespace: str) -> None:
+    """The CEL rule lets through one process per pod, as an integer or auto on CPU."""
+    for name, nproc in {"live-one": 1, "live-auto": "auto"}.items():
+        body = job(name, {"nprocPerNode": nproc, "failurePolicy": {"recovery": "live"}})
+        TrainingJob.model_validate(body)
+        create(custom, namespace, body)
+
+
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
 def test_bad_spec_is_rejected_by_the_apiserver(custom: Any, namespace: str, case: BadSpec) -> None:
     with pytest.raises(ApiException) as raised:

@@ -59,3 +59,13 @@ def test_one_group_trains_checkpoints_and_resumes_from_the_volume(
     second = json.loads((tmp_path / "progress.json").read_text())
     assert second["step"] == 9 and second["finished"], second
     assert "no live peer ahead; resumed from the checkpoint of step 6" in trainer_log.text
+
+
+def test_what_live_mode_does_not_do_yet_is_refused_not_skipped(
+    lighthouse: str, tmp_path: Path
+) -> None:
+    run_env = RunEnv(job_name="live", checkpoint_dir=tmp_path)
+    refused = spec(2).model_copy(update={"eval_interval_steps": 1, "tensorboard": True})
+    assert run(refused, run_env) == ExitCode.CONFIG_ERROR
+    error = json.loads((tmp_path / "progress.json").read_text())["error"]
+    assert "does not support evalIntervalSteps 1, tensorboard yet" in error, error

@@ -277,3 +277,23 @@ def test_where_cpu_went_splits_the_cluster_from_the_operators_and_finds_the_floo
     assert spent["cores"] == pytest.approx(1.0), "16 CPU-s in 16 s: one core"
     assert spent["floor"] == pytest.approx(14.0), "everything but the operator, at one core"
     assert where_cpu_went({}, seconds=0.0)["floor"] == 0.0
+
+
+def test_live_recovery_break_even_weighs_the_steady_cost_against_each_loss() -> None:
+    from bench.live_recovery import break_even
+
+    def per_step(restart: float, live: float) -> dict[str, Figure]:
+        figures = {"restart": Figure("r", "s"), "live": Figure("l", "s")}
+        figures["restart"].add(restart, 0.0)
+        figures["live"].add(live, 0.0)
+        return figures
+
+    kills = {
+        "restart": {"kill_to_next_step_seconds": 10.0, "steps_computed_twice": 100},
+        "live": {"kill_to_next_step_seconds": 2.0},
+    }
+    # 1 % of an hour is 36 s; a loss costs restart 10 + 100 × 0.1 = 20 s and live 2 s: 18 s saved
+    assert "wins above 0.50 losses per hour (one every 120 min)" in break_even(
+        per_step(0.1, 0.101), kills
+    )
+    assert "wins at any failure rate" in break_even(per_step(0.1, 0.09), kills)

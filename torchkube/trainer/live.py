@@ -171,9 +171,27 @@ def describe_split(groups: int, layout: Layout) -> str:
     )
 
 
+def unsupported(spec: TrainerSpec) -> list[str]:
+    """What the restart-mode trainer does that this loop does not do yet: refused (exit 3)
+    rather than quietly skipped."""
+    found = []
+    if spec.eval_interval_steps:
+        found.append(f"evalIntervalSteps {spec.eval_interval_steps}")
+    if spec.export_format is not None:
+        found.append(f"exportFormat {spec.export_format}")
+    if spec.tensorboard:
+        found.append("tensorboard")
+    return found
+
+
 def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) -> int:
     """Train to ``spec.steps`` as one replica group of the job; returns the exit code."""
-
+    missing = unsupported(spec)
+    if missing:
+        raise ConfigError(
+            f"failurePolicy.recovery live does not support {', '.join(missing)} yet: turn "
+            "them off or use recovery restart"
+        )
     live_env = LiveEnv.from_env(run_env.job_name)
     workload = workload or builtin_workload(spec)
     info = distributed.setup(spec)  # this pod's own world: one process (admission checks)
