@@ -28,7 +28,6 @@ dimension), tensor parallelism.
 
 import logging
 import os
-import signal
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -200,7 +199,7 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
     server = start_metrics_server(run_env.metrics_port, metrics.registry, progress)
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
     host, port, _own_store = replica_store()  # served while this function runs
-    manager: Any = None
+    manager: Manager | None = None
     try:
         configure_determinism(spec)
         torch.manual_seed(spec.seed)  # every group builds the same initial weights
@@ -212,7 +211,11 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
         scheduler = LambdaLR(optimizer, lr_lambda(spec))
         state = TrainState()
         live = LiveState(model, optimizer, scheduler, state)
-        pg = ProcessGroupNCCL() if info.device.type == "cuda" else ProcessGroupGloo(LIVE_TIMEOUT)
+        pg = (
+            ProcessGroupNCCL()
+            if info.device.type == "cuda"
+            else ProcessGroupGloo(timeout=LIVE_TIMEOUT)
+        )
         manager = Manager(
             pg=pg,
             load_state_dict=live.load_state_dict,
@@ -261,8 +264,6 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
         reporter.started(state)
         loop = LiveLoop(spec, live_env, manager, model, live, ckpt, progress, workload, dataset)
         loop.run(reporter, heartbeat)
-        if state.step < spec.steps:
-            return 128 + signal.SIGTERM
         _write_termination_message(run_env, training_finished_message(state.step))
         return EXIT_OK
     finally:
