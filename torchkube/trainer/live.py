@@ -41,18 +41,19 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing import HTTPTransport
 
-from torchkube.api.contract import Env, LiveProgress, training_finished_message
+from torchkube.api.contract import Env, ExitCode, LiveProgress, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout, StepLoader
-from torchkube.trainer.loader import EXIT_OK, ConfigError, RunEnv
-from torchkube.trainer.metrics import ProgressReporter, TrainMetrics, start_metrics_server
+from torchkube.trainer.loader import ConfigError, RunEnv
+from torchkube.trainer.metrics import TrainMetrics
 from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
+from torchkube.trainer.reporting import ProgressReporter, Reporter
+from torchkube.trainer.server import start_metrics_server
 from torchkube.trainer.timing import step_timer
 from torchkube.trainer.train import (
-    Reporter,
     _write_termination_message,
     accumulate,
     apply_update,
@@ -265,7 +266,7 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
         loop = LiveLoop(spec, live_env, manager, model, live, ckpt, progress, workload, dataset)
         loop.run(reporter, heartbeat)
         _write_termination_message(run_env, training_finished_message(state.step))
-        return EXIT_OK
+        return ExitCode.OK
     finally:
         heartbeat.close()
         if manager is not None:
