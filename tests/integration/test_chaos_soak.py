@@ -58,8 +58,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 14
 SILENCE_SECONDS = 28.0
 """Long enough for the node-lifecycle controller (20 s grace) and the jobs' node-lost grace."""
-CORDON_SECONDS = 8.0
-"""How long the store-unschedulable fault keeps every node cordoned."""
+CORDON_SECONDS = 40.0
+"""How long the store-unschedulable fault keeps every node cordoned: past the liveness grace,
+so a job that waits for its store without saying so is caught."""
 JOBS = {"alpha": (2, 3), "beta": (1, 2), "gamma": (2, 2)}
 BUDGETED = "beta"
 BUDGET = 1
@@ -67,10 +68,11 @@ BUDGET = 1
 KILL_SPACING_SECONDS = 55.0
 """Training failures of one job this far apart are separate incidents however late the
 operator sees them: the incident window (30 s) plus a leader's failover (15 s Lease) and slack."""
-LIVENESS_GRACE_SECONDS = 45.0
-"""A job may show no progress and no waiting condition this long: the operator's progress poll
-and resync, and a Lease failover. The issue allows max(joinTimeout, 5 min); KWOK's clock is
-real time, so the soak holds the operator to less."""
+LIVENESS_GRACE_SECONDS = 30.0
+"""A job may show no progress and no waiting condition this long while a replica leads: the
+operator's progress poll and resync. The issue allows max(joinTimeout, 5 min); KWOK's clock is
+real time, so the soak holds the operator to less. Time without a leader (a SIGKILLed leader's
+Lease expiring) is excused: nobody could say anything."""
 WAITING = {
     "WaitingForWorkers": "True",
     "PodsUnschedulable": "True",
@@ -83,8 +85,11 @@ WAITING = {
 """Conditions that name why a job does not advance."""
 TERMINAL = ("Succeeded", "Failed")
 ZONE = "soak"
+LEASE = "soak-operator"
 CLAIM = "soak-checkpoints"
 """One claim of the test's for every job: a recreated job must not wait for its namesake's."""
+LET_GO = frozenset({"scale-down", "duplicate", "suspended"})
+"""Why the operator lets a running pod go (its ``released`` label) while the job goes on."""
 NODE_FAULT_REASONS = frozenset({"NodeLost", "Deleted", "RendezvousStoreLost"})
 
 
@@ -97,7 +102,7 @@ class Track:
     kills: dict[str, float] = field(default_factory=dict)
     """Workers failed with a retryable training error, and when."""
     deleted: set[str] = field(default_factory=set)
-    """Workers deleted (kubectl delete pod)."""
+    """Workers deleted (kubectl delete pod, with --force or not)."""
     stores: set[str] = field(default_factory=set)
     """Store pods killed or deleted."""
     permanent: str | None = None
@@ -123,6 +128,8 @@ class Soak:
     tracks: dict[str, Track] = field(default_factory=dict)
     bad_nodes: set[str] = field(default_factory=set)
     """Nodes we deleted or silenced: what ran there was lost to infrastructure."""
+    released: set[str] = field(default_factory=set)
+    """Pods the operator let go while their job went on: never failures."""
     silenced: dict[str, float] = field(default_factory=dict)
     deleted_nodes: set[str] = field(default_factory=set)
     cordoned_at: float | None = None
@@ -217,6 +224,8 @@ class Soak:
         slots: dict[tuple[str, str, str], list[str]] = {}
         for pod in self.all_pods():
             meta = pod.metadata
+            if (meta.labels or {}).get(lbl.RELEASED) in LET_GO:
+                self.released.add(meta.name)
             if pod.status.phase not in ("Pending", "Running"):
                 continue
             owner = _owner(pod)
@@ -319,9 +328,10 @@ class Soak:
         if candidates:
             pod = self.rng.choice(candidates)
             name = pod.metadata.labels[lbl.JOB_NAME]
+            force = self.rng.random() < 0.5
             self.tracks[name].deleted.add(pod.metadata.name)
-            self.note(f"kubectl delete pod {pod.metadata.name}")
-            faults.delete_pod(self.api, pod.metadata.name, self.namespace)
+            self.note(f"kubectl delete pod {pod.metadata.name}" + (" --force" * force))
+            faults.delete_pod(self.api, pod.metadata.name, self.namespace, force=force)
             self.recorded(name, pod.metadata.name)
 
     def _store_of(self) -> Any | None:
@@ -391,6 +401,20 @@ class Soak:
         self.operators[index].kill()
         time.sleep(self.rng.uniform(0, 2))
         self.operators[index].start()
+        wait_for(self.leader, 40, what="a live replica to lead")
+        for track in self.tracks.values():  # nobody could say anything while none led
+            track.last_fine = max(track.last_fine, time.monotonic())
+
+    def leader(self) -> str | None:
+        """The Lease's holder if it is one of the replicas running now."""
+        lease = client.CoordinationV1Api(self.api).read_namespaced_lease(LEASE, self.namespace)
+        holder = lease.spec.holder_identity if lease.spec else None
+        live = {
+            f"{replica.extra_env['POD_NAME']}_{replica.proc.pid}"
+            for replica in self.operators
+            if replica.proc is not None and replica.proc.poll() is None
+        }
+        return holder if holder in live else None
 
     def scale(self) -> None:
         names = [n for n in ("alpha", "beta") if n in self._targets()]
@@ -505,7 +529,7 @@ def two_replicas(
     election = {
         "TORCHKUBE_LEADER_ELECTION": "true",
         "TORCHKUBE_LEADER_ELECTION_NAMESPACE": namespace,
-        "TORCHKUBE_LEADER_ELECTION_NAME": "soak-operator",
+        "TORCHKUBE_LEADER_ELECTION_NAME": LEASE,
         "TORCHKUBE_NAMESPACES": namespace,
         "TORCHKUBE_PROGRESS_URL": progress_reports.url,
         "TORCHKUBE_PROGRESS_INTERVAL_SECONDS": "1",
@@ -637,6 +661,8 @@ def _check_accounting(soak: Soak, name: str, track: Track, status: dict[str, Any
         if key in seen:
             soak.fail(f"{name} recorded one failure twice: {record}")
         seen.add(key)
+        if record.get("pod") in soak.released:
+            soak.fail(f"{name} recorded a pod it let go itself as a failure: {record}")
         if record.get("counted") and record.get("pod") not in track.kills:
             soak.fail(f"{name} charged what was not a training failure: {record}")
     recorded = {r.get("pod") for r in records}

@@ -58,6 +58,13 @@ if TYPE_CHECKING:
     "a crash its launcher restarts in place.",
 )
 @click.option(
+    "--chaos-late-worker",
+    "chaos_late_seconds",
+    type=float,
+    help="Start the last worker this many seconds after the others: a pod that starts after "
+    "rendezvous.joinTimeoutSeconds (a slow image pull, a node being provisioned).",
+)
+@click.option(
     "--chaos-no-restart",
     is_flag=True,
     help="Leave killed workers dead, as a node that never comes back (an elastic job, "
@@ -75,6 +82,7 @@ def run_command(
     chaos_store_steps: tuple[int, ...],
     chaos_stop_steps: tuple[int, ...],
     chaos_crash_steps: tuple[int, ...],
+    chaos_late_seconds: float | None,
     chaos_no_restart: bool,
 ) -> None:
     """Run JOB_FILE here: torchrun agents on loopback stand in for pods, a folder for the PVC.
@@ -108,6 +116,7 @@ def run_command(
         store_at_steps=sorted(chaos_store_steps),
         stop_at_steps=sorted(chaos_stop_steps),
         crash_at_steps=sorted(chaos_crash_steps),
+        late_seconds=chaos_late_seconds,
     )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
     _prepare_data(job, run.checkpoint_dir)

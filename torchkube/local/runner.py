@@ -86,6 +86,10 @@ class Chaos:
     crash_at_steps: list[int] = field(default_factory=list)
     """Steps at which a worker's training process is SIGKILLed and its launcher lives on: a
     crash (a CUDA error, the kernel's OOM killer), which torchrun restarts in place."""
+    late_seconds: float | None = None
+    """Start the last worker this much later than the others: a pod whose image pull or node
+    takes longer than ``joinTimeoutSeconds``. The others time out waiting for it (a free
+    ``JoinTimeout``), are started again, and train with it once it arrives."""
 
     def due(self, step: int, now: float, last_kill: float, started: float) -> bool:
         if _due(self.at_steps, step):
@@ -286,8 +290,12 @@ class LocalRun:
             self._start_store()
             if self.live:
                 self._start_lighthouse()
+            late = self.chaos.late_seconds
             for index in range(self.count):
-                self._start_worker(index)
+                if late is not None and index == self.count - 1:
+                    self.waiting[index] = time.monotonic() + late
+                else:
+                    self._start_worker(index)
             return self._supervise(show, started)
         finally:
             self._stop_all(grace)
