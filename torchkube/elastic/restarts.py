@@ -13,12 +13,12 @@ has forgotten the older records; the pods they name were counted by then, or fai
 
 import os
 import time
-from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from torchkube.api.contract import Env, InPlaceRestart
+from torchkube.elastic.watchdog import store_client
 
 RUN_ID = "TORCHELASTIC_RUN_ID"
 """torchrun's: the rendezvous id, in every worker's environment."""
@@ -47,16 +47,7 @@ class RestartBoard:
 
     def _connect(self) -> Any:
         if self._store is None and self.endpoint:
-            from torch.distributed import TCPStore
-
-            host, _, port = self.endpoint.rpartition(":")
-            self._store = TCPStore(
-                host.strip("[]"),
-                int(port),
-                is_master=False,
-                timeout=timedelta(seconds=self.timeout),
-                wait_for_workers=False,
-            )
+            self._store = store_client(self.endpoint, self.timeout)
         return self._store
 
     def post(self, record: InPlaceRestart) -> bool:

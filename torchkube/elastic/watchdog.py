@@ -165,6 +165,21 @@ class Declaration:
             return None
 
 
+def store_client(endpoint: str, timeout: float) -> Any:
+    """A client of the job's rendezvous store at ``host:port`` (an IPv6 host in brackets);
+    torch is imported only here, when a board first talks to the store."""
+    from torch.distributed import TCPStore
+
+    host, _, port = endpoint.rpartition(":")
+    return TCPStore(
+        host.strip("[]"),
+        int(port),
+        is_master=False,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+
+
 class Board:
     """Hang declarations in the job's rendezvous store (one key per job). Every call is best
     effort: a store that is away answers nothing and stores nothing."""
@@ -176,16 +191,7 @@ class Board:
 
     def _connect(self) -> Any:
         if self._store is None and self.endpoint:
-            from torch.distributed import TCPStore
-
-            host, _, port = self.endpoint.rpartition(":")
-            self._store = TCPStore(
-                host.strip("[]"),
-                int(port),
-                is_master=False,
-                timeout=timedelta(seconds=self.timeout),
-                wait_for_workers=False,
-            )
+            self._store = store_client(self.endpoint, self.timeout)
         return self._store
 
     def read(self) -> Declaration | None:
