@@ -160,10 +160,8 @@ def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, A
     ctx.plan.all_running = len(running) == ctx.spec.replicas.pods
     if len(running) >= minimum and no_store is not None:
         if ctx.status.start_time:
-            ctx.status.phase = "Restarting"
             text = f"{len(running)} workers running, but {no_store}; they wait for it"
-            ctx.set(cond.RESTARTING, True, "WaitingForStore", text)
-            ctx.set(cond.RUNNING, False, "WaitingForStore", text)
+            _restarting(ctx, "WaitingForStore", text)
         else:
             ctx.status.phase = "Pending"
     elif len(running) >= minimum:
@@ -175,12 +173,17 @@ def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, A
         ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
         ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
     elif ctx.status.start_time:
-        ctx.status.phase = "Restarting"
         text = f"{len(running)} of at least {minimum} workers running; waiting for replacements"
-        ctx.set(cond.RESTARTING, True, "WaitingForWorkers", text)
-        ctx.set(cond.RUNNING, False, "WaitingForWorkers", text)
+        _restarting(ctx, "WaitingForWorkers", text)
     else:
         ctx.status.phase = "Pending"
+
+
+def _restarting(ctx: Context, reason: str, text: str) -> None:
+    """A job that ran and now waits: Restarting, and not Running, for the same reason."""
+    ctx.status.phase = "Restarting"
+    ctx.set(cond.RESTARTING, True, reason, text)
+    ctx.set(cond.RUNNING, False, reason, text)
 
 
 def counts(ctx: Context, workers: list[dict[str, Any]]) -> None:
