@@ -5,10 +5,13 @@ reads it). Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` 
 step, in one ``write`` so a worker killed mid-step leaves either the whole line or none; a
 restarted group continues after the last line. (Keeping the count in a second file raced: a
 worker stopped between the two writes lost a step.) With ``CRASH_AT_STEP``, rank 0 exits
-``CRASH_EXIT_CODE`` at that step, once.
+``CRASH_EXIT_CODE`` at that step, once. With ``TERM_SECONDS``, a worker sent SIGTERM
+touches ``$OUT/terminating-<agent>`` and takes that long to exit, as the trainer's emergency
+checkpoint does.
 """
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,8 +24,19 @@ from torchkube.elastic.heartbeat import Heartbeat
 CRASH_EXIT_CODE = 7
 
 
+def _checkpoint_on_sigterm(out: Path, seconds: float) -> None:
+    def checkpoint(*_: object) -> None:
+        (out / f"terminating-{os.environ.get('AGENT', '?')}").touch()
+        time.sleep(seconds)
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, checkpoint)
+
+
 def main() -> None:
     out = Path(os.environ["OUT"])
+    if os.environ.get("TERM_SECONDS"):
+        _checkpoint_on_sigterm(out, float(os.environ["TERM_SECONDS"]))
     total = int(os.environ.get("STEPS", "40"))
     if os.environ.get("EXIT_CODE"):
         sys.exit(int(os.environ["EXIT_CODE"]))

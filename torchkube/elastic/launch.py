@@ -24,6 +24,11 @@ adds:
   back and re-joins; every agent does the same, so the job resumes as one new round. Only if
   the store stays away for a whole ``join_timeout`` does the launcher exit, with
   ``ExitCode.RENDEZVOUS_LOST`` (75), which the operator counts as an infrastructure failure.
+* **A signal ends the pod's launcher, always.** Deleted, preempted or suspended, a pod is
+  sent SIGTERM, often a moment after its store pod went: the launcher stops its workers (their
+  emergency checkpoint), leaves the rendezvous and exits ``128+N``, even when the signal came
+  while it stopped them for the lost store or waited for the store to come back. It never
+  re-joins, so a Terminating pod cannot train in the round a new store serves.
 * **A join timeout is said as one.** When the store answers but fewer than ``--nnodes`` min
   agents came within ``join_timeout`` (the other pods still pulling their image, their node
   still being provisioned), the launcher exits with ``ExitCode.JOIN_TIMEOUT`` (76) and
@@ -95,10 +100,28 @@ def _exit_code(error: BaseException) -> int:
     failures = getattr(error, "failures", None)
     if failures:
         return _signal_code(int(failures[min(failures)].exitcode))
-    signum = getattr(error, "sigval", None)
-    if signum is not None:
-        return 128 + int(signum)
     return 1
+
+
+def _signal_of(error: BaseException) -> int | None:
+    """The signal that stopped torchrun, if one did, wherever it landed: torch raises it in
+    the agent's loop, or while it shuts the workers down after another error (a lost store),
+    which buries it under that error's context."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        signum = getattr(current, "sigval", None)
+        if signum is not None:
+            return int(signum)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _terminated(signum: int, error: BaseException) -> int:
+    torchrun.leave()  # deleted or preempted: the others need not wait for its keep-alive
+    _report(f"stopped by signal {signum}: {error}")
+    return 128 + signum
 
 
 def _rendezvous_lost(error: BaseException) -> str | None:
@@ -327,7 +350,7 @@ def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.elastic.multiprocessing import SignalException
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     folder = Path(tempfile.mkdtemp(prefix="torchkube-"))
@@ -346,44 +369,55 @@ def main(argv: list[str] | None = None) -> int:
         warm.patch_torchrun()
         warm.start(args)
     _announce_warmth()
-    lost_since: float | None = None
     try:
-        while True:
-            started = time.monotonic()
-            try:
-                run(parse_args(args))
-                return 0
-            except BaseException as error:  # torchrun signals failures with several types
-                ended = _ended(error, (marker, hang_marker))
-                if ended is not None:
-                    return ended
-                if isinstance(error, KeyboardInterrupt | SystemExit):
-                    raise
-                why = _rendezvous_lost(error)
-                if why is None:
-                    code = _exit_code(error)
-                    if getattr(error, "sigval", None) is not None:
-                        torchrun.leave()  # deleted or preempted: the others need not wait
-                    _report(f"workers failed with exit code {code}: {error}")
-                    return code
-                timed_out = torchrun.timed_out()
-                if timed_out is not None and _store_reachable_now(args):
-                    _report(_join_timeout_message(timed_out))
-                    return ExitCode.JOIN_TIMEOUT
-                now = time.monotonic()
-                if lost_since is None or now - started > HEALTHY_RUN_SECONDS:
-                    lost_since = now
-                _log(f"{why}; re-joining through a new connection to the store")
-                if not _wait_for_store(_option(args, "rdzv-endpoint"), lost_since + budget):
-                    _report(
-                        f"{why} for {time.monotonic() - lost_since:.0f}s "
-                        f"(join_timeout {budget:.0f}s); giving up"
-                    )
-                    return ExitCode.RENDEZVOUS_LOST
+        return _run_rounds(args, (marker, hang_marker), budget)
+    except SignalException as error:  # it came between two rounds, waiting for the store
+        return _terminated(int(error.sigval), error)
     finally:
         done.set()
         if watchdog is not None:
             watchdog.stop()
+
+
+def _run_rounds(args: list[str], markers: tuple[Path, Path], budget: float) -> int:
+    """torchrun, run again through a new store connection after each store loss, until it
+    ends for a reason of its own."""
+    from torch.distributed.run import parse_args, run
+
+    lost_since: float | None = None
+    while True:
+        started = time.monotonic()
+        try:
+            run(parse_args(args))
+            return 0
+        except BaseException as error:  # torchrun signals failures with several types
+            ended = _ended(error, markers)
+            if ended is not None:
+                return ended
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            signum = _signal_of(error)
+            if signum is not None:
+                return _terminated(signum, error)
+            why = _rendezvous_lost(error)
+            if why is None:
+                code = _exit_code(error)
+                _report(f"workers failed with exit code {code}: {error}")
+                return code
+            timed_out = torchrun.timed_out()
+            if timed_out is not None and _store_reachable_now(args):
+                _report(_join_timeout_message(timed_out))
+                return ExitCode.JOIN_TIMEOUT
+            now = time.monotonic()
+            if lost_since is None or now - started > HEALTHY_RUN_SECONDS:
+                lost_since = now
+            _log(f"{why}; re-joining through a new connection to the store")
+            if not _wait_for_store(_option(args, "rdzv-endpoint"), lost_since + budget):
+                _report(
+                    f"{why} for {time.monotonic() - lost_since:.0f}s "
+                    f"(join_timeout {budget:.0f}s); giving up"
+                )
+                return ExitCode.RENDEZVOUS_LOST
 
 
 def exit_with(code: int) -> NoReturn:
