@@ -47,6 +47,7 @@ from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout, StepLoader
+from torchkube.trainer.distributed import StopRequest
 from torchkube.trainer.loader import ConfigError, RunEnv
 from torchkube.trainer.metrics import TrainMetrics
 from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
@@ -201,6 +202,7 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
     host, port, _own_store = replica_store()  # served while this function runs
     manager: Manager | None = None
+    stop = StopRequest()
     try:
         configure_determinism(spec)
         torch.manual_seed(spec.seed)  # every group builds the same initial weights
@@ -263,11 +265,16 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
             [],  # one process per group: no ranks to compare
         )
         reporter.started(state)
-        loop = LiveLoop(spec, live_env, manager, model, live, ckpt, progress, workload, dataset)
-        loop.run(reporter, heartbeat)
+        loop = LiveLoop(
+            spec, live_env, manager, model, live, ckpt, progress, workload, dataset, stop
+        )
+        signum = loop.run(reporter, heartbeat)
+        if signum is not None:
+            return 128 + signum
         _write_termination_message(run_env, training_finished_message(state.step))
         return ExitCode.OK
     finally:
+        stop.close()
         heartbeat.close()
         if manager is not None:
             manager.shutdown(wait=False)
@@ -289,8 +296,9 @@ class LiveLoop:
         progress: ProgressReporter,
         workload: Workload,
         dataset: Any,
+        stop: StopRequest,
     ) -> None:
-        self.spec, self.live_env = spec, live_env
+        self.spec, self.live_env, self.stop = spec, live_env, stop
         self.manager, self.model, self.live, self.ckpt = manager, model, live, ckpt
         self.progress, self.workload = progress, workload
         self.state = live.state
@@ -303,9 +311,13 @@ class LiveLoop:
         self.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
         self.steps_done = 0
 
-    def run(self, reporter: Reporter, heartbeat: Heartbeat) -> None:
+    def run(self, reporter: Reporter, heartbeat: Heartbeat) -> int | None:
+        """Train to the last step; returns the signal that stopped it before, if one did."""
         heartbeat.training()
         while self.state.step < self.spec.steps:
+            if self.stop.signum is not None:
+                self._stop_on_a_checkpoint(reporter, heartbeat)
+                return self.stop.signum
             began = time.monotonic()
             self.manager.start_quorum()  # a group behind the quorum copies the state here
             if self.steps_done == 0 and self.live.copied_step is None:
@@ -354,6 +366,22 @@ class LiveLoop:
             else "n/a",
             self.record.quorum_changes,
             self.record.discarded_steps,
+        )
+        return None
+
+    def _stop_on_a_checkpoint(self, reporter: Reporter, heartbeat: Heartbeat) -> None:
+        """SIGTERM (a deletion, a suspension, a preemption) between two steps: the writer
+        group saves the last committed step, so a job stopped whole resumes there. The other
+        groups hold the same state and just leave; a group stopped alone (a scale-down) costs
+        the writer nothing."""
+        if self.writer and self.state.step > 0 and self.ckpt.last_step != self.state.step:
+            with heartbeat.pausing("checkpoint"):
+                self.ckpt.save_on_stop(self.state.step)
+            reporter.checkpointed()
+        log.warning(
+            "live: stopped at step %d%s",
+            self.state.step,
+            f" after the emergency checkpoint (step-{self.ckpt.last_step})" if self.writer else "",
         )
 
     def _resume_from_volume(self) -> None:
