@@ -25,7 +25,7 @@ in order:
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from torchkube.api import labels as lbl
@@ -37,6 +37,7 @@ from torchkube.operator import (
     children,
     failure,
     lifecycle,
+    node_loss,
     phase,
     preparation,
     queueing,
@@ -87,37 +88,8 @@ class _Sorter:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.recorded = {failure.record_key(r) for r in ctx.status.failures}
-        self.partition = scaling.partition(ctx.nodes)
-        self.partition_ended = self._partition_ended()
+        self.node_loss = node_loss.NodeLoss.of(ctx)
         self.policy = ctx.spec.failure_policy
-
-    def _partition_ended(self) -> datetime | None:
-        """When the last partition this job saw ended: now if the previous reconcile still saw
-        one, else the moment its condition turned False (None: never one)."""
-        previous = self.ctx.condition(cond.NODES_UNREACHABLE)
-        if previous is None:
-            return None
-        if previous.status == "True":
-            return self.ctx.now
-        return parse_time(previous.last_transition_time)
-
-    def lost_deadline(self, node: str | None) -> float | None:
-        """Seconds until a pod on ``node`` counts as lost (≤ 0: lost now); None: never.
-
-        A deleted node loses its pods at once; a NotReady one after the grace; nothing is lost
-        while most of the cluster is NotReady (a partition), and a node still NotReady when a
-        partition heals gets its grace from the partition's end: partitions heal node by node.
-        """
-        if node is None:
-            return None
-        health = self.ctx.nodes.get(node)
-        if health is None:
-            return 0.0
-        if health.ready or self.partition is not None:
-            return None
-        grace = timedelta(seconds=self.policy.node_lost_grace_seconds)
-        since = max(filter(None, (health.since, self.partition_ended)), default=self.ctx.now)
-        return (since + grace - self.ctx.now).total_seconds()
 
     def counted(self, pod: dict[str, Any], restarts: int | None = None) -> bool:
         if restarts is None:
@@ -145,12 +117,7 @@ class _Sorter:
         self.training_over = _training_over(self.ctx, owned)
         for pod in owned:
             state = p.state(pod)
-            wait = self.lost_deadline(p.node_name(pod))
-            lost = wait is not None and wait <= 0 and state != "succeeded"
-            if wait is not None and not lost:
-                self.ctx.plan.requeue(wait)
-            if lost:
-                self.ctx.plan.delete(pod, force=True)
+            lost = self.node_loss.lost(self.ctx, pod)
             # A pod the operator let go (scale-down, duplicate, suspend) was leaving by choice:
             # its node's loss only ends the wait for its kubelet.
             lost = lost and not self._released_by_operator(pod)
@@ -402,13 +369,6 @@ def _keep_store(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
         ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))
 
 
-def _report_partition(ctx: Context, partition: scaling.Partition | None) -> None:
-    if partition is None:
-        ctx.clear(cond.NODES_UNREACHABLE, "NodesReachable", "the nodes report again")
-    else:
-        ctx.warn_once(cond.NODES_UNREACHABLE, "Partition", partition.message)
-
-
 def _refusal(ctx: Context) -> tuple[str, str] | None:
     refused = ctx.observed.refused
     if refused is None:
@@ -453,7 +413,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
     _prune_failed(ctx, sorted_pods.failed)
-    _report_partition(ctx, sorter.partition)
+    node_loss.report_partition(ctx, sorter.node_loss)
 
     if lifecycle.succeed(ctx, sorted_pods.succeeded, sorted_pods.workers):
         if lifecycle.is_finished(ctx):

@@ -1,5 +1,5 @@
-"""Scaling policy: which worker slots should be filled, which pods are one too many, where
-replacements should not go, and when node trouble is a partition rather than lost machines.
+"""Scaling policy: which worker slots should be filled, which pods are one too many, and where
+replacements should not go.
 
 A job's workers fill slots ``0 .. target-1`` (``replicas.target``: ``desired`` or ``max``).
 Each slot holds one pod; a replacement gets a new name, so it never waits for a predecessor
@@ -7,7 +7,6 @@ stuck ``Terminating`` on a dead node.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,15 +20,6 @@ a straggler."""
 AVOIDED_REASONS = frozenset({"NodeLost", "Hang", "Straggler"})
 """Failures that say something about the node: it died, a worker hung on it (a wedged GPU,
 a dead mount) or computed far slower there than elsewhere."""
-
-PARTITION_SHARE = 0.55
-PARTITION_MIN_NODES = 3
-"""More than this share of the cluster's nodes NotReady at once, and at least this many, is
-taken for a network or control-plane partition: kube-controller-manager's node-lifecycle
-controller stops evicting in the same situation (its ``unhealthy-zone-threshold`` is 0.55).
-The share is judged when a lost node's grace (``nodeLostGraceSeconds``) runs out, so a
-partition is recognised when its nodes are marked NotReady within that grace of each other
-(the controller marks them within a node-monitor period or two; the default grace is 30 s)."""
 
 _STATE_RANK = {"running": 0, "pending": 1}
 
@@ -72,26 +62,3 @@ def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
         ):
             nodes.add(record.node)
     return sorted(nodes)
-
-
-@dataclass(frozen=True)
-class Partition:
-    """Most of the cluster stopped reporting at once."""
-
-    not_ready: int
-    nodes: int
-
-    @property
-    def message(self) -> str:
-        return (
-            f"{self.not_ready} of {self.nodes} nodes are NotReady at once: this looks like a "
-            "network or control-plane partition, not lost machines. Workers on them are kept "
-            "(not force-deleted and replaced) until their nodes come back or are deleted."
-        )
-
-
-def partition(nodes: dict[str, p.NodeHealth]) -> Partition | None:
-    not_ready = sum(1 for health in nodes.values() if not health.ready)
-    if not_ready >= PARTITION_MIN_NODES and not_ready > PARTITION_SHARE * len(nodes):
-        return Partition(not_ready, len(nodes))
-    return None
