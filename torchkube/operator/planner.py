@@ -30,7 +30,7 @@ from typing import Any
 
 from torchkube.api import labels as lbl
 from torchkube.api.contract import STANDBY_RELEASED, ProgressReport
-from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
+from torchkube.api.status import CheckpointRecord, ProgressRecord
 from torchkube.api.times import parse_time
 from torchkube.operator import (
     builders,
@@ -87,22 +87,15 @@ class _Sorter:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.recorded = {failure.record_key(r) for r in ctx.status.failures}
+        self.recorded = failure.Recorded.of(ctx.status)
         self.node_loss = node_loss.NodeLoss.of(ctx)
         self.policy = ctx.spec.failure_policy
-
-    def counted(self, pod: dict[str, Any], restarts: int | None = None) -> bool:
-        if restarts is None:
-            return p.failure_recorded(pod) or (p.name(pod), 0) in self.recorded
-        label = pod["metadata"].get("labels", {}).get(lbl.FAILURE_RECORDED, "")
-        done = int(label) if label.isdigit() else (-1 if label != "true" else restarts)
-        return done >= restarts or (p.name(pod), restarts) in self.recorded
 
     def _store_failure(self, pod: dict[str, Any], lost: bool) -> Failure | None:
         """The store's failure if it is new: each in-place restart is one, and its loss
         (node lost, evicted, deleted by someone) one more."""
         found = failure.store_failure(pod, lost)
-        if self.counted(pod, found.restart_count or 0):
+        if self.recorded.holds(pod, found.restart_count or 0):
             return None
         progress = self.ctx.status.progress
         step = progress.step if progress is not None else None
@@ -126,11 +119,11 @@ class _Sorter:
             elif p.role(pod) == lbl.ROLE_WORKER:
                 self._worker(out, pod, state, lost)
         for pod in out.deleting:
-            if not self.counted(pod) and self._deleted_externally(out, pod):
+            if not self.recorded.holds(pod) and self._deleted_externally(out, pod):
                 out.new_failures.append(failure.classify_pod(pod, self.policy, False))
         out.new_failures[:0] = self._in_place_restarts(out)
         for pod in self.ctx.observed.vanished:
-            if not self.counted(pod) and self._deleted_externally(out, pod):
+            if not self.recorded.holds(pod) and self._deleted_externally(out, pod):
                 out.new_failures.append(failure.vanished_failure(pod))
         return out
 
@@ -142,11 +135,11 @@ class _Sorter:
                 out.released.append(pod)
             else:
                 out.failed.append(pod)
-                if not self.counted(pod):
+                if not self.recorded.holds(pod):
                     out.new_failures.append(failure.released_early(pod))
         elif state in ("succeeded", "failed") or lost:
             out.failed.append(pod)
-            if not self.counted(pod):
+            if not self.recorded.holds(pod):
                 out.new_failures.append(failure.classify_pod(pod, self.policy, lost))
         elif state == "deleting":
             out.deleting.append(pod)
@@ -162,7 +155,7 @@ class _Sorter:
         due, wait = failure.in_place_due(
             report.in_place_restarts,
             {name: p.created(pod) for name, pod in live.items()},
-            lambda name, restart: self.counted(live[name], restart),
+            lambda name, restart: self.recorded.holds(live[name], restart),
             self.ctx.now,
         )
         if wait is not None:
@@ -241,43 +234,6 @@ def _training_over(ctx: Context, owned: list[dict[str, Any]]) -> bool:
     )
 
 
-def _record_failures(ctx: Context, new: list[Failure]) -> bool:
-    """Account for new failures; False when the job must fail."""
-    if not new:
-        return True
-    before = Ledger.of(ctx.status)
-    outcome = failure.account(before, new, ctx.spec.failure_policy, ctx.now)
-    ctx.plan.failures.extend(new)
-    history = [*before.history, *outcome.records]
-    ctx.status.failures = history[-MAX_FAILURE_HISTORY:]
-    ctx.status.last_failure = outcome.records[-1]
-    ctx.status.restarts = outcome.restarts
-    ctx.status.restarts_count_towards_max = outcome.counted
-    for record in outcome.records:
-        value = str(record.restart_count) if record.restart_count else "true"
-        ctx.plan.mark_recorded[record.pod or ""] = value
-    if outcome.fail_reason is not None:
-        ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
-        return False
-    max_restarts = ctx.spec.failure_policy.max_restarts
-    for incident in range(before.restarts + 1, outcome.restarts + 1):
-        members = [r for r in outcome.records if r.incident == incident]
-        # A lost node names the incident whichever of its pods was seen first: it is the
-        # cause of the others' failures, and what the user has to look at.
-        headline = next((r for r in members if r.reason == "NodeLost"), members[0])
-        first = next(f for f in new if f.pod == headline.pod and f.reason == headline.reason)
-        others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
-        ctx.event(
-            "Warning",
-            first.reason
-            if first.infrastructure or first.reason in ("Hang", "InPlaceRestart")
-            else "WorkerFailed",
-            f"{first.message}{others}; restarting from the latest checkpoint "
-            f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
-        )
-    return True
-
-
 def _prune_failed(ctx: Context, failed: list[dict[str, Any]]) -> None:
     kept = sorted(failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
     for pod in kept[KEEP_FAILED_PODS:]:
@@ -322,7 +278,7 @@ def _replace_straggler(ctx: Context, sorted_pods: _Pods) -> bool:
     if kept is not None:
         ctx.warn_once(cond.STRAGGLER_KEPT, *kept)
         return True
-    if not _record_failures(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]):
+    if not failure.record(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]):
         return False
     ctx.plan.delete(pod, why=RELEASE_STRAGGLER)
     slot = sorted_pods.live_workers[p.slot(pod)]
@@ -409,7 +365,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
 
     sorter = _Sorter(ctx)
     sorted_pods = sorter.sort(owned)
-    if not _record_failures(ctx, sorted_pods.new_failures):
+    if not failure.record(ctx, sorted_pods.new_failures):
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
     _prune_failed(ctx, sorted_pods.failed)
