@@ -57,7 +57,6 @@ KEEP_FAILED_PODS = 5
 
 RELEASE_SCALE_DOWN = "scale-down"
 RELEASE_DUPLICATE = "duplicate"
-RELEASE_STRAGGLER = "straggler"
 RELEASE_CONFIRM = timedelta(seconds=60)
 """How long a worker that left as a released spare keeps its slot without a sign that
 training is over."""
@@ -253,42 +252,6 @@ def _creates_allowed(ctx: Context) -> bool:
     return True
 
 
-def _replace_straggler(ctx: Context, sorted_pods: _Pods) -> bool:
-    """``status.slowestRank`` from the trainer's last report; with ``replaceStragglers``, the
-    pod of a rank that stayed a straggler long enough is replaced now. False when recording
-    it failed the job."""
-    policy, report = ctx.spec.failure_policy, ctx.observed.progress
-    slowest = stragglers.track(ctx.status.slowest_rank, report, policy, ctx.now)
-    ctx.status.slowest_rank = slowest
-    if ctx.status.phase != "Running" or not stragglers.fresh(report, ctx.now):
-        return True
-    wait = stragglers.wait_seconds(slowest, policy, ctx.now)
-    if wait is not None and wait > 0:
-        ctx.plan.requeue(wait)
-    name = stragglers.overdue(slowest, policy, ctx.now)
-    pod = next(
-        (w for w in sorted_pods.workers if p.name(w) == name and p.state(w) == "running"), None
-    )
-    if pod is None or slowest is None:
-        if slowest is None or slowest.straggling_since is None:
-            ctx.clear(cond.STRAGGLER_KEPT, "NoStraggler", "no rank straggles")
-        return True
-    ready = [name for name, health in ctx.nodes.items() if health.ready]
-    kept = stragglers.futile(slowest, ctx.status.failures, ready, ctx.now)
-    if kept is not None:
-        ctx.warn_once(cond.STRAGGLER_KEPT, *kept)
-        return True
-    if not failure.record(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]):
-        return False
-    ctx.plan.delete(pod, why=RELEASE_STRAGGLER)
-    slot = sorted_pods.live_workers[p.slot(pod)]
-    slot.remove(pod)
-    if not slot:
-        del sorted_pods.live_workers[p.slot(pod)]
-    ctx.status.slowest_rank = slowest.model_copy(update={"straggling_since": None})
-    return True
-
-
 def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> list[int]:
     """Deletes the surplus and creates the missing workers; the slots left without a pod."""
     pods = ctx.spec.replicas.pods
@@ -390,7 +353,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         )
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
-    if not _replace_straggler(ctx, sorted_pods):
+    if not stragglers.replace(ctx, sorted_pods.live_workers):
         lifecycle.clean_up_finished(ctx, owned)
         return ctx.done()
     may_create = children_ready and _creates_allowed(ctx)
