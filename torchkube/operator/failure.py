@@ -22,7 +22,7 @@ that involve a failure the policy charges (infrastructure failures are free unle
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchkube.api import labels as lbl
 from torchkube.api.contract import ExitCode, InPlaceRestart
@@ -35,9 +35,7 @@ from torchkube.api.status import (
 )
 from torchkube.api.times import format_time, parse_time
 from torchkube.operator import pods as p
-
-if TYPE_CHECKING:  # decision.py imports Failure from here
-    from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 
 INCIDENT_WINDOW = timedelta(seconds=30)
 """Failures seen this soon after an incident's first failure are part of it."""
@@ -509,11 +507,11 @@ def account(
     return out
 
 
-def record(ctx: "Context", new: list[Failure]) -> bool:
+def record(ctx: Context, new: list[Failure]) -> Step:
     """Account for new failures in the job's status, label their pods once it holds them,
-    and say what each new incident costs (a Warning event); False when the job must fail."""
+    and say what each new incident costs (a Warning event); STOP when the job failed."""
     if not new:
-        return True
+        return CONTINUE
     before = Ledger.of(ctx.status)
     outcome = account(before, new, ctx.spec.failure_policy, ctx.now)
     ctx.plan.failures.extend(new)
@@ -527,7 +525,7 @@ def record(ctx: "Context", new: list[Failure]) -> bool:
         ctx.plan.mark_recorded[written.pod or ""] = value
     if outcome.fail_reason is not None:
         ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
-        return False
+        return STOP
     max_restarts = ctx.spec.failure_policy.max_restarts
     for incident in range(before.restarts + 1, outcome.restarts + 1):
         members = [r for r in outcome.records if r.incident == incident]
@@ -544,7 +542,7 @@ def record(ctx: "Context", new: list[Failure]) -> bool:
             f"{first.message}{others}; restarting from the latest checkpoint "
             f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
         )
-    return True
+    return CONTINUE
 
 
 def incident_starts(history: Iterable[FailureRecord]) -> list[datetime]:

@@ -1,8 +1,8 @@
 """Life-cycle policy: suspension, deadlines, success, clean-up and time-to-live.
 
-Each function takes the planning :class:`~torchkube.operator.decision.Context` and either
-settles the job (returns True: nothing else is planned this pass) or leaves it to the next
-policy.
+Each step takes the planning :class:`~torchkube.operator.decision.Context`, writes what it
+decides into it, and either settles the pass (``STOP``) or leaves the job to the next policy
+(``CONTINUE``).
 """
 
 from datetime import timedelta
@@ -15,7 +15,7 @@ from torchkube.api.status import TERMINAL_PHASES
 from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 
 RELEASE_FINISHED = "finished"
 RELEASE_SUSPENDED = "suspended"
@@ -61,7 +61,7 @@ def _suspended_since(ctx: Context) -> float:
     return max(0.0, ctx.seconds_since(condition.last_transition_time) or 0.0)
 
 
-def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
+def suspend(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     """``runPolicy.suspend``: no pods, checkpoints kept. A suspension resets the active
     deadline's clock (``status.lastStartTime``); on resume the time spent suspended is added
     to ``status.suspendedSeconds``, which the start deadline leaves out."""
@@ -77,7 +77,8 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
         ctx.clear(cond.RUNNING, "Suspended", "job is suspended")
         ctx.status.replicas = ctx.status.ready_replicas = 0
         ctx.status.workers = f"0/{ctx.spec.replicas.target}"
-        return True
+        ctx.clear(cond.WAITING_FOR_WORKERS, "Suspended", "job is suspended")
+        return STOP
     if ctx.is_true(cond.SUSPENDED):
         ctx.status.last_start_time = None
         spent = _suspended_since(ctx)
@@ -89,7 +90,7 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
             "job resumed; training continues from the latest checkpoint",
         )
         ctx.event("Normal", "Resumed", "job resumed from the latest checkpoint")
-    return False
+    return CONTINUE
 
 
 def active_since(ctx: Context) -> str | None:
@@ -100,8 +101,8 @@ def active_since(ctx: Context) -> str | None:
     return ctx.status.start_time
 
 
-def deadlines(ctx: Context) -> bool:
-    """True when the job just failed a deadline.
+def deadlines(ctx: Context) -> Step:
+    """STOP when the job just failed a deadline.
 
     ``activeDeadlineSeconds`` counts from ``status.lastStartTime``, when the job first ran
     (``phase.derive``) since the creation or the last resume: a Kubernetes Job's timer is
@@ -122,7 +123,7 @@ def deadlines(ctx: Context) -> bool:
                 f"({policy.active_deadline_seconds}s since it started at {since}; a "
                 "suspension resets this clock)",
             )
-            return True
+            return STOP
         ctx.plan.requeue(remaining)
     started = ctx.seconds_since(ctx.status.start_time)
     created = ctx.seconds_since(ctx.job.metadata.get("creationTimestamp"))
@@ -139,9 +140,9 @@ def deadlines(ctx: Context) -> bool:
                 f"not run within runPolicy.startDeadlineSeconds "
                 f"({policy.start_deadline_seconds}s){why}",
             )
-            return True
+            return STOP
         ctx.plan.requeue(remaining)
-    return False
+    return CONTINUE
 
 
 def finished_training(ctx: Context, pod: dict[str, Any]) -> bool:
@@ -156,10 +157,11 @@ def finished_training(ctx: Context, pod: dict[str, Any]) -> bool:
     return TRAINING_FINISHED in p.termination_message(pod)
 
 
-def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, Any]]) -> bool:
-    """A worker finished training: pending workers go; the job succeeds once none runs."""
+def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, Any]]) -> Step:
+    """A worker finished training: pending workers go; the job succeeds once none runs, and
+    nothing else is planned meanwhile (STOP)."""
     if not succeeded:
-        return False
+        return CONTINUE
     for pod in live:
         if p.state(pod) == "pending":
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
@@ -172,4 +174,4 @@ def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, 
         steps = final if final is not None else (progress.step if progress else None)
         detail = f" after {steps} steps" if steps else ""
         ctx.finish("Succeeded", "TrainingCompleted", f"training completed{detail}")
-    return True
+    return STOP

@@ -47,7 +47,7 @@ from torchkube.operator import (
 )
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context, Observed, Plan, random_suffix
+from torchkube.operator.decision import STOP, Context, Observed, Plan, random_suffix
 from torchkube.operator.failure import Failure, Ledger
 
 __all__ = ["Observed", "Plan", "plan", "random_suffix"]
@@ -304,45 +304,43 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     ctx = Context(observed, new_suffix)
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
-    owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
-
     if lifecycle.is_being_deleted(ctx):
         return ctx.done()
+    owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
+    _run_policies(ctx, owned)
     if lifecycle.is_finished(ctx):
         lifecycle.clean_up_finished(ctx, owned)
+    return ctx.done()
+
+
+def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
+    """The policies in order; a step that returns STOP settles this pass. A job that ended,
+    before or during the pass, is cleaned up afterwards (``plan``)."""
+    if lifecycle.is_finished(ctx):
         queueing.finish(ctx)
-        return ctx.done()
-    children_ready = children.ensure(ctx, observed.children)
-    if queueing.hold(ctx, owned):
-        return ctx.done()
-    if lifecycle.suspend(ctx, owned):
-        ctx.clear(cond.WAITING_FOR_WORKERS, "Suspended", "job is suspended")
-        return ctx.done()
-    if lifecycle.deadlines(ctx):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    if not preparation.ready(ctx, owned, children_ready):
-        if lifecycle.is_finished(ctx):
-            lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
+        return
+    children_ready = children.ensure(ctx, ctx.observed.children)
+    if queueing.hold(ctx, owned) is STOP:
+        return
+    if lifecycle.suspend(ctx, owned) is STOP:
+        return
+    if lifecycle.deadlines(ctx) is STOP:
+        return
+    if preparation.prepare(ctx, owned, children_ready) is STOP:
+        return
 
     sorter = _Sorter(ctx)
     sorted_pods = sorter.sort(owned)
-    if not failure.record(ctx, sorted_pods.new_failures):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
+    if failure.record(ctx, sorted_pods.new_failures) is STOP:
+        return
     _prune_failed(ctx, sorted_pods.failed)
     node_loss.report_partition(ctx, sorter.node_loss)
 
-    if lifecycle.succeed(ctx, sorted_pods.succeeded, sorted_pods.workers):
-        if lifecycle.is_finished(ctx):
-            lifecycle.clean_up_finished(ctx, owned)
-            phase.counts(ctx, [])
-        else:
-            phase.counts(ctx, sorted_pods.workers)
-        return ctx.done()
+    if lifecycle.succeed(ctx, sorted_pods.succeeded, sorted_pods.workers) is STOP:
+        phase.counts(ctx, [] if lifecycle.is_finished(ctx) else sorted_pods.workers)
+        return
 
-    refused = observed.refused
+    refused = ctx.observed.refused
     if refused is not None and refused.permanent:
         ctx.finish(
             "Failed",
@@ -351,11 +349,9 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
             f"{refused.message}. This pod spec can never be created here; fix "
             "scheduling.podTemplate or the namespace's policy and create the job again",
         )
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    if not stragglers.replace(ctx, sorted_pods.live_workers):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
+        return
+    if stragglers.replace(ctx, sorted_pods.live_workers) is STOP:
+        return
     may_create = children_ready and _creates_allowed(ctx)
     missing = _scale_workers(ctx, sorted_pods, may_create)
     _keep_store(ctx, sorted_pods, may_create)
@@ -368,16 +364,14 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         _refusal(ctx)
         or phase.blocked_pods([*workers, *sorted_pods.live_stores])
         or phase.not_started(ctx, workers)
-        or children.claim_problem(ctx, observed.children, running),
+        or children.claim_problem(ctx, ctx.observed.children, running),
     )
     if ctx.status.phase == "Pending" or not ctx.status.start_time:
         _fail_unstartable(ctx, workers)
     if lifecycle.is_finished(ctx):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
+        return
     phase.derive(ctx, workers, sorted_pods.live_stores)
     phase.counts(ctx, workers)
-    return ctx.done()
 
 
 def _fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> None:
