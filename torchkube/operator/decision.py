@@ -1,7 +1,14 @@
-"""What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), and the scratch
-state the policies share while deciding (:class:`Context`). No I/O and no policy here: the
-policies live one per module (``failure``, ``scaling``, ``lifecycle``, ``phase``,
-``children``) and ``planner.plan`` runs them in order.
+"""What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), the scratch
+state the policies share while deciding (:class:`Context`), and what a step tells the planner
+(:class:`Step`). No I/O and no policy here: the policies live one per module and
+``planner.plan`` runs them in order.
+
+One style for every policy: a planning step takes the Context, writes what it decides into
+it (status, conditions, events, the plan) and, where it can settle the pass, returns
+``CONTINUE`` or ``STOP``. Beneath the steps, the decisions themselves are pure functions that
+return values (``failure.account``, ``stragglers.track``, ``scaling.surplus_and_missing``,
+``node_loss.NodeLoss.deadline``...): those are what the unit tests and the local runner
+(``torchkube run``) call, so both follow the same rules.
 """
 
 import enum

@@ -1,4 +1,5 @@
-"""Life-cycle policy: suspension, deadlines, success, clean-up and time-to-live.
+"""Life-cycle policy: suspension, deadlines, a start that can never happen, success,
+clean-up and time-to-live.
 
 Each step takes the planning :class:`~torchkube.operator.decision.Context`, writes what it
 decides into it, and either settles the pass (``STOP``) or leaves the job to the next policy
@@ -16,6 +17,9 @@ from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator.decision import CONTINUE, STOP, Context, Step
+
+KEEP_FAILED_PODS = 5
+"""Failed worker pods kept for ``kubectl logs``; older ones are deleted."""
 
 RELEASE_FINISHED = "finished"
 RELEASE_SUSPENDED = "suspended"
@@ -93,6 +97,14 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     return CONTINUE
 
 
+def prune_failed(ctx: Context, failed: list[dict[str, Any]]) -> None:
+    """Failed workers are kept for ``kubectl logs``, the newest ``KEEP_FAILED_PODS``."""
+    kept = sorted(failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
+    for pod in kept[KEEP_FAILED_PODS:]:
+        if p.state(pod) != "deleting":
+            ctx.plan.delete(pod)
+
+
 def active_since(ctx: Context) -> str | None:
     """When the active deadline's clock started: ``status.lastStartTime``, or, in a status
     written before that field, the first start of a job that was never suspended."""
@@ -142,6 +154,24 @@ def deadlines(ctx: Context) -> Step:
             )
             return STOP
         ctx.plan.requeue(remaining)
+    return CONTINUE
+
+
+def fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> Step:
+    """An image name that can never be pulled fails a job that has not started at once (the
+    image is immutable): STOP. Everything else that blocks a start waits for
+    startDeadlineSeconds."""
+    if ctx.status.phase != "Pending" and ctx.status.start_time:
+        return CONTINUE
+    for pod in workers:
+        blocked = p.blocked_reason(pod)
+        if blocked is not None and blocked[0] == "InvalidImageName":
+            ctx.finish(
+                "Failed",
+                "InvalidImageName",
+                f"image {ctx.spec.image!r} is not a valid image reference: {blocked[1]}",
+            )
+            return STOP
     return CONTINUE
 
 

@@ -12,7 +12,10 @@ from typing import Any
 
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import parse_time
+from torchkube.operator import builders
 from torchkube.operator import pods as p
+from torchkube.operator.decision import Context
+from torchkube.operator.failure import Ledger, backoff_remaining
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
 """How long replacements prefer other nodes than one that lost a worker, had a hung one or
@@ -20,6 +23,9 @@ a straggler."""
 AVOIDED_REASONS = frozenset({"NodeLost", "Hang", "Straggler"})
 """Failures that say something about the node: it died, a worker hung on it (a wedged GPU,
 a dead mount) or computed far slower there than elsewhere."""
+
+RELEASE_SCALE_DOWN = "scale-down"
+RELEASE_DUPLICATE = "duplicate"
 
 _STATE_RANK = {"running": 0, "pending": 1}
 
@@ -62,3 +68,47 @@ def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
         ):
             nodes.add(record.node)
     return sorted(nodes)
+
+
+def scale_workers(
+    ctx: Context,
+    live: dict[int, list[dict[str, Any]]],
+    released: list[dict[str, Any]],
+    may_create: bool,
+) -> list[int]:
+    """Deletes the surplus and creates the missing workers (once the failure backoff allows);
+    the slots left without a pod. A spare ``released`` at the end keeps its slot."""
+    pods = ctx.spec.replicas.pods
+    surplus, missing = surplus_and_missing(
+        live,
+        pods,
+        ctx.now,
+        occupied=[p.slot(pod) for pod in released],
+    )
+    for pod in surplus:
+        ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= pods else RELEASE_DUPLICATE)
+    if not missing or not may_create:
+        return missing
+    ledger = Ledger.of(ctx.status)
+    wait = backoff_remaining(ledger, ctx.spec.failure_policy, ctx.now)
+    if wait > 0:
+        ctx.plan.requeue(wait)
+        return missing
+    avoid = avoided_nodes(ledger.history, ctx.now)
+    for index in missing:
+        ctx.plan.create_pods.append(builders.worker_pod(ctx.job, index, ctx.new_suffix(), avoid))
+    return []
+
+
+def keep_store(ctx: Context, live: list[dict[str, Any]], may_create: bool) -> None:
+    """One rendezvous store: of several, the running one (else the oldest) stays; none, a new
+    one away from the nodes to avoid."""
+    stores = sorted(
+        live,
+        key=lambda pod: (p.state(pod) != "running", p.created(pod) or ctx.now),
+    )
+    for pod in stores[1:]:
+        ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
+    if not stores and may_create:
+        avoid = avoided_nodes(ctx.status.failures, ctx.now)
+        ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))
