@@ -1,7 +1,7 @@
 """Liveness in the planner: a job trains, or has ended, or says why it waits. A join
 timeout is an incident of its own (free, the slot refilled), a pod counts as released only
 once training is over, and a job short of ``replicas.min`` running workers names the pods it
-waits for and why (torchkube/operator/planner.py, failure.py, waiting.py)."""
+waits for and why (torchkube/operator/sorting.py, failure.py, waiting.py)."""
 
 from planner import condition, created_slots, make_job, pod, run, running_status, store
 

@@ -22,7 +22,7 @@ from torchkube.api.times import format_time
 from torchkube.operator import builders
 from torchkube.operator import pods as p
 from torchkube.operator.failure import classify_pod
-from torchkube.operator.pods import NodeHealth, slim
+from torchkube.operator.pods import slim
 
 
 def test_new_job_creates_children_workers_and_store() -> None:
@@ -108,38 +108,6 @@ def test_backoff_delays_the_replacement() -> None:
     assert result.requeue_after == pytest.approx(8, abs=0.01)
     later = run(job, [pod(0), pod(1), pod(2), store()], now=NOW + timedelta(seconds=9))
     assert created_slots(later) == [3]
-
-
-def test_node_not_ready_within_grace_waits_then_replaces_elsewhere() -> None:
-    pods = [pod(0, node="n1"), pod(1, node="n2"), pod(2, node="n1"), pod(3, node="n1"), store("n1")]
-    down = {"n1": READY, "n2": NodeHealth(False, NOW - timedelta(seconds=10))}
-    job = make_job(running_status(), failurePolicy={"nodeLostGraceSeconds": 30})
-    waiting = run(job, pods, down)
-    assert created_slots(waiting) == [] and waiting.delete_pods == []
-    assert waiting.requeue_after == pytest.approx(20, abs=0.01)
-
-    lost = run(job, pods, down, now=NOW + timedelta(seconds=21))
-    assert lost.delete_pods == [(pods[1]["metadata"]["name"], True)], "force-delete the lost pod"
-    assert lost.status.last_failure.reason == "NodeLost"
-    assert lost.status.last_failure.node == "n2"
-    assert lost.status.restarts_count_towards_max == 0, "infrastructure failures are free"
-    assert created_slots(lost) == [1]
-    replacement = lost.create_pods[0]
-    affinity = replacement["spec"]["affinity"]["nodeAffinity"]
-    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity, (
-        "a lost node is avoided by preference only: on an exact-fit pool the replacement must "
-        "be able to go back once the node recovers"
-    )
-    preferred = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert preferred[0]["preference"]["matchExpressions"][0]["values"] == ["n2"]
-    assert [e.reason for e in lost.events] == ["NodeLost"] and "n2" in lost.events[0].message
-
-
-def test_deleted_node_loses_its_pods_at_once() -> None:
-    pods = [pod(0, node="gone"), pod(1), pod(2), pod(3), store()]
-    result = run(make_job(running_status()), pods, {"n1": READY})
-    assert result.status.last_failure.reason == "NodeLost"
-    assert created_slots(result) == [0]
 
 
 def test_lost_store_is_replaced() -> None:
@@ -341,25 +309,3 @@ def test_an_incident_with_a_lost_node_is_named_after_the_node_whatever_failed_fi
     assert lost.status.restarts == 1
     assert [e.reason for e in lost.events] == ["NodeLost"], lost.events
     assert "n2" in lost.events[0].message and "1 more failing together" in lost.events[0].message
-
-
-@pytest.mark.parametrize("role", ["worker", "rendezvous"])
-def test_a_pod_released_by_the_operator_is_not_lost_with_its_node(role: str) -> None:
-    """A pod the operator deleted itself (a scale-down, a duplicate store) that is still
-    Terminating when its node goes NotReady is gone by choice: force-deleted, never an
-    incident."""
-    job = make_job(running_status(), replicas={"min": 1, "max": 4, "desired": 2})
-    released = pod(
-        3 if role == "worker" else 0,
-        node="n2",
-        role=role,
-        deleting=True,
-        labels={lbl.RELEASED: "scale-down" if role == "worker" else "duplicate"},
-    )
-    pods = [pod(0), pod(1), store("n1"), released]
-    down = {"n1": READY, "n2": NodeHealth(False, NOW - timedelta(minutes=10))}
-    result = run(job, pods, down)
-    assert (released["metadata"]["name"], True) in result.delete_pods, "force-deleted"
-    assert result.status.restarts == 0 and result.status.last_failure is None
-    assert [e.reason for e in result.events if e.type == "Warning"] == []
-    assert result.create_pods == []

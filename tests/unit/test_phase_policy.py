@@ -1,13 +1,9 @@
-"""Phase policy and pods that cannot start: PodsBlocked, refused creates, invalid images
-(torchkube/operator/phase.py and the planner)."""
-
-from datetime import timedelta
+"""Phase policy and pods that cannot start: PodsBlocked, invalid images
+(torchkube/operator/phase.py, lifecycle.py)."""
 
 from planner import (
-    NOW,
     child,
     condition,
-    created_slots,
     make_job,
     own_children,
     pod,
@@ -15,7 +11,6 @@ from planner import (
     store,
 )
 
-from torchkube.operator.decision import Refusal
 from torchkube.operator.pods import name
 
 
@@ -36,39 +31,6 @@ def test_invalid_image_name_fails_at_once() -> None:
     bad = pod(0, phase="Pending", waiting=("InvalidImageName", 'invalid reference "A B"'))
     result = run(make_job(replicas={"min": 1, "max": 1}), [bad])
     assert condition(result, "Failed")["reason"] == "InvalidImageName"
-
-
-def test_a_refused_child_is_reported_by_name_and_never_fails_the_job() -> None:
-    what = "PersistentVolumeClaim demo-checkpoints"
-    refused = Refusal(422, "Unprocessable Entity", "spec: invalid", NOW, what=what)
-    result = run(make_job(), [], refused=refused)
-    assert result.status.phase == "Pending"
-    assert "Failed" not in [c.type for c in result.status.conditions]
-    blocked = condition(result, "PodsBlocked")
-    assert blocked["reason"] == "CreateRefused" and f"create {what} (422" in blocked["message"]
-
-
-def test_create_refused_for_quota_backs_off_and_says_so() -> None:
-    refused = Refusal(403, "Forbidden", "exceeded quota: gpus, requested: nvidia.com/gpu=8", NOW, 3)
-    result = run(make_job(), [], refused=refused)
-    assert result.create_pods == []
-    assert result.requeue_after is not None and 3.9 <= result.requeue_after <= 4.0
-    blocked = condition(result, "PodsBlocked")
-    assert blocked["reason"] == "PodCreateRefused" and "exceeded quota" in blocked["message"]
-    later = run(make_job(result.status), [], refused=refused, now=NOW + timedelta(seconds=5))
-    assert created_slots(later) == [0, 1, 2, 3], "tried again once the backoff passed"
-
-
-def test_create_refused_by_pod_security_fails_fast() -> None:
-    message = 'pods "x" is forbidden: violates PodSecurity "restricted:latest": privileged'
-    result = run(make_job(), [], refused=Refusal(403, "Forbidden", message, NOW))
-    failed = condition(result, "Failed")
-    assert failed["reason"] == "PodCreateRefused" and "violates PodSecurity" in failed["message"]
-
-
-def test_invalid_pod_spec_fails_fast() -> None:
-    refused = Refusal(422, "Unprocessable Entity", "spec.containers[0].image: Required", NOW)
-    assert condition(run(make_job(), [], refused=refused), "Failed")["reason"] == "PodCreateRefused"
 
 
 def test_a_claim_that_is_never_bound_is_reported() -> None:

@@ -1,6 +1,6 @@
 """Hot spares in the planner: pods beyond the target, counted in status.spares, and a spare
 let go when training ended neither a failure nor a slot to refill
-(torchkube/operator/scaling.py, phase.py, planner.py)."""
+(torchkube/operator/scaling.py, phase.py, sorting.py)."""
 
 from planner import created_slots, make_job, pod, run, running_status, store
 

@@ -1,14 +1,22 @@
-"""What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), and the scratch
-state the policies share while deciding (:class:`Context`). No I/O and no policy here: the
-policies live one per module (``failure``, ``scaling``, ``lifecycle``, ``phase``,
-``children``) and ``planner.plan`` runs them in order.
+"""What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), the scratch
+state the policies share while deciding (:class:`Context`), and what a step tells the planner
+(:class:`Step`). No I/O and no policy here: the policies live one per module and
+``planner.plan`` runs them in order.
+
+One style for every policy: a planning step takes the Context, writes what it decides into
+it (status, conditions, events, the plan) and, where it can settle the pass, returns
+``CONTINUE`` or ``STOP``. Beneath the steps, the decisions themselves are pure functions that
+return values (``failure.account``, ``stragglers.track``, ``scaling.surplus_and_missing``,
+``node_loss.NodeLoss.deadline``...): those are what the unit tests and the local runner
+(``torchkube run``) call, so both follow the same rules.
 """
 
+import enum
 import secrets
 import string
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
@@ -17,8 +25,10 @@ from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.failure import Failure
 from torchkube.operator.workloads import QueueObservation
+
+if TYPE_CHECKING:  # the failure policy records into a Context
+    from torchkube.operator.failure import Failure
 
 
 def random_suffix() -> str:
@@ -97,7 +107,7 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False
-    failures: list[Failure] = field(default_factory=list)
+    failures: list["Failure"] = field(default_factory=list)
     workload_writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """("create", Workload), or a merge patch of the job's Workload: ("status", ...) of its
     status, ("spec", ...) of the rest."""
@@ -116,6 +126,18 @@ class Plan:
             self.delete_pods.append((p.name(pod), force))
         if why and p.state(pod) in ("pending", "running"):
             self.release.setdefault(p.name(pod), why)
+
+
+class Step(enum.Enum):
+    """What a planning step tells the planner: go on to the next policy, or this pass is
+    settled (the job waits, is suspended or ended, or one step already planned all there is
+    to do now)."""
+
+    CONTINUE = "continue"
+    STOP = "stop"
+
+
+CONTINUE, STOP = Step.CONTINUE, Step.STOP
 
 
 class Context:

@@ -24,11 +24,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from torchkube.api import labels as lbl
 from torchkube.api.contract import ExitCode, InPlaceRestart
 from torchkube.api.spec import FailurePolicySpec, FailureReason
-from torchkube.api.status import FailureRecord, SlowestRank, TrainingJobStatus
+from torchkube.api.status import (
+    MAX_FAILURE_HISTORY,
+    FailureRecord,
+    SlowestRank,
+    TrainingJobStatus,
+)
 from torchkube.api.times import format_time, parse_time
 from torchkube.operator import pods as p
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 
 INCIDENT_WINDOW = timedelta(seconds=30)
 """Failures seen this soon after an incident's first failure are part of it."""
@@ -386,13 +393,32 @@ def straggler_failure(
     )
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """The failures the job already counted, by pod and in-place restart: from
+    ``status.failures`` and from the failure-recorded label on the pods, so that one is
+    never counted twice, even by an operator that restarted between the two writes."""
+
+    keys: frozenset[tuple[str, int]]
+
+    @classmethod
+    def of(cls, status: TrainingJobStatus) -> "Recorded":
+        return cls(frozenset(record_key(r) for r in status.failures))
+
+    def holds(self, pod: dict[str, Any], restarts: int | None = None) -> bool:
+        """Whether the pod's failure (``restarts``: its in-place restart of that number) is
+        counted already. The label holds ``true`` for a pod's failure, or the number of the
+        last restart counted."""
+        if restarts is None:
+            return p.failure_recorded(pod) or (p.name(pod), 0) in self.keys
+        label = pod["metadata"].get("labels", {}).get(lbl.FAILURE_RECORDED, "")
+        done = int(label) if label.isdigit() else (-1 if label != "true" else restarts)
+        return done >= restarts or (p.name(pod), restarts) in self.keys
+
+
 def record_key(record: FailureRecord) -> tuple[str, int]:
     """What identifies a recorded failure: the pod and, for in-place restarts, which one."""
     return record.pod or "", record.restart_count or 0
-
-
-def failure_key(failure: Failure) -> tuple[str, int]:
-    return failure.pod, failure.restart_count or 0
 
 
 @dataclass(frozen=True)
@@ -479,6 +505,44 @@ def account(
             )
             return out
     return out
+
+
+def record(ctx: Context, new: list[Failure]) -> Step:
+    """Account for new failures in the job's status, label their pods once it holds them,
+    and say what each new incident costs (a Warning event); STOP when the job failed."""
+    if not new:
+        return CONTINUE
+    before = Ledger.of(ctx.status)
+    outcome = account(before, new, ctx.spec.failure_policy, ctx.now)
+    ctx.plan.failures.extend(new)
+    history = [*before.history, *outcome.records]
+    ctx.status.failures = history[-MAX_FAILURE_HISTORY:]
+    ctx.status.last_failure = outcome.records[-1]
+    ctx.status.restarts = outcome.restarts
+    ctx.status.restarts_count_towards_max = outcome.counted
+    for written in outcome.records:
+        value = str(written.restart_count) if written.restart_count else "true"
+        ctx.plan.mark_recorded[written.pod or ""] = value
+    if outcome.fail_reason is not None:
+        ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
+        return STOP
+    max_restarts = ctx.spec.failure_policy.max_restarts
+    for incident in range(before.restarts + 1, outcome.restarts + 1):
+        members = [r for r in outcome.records if r.incident == incident]
+        # A lost node names the incident whichever of its pods was seen first: it is the
+        # cause of the others' failures, and what the user has to look at.
+        headline = next((r for r in members if r.reason == "NodeLost"), members[0])
+        first = next(f for f in new if f.pod == headline.pod and f.reason == headline.reason)
+        others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
+        ctx.event(
+            "Warning",
+            first.reason
+            if first.infrastructure or first.reason in ("Hang", "InPlaceRestart")
+            else "WorkerFailed",
+            f"{first.message}{others}; restarting from the latest checkpoint "
+            f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
+        )
+    return CONTINUE
 
 
 def incident_starts(history: Iterable[FailureRecord]) -> list[datetime]:

@@ -1,8 +1,9 @@
-"""Life-cycle policy: suspension, deadlines, success, clean-up and time-to-live.
+"""Life-cycle policy: suspension, deadlines, a start that can never happen, success,
+clean-up and time-to-live.
 
-Each function takes the planning :class:`~torchkube.operator.decision.Context` and either
-settles the job (returns True: nothing else is planned this pass) or leaves it to the next
-policy.
+Each step takes the planning :class:`~torchkube.operator.decision.Context`, writes what it
+decides into it, and either settles the pass (``STOP``) or leaves the job to the next policy
+(``CONTINUE``).
 """
 
 from datetime import timedelta
@@ -15,7 +16,10 @@ from torchkube.api.status import TERMINAL_PHASES
 from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
+
+KEEP_FAILED_PODS = 5
+"""Failed worker pods kept for ``kubectl logs``; older ones are deleted."""
 
 RELEASE_FINISHED = "finished"
 RELEASE_SUSPENDED = "suspended"
@@ -61,7 +65,7 @@ def _suspended_since(ctx: Context) -> float:
     return max(0.0, ctx.seconds_since(condition.last_transition_time) or 0.0)
 
 
-def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
+def suspend(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     """``runPolicy.suspend``: no pods, checkpoints kept. A suspension resets the active
     deadline's clock (``status.lastStartTime``); on resume the time spent suspended is added
     to ``status.suspendedSeconds``, which the start deadline leaves out."""
@@ -77,7 +81,8 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
         ctx.clear(cond.RUNNING, "Suspended", "job is suspended")
         ctx.status.replicas = ctx.status.ready_replicas = 0
         ctx.status.workers = f"0/{ctx.spec.replicas.target}"
-        return True
+        ctx.clear(cond.WAITING_FOR_WORKERS, "Suspended", "job is suspended")
+        return STOP
     if ctx.is_true(cond.SUSPENDED):
         ctx.status.last_start_time = None
         spent = _suspended_since(ctx)
@@ -89,7 +94,15 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> bool:
             "job resumed; training continues from the latest checkpoint",
         )
         ctx.event("Normal", "Resumed", "job resumed from the latest checkpoint")
-    return False
+    return CONTINUE
+
+
+def prune_failed(ctx: Context, failed: list[dict[str, Any]]) -> None:
+    """Failed workers are kept for ``kubectl logs``, the newest ``KEEP_FAILED_PODS``."""
+    kept = sorted(failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
+    for pod in kept[KEEP_FAILED_PODS:]:
+        if p.state(pod) != "deleting":
+            ctx.plan.delete(pod)
 
 
 def active_since(ctx: Context) -> str | None:
@@ -100,8 +113,8 @@ def active_since(ctx: Context) -> str | None:
     return ctx.status.start_time
 
 
-def deadlines(ctx: Context) -> bool:
-    """True when the job just failed a deadline.
+def deadlines(ctx: Context) -> Step:
+    """STOP when the job just failed a deadline.
 
     ``activeDeadlineSeconds`` counts from ``status.lastStartTime``, when the job first ran
     (``phase.derive``) since the creation or the last resume: a Kubernetes Job's timer is
@@ -122,7 +135,7 @@ def deadlines(ctx: Context) -> bool:
                 f"({policy.active_deadline_seconds}s since it started at {since}; a "
                 "suspension resets this clock)",
             )
-            return True
+            return STOP
         ctx.plan.requeue(remaining)
     started = ctx.seconds_since(ctx.status.start_time)
     created = ctx.seconds_since(ctx.job.metadata.get("creationTimestamp"))
@@ -139,9 +152,27 @@ def deadlines(ctx: Context) -> bool:
                 f"not run within runPolicy.startDeadlineSeconds "
                 f"({policy.start_deadline_seconds}s){why}",
             )
-            return True
+            return STOP
         ctx.plan.requeue(remaining)
-    return False
+    return CONTINUE
+
+
+def fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> Step:
+    """An image name that can never be pulled fails a job that has not started at once (the
+    image is immutable): STOP. Everything else that blocks a start waits for
+    startDeadlineSeconds."""
+    if ctx.status.phase != "Pending" and ctx.status.start_time:
+        return CONTINUE
+    for pod in workers:
+        blocked = p.blocked_reason(pod)
+        if blocked is not None and blocked[0] == "InvalidImageName":
+            ctx.finish(
+                "Failed",
+                "InvalidImageName",
+                f"image {ctx.spec.image!r} is not a valid image reference: {blocked[1]}",
+            )
+            return STOP
+    return CONTINUE
 
 
 def finished_training(ctx: Context, pod: dict[str, Any]) -> bool:
@@ -156,10 +187,11 @@ def finished_training(ctx: Context, pod: dict[str, Any]) -> bool:
     return TRAINING_FINISHED in p.termination_message(pod)
 
 
-def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, Any]]) -> bool:
-    """A worker finished training: pending workers go; the job succeeds once none runs."""
+def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, Any]]) -> Step:
+    """A worker finished training: pending workers go; the job succeeds once none runs, and
+    nothing else is planned meanwhile (STOP)."""
     if not succeeded:
-        return False
+        return CONTINUE
     for pod in live:
         if p.state(pod) == "pending":
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
@@ -172,4 +204,4 @@ def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, 
         steps = final if final is not None else (progress.step if progress else None)
         detail = f" after {steps} steps" if steps else ""
         ctx.finish("Succeeded", "TrainingCompleted", f"training completed{detail}")
-    return True
+    return STOP

@@ -6,418 +6,36 @@ the returned ``Plan``; because it is level-triggered (it looks at the world, not
 that woke it), an operator restart in the middle of a failure simply plans the same thing
 again.
 
-The decisions live one policy per module; this file only sorts the pods and runs the policies
-in order:
-
-  being deleted: nothing (``lifecycle``) → children (``children``) → finished: clean-up and
-  TTL (``lifecycle``), the Workload Finished (``queueing``) → waiting for Kueue (``queueing``)
-  → suspended
-  (``lifecycle``) → deadlines (``lifecycle``) → ``spec.data`` prepared, else the prepare pod
-  and nothing more (``preparation``) → sort the job's own pods → new failures
-  (``failure``): permanent or over budget → Failed, else record, back off, replace → success
-  (``lifecycle``) → refused creates → the slowest rank, a straggler replaced (``stragglers``)
-  → scale to the target and its spares (``scaling``) → keep the store → blocked and
-  unschedulable pods, the workers a job short of ``replicas.min`` waits for (``waiting``),
-  phase, counts and spares (``phase``). New failures include workers restarted in place
-  (the trainer's report) and workers gone since the last plan (``Observed.vanished``).
+The decisions live one policy per module; this file only runs them in order (``_run_policies``
+reads as that list). Each step takes the :class:`~torchkube.operator.decision.Context`, writes
+what it decides into it (status, conditions, events, the plan), and returns ``STOP`` when
+nothing else is to be planned this pass; a job that ended is cleaned up once, at the end.
 """
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
-from torchkube.api import labels as lbl
-from torchkube.api.contract import STANDBY_RELEASED, ProgressReport
-from torchkube.api.status import MAX_FAILURE_HISTORY, CheckpointRecord, ProgressRecord
-from torchkube.api.times import parse_time
+from torchkube.api.contract import ProgressReport
+from torchkube.api.status import CheckpointRecord, ProgressRecord
 from torchkube.operator import (
-    builders,
     children,
     failure,
     lifecycle,
+    node_loss,
     phase,
     preparation,
     queueing,
+    refusals,
     scaling,
+    sorting,
     stragglers,
     waiting,
 )
-from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context, Observed, Plan, random_suffix
-from torchkube.operator.failure import Failure, Ledger
+from torchkube.operator.decision import STOP, Context, Observed, Plan, random_suffix
 
 __all__ = ["Observed", "Plan", "plan", "random_suffix"]
-
-KEEP_FAILED_PODS = 5
-"""Failed worker pods kept for ``kubectl logs``; older ones are deleted."""
-
-RELEASE_SCALE_DOWN = "scale-down"
-RELEASE_DUPLICATE = "duplicate"
-RELEASE_STRAGGLER = "straggler"
-RELEASE_CONFIRM = timedelta(seconds=60)
-"""How long a worker that left as a released spare keeps its slot without a sign that
-training is over."""
-
-
-@dataclass
-class _Pods:
-    """The job's own pods, sorted into what the policies act on."""
-
-    live_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    live_stores: list[dict[str, Any]] = field(default_factory=list)
-    succeeded: list[dict[str, Any]] = field(default_factory=list)
-    failed: list[dict[str, Any]] = field(default_factory=list)
-    new_failures: list[Failure] = field(default_factory=list)
-    deleting: list[dict[str, Any]] = field(default_factory=list)
-    released: list[dict[str, Any]] = field(default_factory=list)
-    """Spares that exited 0 when the rendezvous closed at the end of training."""
-    lost_store: bool = False
-
-    @property
-    def workers(self) -> list[dict[str, Any]]:
-        return [pod for pods in self.live_workers.values() for pod in pods]
-
-
-class _Sorter:
-    """Sorts the job's pods and finds the failures not counted yet."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.recorded = {failure.record_key(r) for r in ctx.status.failures}
-        self.partition = scaling.partition(ctx.nodes)
-        self.partition_ended = self._partition_ended()
-        self.policy = ctx.spec.failure_policy
-
-    def _partition_ended(self) -> datetime | None:
-        """When the last partition this job saw ended: now if the previous reconcile still saw
-        one, else the moment its condition turned False (None: never one)."""
-        previous = self.ctx.condition(cond.NODES_UNREACHABLE)
-        if previous is None:
-            return None
-        if previous.status == "True":
-            return self.ctx.now
-        return parse_time(previous.last_transition_time)
-
-    def lost_deadline(self, node: str | None) -> float | None:
-        """Seconds until a pod on ``node`` counts as lost (≤ 0: lost now); None: never.
-
-        A deleted node loses its pods at once; a NotReady one after the grace; nothing is lost
-        while most of the cluster is NotReady (a partition), and a node still NotReady when a
-        partition heals gets its grace from the partition's end: partitions heal node by node.
-        """
-        if node is None:
-            return None
-        health = self.ctx.nodes.get(node)
-        if health is None:
-            return 0.0
-        if health.ready or self.partition is not None:
-            return None
-        grace = timedelta(seconds=self.policy.node_lost_grace_seconds)
-        since = max(filter(None, (health.since, self.partition_ended)), default=self.ctx.now)
-        return (since + grace - self.ctx.now).total_seconds()
-
-    def counted(self, pod: dict[str, Any], restarts: int | None = None) -> bool:
-        if restarts is None:
-            return p.failure_recorded(pod) or (p.name(pod), 0) in self.recorded
-        label = pod["metadata"].get("labels", {}).get(lbl.FAILURE_RECORDED, "")
-        done = int(label) if label.isdigit() else (-1 if label != "true" else restarts)
-        return done >= restarts or (p.name(pod), restarts) in self.recorded
-
-    def _store_failure(self, pod: dict[str, Any], lost: bool) -> Failure | None:
-        """The store's failure if it is new: each in-place restart is one, and its loss
-        (node lost, evicted, deleted by someone) one more."""
-        found = failure.store_failure(pod, lost)
-        if self.counted(pod, found.restart_count or 0):
-            return None
-        progress = self.ctx.status.progress
-        step = progress.step if progress is not None else None
-        served = self.ctx.condition(cond.STORE_READY)
-        since = None
-        if served is not None and served.status == "True":
-            since = parse_time(served.last_transition_time)
-        return failure.store_loss(found, self.ctx.status.failures, step, since, crashed=not lost)
-
-    def sort(self, owned: list[dict[str, Any]]) -> _Pods:
-        out = _Pods()
-        self.training_over = _training_over(self.ctx, owned)
-        for pod in owned:
-            state = p.state(pod)
-            wait = self.lost_deadline(p.node_name(pod))
-            lost = wait is not None and wait <= 0 and state != "succeeded"
-            if wait is not None and not lost:
-                self.ctx.plan.requeue(wait)
-            if lost:
-                self.ctx.plan.delete(pod, force=True)
-            # A pod the operator let go (scale-down, duplicate, suspend) was leaving by choice:
-            # its node's loss only ends the wait for its kubelet.
-            lost = lost and not self._released_by_operator(pod)
-            if p.role(pod) == lbl.ROLE_RENDEZVOUS:
-                self._store(out, pod, state, lost)
-            elif p.role(pod) == lbl.ROLE_WORKER:
-                self._worker(out, pod, state, lost)
-        for pod in out.deleting:
-            if not self.counted(pod) and self._deleted_externally(out, pod):
-                out.new_failures.append(failure.classify_pod(pod, self.policy, False))
-        out.new_failures[:0] = self._in_place_restarts(out)
-        for pod in self.ctx.observed.vanished:
-            if not self.counted(pod) and self._deleted_externally(out, pod):
-                out.new_failures.append(failure.vanished_failure(pod))
-        return out
-
-    def _worker(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:
-        if state == "succeeded" and lifecycle.finished_training(self.ctx, pod):
-            out.succeeded.append(pod)
-        elif state == "succeeded" and STANDBY_RELEASED in p.termination_message(pod):
-            if self._released_at_the_end(pod):
-                out.released.append(pod)
-            else:
-                out.failed.append(pod)
-                if not self.counted(pod):
-                    out.new_failures.append(failure.released_early(pod))
-        elif state in ("succeeded", "failed") or lost:
-            out.failed.append(pod)
-            if not self.counted(pod):
-                out.new_failures.append(failure.classify_pod(pod, self.policy, lost))
-        elif state == "deleting":
-            out.deleting.append(pod)
-        else:
-            out.live_workers.setdefault(p.slot(pod), []).append(pod)
-
-    def _in_place_restarts(self, out: _Pods) -> list[Failure]:
-        """The trainer's report of workers restarted in place, due and not counted yet."""
-        report = self.ctx.observed.progress
-        if report is None:
-            return []
-        live = {p.name(pod): pod for pod in out.workers}
-        due, wait = failure.in_place_due(
-            report.in_place_restarts,
-            {name: p.created(pod) for name, pod in live.items()},
-            lambda name, restart: self.counted(live[name], restart),
-            self.ctx.now,
-        )
-        if wait is not None:
-            self.ctx.plan.requeue(wait)
-        return due
-
-    def _released_at_the_end(self, pod: dict[str, Any]) -> bool:
-        """A spare is released only when training is over: only the end closes the
-        rendezvous (``elastic/torchrun.py``). The workers that finished may be seen a moment
-        after it, so it keeps its slot for ``RELEASE_CONFIRM`` before it is taken for
-        what an older launcher's join timeout left behind. One the operator let go (its
-        label) is released whenever it ends."""
-        if self.training_over or lbl.RELEASED in pod["metadata"].get("labels", {}):
-            return True
-        ended = parse_time(p.terminated(pod).get("finishedAt")) or self.ctx.now
-        wait = (ended + RELEASE_CONFIRM - self.ctx.now).total_seconds()
-        if wait > 0:
-            self.ctx.plan.requeue(wait)
-        return wait > 0
-
-    def _store(self, out: _Pods, pod: dict[str, Any], state: str, lost: bool) -> None:
-        """A store that restarted in place is one incident per restart; a lost or failed one
-        is replaced (and is one incident) unless the operator itself deleted it."""
-        gone = lost or state in ("failed", "succeeded")
-        deleted_by_someone = state == "deleting" and self._released_by_someone(pod)
-        if gone or deleted_by_someone:
-            out.lost_store = True
-            found = self._store_failure(pod, lost=True) if self._running_job() else None
-            if found is not None:
-                out.new_failures.append(found)
-            if gone and not lost:
-                self.ctx.plan.delete(pod)
-            return
-        if state in ("pending", "running"):
-            out.live_stores.append(pod)
-            found = self._store_failure(pod, lost=False) if p.restart_count(pod) else None
-            if found is not None:
-                out.new_failures.append(found)
-
-    def _running_job(self) -> bool:
-        return not self.ctx.spec.run_policy.suspend and not lifecycle.is_finished(self.ctx)
-
-    def _released_by_operator(self, pod: dict[str, Any]) -> bool:
-        """Deleted by this operator on purpose: it labels what it lets go, and remembers."""
-        return (
-            lbl.RELEASED in pod["metadata"].get("labels", {})
-            or p.name(pod) in self.ctx.observed.self_deleted
-        )
-
-    def _released_by_someone(self, pod: dict[str, Any]) -> bool:
-        """Deleted, but not by this operator."""
-        return not self._released_by_operator(pod)
-
-    def _deleted_externally(self, out: _Pods, pod: dict[str, Any]) -> bool:
-        """A worker being deleted by someone else while it was the only one in a wanted slot
-        of a running job: preemption, eviction or ``kubectl delete pod``."""
-        index = p.slot(pod)
-        return (
-            self._running_job()
-            and self._released_by_someone(pod)
-            and index < self.ctx.spec.replicas.pods
-            and index not in out.live_workers
-        )
-
-
-def _training_over(ctx: Context, owned: list[dict[str, Any]]) -> bool:
-    """A worker ended the training, or the trainer reported its last step."""
-    progress = ctx.status.progress
-    if progress is not None and progress.total_steps and progress.step >= progress.total_steps:
-        return True
-    return any(
-        p.role(pod) == lbl.ROLE_WORKER
-        and p.state(pod) == "succeeded"
-        and lifecycle.finished_training(ctx, pod)
-        for pod in owned
-    )
-
-
-def _record_failures(ctx: Context, new: list[Failure]) -> bool:
-    """Account for new failures; False when the job must fail."""
-    if not new:
-        return True
-    before = Ledger.of(ctx.status)
-    outcome = failure.account(before, new, ctx.spec.failure_policy, ctx.now)
-    ctx.plan.failures.extend(new)
-    history = [*before.history, *outcome.records]
-    ctx.status.failures = history[-MAX_FAILURE_HISTORY:]
-    ctx.status.last_failure = outcome.records[-1]
-    ctx.status.restarts = outcome.restarts
-    ctx.status.restarts_count_towards_max = outcome.counted
-    for record in outcome.records:
-        value = str(record.restart_count) if record.restart_count else "true"
-        ctx.plan.mark_recorded[record.pod or ""] = value
-    if outcome.fail_reason is not None:
-        ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
-        return False
-    max_restarts = ctx.spec.failure_policy.max_restarts
-    for incident in range(before.restarts + 1, outcome.restarts + 1):
-        members = [r for r in outcome.records if r.incident == incident]
-        # A lost node names the incident whichever of its pods was seen first: it is the
-        # cause of the others' failures, and what the user has to look at.
-        headline = next((r for r in members if r.reason == "NodeLost"), members[0])
-        first = next(f for f in new if f.pod == headline.pod and f.reason == headline.reason)
-        others = f" (with {len(members) - 1} more failing together)" if len(members) > 1 else ""
-        ctx.event(
-            "Warning",
-            first.reason
-            if first.infrastructure or first.reason in ("Hang", "InPlaceRestart")
-            else "WorkerFailed",
-            f"{first.message}{others}; restarting from the latest checkpoint "
-            f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
-        )
-    return True
-
-
-def _prune_failed(ctx: Context, failed: list[dict[str, Any]]) -> None:
-    kept = sorted(failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
-    for pod in kept[KEEP_FAILED_PODS:]:
-        if p.state(pod) != "deleting":
-            ctx.plan.delete(pod)
-
-
-def _creates_allowed(ctx: Context) -> bool:
-    """False while the apiserver's last refusal of a pod create is being backed off."""
-    refused = ctx.observed.refused
-    if refused is None:
-        return True
-    wait = (refused.at - ctx.now).total_seconds() + refused.retry_after
-    if wait > 0:
-        ctx.plan.requeue(wait)
-        return False
-    return True
-
-
-def _replace_straggler(ctx: Context, sorted_pods: _Pods) -> bool:
-    """``status.slowestRank`` from the trainer's last report; with ``replaceStragglers``, the
-    pod of a rank that stayed a straggler long enough is replaced now. False when recording
-    it failed the job."""
-    policy, report = ctx.spec.failure_policy, ctx.observed.progress
-    slowest = stragglers.track(ctx.status.slowest_rank, report, policy, ctx.now)
-    ctx.status.slowest_rank = slowest
-    if ctx.status.phase != "Running" or not stragglers.fresh(report, ctx.now):
-        return True
-    wait = stragglers.wait_seconds(slowest, policy, ctx.now)
-    if wait is not None and wait > 0:
-        ctx.plan.requeue(wait)
-    name = stragglers.overdue(slowest, policy, ctx.now)
-    pod = next(
-        (w for w in sorted_pods.workers if p.name(w) == name and p.state(w) == "running"), None
-    )
-    if pod is None or slowest is None:
-        if slowest is None or slowest.straggling_since is None:
-            ctx.clear(cond.STRAGGLER_KEPT, "NoStraggler", "no rank straggles")
-        return True
-    ready = [name for name, health in ctx.nodes.items() if health.ready]
-    kept = stragglers.futile(slowest, ctx.status.failures, ready, ctx.now)
-    if kept is not None:
-        ctx.warn_once(cond.STRAGGLER_KEPT, *kept)
-        return True
-    if not _record_failures(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]):
-        return False
-    ctx.plan.delete(pod, why=RELEASE_STRAGGLER)
-    slot = sorted_pods.live_workers[p.slot(pod)]
-    slot.remove(pod)
-    if not slot:
-        del sorted_pods.live_workers[p.slot(pod)]
-    ctx.status.slowest_rank = slowest.model_copy(update={"straggling_since": None})
-    return True
-
-
-def _scale_workers(ctx: Context, sorted_pods: _Pods, may_create: bool) -> list[int]:
-    """Deletes the surplus and creates the missing workers; the slots left without a pod."""
-    pods = ctx.spec.replicas.pods
-    surplus, missing = scaling.surplus_and_missing(
-        sorted_pods.live_workers,
-        pods,
-        ctx.now,
-        occupied=[p.slot(pod) for pod in sorted_pods.released],
-    )
-    for pod in surplus:
-        ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= pods else RELEASE_DUPLICATE)
-    if not missing or not may_create:
-        return missing
-    ledger = Ledger.of(ctx.status)
-    wait = failure.backoff_remaining(ledger, ctx.spec.failure_policy, ctx.now)
-    if wait > 0:
-        ctx.plan.requeue(wait)
-        return missing
-    avoid = scaling.avoided_nodes(ledger.history, ctx.now)
-    for index in missing:
-        ctx.plan.create_pods.append(builders.worker_pod(ctx.job, index, ctx.new_suffix(), avoid))
-    return []
-
-
-def _keep_store(ctx: Context, sorted_pods: _Pods, may_create: bool) -> None:
-    stores = sorted(
-        sorted_pods.live_stores,
-        key=lambda pod: (p.state(pod) != "running", p.created(pod) or ctx.now),
-    )
-    for pod in stores[1:]:
-        ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
-    if not stores and may_create:
-        avoid = scaling.avoided_nodes(ctx.status.failures, ctx.now)
-        ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))
-
-
-def _report_partition(ctx: Context, partition: scaling.Partition | None) -> None:
-    if partition is None:
-        ctx.clear(cond.NODES_UNREACHABLE, "NodesReachable", "the nodes report again")
-    else:
-        ctx.warn_once(cond.NODES_UNREACHABLE, "Partition", partition.message)
-
-
-def _refusal(ctx: Context) -> tuple[str, str] | None:
-    refused = ctx.observed.refused
-    if refused is None:
-        return None
-    return (
-        "PodCreateRefused" if refused.what == "a pod" else "CreateRefused",
-        f"the apiserver refused to create {refused.what} ({refused.code} {refused.reason}): "
-        f"{refused.message}; retrying every {int(refused.retry_after)}s",
-    )
 
 
 def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> Plan:
@@ -425,94 +43,62 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     ctx = Context(observed, new_suffix)
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
-    owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
-
     if lifecycle.is_being_deleted(ctx):
         return ctx.done()
+    owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
+    _run_policies(ctx, owned)
     if lifecycle.is_finished(ctx):
         lifecycle.clean_up_finished(ctx, owned)
-        queueing.finish(ctx)
-        return ctx.done()
-    children_ready = children.ensure(ctx, observed.children)
-    if queueing.hold(ctx, owned):
-        return ctx.done()
-    if lifecycle.suspend(ctx, owned):
-        ctx.clear(cond.WAITING_FOR_WORKERS, "Suspended", "job is suspended")
-        return ctx.done()
-    if lifecycle.deadlines(ctx):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    if not preparation.ready(ctx, owned, children_ready):
-        if lifecycle.is_finished(ctx):
-            lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-
-    sorter = _Sorter(ctx)
-    sorted_pods = sorter.sort(owned)
-    if not _record_failures(ctx, sorted_pods.new_failures):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    _prune_failed(ctx, sorted_pods.failed)
-    _report_partition(ctx, sorter.partition)
-
-    if lifecycle.succeed(ctx, sorted_pods.succeeded, sorted_pods.workers):
-        if lifecycle.is_finished(ctx):
-            lifecycle.clean_up_finished(ctx, owned)
-            phase.counts(ctx, [])
-        else:
-            phase.counts(ctx, sorted_pods.workers)
-        return ctx.done()
-
-    refused = observed.refused
-    if refused is not None and refused.permanent:
-        ctx.finish(
-            "Failed",
-            "PodCreateRefused",
-            f"the apiserver refused the worker pod ({refused.code} {refused.reason}): "
-            f"{refused.message}. This pod spec can never be created here; fix "
-            "scheduling.podTemplate or the namespace's policy and create the job again",
-        )
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    if not _replace_straggler(ctx, sorted_pods):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    may_create = children_ready and _creates_allowed(ctx)
-    missing = _scale_workers(ctx, sorted_pods, may_create)
-    _keep_store(ctx, sorted_pods, may_create)
-    workers = sorted_pods.workers
-    running = any(p.state(pod) == "running" for pod in workers)
-    phase.report_unschedulable(ctx, workers, sorted_pods.live_stores)
-    waiting.report(ctx, workers, len(missing))
-    phase.report_blocked(
-        ctx,
-        _refusal(ctx)
-        or phase.blocked_pods([*workers, *sorted_pods.live_stores])
-        or phase.not_started(ctx, workers)
-        or children.claim_problem(ctx, observed.children, running),
-    )
-    if ctx.status.phase == "Pending" or not ctx.status.start_time:
-        _fail_unstartable(ctx, workers)
-    if lifecycle.is_finished(ctx):
-        lifecycle.clean_up_finished(ctx, owned)
-        return ctx.done()
-    phase.derive(ctx, workers, sorted_pods.live_stores)
-    phase.counts(ctx, workers)
     return ctx.done()
 
 
-def _fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> None:
-    """An image name that can never be pulled fails the job at once (the image is
-    immutable); everything else that blocks a start waits for startDeadlineSeconds."""
-    for pod in workers:
-        blocked = p.blocked_reason(pod)
-        if blocked is not None and blocked[0] == "InvalidImageName":
-            ctx.finish(
-                "Failed",
-                "InvalidImageName",
-                f"image {ctx.spec.image!r} is not a valid image reference: {blocked[1]}",
-            )
-            return
+def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
+    """The policies in order; a step that returns STOP settles this pass."""
+    if lifecycle.is_finished(ctx):
+        queueing.finish(ctx)
+        return
+    children_ready = children.ensure(ctx, ctx.observed.children)
+    if queueing.hold(ctx, owned) is STOP:
+        return
+    if lifecycle.suspend(ctx, owned) is STOP:
+        return
+    if lifecycle.deadlines(ctx) is STOP:
+        return
+    if preparation.prepare(ctx, owned, children_ready) is STOP:
+        return
+
+    loss = node_loss.NodeLoss.of(ctx)
+    pods = sorting.sort(ctx, owned, loss)
+    if failure.record(ctx, pods.new_failures) is STOP:
+        return
+    lifecycle.prune_failed(ctx, pods.failed)
+    node_loss.report_partition(ctx, loss)
+    if lifecycle.succeed(ctx, pods.succeeded, pods.workers) is STOP:
+        phase.counts(ctx, [] if lifecycle.is_finished(ctx) else pods.workers)
+        return
+    if refusals.fail_permanent(ctx) is STOP:
+        return
+    if stragglers.replace(ctx, pods.live_workers) is STOP:
+        return
+
+    may_create = children_ready and refusals.creates_allowed(ctx)
+    missing = scaling.scale_workers(ctx, pods.live_workers, pods.released, may_create)
+    scaling.keep_store(ctx, pods.live_stores, may_create)
+    workers, stores = pods.workers, pods.live_stores
+    running = any(p.state(pod) == "running" for pod in workers)
+    phase.report_unschedulable(ctx, workers, stores)
+    waiting.report(ctx, workers, len(missing))
+    phase.report_blocked(
+        ctx,
+        refusals.problem(ctx)
+        or phase.blocked_pods([*workers, *stores])
+        or phase.not_started(ctx, workers)
+        or children.claim_problem(ctx, ctx.observed.children, running),
+    )
+    if lifecycle.fail_unstartable(ctx, workers) is STOP:
+        return
+    phase.derive(ctx, workers, stores)
+    phase.counts(ctx, workers)
 
 
 def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:

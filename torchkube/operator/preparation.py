@@ -24,7 +24,7 @@ from torchkube.api.status import DataStatus
 from torchkube.operator import builders
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 
 MAX_ATTEMPTS = 3
 """Prepare pods started before a job whose data cannot be prepared fails (a network that
@@ -32,13 +32,13 @@ stays down); permanent errors fail it at the first."""
 REASON_FAILED = "DataPreparationFailed"
 
 
-def ready(ctx: Context, owned: list[dict[str, Any]], may_create: bool) -> bool:
-    """True when the workers may start: no ``spec.data``, or it is prepared. Otherwise plan
-    the prepare pod (when ``may_create``: the claim is there), report progress, or fail the
-    job; the caller then plans nothing else this pass."""
+def prepare(ctx: Context, owned: list[dict[str, Any]], may_create: bool) -> Step:
+    """CONTINUE when the workers may start: no ``spec.data``, or it is prepared. Otherwise
+    plan the prepare pod (when ``may_create``: the claim is there), report progress, or fail
+    the job, and STOP: nothing else is planned this pass."""
     data = ctx.spec.data
     if data is None or (ctx.status.data is not None and ctx.status.data.phase == "Prepared"):
-        return True
+        return CONTINUE
     pods = sorted(
         (pod for pod in owned if p.role(pod) == lbl.ROLE_PREPARE),
         key=lambda pod: _attempt(pod),
@@ -46,25 +46,25 @@ def ready(ctx: Context, owned: list[dict[str, Any]], may_create: bool) -> bool:
     source = data.source.describe()
     succeeded = [pod for pod in pods if p.state(pod) == "succeeded"]
     if succeeded:
-        return _prepared(ctx, succeeded[-1], source)
+        return CONTINUE if _prepared(ctx, succeeded[-1], source) else STOP
     failed = [pod for pod in pods if p.state(pod) == "failed"]
     live = [pod for pod in pods if p.state(pod) in ("pending", "running", "deleting")]
     attempts = max((_attempt(pod) for pod in pods), default=0)
     if live:
         _preparing(ctx, source, p.name(live[-1]), attempts)
-        return False
+        return STOP
     if failed:
         last = failed[-1]
         code, message = _failure(last)
         if code in PERMANENT_EXIT_CODES or attempts >= MAX_ATTEMPTS:
             why = "permanent" if code in PERMANENT_EXIT_CODES else f"{attempts} attempts"
             _fail(ctx, source, p.name(last), attempts, f"{message} ({why}; exit code {code})")
-            return False
+            return STOP
     if may_create:
         pod = builders.prepare_pod(ctx.job, attempts + 1)
         ctx.plan.create_pods.append(pod)
         _preparing(ctx, source, p.name(pod), attempts + 1)
-    return False
+    return STOP
 
 
 def _attempt(pod: dict[str, Any]) -> int:

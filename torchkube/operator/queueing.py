@@ -28,7 +28,7 @@ from torchkube.api.status import QueueStatus
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator import workloads
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 from torchkube.operator.workloads import QueueObservation, WorkloadState
 
 RELEASE_QUEUED = "queued"
@@ -92,30 +92,30 @@ def placed(
     return out
 
 
-def hold(ctx: Context, owned: list[dict[str, Any]]) -> bool:
-    """True while the job must not run (it waits for Kueue); False for a job without a queue
-    or one Kueue admitted, which the other policies then run."""
+def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
+    """STOP while the job must not run (it waits for Kueue); CONTINUE for a job without a
+    queue or one Kueue admitted, which the other policies then run."""
     queue = workloads.queue_name(ctx.job)
     if queue is None:
-        return False
+        return CONTINUE
     observed = ctx.observed.queue or QueueObservation()
     state = observed.workload
     if state is None:
         ctx.plan.workload_writes.append(("create", workloads.workload(ctx.job, observed.priority)))
         _wait(ctx, owned, queue, None, "Queued", f"waiting in LocalQueue {queue}: Workload created")
-        return True
+        return STOP
     if state.admitted and not state.being_deleted:
         _admitted(ctx, queue, state)
         _resize(ctx, state, observed)
-        return False
+        return CONTINUE
     if state.is_true("Evicted"):
         _evicted(ctx, owned, queue, state)
-        return True
+        return STOP
     if state.queue != queue and not state.reserved:
         ctx.plan.workload_writes.append(("spec", workloads.move(state, queue)))
     why = state.message("QuotaReserved") or "Kueue has not considered it yet"
     _wait(ctx, owned, queue, state, "Queued", f"waiting in LocalQueue {queue} for admission: {why}")
-    return True
+    return STOP
 
 
 def _evicted(ctx: Context, owned: list[dict[str, Any]], queue: str, state: WorkloadState) -> None:

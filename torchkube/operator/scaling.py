@@ -1,5 +1,5 @@
-"""Scaling policy: which worker slots should be filled, which pods are one too many, where
-replacements should not go, and when node trouble is a partition rather than lost machines.
+"""Scaling policy: which worker slots should be filled, which pods are one too many, and where
+replacements should not go.
 
 A job's workers fill slots ``0 .. target-1`` (``replicas.target``: ``desired`` or ``max``).
 Each slot holds one pod; a replacement gets a new name, so it never waits for a predecessor
@@ -7,13 +7,15 @@ stuck ``Terminating`` on a dead node.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import parse_time
+from torchkube.operator import builders
 from torchkube.operator import pods as p
+from torchkube.operator.decision import Context
+from torchkube.operator.failure import Ledger, backoff_remaining
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
 """How long replacements prefer other nodes than one that lost a worker, had a hung one or
@@ -22,14 +24,8 @@ AVOIDED_REASONS = frozenset({"NodeLost", "Hang", "Straggler"})
 """Failures that say something about the node: it died, a worker hung on it (a wedged GPU,
 a dead mount) or computed far slower there than elsewhere."""
 
-PARTITION_SHARE = 0.55
-PARTITION_MIN_NODES = 3
-"""More than this share of the cluster's nodes NotReady at once, and at least this many, is
-taken for a network or control-plane partition: kube-controller-manager's node-lifecycle
-controller stops evicting in the same situation (its ``unhealthy-zone-threshold`` is 0.55).
-The share is judged when a lost node's grace (``nodeLostGraceSeconds``) runs out, so a
-partition is recognised when its nodes are marked NotReady within that grace of each other
-(the controller marks them within a node-monitor period or two; the default grace is 30 s)."""
+RELEASE_SCALE_DOWN = "scale-down"
+RELEASE_DUPLICATE = "duplicate"
 
 _STATE_RANK = {"running": 0, "pending": 1}
 
@@ -74,24 +70,45 @@ def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
     return sorted(nodes)
 
 
-@dataclass(frozen=True)
-class Partition:
-    """Most of the cluster stopped reporting at once."""
+def scale_workers(
+    ctx: Context,
+    live: dict[int, list[dict[str, Any]]],
+    released: list[dict[str, Any]],
+    may_create: bool,
+) -> list[int]:
+    """Deletes the surplus and creates the missing workers (once the failure backoff allows);
+    the slots left without a pod. A spare ``released`` at the end keeps its slot."""
+    pods = ctx.spec.replicas.pods
+    surplus, missing = surplus_and_missing(
+        live,
+        pods,
+        ctx.now,
+        occupied=[p.slot(pod) for pod in released],
+    )
+    for pod in surplus:
+        ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= pods else RELEASE_DUPLICATE)
+    if not missing or not may_create:
+        return missing
+    ledger = Ledger.of(ctx.status)
+    wait = backoff_remaining(ledger, ctx.spec.failure_policy, ctx.now)
+    if wait > 0:
+        ctx.plan.requeue(wait)
+        return missing
+    avoid = avoided_nodes(ledger.history, ctx.now)
+    for index in missing:
+        ctx.plan.create_pods.append(builders.worker_pod(ctx.job, index, ctx.new_suffix(), avoid))
+    return []
 
-    not_ready: int
-    nodes: int
 
-    @property
-    def message(self) -> str:
-        return (
-            f"{self.not_ready} of {self.nodes} nodes are NotReady at once: this looks like a "
-            "network or control-plane partition, not lost machines. Workers on them are kept "
-            "(not force-deleted and replaced) until their nodes come back or are deleted."
-        )
-
-
-def partition(nodes: dict[str, p.NodeHealth]) -> Partition | None:
-    not_ready = sum(1 for health in nodes.values() if not health.ready)
-    if not_ready >= PARTITION_MIN_NODES and not_ready > PARTITION_SHARE * len(nodes):
-        return Partition(not_ready, len(nodes))
-    return None
+def keep_store(ctx: Context, live: list[dict[str, Any]], may_create: bool) -> None:
+    """One rendezvous store: of several, the running one (else the oldest) stays; none, a new
+    one away from the nodes to avoid."""
+    stores = sorted(
+        live,
+        key=lambda pod: (p.state(pod) != "running", p.created(pod) or ctx.now),
+    )
+    for pod in stores[1:]:
+        ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
+    if not stores and may_create:
+        avoid = avoided_nodes(ctx.status.failures, ctx.now)
+        ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))

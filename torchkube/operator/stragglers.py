@@ -22,12 +22,20 @@ the cluster has no other node to go to; the job says so and names what would hel
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from torchkube.api.contract import ProgressReport
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord, SlowestRank
 from torchkube.api.times import format_time, parse_time
+from torchkube.operator import conditions as cond
+from torchkube.operator import failure
+from torchkube.operator import pods as p
+from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 from torchkube.operator.scaling import AVOID_LOST_NODES_FOR
+
+RELEASE_STRAGGLER = "straggler"
+"""Why a straggler's pod was deleted (its label): a release, never taken for a failure."""
 
 FRESH_SECONDS = 60.0
 """How old a progress report may be for the policy to act on it."""
@@ -120,3 +128,39 @@ def futile(
                 f"and the replacement landed there (no other node had room); {advice}"
             )
     return None
+
+
+def replace(ctx: Context, live_workers: dict[int, list[dict[str, Any]]]) -> Step:
+    """``status.slowestRank`` from the trainer's last report; with ``replaceStragglers``, the
+    pod of a rank that stayed a straggler long enough is replaced now, and leaves
+    ``live_workers`` (its slot is refilled). STOP when recording it failed the
+    job."""
+    policy, report = ctx.spec.failure_policy, ctx.observed.progress
+    slowest = track(ctx.status.slowest_rank, report, policy, ctx.now)
+    ctx.status.slowest_rank = slowest
+    if ctx.status.phase != "Running" or not fresh(report, ctx.now):
+        return CONTINUE
+    wait = wait_seconds(slowest, policy, ctx.now)
+    if wait is not None and wait > 0:
+        ctx.plan.requeue(wait)
+    name = overdue(slowest, policy, ctx.now)
+    running = (w for pods in live_workers.values() for w in pods if p.state(w) == "running")
+    pod = next((w for w in running if p.name(w) == name), None)
+    if pod is None or slowest is None:
+        if slowest is None or slowest.straggling_since is None:
+            ctx.clear(cond.STRAGGLER_KEPT, "NoStraggler", "no rank straggles")
+        return CONTINUE
+    ready = [name for name, health in ctx.nodes.items() if health.ready]
+    kept = futile(slowest, ctx.status.failures, ready, ctx.now)
+    if kept is not None:
+        ctx.warn_once(cond.STRAGGLER_KEPT, *kept)
+        return CONTINUE
+    if failure.record(ctx, [failure.straggler_failure(slowest, policy, p.created(pod))]) is STOP:
+        return STOP
+    ctx.plan.delete(pod, why=RELEASE_STRAGGLER)
+    slot = live_workers[p.slot(pod)]
+    slot.remove(pod)
+    if not slot:
+        del live_workers[p.slot(pod)]
+    ctx.status.slowest_rank = slowest.model_copy(update={"straggling_since": None})
+    return CONTINUE

@@ -1,0 +1,56 @@
+"""Refusal policy: a create the apiserver refused is retried with a doubling delay and said in
+PodsBlocked, or fails the job when the pod spec can never pass
+(torchkube/operator/refusals.py)."""
+
+from datetime import timedelta
+
+import pytest
+from planner import NOW, condition, created_slots, make_job, run
+
+from torchkube.operator.decision import Refusal
+
+
+def test_a_refused_child_is_reported_by_name_and_never_fails_the_job() -> None:
+    what = "PersistentVolumeClaim demo-checkpoints"
+    refused = Refusal(422, "Unprocessable Entity", "spec: invalid", NOW, what=what)
+    result = run(make_job(), [], refused=refused)
+    assert result.status.phase == "Pending"
+    assert "Failed" not in [c.type for c in result.status.conditions]
+    blocked = condition(result, "PodsBlocked")
+    assert blocked["reason"] == "CreateRefused" and f"create {what} (422" in blocked["message"]
+
+
+def test_create_refused_for_quota_backs_off_and_says_so() -> None:
+    refused = Refusal(403, "Forbidden", "exceeded quota: gpus, requested: nvidia.com/gpu=8", NOW, 3)
+    result = run(make_job(), [], refused=refused)
+    assert result.create_pods == []
+    assert result.requeue_after is not None and 3.9 <= result.requeue_after <= 4.0
+    blocked = condition(result, "PodsBlocked")
+    assert blocked["reason"] == "PodCreateRefused" and "exceeded quota" in blocked["message"]
+    later = run(make_job(result.status), [], refused=refused, now=NOW + timedelta(seconds=5))
+    assert created_slots(later) == [0, 1, 2, 3], "tried again once the backoff passed"
+
+
+def test_create_refused_by_pod_security_fails_fast() -> None:
+    message = 'pods "x" is forbidden: violates PodSecurity "restricted:latest": privileged'
+    result = run(make_job(), [], refused=Refusal(403, "Forbidden", message, NOW))
+    failed = condition(result, "Failed")
+    assert failed["reason"] == "PodCreateRefused" and "violates PodSecurity" in failed["message"]
+
+
+def test_invalid_pod_spec_fails_fast() -> None:
+    refused = Refusal(422, "Unprocessable Entity", "spec.containers[0].image: Required", NOW)
+    assert condition(run(make_job(), [], refused=refused), "Failed")["reason"] == "PodCreateRefused"
+
+
+@pytest.mark.parametrize(("attempts", "delay"), [(1, 1), (2, 2), (4, 8), (9, 256), (20, 300)])
+def test_a_refused_create_is_retried_with_a_doubling_delay_up_to_five_minutes(
+    attempts: int, delay: float
+) -> None:
+    assert Refusal(403, "Forbidden", "exceeded quota", NOW, attempts).retry_after == delay
+
+
+def test_only_a_pod_spec_that_can_never_pass_is_permanent() -> None:
+    assert Refusal(422, "Unprocessable Entity", "invalid", NOW).permanent
+    assert not Refusal(403, "Forbidden", "exceeded quota", NOW).permanent
+    assert not Refusal(422, "Unprocessable Entity", "invalid", NOW, what="Service demo").permanent
