@@ -161,3 +161,16 @@ def test_a_pod_that_succeeded_is_not_lost_with_its_node(phase: str, lost: bool) 
     result = run(job, [worker, pod(1), pod(2), pod(3), store()], {"n1": READY})
     assert ((worker["metadata"]["name"], True) in result.delete_pods) is lost
     assert (result.status.last_failure is not None) is lost
+
+
+@pytest.mark.parametrize("message", [TRAINING_FINISHED, "exited 0 without finishing"])
+def test_an_ended_pod_on_a_node_past_its_grace_asks_for_no_more_plans(message: str) -> None:
+    """A pod that ended keeps its result (or its logs, when the exit was a failure) on a node
+    down past the grace: nothing about it changes with time, so it needs no wake-up. Before,
+    every plan asked to run again after 0.05 s until the node came back."""
+    job = make_job(running_status())
+    ended = pod(0, phase="Succeeded", node="n2", exit_code=0, message=message)
+    down = {"n1": READY, "n2": NodeHealth(False, NOW - timedelta(minutes=10))}
+    result = run(job, [ended, pod(1), pod(2), pod(3), store()], down)
+    assert (ended["metadata"]["name"], True) not in result.delete_pods
+    assert result.requeue_after is None or result.requeue_after > 1, result.requeue_after

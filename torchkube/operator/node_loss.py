@@ -98,14 +98,17 @@ class NodeLoss:
     def lost(self, ctx: Context, pod: dict[str, Any]) -> bool:
         """Whether ``pod`` is lost with its node now (one that succeeded never is). A lost pod
         is force-deleted; the others on a NotReady node are looked at again when its grace
-        runs out."""
+        runs out, and not after: a pod that ended is past changing."""
         wait = self.deadline(p.node_name(pod))
-        lost = wait is not None and wait <= 0 and p.state(pod) != "succeeded"
-        if lost:
-            ctx.plan.delete(pod, force=True)
-        elif wait is not None:
+        if wait is None:
+            return False
+        if wait > 0:
             ctx.plan.requeue(wait)
-        return lost
+            return False
+        if p.state(pod) == "succeeded":
+            return False
+        ctx.plan.delete(pod, force=True)
+        return True
 
 
 def report_partition(ctx: Context, loss: NodeLoss) -> None:
