@@ -403,11 +403,11 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
     published so the name resolves while the store is still starting.
 
     The store is its only endpoint. Workers need no name: each reaches the others by the pod
-    IP it hands to the rendezvous (``--local-addr``). Selecting them too made the
+    IP it hands to the rendezvous (``--local-addr``). Selecting them too would make the
     Endpoints controller rewrite the job's Endpoints (up to 1,000 addresses) and the
     EndpointSlice controller its slices (100 each) on every worker's create, bind and start:
-    half of kube-controller-manager's CPU while a 512-worker job started, more writes for the
-    API server and for every EndpointSlice watcher of a large cluster (CoreDNS)."""
+    work for kube-controller-manager and writes for the API server and every EndpointSlice
+    watcher (CoreDNS) that grow with the job, while it starts."""
     ports = [{"name": RENDEZVOUS_PORT_NAME, "port": job.spec.rendezvous.port, "protocol": "TCP"}]
     if live(job):
         ports.append(
