@@ -1,20 +1,19 @@
 """Fixtures for tests against the real control plane: the CRD and a running operator."""
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_jobs import Job, job_manifest
+from kube_jobs import JobMaker
 from stub_http import Reply, StubServer
 
 from testbed.cluster import Cluster
 from testbed.crds import install_crd
 from testbed.kueue import Kueue
-from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
-from testbed.volumes import delete_volume, prebound_volume
+from testbed.volumes import delete_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,14 +75,8 @@ def operator(
 @pytest.fixture
 def make_job(
     api_client: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> Iterator[Callable[..., Job]]:
-    volumes: list[str] = []
-
-    def make(name: str, pool: NodePool, **spec: Any) -> Job:
-        claim = f"{name}-checkpoints"
-        volumes.append(prebound_volume(api_client, namespace, claim, str(tmp_path / claim)))
-        return Job.create(api_client, namespace, job_manifest(name, pool, **spec))
-
-    yield make
-    for volume in volumes:
+) -> Iterator[JobMaker]:
+    maker = JobMaker(api_client, namespace, tmp_path)
+    yield maker
+    for volume in maker.volumes:
         delete_volume(api_client, volume)
