@@ -38,7 +38,7 @@ from testbed.process import Process
 from testbed.wait import wait_for
 from torchkube.api import TrainingJob
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
-from torchkube.operator.builders import trainer_env
+from torchkube.api.worker_launch import trainer_env
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "kubeflow"

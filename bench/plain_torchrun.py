@@ -23,10 +23,10 @@ from pathlib import Path
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
+from torchkube.api.worker_launch import torchrun_args, trainer_env
 from torchkube.local.processes import kill_tree
 from torchkube.local.runner import free_port
 from torchkube.local.threads import threads_per_process
-from torchkube.operator.builders import torchrun_args, trainer_env
 
 AGENTS = 2
 

@@ -4,7 +4,6 @@ Every case names a fragment of the field path and a fragment of what is allowed;
 texts must contain both, so the two validation layers cannot drift apart silently.
 """
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,13 +239,3 @@ BAD_SPECS = [
         "selective",
     ),
 ]
-
-
-def job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """A TrainingJob manifest with the given spec."""
-    return {
-        "apiVersion": "torchkube.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": copy.deepcopy(spec),
-    }

@@ -2,12 +2,15 @@
 integration and end-to-end tests share."""
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from training_jobs import manifest
 
 from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
+from testbed.volumes import prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.api import labels as lbl
@@ -35,17 +38,8 @@ def job_manifest(name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -
     rendezvous = spec.get("rendezvous", {})
     kept = {key: scheduling[key] for key in ("nodeSelector", "affinity") if scheduling.get(key)}
     store = {**kept, **rendezvous.get("store", {})}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "resources": {"gpus": 8},
-            **spec,
-            "rendezvous": {**rendezvous, "store": store},
-            "scheduling": scheduling,
-        },
-    }
+    placed = {"rendezvous": {**rendezvous, "store": store}, "scheduling": scheduling}
+    return manifest(name, {"resources": {"gpus": 8}, **spec, **placed})
 
 
 class Job:
@@ -161,3 +155,21 @@ class Job:
 
         result: list[Any] = self.wait(ready, timeout, f"{count} running workers")
         return result
+
+
+class JobMaker:
+    """Creates a test's jobs, each with its checkpoint claim bound to a prebound volume under
+    ``folder``; ``volumes`` are what the test leaves to delete."""
+
+    def __init__(self, api: Any, namespace: str, folder: Path) -> None:
+        self.api, self.namespace, self.folder = api, namespace, folder
+        self.volumes: list[str] = []
+
+    def __call__(self, name: str, pools: NodePool | Sequence[NodePool], **spec: Any) -> Job:
+        return self.create(job_manifest(name, pools, **spec))
+
+    def create(self, body: dict[str, Any]) -> Job:
+        claim = f"{body['metadata']['name']}-checkpoints"
+        path = str(self.folder / claim)
+        self.volumes.append(prebound_volume(self.api, self.namespace, claim, path))
+        return Job.create(self.api, self.namespace, body)

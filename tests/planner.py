@@ -1,9 +1,11 @@
 """A planner's world in a few lines: jobs, pods, children and nodes as the operator's watch
 cache keeps them, and ``run`` to plan on them. Shared by the policy tests in tests/unit."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import count
 from typing import Any
+
+from training_jobs import NOW, training_job
 
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
@@ -13,25 +15,13 @@ from torchkube.operator import pods as p
 from torchkube.operator.planner import Observed, Plan, plan
 from torchkube.operator.pods import NodeHealth, slim
 
-NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 READY = NodeHealth(True, NOW - timedelta(hours=1))
 
 
 def make_job(status: TrainingJobStatus | dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
+    """A job of four workers unless ``spec`` says otherwise."""
     spec.setdefault("replicas", {"min": 4, "max": 4})
-    body: dict[str, Any] = {
-        "metadata": {
-            "name": "demo",
-            "namespace": "ns",
-            "uid": "u1",
-            "generation": 1,
-            "creationTimestamp": format_time(NOW - timedelta(minutes=5)),
-        },
-        "spec": spec,
-    }
-    if status is not None:
-        body["status"] = status.to_wire() if isinstance(status, TrainingJobStatus) else status
-    return TrainingJob.model_validate(body)
+    return training_job(status, **spec)
 
 
 def running_status(**extra: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import training_jobs
 import yaml
 from kube_jobs import Job
 from kubernetes import client
@@ -43,7 +44,6 @@ from testbed.realnodes import REAL_NODE_LABEL, LoadedImage, pod_process, trainer
 from testbed.throttle import throttle_cpu
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
-from torchkube.api import GROUP, VERSION
 from torchkube.api import labels as lbl
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
@@ -274,52 +274,48 @@ def _job_manifest(
     name: str, ns: str, steps: int = STEPS, every: int = CHECKPOINT_EVERY
 ) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "512Mi"}}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "image": TRAINER_TAG,
-            "imagePullPolicy": "Never",
-            "replicas": {"min": 1, "max": 2},
-            "nprocPerNode": 1,
-            "resources": resources,
-            "checkpoint": {"intervalSteps": every, "keep": 3},
-            "failurePolicy": {"nodeLostGraceSeconds": NODE_LOST_GRACE_S, "maxRestarts": 5},
-            "scheduling": {
-                "nodeSelector": {REAL_NODE_LABEL: "true"},
-                # One worker per node, so a node loss takes exactly one of them.
-                "affinity": {
-                    "podAntiAffinity": {
-                        "preferredDuringSchedulingIgnoredDuringExecution": [
-                            {
-                                "weight": 100,
-                                "podAffinityTerm": {
-                                    "topologyKey": "kubernetes.io/hostname",
-                                    "labelSelector": {
-                                        "matchLabels": {
-                                            lbl.JOB_NAME: name,
-                                            lbl.ROLE: lbl.ROLE_WORKER,
-                                        }
-                                    },
+    spec = {
+        "image": TRAINER_TAG,
+        "imagePullPolicy": "Never",
+        "replicas": {"min": 1, "max": 2},
+        "nprocPerNode": 1,
+        "resources": resources,
+        "checkpoint": {"intervalSteps": every, "keep": 3},
+        "failurePolicy": {"nodeLostGraceSeconds": NODE_LOST_GRACE_S, "maxRestarts": 5},
+        "scheduling": {
+            "nodeSelector": {REAL_NODE_LABEL: "true"},
+            # One worker per node, so a node loss takes exactly one of them.
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {
+                                    "matchLabels": {
+                                        lbl.JOB_NAME: name,
+                                        lbl.ROLE: lbl.ROLE_WORKER,
+                                    }
                                 },
-                            }
-                        ]
-                    }
-                },
-            },
-            "trainer": {
-                "model": "tiny",
-                "device": "cpu",
-                "steps": steps,
-                "seqLen": 64,
-                "microBatchSize": 2,
-                "globalBatchSize": 4,
-                "warmupSteps": 1,
-                "logIntervalSteps": 5,
+                            },
+                        }
+                    ]
+                }
             },
         },
+        "trainer": {
+            "model": "tiny",
+            "device": "cpu",
+            "steps": steps,
+            "seqLen": 64,
+            "microBatchSize": 2,
+            "globalBatchSize": 4,
+            "warmupSteps": 1,
+            "logIntervalSteps": 5,
+        },
     }
+    return training_jobs.manifest(name, spec, namespace=ns)
 
 
 def _checkpoint_steps(directory: Path) -> list[int]:
@@ -451,28 +447,71 @@ def real_job(
         job.delete()
 
 
-def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
+class Scenario:
+    """The opening of every harness-operator scenario: a job of its own (``real_job``),
+    applied, and waited for until both workers trained past its first checkpoint, so the
+    fault the test brings always lands on a job that has one to resume from."""
+
+    def __init__(self, cluster: Cluster, api: Any, operator: OperatorProcess, say: Say, tmp: Path):
+        self.cluster, self.api, self.operator, self.say, self.tmp = cluster, api, operator, say, tmp
+
+    @contextlib.contextmanager
+    def training(
+        self,
+        namespace: str,
+        name: str,
+        steps: int,
+        every: int,
+        **spec: Any,
+    ) -> Iterator[RealJob]:
+        """``spec`` fields over :func:`_job_manifest`'s (a mapping merged key by key); the
+        opening also waits for the spares ``replicas`` asks for to stand by."""
+        spares = int(spec.get("replicas", {}).get("spares", 0))
+        with real_job(
+            self.cluster,
+            self.api,
+            self.operator,
+            self.say,
+            self.tmp,
+            namespace=namespace,
+            name=name,
+        ) as job:
+            manifest = _job_manifest(job.name, job.namespace, steps, every)
+            for key, value in spec.items():
+                default = manifest["spec"].get(key)
+                manifest["spec"][key] = {**default, **value} if isinstance(default, dict) else value
+            job.apply(manifest)
+            wait_for(
+                lambda: (
+                    _past(job, every + 5, world=2)() and (job.status().get("spares") or 0) >= spares
+                ),
+                300,
+                what="2 workers past a checkpoint" + (f" and {spares} spare(s)" if spares else ""),
+                describe_last=job.describe,
+            )
+            yield job
+
+
+@pytest.fixture
+def scenario(
     real_cluster: Cluster,
     trainer_image: LoadedImage,
     operator: OperatorProcess,
     api: Any,
     tmp_path: Path,
     say: Say,
+) -> Scenario:
+    return Scenario(real_cluster, api, operator, say, tmp_path)
+
+
+def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
+    scenario: Scenario,
+    real_cluster: Cluster,
+    say: Say,
 ) -> None:
     """`kubectl delete pod`: SIGTERM -> emergency checkpoint off the interval -> resume there."""
     steps, every = 600, 100
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-delete", name="deleted"
-    ) as job:
-        job.apply(_job_manifest(job.name, job.namespace, steps, every))
-
-        def past_first_checkpoint() -> bool:
-            report = job.progress()
-            return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
-
-        wait_for(
-            past_first_checkpoint, 300, what="training past step 100", describe_last=job.describe
-        )
+    with scenario.training("realnodes-delete", "deleted", steps, every) as job:
         before = job.progress()
         victim = next(p for p in job.pods() if p.status.phase == "Running")
         say(f"kubectl delete pod {victim.metadata.name} at step {before.get('step')}")
@@ -560,31 +599,13 @@ def _resumed_after(job: RealJob, before: dict[str, Any]) -> Callable[[], dict[st
 
 
 def test_killed_worker_container_is_replaced_and_resumes(
-    real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
+    scenario: Scenario,
     say: Say,
 ) -> None:
     """A worker container dies with a retryable code (SIGKILL: 137) -> the operator replaces
     the pod, records the failure, and training resumes from the last periodic checkpoint."""
     steps, every = 300, 50
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-kill", name="killed"
-    ) as job:
-        job.apply(_job_manifest(job.name, job.namespace, steps, every))
-
-        def past_first_checkpoint() -> bool:
-            report = job.progress()
-            return report.get("worldSize") == 2 and int(report.get("step") or 0) > every + 5
-
-        wait_for(
-            past_first_checkpoint,
-            300,
-            what="training past a checkpoint",
-            describe_last=job.describe,
-        )
+    with scenario.training("realnodes-kill", "killed", steps, every) as job:
         victim = next(p for p in job.pods() if p.status.phase == "Running")
         at_step = job.progress()["step"]
         say(f"SIGKILL the container of {victim.metadata.name} at step {at_step}")
@@ -751,11 +772,8 @@ def _past(job: RealJob, step: int, world: int | None = None) -> Callable[[], boo
 
 
 def test_scale_down_on_real_nodes_counts_no_failure(
+    scenario: Scenario,
     real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
     say: Say,
 ) -> None:
     """kubectl scale 2 -> 1: the kubelet stops the released worker (SIGTERM: its emergency
@@ -767,16 +785,7 @@ def test_scale_down_on_real_nodes_counts_no_failure(
     first (the node authorizer had not yet linked the just-bound pod to it) and retry after
     its backoff."""
     steps, every = 600, 50
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-scale", name="shrink"
-    ) as job:
-        job.apply(_job_manifest(job.name, job.namespace, steps, every))
-        wait_for(
-            _past(job, every + 5, world=2),
-            300,
-            what="2 workers past a checkpoint",
-            describe_last=job.describe,
-        )
+    with scenario.training("realnodes-scale", "shrink", steps, every) as job:
         at = int(job.progress()["step"])
         say(f"kubectl scale tj/{job.name} --replicas=1 at step {at}")
         _kubectl(real_cluster, "scale", "-n", job.namespace, f"tj/{job.name}", "--replicas=1")
@@ -797,11 +806,8 @@ def test_scale_down_on_real_nodes_counts_no_failure(
 
 
 def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
+    scenario: Scenario,
     real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
     say: Say,
 ) -> None:
     """The rendezvous store's container is SIGKILLed (the kubelet restarts it in place), then
@@ -809,16 +815,7 @@ def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
     re-join through it and training continues from its checkpoint; the job ends Succeeded
     with its exact steps, nothing spent of maxRestarts."""
     steps, every = 300, 30
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-store", name="store"
-    ) as job:
-        job.apply(_job_manifest(job.name, job.namespace, steps, every))
-        wait_for(
-            _past(job, every + 5, world=2),
-            300,
-            what="2 workers past a checkpoint",
-            describe_last=job.describe,
-        )
+    with scenario.training("realnodes-store", "store", steps, every) as job:
         [store] = job.pods(lbl.ROLE_RENDEZVOUS)
         at = int(job.progress()["step"])
         say(f"SIGKILL the store container of {store.metadata.name} at step {at}")
@@ -860,11 +857,8 @@ def test_store_killed_and_its_pod_deleted_costs_a_re_rendezvous_each(
 
 
 def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
+    scenario: Scenario,
     real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
     say: Say,
 ) -> None:
     """A worker's trainer SIGSTOPped mid-training (a wedged GPU, a dead mount): its pod stays
@@ -877,19 +871,14 @@ def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
     the checkpoint claim at first, see the scale-down test) left the first round to the
     other, and 400 steps ended at world size 1 before it joined."""
     steps, every, hang = 400, 20, 15
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-hang", name="hang"
+    with scenario.training(
+        "realnodes-hang",
+        "hang",
+        steps,
+        every,
+        replicas={"min": 2, "max": 2},
+        failurePolicy={"hangTimeoutSeconds": hang},
     ) as job:
-        manifest = _job_manifest(job.name, job.namespace, steps, every)
-        manifest["spec"]["replicas"] = {"min": 2, "max": 2}
-        manifest["spec"]["failurePolicy"]["hangTimeoutSeconds"] = hang
-        job.apply(manifest)
-        wait_for(
-            _past(job, every + 5, world=2),
-            300,
-            what="2 workers past a checkpoint",
-            describe_last=job.describe,
-        )
         victim = next(p for p in job.pods() if p.status.phase == "Running")
         pid, before = _trainer_pid(victim), job.progress()
         say(f"SIGSTOP pod {victim.metadata.name}'s trainer at step {before.get('step')}")
@@ -945,11 +934,7 @@ def test_stopped_worker_is_a_hang_and_the_job_resumes_from_its_checkpoint(
 
 
 def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
-    real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
+    scenario: Scenario,
     say: Say,
 ) -> None:
     """One worker's container held to a twentieth of a CPU (a cgroup quota on the node): its
@@ -961,22 +946,8 @@ def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
     machine already differ by up to 2×: the test asks for 3× and throttles the rank that is
     not the slowest before."""
     steps, every, slowdown = 600, 20, 3.0
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-slow", name="slow"
-    ) as job:
-        manifest = _job_manifest(job.name, job.namespace, steps, every)
-        manifest["spec"]["failurePolicy"] |= {
-            "replaceStragglers": True,
-            "stragglerSeconds": 20,
-            "stragglerSlowdown": slowdown,
-        }
-        job.apply(manifest)
-        wait_for(
-            _past(job, every + 5, world=2),
-            300,
-            what="2 workers past a checkpoint",
-            describe_last=job.describe,
-        )
+    stragglers = {"replaceStragglers": True, "stragglerSeconds": 20, "stragglerSlowdown": slowdown}
+    with scenario.training("realnodes-slow", "slow", steps, every, failurePolicy=stragglers) as job:
         before = job.status().get("slowestRank") or {}
         victim = next(
             p
@@ -1016,11 +987,8 @@ def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
 
 
 def test_a_spare_takes_a_deleted_workers_place(
+    scenario: Scenario,
     real_cluster: Cluster,
-    trainer_image: LoadedImage,
-    operator: OperatorProcess,
-    api: Any,
-    tmp_path: Path,
     say: Say,
 ) -> None:
     """A 2-worker job with one hot spare: the spare pod runs, its launcher stands by in the
@@ -1029,18 +997,9 @@ def test_a_spare_takes_a_deleted_workers_place(
     without waiting for a new pod, a new spare is created behind it, and the job ends with
     exactly its steps."""
     steps, every = 1500, 50  # room for the spare to warm before the delete
-    with real_job(
-        real_cluster, api, operator, say, tmp_path, namespace="realnodes-spare", name="spare"
+    with scenario.training(
+        "realnodes-spare", "spare", steps, every, replicas={"min": 2, "max": 2, "spares": 1}
     ) as job:
-        manifest = _job_manifest(job.name, job.namespace, steps, every)
-        manifest["spec"]["replicas"] = {"min": 2, "max": 2, "spares": 1}
-        job.apply(manifest)
-        wait_for(
-            lambda: _past(job, every + 5, world=2)() and job.status().get("spares") == 1,
-            300,
-            what="2 workers past a checkpoint and a spare",
-            describe_last=job.describe,
-        )
 
         def two_training_one_standing_by() -> tuple[list[Any], Any] | None:
             """The two training pods are Ready (their trainers serve /progress); the spare,

@@ -1,21 +1,19 @@
 """Fixtures for tests against the real control plane: the CRD and a running operator."""
 
 import json
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_jobs import Job, job_manifest
+from kube_jobs import JobMaker
+from stub_http import Reply, StubServer
 
 from testbed.cluster import Cluster
 from testbed.crds import install_crd
 from testbed.kueue import Kueue
-from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
-from testbed.volumes import delete_volume, prebound_volume
+from testbed.volumes import delete_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,35 +42,20 @@ class ProgressReports:
 
     def __init__(self) -> None:
         self.reports: dict[tuple[str, str], dict[str, Any]] = {}
-        reports = self.reports
+        self.server = StubServer(self._answer)
+        self.url = f"{self.server.url}/{{namespace}}/{{pod}}"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                parts = self.path.strip("/").split("/")
-                report = reports.get((parts[0], parts[1])) if len(parts) == 2 else None
-                if report is None:
-                    self.send_error(404)
-                    return
-                body = json.dumps(report).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{{namespace}}/{{pod}}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _answer(self, path: str) -> Reply | None:
+        parts = path.strip("/").split("/")
+        report = self.reports.get((parts[0], parts[1])) if len(parts) == 2 else None
+        return None if report is None else Reply(json.dumps(report).encode(), "application/json")
 
 
 @pytest.fixture(scope="session")
 def progress_reports() -> Iterator[ProgressReports]:
     reports = ProgressReports()
     yield reports
-    reports.server.shutdown()
+    reports.server.close()
 
 
 @pytest.fixture(scope="session")
@@ -92,14 +75,8 @@ def operator(
 @pytest.fixture
 def make_job(
     api_client: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> Iterator[Callable[..., Job]]:
-    volumes: list[str] = []
-
-    def make(name: str, pool: NodePool, **spec: Any) -> Job:
-        claim = f"{name}-checkpoints"
-        volumes.append(prebound_volume(api_client, namespace, claim, str(tmp_path / claim)))
-        return Job.create(api_client, namespace, job_manifest(name, pool, **spec))
-
-    yield make
-    for volume in volumes:
+) -> Iterator[JobMaker]:
+    maker = JobMaker(api_client, namespace, tmp_path)
+    yield maker
+    for volume in maker.volumes:
         delete_volume(api_client, volume)

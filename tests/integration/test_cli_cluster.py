@@ -14,13 +14,10 @@ the text of the log.
 from __future__ import annotations
 
 import datetime as dt
-import http.server
 import os
 import re
-import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -32,6 +29,7 @@ import yaml
 from click.testing import CliRunner, Result
 from kube_jobs import job_manifest
 from kubernetes import client
+from stub_http import Reply, StubServer
 
 from testbed import faults
 from testbed.kwok import NodePool
@@ -302,44 +300,30 @@ class FakeKubelet:
 
     def __init__(self, workdir: Path) -> None:
         self.logs: dict[str, list[tuple[str, str]]] = {}
-        self.requests: list[str] = []
-        cert, key = self._self_signed(workdir)
-        kubelet = self
+        self.server = StubServer(self._answer, tls=self._self_signed(workdir))
+        self.requests = self.server.requests
+        self.port = self.server.port
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                kubelet.requests.append(self.path)
-                url = urllib.parse.urlsplit(self.path)
-                query = urllib.parse.parse_qs(url.query)
-                parts = url.path.split("/")  # ['', 'containerLogs', ns, pod, container]
-                lines = kubelet.logs.get(parts[3]) if len(parts) == 5 else None
-                if lines is None:
-                    self.send_error(404)
-                    return
-                tail = int(query.get("tailLines", ["-1"])[0])
-                if tail >= 0:
-                    lines = lines[len(lines) - tail :] if tail < len(lines) else lines
-                stamped = query.get("timestamps") == ["true"]
-                follow = query.get("follow") == ["true"]
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
-                self.end_headers()
-                for when, text in lines:
-                    self.wfile.write(f"{when + ' ' if stamped else ''}{text}\n".encode())
-                    if follow:
-                        self.wfile.flush()
-                        time.sleep(0.05)
+    def _answer(self, path: str) -> Reply | None:
+        url = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(url.query)
+        parts = url.path.split("/")  # ['', 'containerLogs', ns, pod, container]
+        lines = self.logs.get(parts[3]) if len(parts) == 5 else None
+        if lines is None:
+            return None
+        tail = int(query.get("tailLines", ["-1"])[0])
+        if tail >= 0:
+            lines = lines[len(lines) - tail :] if tail < len(lines) else lines
+        stamped = query.get("timestamps") == ["true"]
+        follow = query.get("follow") == ["true"]
 
-            def log_message(self, *args: Any) -> None:
-                pass
+        def stream() -> Iterator[bytes]:
+            for when, text in lines:
+                yield f"{when + ' ' if stamped else ''}{text}\n".encode()
+                if follow:
+                    time.sleep(0.05)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        return Reply(stream(), "text/plain")
 
     @staticmethod
     def _self_signed(workdir: Path) -> tuple[Path, Path]:
@@ -388,8 +372,7 @@ class FakeKubelet:
             core.patch_node_status(node, patch, _content_type="application/merge-patch+json")
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 @pytest.fixture

@@ -5,9 +5,10 @@ from typing import Any
 
 import pytest
 import yaml
-from api_cases import BAD_SPECS, BadSpec, job
+from api_cases import BAD_SPECS, BadSpec
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from training_jobs import manifest
 
 from torchkube.api import GROUP, PLURAL, VERSION, TrainingJob
 
@@ -28,8 +29,8 @@ def custom(api_client: Any, crd: dict[str, Any]) -> client.CustomObjectsApi:
 
 
 def test_minimal_job_is_defaulted_like_the_models(custom: Any, namespace: str) -> None:
-    stored = create(custom, namespace, job("minimal", {}))
-    expected = TrainingJob.model_validate(job("minimal", {})).spec.to_wire()
+    stored = create(custom, namespace, manifest("minimal", {}))
+    expected = TrainingJob.model_validate(manifest("minimal", {})).spec.to_wire()
     assert stored["spec"] == expected
 
 
@@ -42,7 +43,7 @@ def test_full_example_is_accepted(custom: Any, namespace: str) -> None:
         "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "scheduling": {"tolerations": [{"key": "k", "operator": "Exists"}]},
     }
-    stored = create(custom, namespace, job("full", spec))
+    stored = create(custom, namespace, manifest("full", spec))
     assert stored["spec"]["env"][0]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert stored["spec"]["checkpoint"]["size"] == "200Gi"
 
@@ -54,7 +55,7 @@ def test_tensor_parallel_jobs_are_accepted(custom: Any, namespace: str) -> None:
     assert stored["spec"]["trainer"]["parallelism"] == {"tensor": 8}
     trainer = {"model": "llama-tiny", "strategy": "hsdp", "parallelism": {"tensor": 4}}
     spec = {"nprocPerNode": "auto", "resources": {"gpus": 8}, "trainer": trainer}
-    create(custom, namespace, job("tp-auto", spec))
+    create(custom, namespace, manifest("tp-auto", spec))
 
 
 def test_hsdp_shard_sizes_that_fit_every_size_are_accepted(custom: Any, namespace: str) -> None:
@@ -65,7 +66,7 @@ def test_hsdp_shard_sizes_that_fit_every_size_are_accepted(custom: Any, namespac
         "hsdp-cpu": {"nprocPerNode": "cpu", "replicas": {"min": 1, "max": 3}, "shard": 4},
     }.items():
         shard = spec.pop("shard")
-        body = job(name, {**spec, "trainer": {"strategy": "hsdp", "hsdpShardSize": shard}})
+        body = manifest(name, {**spec, "trainer": {"strategy": "hsdp", "hsdpShardSize": shard}})
         TrainingJob.model_validate(body)
         create(custom, namespace, body)
 
@@ -73,7 +74,7 @@ def test_hsdp_shard_sizes_that_fit_every_size_are_accepted(custom: Any, namespac
 def test_live_recovery_jobs_that_it_supports_are_accepted(custom: Any, namespace: str) -> None:
     """The CEL rule lets through one process per pod, as an integer or auto on CPU."""
     for name, nproc in {"live-one": 1, "live-auto": "auto"}.items():
-        body = job(name, {"nprocPerNode": nproc, "failurePolicy": {"recovery": "live"}})
+        body = manifest(name, {"nprocPerNode": nproc, "failurePolicy": {"recovery": "live"}})
         TrainingJob.model_validate(body)
         create(custom, namespace, body)
 
@@ -81,7 +82,7 @@ def test_live_recovery_jobs_that_it_supports_are_accepted(custom: Any, namespace
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
 def test_bad_spec_is_rejected_by_the_apiserver(custom: Any, namespace: str, case: BadSpec) -> None:
     with pytest.raises(ApiException) as raised:
-        create(custom, namespace, job(case.name, case.spec))
+        create(custom, namespace, manifest(case.name, case.spec))
     assert raised.value.status in (400, 422), raised.value.body
     body = raised.value.body
     assert case.field in body, body
@@ -89,7 +90,7 @@ def test_bad_spec_is_rejected_by_the_apiserver(custom: Any, namespace: str, case
 
 
 def test_immutable_fields_are_refused_and_replicas_are_not(custom: Any, namespace: str) -> None:
-    create(custom, namespace, job("imm", {"replicas": {"min": 1, "max": 4}}))
+    create(custom, namespace, manifest("imm", {"replicas": {"min": 1, "max": 4}}))
     with pytest.raises(ApiException) as raised:
         custom.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"image": "other:1"}}
@@ -102,7 +103,7 @@ def test_immutable_fields_are_refused_and_replicas_are_not(custom: Any, namespac
 
 
 def test_scale_subresource_moves_desired_within_bounds(custom: Any, namespace: str) -> None:
-    create(custom, namespace, job("scl", {"replicas": {"min": 1, "max": 4}}))
+    create(custom, namespace, manifest("scl", {"replicas": {"min": 1, "max": 4}}))
     custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, namespace, PLURAL, "scl", {"spec": {"replicas": 3}}
     )
@@ -117,7 +118,7 @@ def test_scale_subresource_moves_desired_within_bounds(custom: Any, namespace: s
 
 def test_a_job_with_spares_is_not_scaled_below_max(custom: Any, namespace: str) -> None:
     """Spares stand by beyond max: kubectl scale below max is refused with what to do."""
-    create(custom, namespace, job("spr", {"replicas": {"min": 1, "max": 4, "spares": 1}}))
+    create(custom, namespace, manifest("spr", {"replicas": {"min": 1, "max": 4, "spares": 1}}))
     with pytest.raises(ApiException) as raised:
         custom.patch_namespaced_custom_object_scale(
             GROUP, VERSION, namespace, PLURAL, "spr", {"spec": {"replicas": 2}}
@@ -126,7 +127,7 @@ def test_a_job_with_spares_is_not_scaled_below_max(custom: Any, namespace: str) 
 
 
 def test_status_is_a_subresource(custom: Any, namespace: str) -> None:
-    create(custom, namespace, job("st", {}))
+    create(custom, namespace, manifest("st", {}))
     custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "st", {"status": {"phase": "Running"}}
     )

@@ -8,11 +8,10 @@ the pool shows that the admitted flavor was injected."""
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_jobs import Job, job_manifest
+from kube_jobs import Job, JobMaker, job_manifest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -20,7 +19,6 @@ from testbed import faults
 from testbed.kueue import Kueue
 from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
 from testbed.operator import OperatorProcess
-from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import labels as lbl
 
@@ -102,9 +100,8 @@ class Queues:
     api: Any
     namespace: str
     isolated_pool: Callable[..., NodePool]
-    tmp_path: Path
+    make_job: JobMaker
     made: list[Queue]
-    volumes: list[str]
 
     def queue(self, workers: int) -> tuple[Queue, NodePool]:
         pool = self.isolated_pool(nodes=6, gpus_per_node=GPUS)
@@ -116,16 +113,13 @@ class Queues:
     ) -> Job:
         """A job labelled for ``queue`` whose own spec does not choose the pool: only the
         flavor Kueue assigns puts its pods there; ``elastic`` resized under quota."""
-        claim = f"{name}-checkpoints"
-        path = str(self.tmp_path / claim)
-        self.volumes.append(prebound_volume(self.api, self.namespace, claim, path))
         body = job_manifest(name, pool, **spec)
         body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue.name}
         if elastic:
             body["metadata"]["annotations"] = {"kueue.x-k8s.io/elastic-job": "true"}
         body["spec"]["scheduling"].pop("nodeSelector")
         body["spec"]["scheduling"]["tolerations"] = []
-        return Job.create(self.api, self.namespace, body)
+        return self.make_job.create(body)
 
 
 @pytest.fixture
@@ -135,14 +129,12 @@ def queues(
     kueue: Kueue,
     operator: OperatorProcess,
     isolated_pool: Callable[..., NodePool],
-    tmp_path: Path,
+    make_job: JobMaker,
 ) -> Iterator[Queues]:
-    made = Queues(api_client, namespace, isolated_pool, tmp_path, [], [])
+    made = Queues(api_client, namespace, isolated_pool, make_job, [])
     yield made
     for q in made.made:
         q.delete()
-    for volume in made.volumes:
-        delete_volume(api_client, volume)
 
 
 def wait_queued(job: Job, timeout: float = 30) -> dict[str, Any]:

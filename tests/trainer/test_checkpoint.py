@@ -35,7 +35,7 @@ from torchkube.trainer.parallel import build_optimizer, lr_lambda, parallelize
 
 
 @dataclass
-class Job:
+class Trainer:
     """One trainer's worth of state, small enough to build per test."""
 
     model: nn.Module
@@ -66,7 +66,7 @@ class Job:
         }
 
 
-def make_job(
+def make_trainer(
     info: DistInfo,
     folder: Path | None,
     strategy: str = "ddp",
@@ -78,7 +78,7 @@ def make_job(
     activation_checkpointing: str = "none",
     learning_rate: float = 6e-4,
     **spec_fields: Any,
-) -> Job:
+) -> Trainer:
     spec = TrainerSpec(
         model="tiny",
         device="cpu",
@@ -110,7 +110,7 @@ def make_job(
         hyperparameters=hyperparameters(spec),
     )
     ckpt.claim()
-    return Job(model, optimizer, scheduler, state, ckpt)
+    return Trainer(model, optimizer, scheduler, state, ckpt)
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -120,27 +120,27 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 
 def test_round_trip_is_exact(info: DistInfo, tmp_path: Path) -> None:
-    job = make_job(info, tmp_path)
-    job.train(7)
-    job.ckpt.save(job.state.step)
-    job.ckpt.wait()
+    trainer = make_trainer(info, tmp_path)
+    trainer.train(7)
+    trainer.ckpt.save(trainer.state.step)
+    trainer.ckpt.wait()
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-7"]
     marker = json.loads((tmp_path / "step-7" / MARKER).read_text())
     assert marker["step"] == 7 and marker["worldSize"] == 1 and ".metadata" in marker["files"]
 
-    fresh = make_job(info, tmp_path)
+    fresh = make_trainer(info, tmp_path)
     assert fresh.ckpt.load()
-    assert_same(fresh.full_model(), job.full_model())
-    assert_same(fresh.optimizer_state(), job.optimizer_state())
-    assert fresh.state == job.state
+    assert_same(fresh.full_model(), trainer.full_model())
+    assert_same(fresh.optimizer_state(), trainer.optimizer_state())
+    assert fresh.state == trainer.state
     assert fresh.scheduler.last_epoch == 7
     assert [g["lr"] for g in fresh.optimizer.param_groups] == [
-        g["lr"] for g in job.optimizer.param_groups
+        g["lr"] for g in trainer.optimizer.param_groups
     ]
     # ... and both continue identically
-    job.train(3, seed=1)
+    trainer.train(3, seed=1)
     fresh.train(3, seed=1)
-    assert_same(fresh.full_model(), job.full_model())
+    assert_same(fresh.full_model(), trainer.full_model())
 
 
 def test_a_resume_trains_at_the_specs_learning_rate(
@@ -148,19 +148,19 @@ def test_a_resume_trains_at_the_specs_learning_rate(
 ) -> None:
     """The spec is the truth for hyper-parameters: the schedule goes on from the checkpoint's
     step, scaled to the spec's learning rate, and the log says what changed."""
-    job = make_job(info, tmp_path, learning_rate=6e-4)
-    job.train(12)
-    job.ckpt.save(job.state.step, blocking=True)
-    fresh = make_job(info, tmp_path, learning_rate=3e-4)
+    trainer = make_trainer(info, tmp_path, learning_rate=6e-4)
+    trainer.train(12)
+    trainer.ckpt.save(trainer.state.step, blocking=True)
+    fresh = make_trainer(info, tmp_path, learning_rate=3e-4)
     assert fresh.ckpt.load() and fresh.scheduler.last_epoch == 12
     assert fresh.scheduler.base_lrs == [3e-4, 3e-4]
     assert [g["lr"] for g in fresh.optimizer.param_groups] == pytest.approx(
-        [g["lr"] / 2 for g in job.optimizer.param_groups], rel=1e-12
+        [g["lr"] / 2 for g in trainer.optimizer.param_groups], rel=1e-12
     )
     fresh.train(1)
-    job.train(1)
+    trainer.train(1)
     assert fresh.scheduler.get_last_lr() == pytest.approx(
-        [lr / 2 for lr in job.scheduler.get_last_lr()], rel=1e-12
+        [lr / 2 for lr in trainer.scheduler.get_last_lr()], rel=1e-12
     )
     assert "learningRate 0.0003 differs from the checkpoint's 0.0006" in trainer_log.text
 
@@ -170,10 +170,10 @@ def test_a_resume_follows_the_specs_schedule_from_its_first_step(
 ) -> None:
     """A schedule changed in the spec (warm-up, decay length) is the one the resumed run
     trains its next step at, and the log names every hyper-parameter that changed."""
-    job = make_job(info, tmp_path, warmup_steps=20)
-    job.train(12)
-    job.ckpt.save(job.state.step, blocking=True)
-    fresh = make_job(info, tmp_path, warmup_steps=4, weight_decay=0.05)
+    trainer = make_trainer(info, tmp_path, warmup_steps=20)
+    trainer.train(12)
+    trainer.ckpt.save(trainer.state.step, blocking=True)
+    fresh = make_trainer(info, tmp_path, warmup_steps=4, weight_decay=0.05)
     assert fresh.ckpt.load() and fresh.scheduler.last_epoch == 12
     at = lr_lambda(TrainerSpec(steps=100, warmup_steps=4, learning_rate=6e-4))(12)
     assert [g["lr"] for g in fresh.optimizer.param_groups] == [6e-4 * at, 6e-4 * at]
@@ -181,13 +181,13 @@ def test_a_resume_follows_the_specs_schedule_from_its_first_step(
 
 
 def test_async_save_is_a_snapshot_of_its_step(info: DistInfo, tmp_path: Path) -> None:
-    job = make_job(info, tmp_path)
-    job.train(5)
-    at_save = job.full_model()
-    job.ckpt.save(5)  # returns after staging; the write goes on in the background
-    job.train(5, seed=2)  # keeps changing the parameters in place meanwhile
-    job.ckpt.wait()
-    fresh = make_job(info, tmp_path)
+    trainer = make_trainer(info, tmp_path)
+    trainer.train(5)
+    at_save = trainer.full_model()
+    trainer.ckpt.save(5)  # returns after staging; the write goes on in the background
+    trainer.train(5, seed=2)  # keeps changing the parameters in place meanwhile
+    trainer.ckpt.wait()
+    fresh = make_trainer(info, tmp_path)
     assert fresh.ckpt.load() and fresh.state.step == 5
     assert_same(fresh.full_model(), at_save)
 
@@ -195,16 +195,16 @@ def test_async_save_is_a_snapshot_of_its_step(info: DistInfo, tmp_path: Path) ->
 def test_partial_and_corrupt_checkpoints_are_skipped_by_name(
     info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
 ) -> None:
-    job = make_job(info, tmp_path, async_save=False)
+    trainer = make_trainer(info, tmp_path, async_save=False)
     for _ in range(3):
-        job.train(2)
-        job.ckpt.save(job.state.step)
+        trainer.train(2)
+        trainer.ckpt.save(trainer.state.step)
     (tmp_path / "step-6" / MARKER).unlink()  # a save that never finished
     shard = next((tmp_path / "step-4").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-10])  # a truncated file
     shutil.copytree(tmp_path / "step-2", tmp_path / f".tmp-step-8-{'x' * 12}")  # in flight
 
-    fresh = make_job(info, tmp_path)  # claim() clears the abandoned temp folder
+    fresh = make_trainer(info, tmp_path)  # claim() clears the abandoned temp folder
     assert fresh.ckpt.load() and fresh.state.step == 2
     text = trainer_log.text
     assert f"removing partial checkpoint {tmp_path}/.tmp-step-8-" in text
@@ -216,26 +216,26 @@ def test_partial_and_corrupt_checkpoints_are_skipped_by_name(
 def test_unreadable_checkpoint_falls_back_to_an_older_one(
     info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
 ) -> None:
-    job = make_job(info, tmp_path, async_save=False)
-    job.train(2)
-    job.ckpt.save(2)
-    job.train(2)
-    job.ckpt.save(4)
+    trainer = make_trainer(info, tmp_path, async_save=False)
+    trainer.train(2)
+    trainer.ckpt.save(2)
+    trainer.train(2)
+    trainer.ckpt.save(4)
     meta = tmp_path / "step-4" / ".metadata"
     meta.write_bytes(b"\0" * meta.stat().st_size)  # right size, garbage content
-    fresh = make_job(info, tmp_path)
+    fresh = make_trainer(info, tmp_path)
     assert fresh.ckpt.load() and fresh.state.step == 2
     assert f"skipping checkpoint {tmp_path}/step-4: it cannot be loaded" in trainer_log.text
 
 
 def test_keeps_the_last_k(info: DistInfo, tmp_path: Path) -> None:
-    job = make_job(info, tmp_path, keep=2)
+    trainer = make_trainer(info, tmp_path, keep=2)
     for _ in range(4):
-        job.train(1)
-        job.ckpt.save(job.state.step)
-    job.ckpt.wait()
+        trainer.train(1)
+        trainer.ckpt.save(trainer.state.step)
+    trainer.ckpt.wait()
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3", "step-4"]
-    assert job.ckpt.due(10) and not job.ckpt.due(11) and not job.ckpt.due(4)
+    assert trainer.ckpt.due(10) and not trainer.ckpt.due(11) and not trainer.ckpt.due(4)
 
 
 def test_retention_counts_only_valid_checkpoints_up_to_the_current_step(
@@ -243,19 +243,19 @@ def test_retention_counts_only_valid_checkpoints_up_to_the_current_step(
 ) -> None:
     """A corrupt folder never takes the place of a valid checkpoint, and one of a step beyond
     the current one (another timeline, e.g. one that failed to load) is not ours to judge."""
-    job = make_job(info, tmp_path, keep=2, async_save=False)
+    trainer = make_trainer(info, tmp_path, keep=2, async_save=False)
     for _ in range(2):
-        job.train(2)
-        job.ckpt.save(job.state.step)
+        trainer.train(2)
+        trainer.ckpt.save(trainer.state.step)
     for corrupt in ("step-5", "step-9"):
         shutil.copytree(tmp_path / "step-4", tmp_path / corrupt)
         shard = next((tmp_path / corrupt).glob("*.distcp"))
         shard.write_bytes(shard.read_bytes()[:-10])
-    job.train(2)
-    job.ckpt.save(6)
+    trainer.train(2)
+    trainer.ckpt.save(6)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-4", "step-6", "step-9"]
     assert f"deleting unusable checkpoint {tmp_path}/step-5: corrupt" in trainer_log.text
-    fresh = make_job(info, tmp_path)
+    fresh = make_trainer(info, tmp_path)
     assert fresh.ckpt.load() and fresh.state.step == 6
 
 
@@ -269,10 +269,10 @@ def test_retention_deletes_only_what_it_read_and_found_incomplete(
 ) -> None:
     """A flaky volume (an I/O error on stat or read inside step-4) is not an incomplete
     checkpoint: it is neither deleted nor counted, and the next pass judges it again."""
-    job = make_job(info, tmp_path, keep=2, async_save=False)
+    trainer = make_trainer(info, tmp_path, keep=2, async_save=False)
     for _ in range(2):
-        job.train(2)
-        job.ckpt.save(job.state.step)
+        trainer.train(2)
+        trainer.ckpt.save(trainer.state.step)
 
     def flaky(real: Any) -> Any:
         def call(self: Path, *args: object, **kwargs: object) -> object:
@@ -285,13 +285,13 @@ def test_retention_deletes_only_what_it_read_and_found_incomplete(
     with monkeypatch.context() as patch:
         patch.setattr(Path, "stat", flaky(Path.stat))
         patch.setattr(Path, "read_text", flaky(Path.read_text))
-        job.train(2)
-        job.ckpt.save(job.state.step)
+        trainer.train(2)
+        trainer.ckpt.save(trainer.state.step)
         assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-2", "step-4", "step-6"]
     assert f"cannot read checkpoint {tmp_path}/step-4" in trainer_log.text
     assert "deleting" not in trainer_log.text
-    job.train(2)
-    job.ckpt.save(job.state.step)  # readable again: counted, and the oldest goes
+    trainer.train(2)
+    trainer.ckpt.save(trainer.state.step)  # readable again: counted, and the oldest goes
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-6", "step-8"]
 
 
@@ -307,31 +307,31 @@ def test_stop_commits_the_save_in_flight_of_the_same_step(
         return write_data(self, *args, **kwargs)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", counted)
-    job = make_job(info, tmp_path)
-    job.train(3)
-    job.ckpt.save(3)
-    job.ckpt.save_on_stop(3)
+    trainer = make_trainer(info, tmp_path)
+    trainer.train(3)
+    trainer.ckpt.save(3)
+    trainer.ckpt.save_on_stop(3)
     assert len(writes) == 1 and sorted(p.name for p in tmp_path.glob("step-*")) == ["step-3"]
-    job.train(1)
-    job.ckpt.save_on_stop(4)  # nothing in flight: the current step, written once
-    assert len(writes) == 2 and job.ckpt.last_step == 4
+    trainer.train(1)
+    trainer.ckpt.save_on_stop(4)  # nothing in flight: the current step, written once
+    assert len(writes) == 2 and trainer.ckpt.last_step == 4
 
 
 def test_time_based_interval(info: DistInfo, tmp_path: Path) -> None:
     # A minute, and the clock wound forward by hand: a real wait of a fraction of a second
     # can be outlasted by staging a save on a loaded machine.
-    job = make_job(info, tmp_path, interval_steps=0, interval_seconds=60)
-    assert not job.ckpt.due(1)
-    job.ckpt._last_save_started -= 61
-    assert job.ckpt.due(1)
-    job.train(1)
-    job.ckpt.save(1)  # restarts the clock
-    assert not job.ckpt.due(2)
+    trainer = make_trainer(info, tmp_path, interval_steps=0, interval_seconds=60)
+    assert not trainer.ckpt.due(1)
+    trainer.ckpt._last_save_started -= 61
+    assert trainer.ckpt.due(1)
+    trainer.train(1)
+    trainer.ckpt.save(1)  # restarts the clock
+    assert not trainer.ckpt.due(2)
 
 
 def test_stale_process_is_fenced_off(info: DistInfo, tmp_path: Path) -> None:
-    stale = make_job(info, tmp_path, async_save=False)
-    newer = make_job(info, tmp_path)  # a later rendezvous round claims the folder
+    stale = make_trainer(info, tmp_path, async_save=False)
+    newer = make_trainer(info, tmp_path)  # a later rendezvous round claims the folder
     assert json.loads((tmp_path / OWNER).read_text())["round"] == newer.ckpt.round
     stale.train(1)
     with pytest.raises(FencedError, match="a newer trainer has taken over"):
@@ -343,15 +343,15 @@ def test_stale_process_is_fenced_off(info: DistInfo, tmp_path: Path) -> None:
 def test_strategies_share_one_format(
     info: DistInfo, tmp_path: Path, saved_by: str, loaded_by: str
 ) -> None:
-    job = make_job(info, tmp_path, strategy=saved_by, async_save=False)
-    job.train(3)
-    job.ckpt.save(3)
-    other = make_job(info, tmp_path, strategy=loaded_by)
+    trainer = make_trainer(info, tmp_path, strategy=saved_by, async_save=False)
+    trainer.train(3)
+    trainer.ckpt.save(3)
+    other = make_trainer(info, tmp_path, strategy=loaded_by)
     assert other.ckpt.load()
-    assert_same(other.full_model(), job.full_model())
-    job.train(2, seed=5)
+    assert_same(other.full_model(), trainer.full_model())
+    trainer.train(2, seed=5)
     other.train(2, seed=5)
-    for k, v in job.full_model().items():
+    for k, v in trainer.full_model().items():
         torch.testing.assert_close(other.full_model()[k], v, rtol=1e-5, atol=1e-6)
 
 
@@ -364,26 +364,28 @@ def test_activation_checkpointing_leaves_checkpoints_and_numbers_alone(
 ) -> None:
     """The recomputation wrapper is not part of any parameter's name in a checkpoint, and
     recomputing gives the very numbers that were kept."""
-    job = make_job(info, tmp_path, strategy, async_save=False, activation_checkpointing=saved_with)
-    job.train(3)
-    job.ckpt.save(3)
-    other = make_job(info, tmp_path, strategy, activation_checkpointing=loaded_with)
+    trainer = make_trainer(
+        info, tmp_path, strategy, async_save=False, activation_checkpointing=saved_with
+    )
+    trainer.train(3)
+    trainer.ckpt.save(3)
+    other = make_trainer(info, tmp_path, strategy, activation_checkpointing=loaded_with)
     assert other.ckpt.load()
-    assert_same(other.full_model(), job.full_model())
-    job.train(2, seed=5)
+    assert_same(other.full_model(), trainer.full_model())
+    trainer.train(2, seed=5)
     other.train(2, seed=5)
-    assert_same(other.full_model(), job.full_model())
+    assert_same(other.full_model(), trainer.full_model())
 
 
 def test_disabled_without_a_folder(info: DistInfo) -> None:
-    job = make_job(info, None)
-    job.train(1)
-    job.ckpt.save(1)
-    assert not job.ckpt.load() and not job.ckpt.due(10) and job.ckpt.last_step is None
+    trainer = make_trainer(info, None)
+    trainer.train(1)
+    trainer.ckpt.save(1)
+    assert not trainer.ckpt.load() and not trainer.ckpt.due(10) and trainer.ckpt.last_step is None
 
 
 def test_no_warnings_on_first_start(
     info: DistInfo, tmp_path: Path, trainer_log: pytest.LogCaptureFixture
 ) -> None:
-    assert not make_job(info, tmp_path).ckpt.load()
+    assert not make_trainer(info, tmp_path).ckpt.load()
     assert not [r for r in trainer_log.records if r.levelno >= logging.WARNING]

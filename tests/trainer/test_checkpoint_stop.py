@@ -20,21 +20,21 @@ RANK = textwrap.dedent(
     import sys
     from pathlib import Path
 
-    from test_checkpoint import make_job
+    from test_checkpoint import make_trainer
 
     from torchkube.api.trainer import TrainerSpec
     from torchkube.trainer import distributed
 
     info = distributed.setup(TrainerSpec(device="cpu", collective_timeout_seconds=30))
-    job = make_job(info, Path(sys.argv[1]))
-    job.train(1)
-    job.ckpt.save(1)  # async
+    trainer = make_trainer(info, Path(sys.argv[1]))
+    trainer.train(1)
+    trainer.ckpt.save(1)  # async
     if info.rank == 0:
-        job.ckpt.wait()  # rank 0 has committed it; rank 1 still holds it as in flight
-    job.train(1)
-    job.ckpt.save_on_stop(2)
-    print(f"rank {info.rank}: last checkpoint step {job.ckpt.last_step}", flush=True)
-    job.ckpt.close()
+        trainer.ckpt.wait()  # rank 0 has committed it; rank 1 still holds it as in flight
+    trainer.train(1)
+    trainer.ckpt.save_on_stop(2)
+    print(f"rank {info.rank}: last checkpoint step {trainer.ckpt.last_step}", flush=True)
+    trainer.ckpt.close()
     distributed.teardown()
     """
 )
@@ -54,7 +54,7 @@ def test_ranks_agree_on_the_emergency_checkpoint_when_one_has_committed_the_save
                 LOCAL_WORLD_SIZE="2",
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=port,
-                # the job comes from the in-process tests' own builder
+                # the trainer comes from the in-process tests' own builder
                 PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
             ),
             stdout=subprocess.PIPE,

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from api_cases import BAD_SPECS, BadSpec, job
+from api_cases import BAD_SPECS, BadSpec
 from pydantic import ValidationError
+from training_jobs import manifest
 
 from torchkube.api import TrainingJob
 from torchkube.api.errors import describe
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_minimal_job_gets_documented_defaults() -> None:
-    tj = TrainingJob.model_validate(job("demo", {}))
+    tj = TrainingJob.model_validate(manifest("demo", {}))
     spec = tj.spec
     assert spec.command == BUILTIN_TRAINER_COMMAND
     assert spec.nproc_per_node == "auto"
@@ -29,8 +30,8 @@ def test_minimal_job_gets_documented_defaults() -> None:
 
 
 def test_wire_form_is_camel_case_and_round_trips() -> None:
-    manifest = job("demo", {"replicas": {"min": 2, "max": 4}, "nprocPerNode": 8})
-    tj = TrainingJob.model_validate(manifest)
+    body = manifest("demo", {"replicas": {"min": 2, "max": 4}, "nprocPerNode": 8})
+    tj = TrainingJob.model_validate(body)
     wire = tj.to_wire()
     assert wire["spec"]["replicas"] == {"min": 2, "max": 4, "spares": 0}
     assert wire["spec"]["nprocPerNode"] == 8
@@ -39,16 +40,18 @@ def test_wire_form_is_camel_case_and_round_trips() -> None:
 
 
 def test_desired_replicas_default_to_max() -> None:
-    tj = TrainingJob.model_validate(job("demo", {"replicas": {"min": 2, "max": 8}}))
+    tj = TrainingJob.model_validate(manifest("demo", {"replicas": {"min": 2, "max": 8}}))
     assert tj.spec.replicas.target == 8
-    tj = TrainingJob.model_validate(job("demo", {"replicas": {"min": 2, "max": 8, "desired": 3}}))
+    tj = TrainingJob.model_validate(
+        manifest("demo", {"replicas": {"min": 2, "max": 8, "desired": 3}})
+    )
     assert tj.spec.replicas.target == 3
 
 
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
 def test_bad_spec_is_rejected_naming_field_and_rule(case: BadSpec) -> None:
     with pytest.raises(ValidationError) as raised:
-        TrainingJob.model_validate(job(case.name, case.spec))
+        TrainingJob.model_validate(manifest(case.name, case.spec))
     text = describe(raised.value)
     assert case.field in text, text
     assert case.allowed in text, text
@@ -79,7 +82,7 @@ def test_backoff_doubles_up_to_its_bound() -> None:
 
 def test_describe_names_the_yaml_path() -> None:
     with pytest.raises(ValidationError) as raised:
-        TrainingJob.model_validate(job("demo", {"resources": {"gpus": -2}}))
+        TrainingJob.model_validate(manifest("demo", {"resources": {"gpus": -2}}))
     assert describe(raised.value).startswith("spec.resources.gpus: ")
 
 
@@ -106,7 +109,7 @@ def test_tensor_groups_that_fit_a_pod_are_accepted(
         "resources": {"gpus": gpus},
         "trainer": {"model": "llama-tiny", "strategy": "fsdp", "parallelism": {"tensor": tensor}},
     }
-    trainer = TrainingJob.model_validate(job("tp", spec)).spec.trainer
+    trainer = TrainingJob.model_validate(manifest("tp", spec)).spec.trainer
     assert trainer.parallelism.tensor == tensor
     assert trainer.activation_checkpointing == "none" and trainer.weights_path is None
 
@@ -120,25 +123,27 @@ def test_hsdp_shard_sizes_are_checked_over_the_elastic_range() -> None:
         "trainer": {"strategy": "hsdp", "hsdpShardSize": 4},
     }
     with pytest.raises(ValueError, match=r"fails at world size 2, 6 \(replicas 1, 3\)"):
-        TrainingJob.model_validate(job("hsdp", spec))
+        TrainingJob.model_validate(manifest("hsdp", spec))
     for accepted in (
         {"replicas": {"min": 2, "max": 2}},  # a fixed size it divides
         {"replicas": {"min": 1, "max": 4}, "trainer": {"strategy": "hsdp", "hsdpShardSize": 2}},
         {"nprocPerNode": "auto", "resources": {"gpus": 0}},  # torchrun decides: the trainer checks
         {"nprocPerNode": "cpu"},
     ):
-        TrainingJob.model_validate(job("hsdp", {**spec, **accepted}))
+        TrainingJob.model_validate(manifest("hsdp", {**spec, **accepted}))
 
 
 def test_the_tensor_parallel_example_is_a_valid_job() -> None:
-    manifest = yaml.safe_load((ROOT / "examples" / "llama-tensor-parallel.yaml").read_text())
-    spec = TrainingJob.model_validate(manifest).spec
+    body = yaml.safe_load((ROOT / "examples" / "llama-tensor-parallel.yaml").read_text())
+    spec = TrainingJob.model_validate(body).spec
     assert spec.trainer.parallelism.tensor == spec.nproc_per_node == spec.resources.gpus == 8
     assert is_llama_family(spec.trainer.model) and spec.trainer.weights_path
 
 
 def test_recovery_is_restart_unless_live_is_asked_for() -> None:
-    assert TrainingJob.model_validate(job("demo", {})).spec.failure_policy.recovery == "restart"
-    live = TrainingJob.model_validate(job("demo", {"failurePolicy": {"recovery": "live"}}))
+    assert (
+        TrainingJob.model_validate(manifest("demo", {})).spec.failure_policy.recovery == "restart"
+    )
+    live = TrainingJob.model_validate(manifest("demo", {"failurePolicy": {"recovery": "live"}}))
     assert live.spec.failure_policy.recovery == "live"
     assert live.to_wire()["spec"]["failurePolicy"]["recovery"] == "live"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import training_jobs
 import urllib3
 import yaml
 from click.testing import CliRunner
@@ -42,32 +43,30 @@ def ago(seconds: float) -> str:
     return (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+SPEC = {
+    "image": "ghcr.io/torchkube/torchkube-trainer:0.1.0",
+    "command": ["-m", "torchkube.trainer"],
+    "args": [],
+    "resources": {"gpus": 8, "gpuResourceName": "nvidia.com/gpu"},
+    "nprocPerNode": "auto",
+    "replicas": {"min": 2, "max": 4},
+    "checkpoint": {"mountPath": "/checkpoints", "intervalSteps": 200, "keep": 3},
+    "failurePolicy": {"maxRestarts": 10, "permanentExitCodes": [2, 3]},
+    "runPolicy": {"suspend": False, "cleanPodPolicy": "Running"},
+    "trainer": {"model": "gpt2", "strategy": "fsdp", "steps": 20000},
+}
+"""A job as the API server returns it, defaults filled in: what the CLI reads and renders."""
+
+
 def job(name: str = "gpt", namespace: str = "team-a", **status: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": "torchkube.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "creationTimestamp": ago(3600),
-            "uid": "u-1",
-        },
-        "spec": {
-            "image": "ghcr.io/torchkube/torchkube-trainer:0.1.0",
-            "command": ["-m", "torchkube.trainer"],
-            "args": [],
-            "resources": {"gpus": 8, "gpuResourceName": "nvidia.com/gpu"},
-            "nprocPerNode": "auto",
-            "replicas": {"min": 2, "max": 4},
-            "checkpoint": {"mountPath": "/checkpoints", "intervalSteps": 200, "keep": 3},
-            "failurePolicy": {"maxRestarts": 10, "permanentExitCodes": [2, 3]},
-            "runPolicy": {"suspend": False, "cleanPodPolicy": "Running"},
-            "trainer": {"model": "gpt2", "strategy": "fsdp", "steps": 20000},
-        },
-    }
-    if status:
-        body["status"] = status
-    return body
+    return training_jobs.manifest(
+        name,
+        SPEC,
+        namespace=namespace,
+        uid="u-1",
+        created=NOW - timedelta(seconds=3600),
+        status=status or None,
+    )
 
 
 def running_status(**extra: Any) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from training_jobs import training_job
 
-from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
 from torchkube.api.hang import HANG_MIN_SECONDS
 from torchkube.api.status import TrainingJobStatus
@@ -162,16 +162,18 @@ def test_a_hang_is_stall_after_ten_step_times_or_a_minute() -> None:
 def test_a_stall_is_what_the_jobs_hang_timeout_says() -> None:
     """The operator charges ``stall`` by the rule the launcher's watchdog acts on
     (api/hang.py): a job that declares 30 s hung has stalled after 30 s, not two minutes."""
-    spec = {"failurePolicy": {"hangTimeoutSeconds": 30}}
+    spec: dict[str, Any] = {"failurePolicy": {"hangTimeoutSeconds": 30}}
     running = TrainingJobStatus(phase="Running", start_time="2026-01-01T00:00:00Z")
-    stored = job({"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}, spec=spec)
+    stored = training_job(
+        {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"}, created=T0, **spec
+    )
     state: g.Goodput | None = None
     for t in range(21):  # a step a second, then none for 60 s
         at = T0 + timedelta(seconds=t)
         state = g.track(state, stored, running, ProgressReport(step=t), at)
     state = g.track(state, stored, running, ProgressReport(step=20), T0 + timedelta(seconds=80))
     assert state.badput["stall"] == pytest.approx(60 - 30)
-    off = job(stored.status.to_wire(), spec={"failurePolicy": {"hangTimeoutSeconds": 0}})
+    off = training_job(stored.status, created=T0, failurePolicy={"hangTimeoutSeconds": 0})
     state = g.track(None, off, running, ProgressReport(step=20), T0)
     state = g.track(state, off, running, ProgressReport(step=20), T0 + timedelta(seconds=90))
     assert state.badput["stall"] == pytest.approx(90 - HANG_MIN_SECONDS)  # off: derived
@@ -193,26 +195,6 @@ def test_step_going_back_without_a_counted_failure_is_an_in_pod_restart() -> Non
     assert state.high_water == 22
 
 
-def job(
-    status: dict[str, Any] | None = None,
-    created: datetime = T0,
-    spec: dict[str, Any] | None = None,
-) -> TrainingJob:
-    body: dict[str, Any] = {
-        "apiVersion": "torchkube.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {
-            "name": "j",
-            "namespace": "ns",
-            "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        },
-        "spec": spec or {},
-    }
-    if status is not None:
-        body["status"] = status
-    return TrainingJob.model_validate(body)
-
-
 def test_the_ratio_is_written_with_other_changes_or_at_most_every_30_seconds() -> None:
     """The goodput bookkeeping (goodput.track) and when status.goodput is written
     (status.goodput_to_write), as the controller chains them."""
@@ -227,7 +209,7 @@ def test_the_ratio_is_written_with_other_changes_or_at_most_every_30_seconds() -
     ) -> tuple[g.Goodput, float | None]:
         nonlocal written
         report = ProgressReport.model_validate(progress) if progress else None
-        stored_job = job(stored or None)
+        stored_job = training_job(stored or None, created=T0)
         decided = TrainingJobStatus.model_validate(planned)
         state = g.track(state, stored_job, decided, report, at)
         written = st.goodput_to_write(state.ratio, stored_job.status, decided, written, at)
@@ -261,7 +243,7 @@ def test_a_restarted_operator_carries_the_ratio_over() -> None:
         "progress": {"step": 500},
     }
     now = T0 + timedelta(seconds=1000)
-    stored = job(status)
+    stored = training_job(status, created=T0)
     assert stored.status is not None
     state = g.track(None, stored, stored.status, None, now)
     assert state.ratio == pytest.approx(0.8)
@@ -273,8 +255,8 @@ def test_a_restarted_operator_carries_the_ratio_over() -> None:
 
 def test_a_job_created_again_under_the_same_name_starts_anew() -> None:
     pending = TrainingJobStatus(phase="Pending")
-    state = g.track(None, job(), pending, None, T0 + timedelta(seconds=50))
+    state = g.track(None, training_job(created=T0), pending, None, T0 + timedelta(seconds=50))
     assert state.badput["scheduling"] == pytest.approx(50)
     again = T0 + timedelta(seconds=60)
-    state = g.track(state, job(created=again), pending, None, again)
+    state = g.track(state, training_job(created=again), pending, None, again)
     assert state.badput["scheduling"] == 0

@@ -6,16 +6,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchkube.api import TrainingJob
+from training_jobs import training_job
+
 from torchkube.api import labels as lbl
 from torchkube.api.contract import Env
 from torchkube.operator import builders
-
-
-def make_job(**spec: Any) -> TrainingJob:
-    return TrainingJob.model_validate(
-        {"metadata": {"name": "demo", "namespace": "team", "uid": "uid-1"}, "spec": spec}
-    )
 
 
 def container(pod: dict[str, Any]) -> dict[str, Any]:
@@ -27,36 +22,31 @@ def env(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_worker_runs_torchrun_against_the_dedicated_store() -> None:
-    job = make_job(replicas={"min": 2, "max": 4}, nprocPerNode=8, args=["--foo"])
+    job = training_job(replicas={"min": 2, "max": 4}, nprocPerNode=8, args=["--foo"])
     command = container(builders.worker_pod(job, 1, "x1y2z"))["command"]
     assert command[:3] == ["python", "-m", "torchkube.elastic.launch"]
     assert "--nnodes=2:4" in command and "--nproc-per-node=8" in command
-    assert "--rdzv-backend=c10d" in command and "--rdzv-id=uid-1" in command
-    assert "--rdzv-endpoint=rendezvous.demo.team.svc:29400" in command
+    assert "--rdzv-backend=c10d" in command and "--rdzv-id=u1" in command
+    assert "--rdzv-endpoint=rendezvous.demo.ns.svc:29400" in command
     conf = next(a for a in command if a.startswith("--rdzv-conf="))
     assert "is_host=false" in conf and "last_call_timeout=5" in conf
     assert "--local-addr=$(POD_IP)" in command
     assert command[-3:] == ["-m", "torchkube.trainer", "--foo"]
 
 
-def test_fixed_size_job_uses_a_plain_node_count() -> None:
-    command = container(builders.worker_pod(make_job(replicas={"min": 3, "max": 3}), 0, "a"))
-    assert "--nnodes=3" in command["command"]
-
-
 def test_worker_pod_identity_and_ownership() -> None:
-    pod = builders.worker_pod(make_job(), 2, "abcde")
+    pod = builders.worker_pod(training_job(), 2, "abcde")
     meta = pod["metadata"]
-    assert meta["name"] == "demo-worker-2-abcde" and meta["namespace"] == "team"
+    assert meta["name"] == "demo-worker-2-abcde" and meta["namespace"] == "ns"
     assert meta["labels"][lbl.JOB_NAME] == "demo"
     assert meta["labels"][lbl.REPLICA_INDEX] == "2" and meta["labels"][lbl.ROLE] == "worker"
     owner = meta["ownerReferences"][0]
-    assert (owner["kind"], owner["uid"], owner["controller"]) == ("TrainingJob", "uid-1", True)
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("TrainingJob", "u1", True)
     assert pod["spec"]["restartPolicy"] == "Never"
 
 
 def test_worker_gets_gpus_volume_env_and_readiness() -> None:
-    job = make_job(
+    job = training_job(
         resources={"gpus": 8, "requests": {"cpu": 16, "memory": "64Gi"}},
         checkpoint={"mountPath": "/ckpt", "intervalSteps": 50, "keep": 2},
         env=[{"name": "NCCL_DEBUG", "value": "INFO"}],
@@ -90,7 +80,7 @@ def test_replacements_avoid_lost_nodes_within_every_user_term() -> None:
             }
         }
     }
-    job = make_job(scheduling={"affinity": affinity})
+    job = training_job(scheduling={"affinity": affinity})
     pod = builders.worker_pod(job, 0, "a", avoid_nodes=["n2", "n1"])
     node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
     assert (
@@ -105,7 +95,7 @@ def test_replacements_avoid_lost_nodes_within_every_user_term() -> None:
 
 
 def test_pod_template_override_merges_into_the_worker() -> None:
-    job = make_job(
+    job = training_job(
         scheduling={
             "nodeSelector": {"pool": "gpu"},
             "priorityClassName": "high",
@@ -138,7 +128,7 @@ def test_pod_template_override_merges_into_the_worker() -> None:
 
 
 def test_rendezvous_store_pod_and_service() -> None:
-    job = make_job(rendezvous={"port": 29500})
+    job = training_job(rendezvous={"port": 29500})
     store = builders.rendezvous_pod(job, "s1")
     assert store["spec"]["hostname"] == "rendezvous" and store["spec"]["subdomain"] == "demo"
     assert store["spec"]["restartPolicy"] == "Always"
@@ -164,7 +154,7 @@ def test_rendezvous_store_pod_and_service() -> None:
 
 
 def test_pods_meet_the_restricted_pod_security_level() -> None:
-    job = make_job(resources={"gpus": 8})
+    job = training_job(resources={"gpus": 8})
     for pod in (builders.worker_pod(job, 0, "a"), builders.rendezvous_pod(job, "b")):
         spec = pod["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -173,12 +163,14 @@ def test_pods_meet_the_restricted_pod_security_level() -> None:
         for c in spec["containers"]:
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    asked = make_job(scheduling={"podTemplate": {"spec": {"automountServiceAccountToken": True}}})
+    asked = training_job(
+        scheduling={"podTemplate": {"spec": {"automountServiceAccountToken": True}}}
+    )
     assert builders.worker_pod(asked, 0, "a")["spec"]["automountServiceAccountToken"] is True
 
 
 def test_store_has_its_own_small_template() -> None:
-    job = make_job(
+    job = training_job(
         resources={"gpus": 8},
         scheduling={
             "nodeSelector": {"pool": "gpu"},
@@ -216,7 +208,7 @@ def test_the_store_takes_none_of_the_workers_gpu_placement() -> None:
     Pending where GPU nodes are full or scaled to zero; tolerations only allow, so the store
     keeps the workers' (a cluster whose every node is tainted still has room for it)."""
     gpu = {"key": "nvidia.com/gpu", "operator": "Exists"}
-    job = make_job(
+    job = training_job(
         resources={"gpus": 8},
         scheduling={
             "nodeSelector": {"pool": "gpu"},
@@ -230,7 +222,7 @@ def test_the_store_takes_none_of_the_workers_gpu_placement() -> None:
     assert spec["tolerations"] == [gpu] and spec["priorityClassName"] == "training"
     avoiding = builders.rendezvous_pod(job, "s", ["n2"])["spec"]["affinity"]
     assert "gpu" not in str(avoiding) and "n2" in str(avoiding), "a lost node is still avoided"
-    own = make_job(scheduling={"affinity": GPU_ONLY}, rendezvous={"store": {"affinity": CPU}})
+    own = training_job(scheduling={"affinity": GPU_ONLY}, rendezvous={"store": {"affinity": CPU}})
     assert builders.rendezvous_pod(own, "s")["spec"]["affinity"] == CPU
 
 
@@ -239,31 +231,25 @@ CPU = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"we
 
 def test_checkpoint_claim_is_created_only_when_no_claim_is_named() -> None:
     claim = builders.checkpoint_claim(
-        make_job(checkpoint={"size": "50Gi", "storageClassName": "nfs"})
+        training_job(checkpoint={"size": "50Gi", "storageClassName": "nfs"})
     )
     assert claim["spec"] == {
         "accessModes": ["ReadWriteMany"],
         "resources": {"requests": {"storage": "50Gi"}},
         "storageClassName": "nfs",
     }
-    named = make_job(checkpoint={"claimName": "shared"})
+    named = training_job(checkpoint={"claimName": "shared"})
     assert not named.spec.checkpoint.creates_claim
     assert builders.worker_pod(named, 0, "a")["spec"]["volumes"][0]["persistentVolumeClaim"] == {
         "claimName": "shared"
     }
 
 
-def test_torchrun_gives_workers_the_pods_grace_for_their_emergency_checkpoint() -> None:
-    """torchrun SIGKILLs its workers 30 s after SIGTERM by default, whatever the pod's grace."""
-    job = make_job(checkpoint={"terminationGracePeriodSeconds": 300})
-    assert "--shutdown-timeout=298" in builders.torchrun_args(job)
-
-
 def test_workers_get_the_hang_timeout_and_their_own_names() -> None:
     """Unset: the launcher derives the timeout (empty); 0 turns the watchdog off."""
     pods = {
         str(hang): env(
-            builders.worker_pod(make_job(failurePolicy={"hangTimeoutSeconds": hang}), 0, "a")
+            builders.worker_pod(training_job(failurePolicy={"hangTimeoutSeconds": hang}), 0, "a")
         )
         for hang in (None, 0, 45)
     }
@@ -276,18 +262,12 @@ def test_workers_get_the_hang_timeout_and_their_own_names() -> None:
     assert pods["None"]["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
-def test_spares_raise_torchruns_restart_budget_for_their_membership_changes() -> None:
-    plain = builders.torchrun_max_restarts(make_job(replicas={"min": 2, "max": 4}))
-    spared = builders.torchrun_max_restarts(make_job(replicas={"min": 2, "max": 4, "spares": 2}))
-    assert spared == plain + 4
-
-
 def test_the_startup_probe_passes_once_the_launcher_can_start_workers_warm(
     tmp_path: Path,
 ) -> None:
     """The container is ``started`` (and a spare counted) only once the launcher created its
     warm file; the probe runs the probe's own command, with this machine's Python."""
-    pod = builders.worker_pod(make_job(), 0, "a")
+    pod = builders.worker_pod(training_job(), 0, "a")
     probe = container(pod)["startupProbe"]
     command = probe["exec"]["command"]
     assert command[-1] == env(pod)[Env.WARM_FILE]
@@ -303,29 +283,29 @@ def test_a_users_probe_replaces_ours_whole() -> None:
     two handlers, and the API server refused every pod."""
     mine = {"httpGet": {"path": "/ready", "port": 8080}, "failureThreshold": 3}
     template = {"containers": [{"name": lbl.TRAINER_CONTAINER, "startupProbe": mine}]}
-    pod = builders.worker_pod(make_job(scheduling={"podTemplate": {"spec": template}}), 0, "a")
+    pod = builders.worker_pod(training_job(scheduling={"podTemplate": {"spec": template}}), 0, "a")
     assert container(pod)["startupProbe"] == mine
 
 
 def test_a_live_recovery_pod_is_a_rendezvous_of_its_own_each_incarnation() -> None:
     """recovery live: a pod's loss must not end the others' torchrun round (torchft's quorum
     spans the pods instead), and a replacement must not wait behind its predecessor's round."""
-    job = make_job(replicas={"min": 2, "max": 2}, failurePolicy={"recovery": "live"})
+    job = training_job(replicas={"min": 2, "max": 2}, failurePolicy={"recovery": "live"})
     first = container(builders.worker_pod(job, 1, "a1"))["command"]
     again = container(builders.worker_pod(job, 1, "b2"))["command"]
-    assert "--nnodes=1" in first and "--rdzv-id=uid-1-group-1-a1" in first
-    assert "--rdzv-id=uid-1-group-1-b2" in again
+    assert "--nnodes=1" in first and "--rdzv-id=u1-group-1-a1" in first
+    assert "--rdzv-id=u1-group-1-b2" in again
     assert env(builders.worker_pod(job, 1, "a1"))[Env.RECOVERY] == "live"
-    restart = make_job(replicas={"min": 2, "max": 2})
+    restart = training_job(replicas={"min": 2, "max": 2})
     command = container(builders.worker_pod(restart, 1, "a1"))["command"]
-    assert "--nnodes=2" in command and "--rdzv-id=uid-1" in command
+    assert "--nnodes=2" in command and "--rdzv-id=u1" in command
     assert env(builders.worker_pod(restart, 1, "a1"))[Env.RECOVERY] == "restart"
 
 
 def test_a_live_recovery_job_gets_a_lighthouse_beside_its_store() -> None:
     """The Lighthouse shares the store pod (its placement, its Service name, its in-place
     restarts), runs from the job's image (which has torchft), and the workers are told where."""
-    job = make_job(failurePolicy={"recovery": "live"}, rendezvous={"port": 29400})
+    job = training_job(failurePolicy={"recovery": "live"}, rendezvous={"port": 29400})
     pod = builders.rendezvous_pod(job, "s1")
     lighthouse = next(c for c in pod["spec"]["containers"] if c["name"] == "lighthouse")
     assert lighthouse["command"][-2:] == ["--port", "29401"]
@@ -333,8 +313,8 @@ def test_a_live_recovery_job_gets_a_lighthouse_beside_its_store() -> None:
     ports = {p["name"]: p["port"] for p in builders.headless_service(job)["spec"]["ports"]}
     assert ports == {"rendezvous": 29400, "lighthouse": 29401}
     worker = env(builders.worker_pod(job, 0, "a"))
-    assert worker[Env.LIGHTHOUSE] == "http://rendezvous.demo.team.svc:29401"
-    restart = make_job()
+    assert worker[Env.LIGHTHOUSE] == "http://rendezvous.demo.ns.svc:29401"
+    restart = training_job()
     assert [c["name"] for c in builders.rendezvous_pod(restart, "s1")["spec"]["containers"]] == [
         "store"
     ]

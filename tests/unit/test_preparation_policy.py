@@ -130,9 +130,7 @@ def test_an_exit_0_without_a_report_is_a_failure_that_names_the_image() -> None:
 
 
 def test_jobs_without_data_have_no_prepare_step() -> None:
-    job = TrainingJob.model_validate(
-        {"metadata": data_job().metadata, "spec": {"replicas": {"min": 2, "max": 2}}}
-    )
+    job = make_job(replicas={"min": 2, "max": 2})
     result = run(job, [], children=own_children())
     assert created_slots(result) == [0, 1] and result.status.data is None
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from stub_http import Reply, StubServer
 
 from torchkube.api.contract import PREPARED_MARKER, ExitCode, PrepareReport
 from torchkube.api.data import DataSource
@@ -29,50 +27,27 @@ TEXT = "The first paragraph.\n\nThe second one,\nover two lines.\n\n\nA third.\n
 ROWS = [{"text": f"story number {i}", "id": i} for i in range(250)]
 
 
-class Site:
-    """A loopback HTTP server: /corpus.txt, /corpus.txt.gz, /rows (the datasets server's
-    paginated JSON) and a 404 for anything else."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        site = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                site.requests.append(self.path)
-                url = urllib.parse.urlparse(self.path)
-                if url.path == "/corpus.txt":
-                    self._send(TEXT.encode())
-                elif url.path == "/corpus.txt.gz":
-                    self._send(gzip.compress(TEXT.encode()))
-                elif url.path == "/rows":
-                    query = dict(urllib.parse.parse_qsl(url.query))
-                    offset, length = int(query["offset"]), int(query["length"])
-                    rows = [{"row_idx": i, "row": r} for i, r in enumerate(ROWS)]
-                    page = {"rows": rows[offset : offset + length], "num_rows_total": len(ROWS)}
-                    self._send(json.dumps(page).encode())
-                else:
-                    self.send_error(404)
-
-            def _send(self, body: bytes) -> None:
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+def site_answer(path: str) -> Reply | None:
+    """/corpus.txt, /corpus.txt.gz, /rows (the datasets server's paginated JSON); 404 else."""
+    url = urllib.parse.urlparse(path)
+    if url.path == "/corpus.txt":
+        return Reply(TEXT.encode())
+    if url.path == "/corpus.txt.gz":
+        return Reply(gzip.compress(TEXT.encode()))
+    if url.path == "/rows":
+        query = dict(urllib.parse.parse_qsl(url.query))
+        offset, length = int(query["offset"]), int(query["length"])
+        rows = [{"row_idx": i, "row": r} for i, r in enumerate(ROWS)]
+        page = {"rows": rows[offset : offset + length], "num_rows_total": len(ROWS)}
+        return Reply(json.dumps(page).encode())
+    return None
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[Site]:
-    served = Site()
+def site() -> Iterator[StubServer]:
+    served = StubServer(site_answer)
     yield served
-    served.server.shutdown()
+    served.close()
 
 
 def texts(folder: Path) -> Path:
@@ -109,7 +84,7 @@ def test_a_claim_source_is_read_under_its_mount(tmp_path: Path) -> None:
     assert report.val_tokens == 0 and not (tmp_path / "out" / "val.bin").exists()
 
 
-def test_a_url_is_split_into_paragraphs_plain_or_gzipped(site: Site, tmp_path: Path) -> None:
+def test_a_url_is_split_into_paragraphs_plain_or_gzipped(site: StubServer, tmp_path: Path) -> None:
     assert list(sources.url_documents(f"{site.url}/corpus.txt")) == [
         "The first paragraph.",
         "The second one,\nover two lines.",
@@ -119,7 +94,7 @@ def test_a_url_is_split_into_paragraphs_plain_or_gzipped(site: Site, tmp_path: P
     assert report.documents == 3
 
 
-def test_http_errors_say_whether_a_retry_can_help(site: Site) -> None:
+def test_http_errors_say_whether_a_retry_can_help(site: StubServer) -> None:
     with pytest.raises(sources.SourceError, match="HTTP 404") as missing:
         list(sources.url_documents(f"{site.url}/nothing.txt"))
     assert missing.value.permanent
@@ -129,7 +104,7 @@ def test_http_errors_say_whether_a_retry_can_help(site: Site) -> None:
 
 
 def test_a_hugging_face_dataset_is_read_page_by_page(
-    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    site: StubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(sources.HF_ENDPOINT_ENV, f"{site.url}/rows")
     source = DataSource.model_validate(
@@ -157,7 +132,7 @@ def test_gpt2_falls_back_to_bytes_with_the_reason_where_tiktoken_cannot_load() -
 
 
 def test_the_command_reports_for_the_operator_and_exits_3_when_retrying_cannot_help(
-    site: Site, tmp_path: Path
+    site: StubServer, tmp_path: Path
 ) -> None:
     runner = CliRunner()
     report = tmp_path / "termination-log"

@@ -4,7 +4,8 @@ Every name that crosses the pod boundary lives here, typed, and both sides impor
 environment the operator sets and the trainer reads, the exit codes the launcher and the
 trainer end with and the failure policy keys on, the files on the checkpoint volume, the
 termination-message marker, and the progress report. No torch here: the operator image
-imports it too.
+imports it too. The values a job's workers get (their environment, their launcher's command
+line) are computed from the spec in :mod:`torchkube.api.worker_launch`.
 """
 
 import re

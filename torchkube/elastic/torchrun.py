@@ -14,7 +14,7 @@ Around it, this module adds:
   a round re-forms (its pod replaced a deleted one) lands in torch's *wait list*; once the
   round is full again it stays there, counted as waiting, so the participants restart to let
   it in, the first of them to leave the old round lands in the wait list in turn, and the
-  round restarts every few seconds for good (seen on real nodes: 207 resumes in 10 minutes).
+  round would restart every few seconds for good.
   Here a wait-listed agent of a full, complete round moves to the redundancy list (it is a
   spare), and such an agent is not counted as waiting.
 
@@ -25,27 +25,28 @@ Around it, this module adds:
 * **Only the end of training closes the rendezvous.** torchrun closes it after any error
   that is not a signal: a join timeout, workers out of restarts. A closed rendezvous is
   closed for good, so every agent that came later (the operator's replacement for this very
-  pod) was released as if training were over, and the job emptied for good. Here an agent
+  pod) would be released as if training were over, and the job would empty for good. Here an agent
   whose run did not succeed leaves the rendezvous instead (:func:`leave`), and
   :func:`timed_out` says how a join timeout ended (``ExitCode.JOIN_TIMEOUT``).
 * **A stopped agent leaves at once.** An agent stopped by a signal (pod deletion, preemption, a
-  hang) does not close the rendezvous (that would end the job), so the others waited for its
-  keep-alive to expire (``keep_alive_interval × keep_alive_max_attempt``) before a round
+  hang) does not close the rendezvous (that would end the job), so the others would wait for
+  its keep-alive to expire (``keep_alive_interval × keep_alive_max_attempt``) before a round
   without it could form. :func:`leave` takes it out of the participants right away.
 * **A round forms as soon as its agents are there.** torch's waiting agents read the shared
   state once a second (a fixed poll, and a one-second cache of the state), so each hand-over of
   a re-forming round — the survivor back in, the spare off its list, the round complete, the
-  survivor seeing it — waited up to a second: 2–3 s of a recovery. The poll and the cache are
+  survivor seeing it — would wait up to a second, seconds of a recovery in all. The poll and
+  the cache are
   :func:`poll_seconds` here: 0.1 s for a small job, torch's second from 256 agents on, so the
   store sees at most about 256 reads a second from waiting agents whatever the size.
 * **A failed worker is reported at once.** torch's log formatter imports ``torch._dynamo``
   (the compiler stack: sympy, fx, inductor) before it formats a record's exception, and a warm
-  worker's failure is logged with its exception: the surviving agent spent 1.6–2 s importing
-  before it restarted the round, every recovery. :func:`report_failures_lightly` renders the
+  worker's failure is logged with its exception: the surviving agent would import it before
+  it restarts the round, on every recovery. :func:`report_failures_lightly` renders the
   traceback into the message itself, with the standard formatter.
 * **Every in-place restart is told.** When a worker fails, torchrun restarts the pod's
   workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
-  stayed invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
+  would stay invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
   at each such restart (not at a restart for a membership change), with the failures.
 * **The watchdog judges only the workers torchrun runs now.** :func:`healthy_workers` is the
   agent's worker pids while it holds them healthy: a worker of an ended round (dying, or its

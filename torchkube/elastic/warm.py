@@ -30,9 +30,9 @@ BUILTIN_TRAINER = "torchkube.trainer"
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch._inductor.config"]
 """What any torch training worker imports before its first step. The compiler stack is among
 it: DDP's constructor imports ``torch._dynamo`` and ``torch.use_deterministic_algorithms``
-imports ``torch._inductor.config`` (with sympy and triton) — 0.6–0.7 s of every worker start,
-every recovery, when each worker imported them after its fork. Importing them initialises
-no CUDA and starts no thread, so the server stays safe to fork."""
+imports ``torch._inductor.config`` (with sympy and triton): imported by each worker after
+its fork, they would be most of every worker's start, every recovery. Importing them
+initialises no CUDA and starts no thread, so the server stays safe to fork."""
 TRAINER_PRELOAD = ["torchkube.trainer.train", "torchkube.trainer.entrypoint"]
 """What the built-in trainer imports before its first step (no CUDA, no process group)."""
 

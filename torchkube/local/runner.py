@@ -42,6 +42,7 @@ from typing import Any, TextIO
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
 from torchkube.api.status import SlowestRank
+from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
 from torchkube.local.display import Failure, Summary, progress_line
@@ -49,7 +50,6 @@ from torchkube.local.processes import children_of, descendants, kill_tree
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
 from torchkube.operator import stragglers
-from torchkube.operator.builders import torchrun_args, trainer_env
 from torchkube.operator.failure import Ledger
 
 POLL_SECONDS = 0.25
@@ -150,7 +150,7 @@ class LocalRun:
         self.out = out
         self.nproc = nproc
         self.store_port = free_port()
-        self.live = job.spec.failure_policy.recovery == "live"
+        self.live = live(job)
         self.lighthouse_port = free_port() if self.live else None
         self.lighthouse: subprocess.Popen[bytes] | None = None
         self.metrics_ports = [free_port() for _ in range(self.count)]

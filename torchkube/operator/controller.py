@@ -213,10 +213,10 @@ class Controller:
     def job_changed(self, key: Key, body: Mapping[str, Any]) -> None:
         """Reconcile a job its watch shows changed — unless the change is the echo of our own
         write of ``status.goodput`` alone. No decision reads that field and the write's own
-        reconcile planned on everything else, so the echo's reconcile would change nothing:
-        on quiet jobs it was a third of all reconciles (one per job every
-        ``GOODPUT_MIN_INTERVAL``). An event during the job's reconcile (the echo may come
-        before the write's response) is decided when the reconcile ends."""
+        reconcile planned on everything else, so the echo's reconcile would change nothing,
+        yet come for every quiet job every ``GOODPUT_MIN_INTERVAL``. An event during the job's
+        reconcile (the echo may come before the write's response) is decided when the
+        reconcile ends."""
         version = _resource_version(body)
         if key in self.active:
             self.job_versions_seen[key] = version
@@ -334,8 +334,8 @@ class Controller:
             return None, []
         if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
             job = memory.job  # our own last write, newer than the watch has shown
-        # The cached pods are shared, not copied: the planner only reads them, and copying a
-        # 512-worker job's pods on every reconcile was most of the operator's CPU time.
+        # The cached pods are shared, not copied: the planner only reads them, and a copy
+        # would cost every reconcile of a large job time in proportion to all its pods.
         pods = list((self.pods or {}).get(key, []))
         seen = {p.name(pod) for pod in pods}
         # A create the watch has shown is no longer an expectation: were it kept, a pod that

@@ -223,8 +223,10 @@ class StopRequest:
     """Turns SIGTERM/SIGINT into a flag the loop checks between steps.
 
     torchrun forwards SIGTERM to its workers on pod deletion, preemption and before a
-    scale-up re-rendezvous, then waits 30 s before SIGKILL: enough for an emergency checkpoint
-    of the current step if we stop at a step boundary instead of dying mid-collective.
+    scale-up re-rendezvous, then waits ``--shutdown-timeout`` (the pod's grace less a moment,
+    :func:`torchkube.api.worker_launch.shutdown_timeout`) before SIGKILL: enough for an
+    emergency checkpoint of the current step if we stop at a step boundary instead of dying
+    mid-collective.
     """
 
     def __init__(self) -> None:
