@@ -62,3 +62,26 @@ def test_a_worker_that_never_passes_its_startup_probe_is_reported_once() -> None
     assert "NotStarted" not in [e.reason for e in again.events], "said once, not per reconcile"
     warm = run(make_job(again.status, **spec), [pod(0, running_for=400), store()])
     assert condition(warm, "PodsBlocked")["status"] == "False"
+
+
+def test_a_live_job_that_lost_a_replica_group_is_running_while_the_replacement_starts() -> None:
+    """recovery live: the surviving groups train on from the next step (torchft's quorum needs
+    one group), so the job is Running, not Restarting, and its goodput counts that time;
+    WaitingForWorkers does not claim that training waits. A restart-mode job with the same
+    pods is Restarting: its round needs replicas.min workers."""
+    from planner import running_status
+
+    pods = [pod(0), pod(1, phase="Pending"), store()]
+    for recovery, phase in (("live", "Running"), ("restart", "Restarting")):
+        job = make_job(
+            running_status(), replicas={"min": 2, "max": 2}, failurePolicy={"recovery": recovery}
+        )
+        result = run(job, pods)
+        assert result.status.phase == phase, recovery
+        waiting = [c for c in result.status.conditions if c.type == "WaitingForWorkers"]
+        assert (bool(waiting) and waiting[0].status == "True") is (recovery == "restart")
+    live = make_job(
+        running_status(), replicas={"min": 2, "max": 2}, failurePolicy={"recovery": "live"}
+    )
+    said = condition(run(live, pods), "Running")["message"]
+    assert said.startswith("1 of 2 replica groups running (recovery live)"), said

@@ -185,6 +185,12 @@ class InPlaceRestart(BaseModel):
     time: str = Field(description="When the launcher restarted the workers (RFC 3339).")
 
 
+LIVE_MIN_REPLICA_GROUPS = 1
+"""Live recovery: a quorum of this many replica groups (pods) trains, so the survivors of a
+loss train on, and the first group to start trains before the others join it. The trainer
+gives it to torchft's Manager; the operator calls such a job Running while that many run."""
+
+
 class LiveProgress(BaseModel):
     """Live recovery (``failurePolicy.recovery: live``) as the writing replica group sees it:
     how many groups shared the last step and how the constant global batch is split."""

@@ -9,7 +9,7 @@ the operator to build one.
 import json
 
 from torchkube.api import labels as lbl
-from torchkube.api.contract import Env
+from torchkube.api.contract import LIVE_MIN_REPLICA_GROUPS, Env
 from torchkube.api.trainingjob import TrainingJob
 
 TORCHRUN_MONITOR_INTERVAL = 0.5
@@ -19,6 +19,12 @@ SHUTDOWN_MARGIN_SECONDS = 2
 
 def live(job: TrainingJob) -> bool:
     return job.spec.failure_policy.recovery == "live"
+
+
+def fewest_training_workers(job: TrainingJob) -> int:
+    """How few running workers still train: a torchrun round needs ``replicas.min``; in live
+    recovery each pod is a replica group and a quorum of ``LIVE_MIN_REPLICA_GROUPS`` trains."""
+    return LIVE_MIN_REPLICA_GROUPS if live(job) else job.spec.replicas.min
 
 
 def rendezvous_endpoint(job: TrainingJob) -> str:

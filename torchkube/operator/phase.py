@@ -8,6 +8,7 @@ from typing import Any
 
 from torchkube.api import labels as lbl
 from torchkube.api.times import format_time
+from torchkube.api.worker_launch import fewest_training_workers, live
 from torchkube.operator import conditions as cond
 from torchkube.operator import lifecycle
 from torchkube.operator import pods as p
@@ -147,11 +148,12 @@ def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
 
 
 def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, Any]]) -> None:
-    """``Running`` takes ``replicas.min`` running workers *and* a serving store: a job whose
-    store never runs has not started (``startDeadlineSeconds`` applies), and one whose store
-    is lost after the start is ``Restarting`` until a store serves again."""
+    """``Running`` takes the workers that train (``replicas.min``; one replica group in
+    live recovery, where survivors train on) *and* a serving store: a job whose store never
+    runs has not started (``startDeadlineSeconds`` applies), and one whose store is lost after
+    the start is ``Restarting`` until a store serves again."""
     running = [pod for pod in workers if p.state(pod) == "running"]
-    minimum = ctx.spec.replicas.min
+    minimum = fewest_training_workers(ctx.job)
     no_store = store_problem(stores)
     if no_store is None:
         ctx.set(cond.STORE_READY, True, "Serving", "the rendezvous store serves")
@@ -170,13 +172,23 @@ def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, A
         ctx.status.phase = "Running"
         ctx.status.start_time = ctx.status.start_time or format_time(ctx.now)
         ctx.status.last_start_time = lifecycle.active_since(ctx) or format_time(ctx.now)
-        ctx.set(cond.RUNNING, True, "WorkersRunning", f"{len(running)} workers running")
+        ctx.set(cond.RUNNING, True, "WorkersRunning", _running_message(ctx, len(running)))
         ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
     elif ctx.status.start_time:
         text = f"{len(running)} of at least {minimum} workers running; waiting for replacements"
         _restarting(ctx, "WaitingForWorkers", text)
     else:
         ctx.status.phase = "Pending"
+
+
+def _running_message(ctx: Context, running: int) -> str:
+    short = ctx.spec.replicas.target - running
+    if not live(ctx.job) or short <= 0:
+        return f"{running} workers running"
+    return (
+        f"{running} of {ctx.spec.replicas.target} replica groups running (recovery live): they "
+        f"train on with the whole global batch while {short} more start and join from them"
+    )
 
 
 def _restarting(ctx: Context, reason: str, text: str) -> None:

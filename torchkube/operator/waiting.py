@@ -9,6 +9,7 @@ added, quota freed), an image pulled, a Secret created.
 
 from typing import Any
 
+from torchkube.api.worker_launch import fewest_training_workers
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
@@ -40,10 +41,10 @@ def why_not_running(ctx: Context, pod: dict[str, Any]) -> str:
 
 
 def report(ctx: Context, workers: list[dict[str, Any]], missing: int) -> None:
-    """``WaitingForWorkers``: True while fewer than ``replicas.min`` workers run; ``missing``
-    is how many wanted workers have no pod yet (backing off after a failure, a refused
-    create)."""
-    minimum = ctx.spec.replicas.min
+    """``WaitingForWorkers``: True while fewer workers run than train (``replicas.min``; one
+    replica group in live recovery); ``missing`` is how many wanted workers have no pod yet
+    (backing off after a failure, a refused create)."""
+    minimum = fewest_training_workers(ctx.job)
     running = sum(1 for pod in workers if p.state(pod) == "running")
     if running >= minimum:
         ctx.clear(cond.WAITING_FOR_WORKERS, "WorkersRunning", "enough workers are running")

@@ -41,7 +41,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing import HTTPTransport
 
-from torchkube.api.contract import Env, ExitCode, LiveProgress, training_finished_message
+from torchkube.api.contract import (
+    LIVE_MIN_REPLICA_GROUPS,
+    Env,
+    ExitCode,
+    LiveProgress,
+    training_finished_message,
+)
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed
@@ -223,7 +229,7 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
             pg=pg,
             load_state_dict=live.load_state_dict,
             state_dict=live.state_dict,
-            min_replica_size=1,
+            min_replica_size=LIVE_MIN_REPLICA_GROUPS,
             use_async_quorum=False,  # a joining group copies the state before it computes
             init_sync=False,  # the same seed already gives every group the same weights
             timeout=LIVE_TIMEOUT,
