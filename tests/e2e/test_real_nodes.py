@@ -771,6 +771,57 @@ def _past(job: RealJob, step: int, world: int | None = None) -> Callable[[], boo
     return reached
 
 
+def test_a_live_job_loses_a_pod_and_the_survivor_trains_on_while_it_rejoins_from_it(
+    scenario: Scenario,
+    real_cluster: Cluster,
+    say: Say,
+) -> None:
+    """failurePolicy.recovery live through the operator: the Lighthouse beside the store, one
+    torchft replica group per pod. Worker 1's container SIGKILLed: the survivor trains on
+    without a restart or a reload while the job stays Running; the replacement pod copies the
+    live state from it and joins; the run ends at its exact step count."""
+    steps, every = 900, 100
+    live = {"replicas": {"min": 2, "max": 2}, "failurePolicy": {"recovery": "live"}}
+    with scenario.training("realnodes-live", "live", steps, every, **live) as job:
+        victim = next(p for p in job.pods() if p.metadata.labels[lbl.REPLICA_INDEX] == "1")
+        survivor = next(p for p in job.pods() if p.metadata.labels[lbl.REPLICA_INDEX] == "0")
+        at_step = int(job.progress()["step"])
+        say(f"SIGKILL the container of {victim.metadata.name} at step {at_step}")
+        os.kill(_container_pid(victim, b"torchkube.elastic.launch"), signal.SIGKILL)
+        phases: set[str] = set()
+
+        def survivor_alone() -> bool:
+            phases.add(str(job.status().get("phase")))
+            live_record = job.progress().get("live") or {}
+            return int(live_record.get("quorumChanges") or 0) >= 1 and _past(job, at_step)()
+
+        wait_for(survivor_alone, 120, what="the survivor alone", describe_last=job.describe)
+
+        def rejoined() -> str | None:
+            phases.add(str(job.status().get("phase")))
+            for pod in job.pods():
+                if (
+                    pod.metadata.labels[lbl.REPLICA_INDEX] != "1"
+                    or pod.metadata.uid == victim.metadata.uid
+                ):
+                    continue
+                logs = _logs(real_cluster, job.namespace, pod.metadata.name)
+                if "joined from a live peer" in logs:
+                    return logs
+            return None
+
+        joined = wait_for(rejoined, 300, what="the replacement joined", describe_last=job.describe)
+        say(next(line for line in joined.splitlines() if "joined from a live peer" in line))
+        assert phases == {"Running"}, f"the job left Running while its survivor trained: {phases}"
+        assert job.wait_finished() == "Succeeded", job.describe()
+        report, status = job.progress(), job.status()
+        assert report.get("finished") is True and report.get("step") == steps, report
+        assert status["lastFailure"]["pod"] == victim.metadata.name, status
+        survived = _logs(real_cluster, job.namespace, survivor.metadata.name)
+        assert "resumed from" not in survived and "restarting the workers" not in survived
+        assert "quorum changed from 2 to 1 replica groups" in survived, survived[-3000:]
+
+
 def test_scale_down_on_real_nodes_counts_no_failure(
     scenario: Scenario,
     real_cluster: Cluster,
