@@ -7,6 +7,7 @@ trial values into published figures is right.
 import datetime as dt
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -297,3 +298,29 @@ def test_live_recovery_break_even_weighs_the_steady_cost_against_each_loss() -> 
         per_step(0.1, 0.101), kills
     )
     assert "wins at any failure rate" in break_even(per_step(0.1, 0.09), kills)
+
+
+def test_each_recovery_figure_is_timed_when_it_holds_not_after_the_others() -> None:
+    """Training back at t=2 while the status shows the Hang only at t=5: 'training again' is 2
+    (it was published as the status's time when it was polled only after the status)."""
+    from bench.real_node_recovery import first_times
+
+    now = [0.0]
+
+    def at(t: float) -> Callable[[], bool]:
+        return lambda: now[0] >= t
+
+    def tick(seconds: float) -> None:
+        now[0] += seconds
+
+    times = first_times(
+        {"again": at(2.0), "ended": at(1.5), "recorded": at(5.0)},
+        timeout=60,
+        interval=0.5,
+        clock=lambda: now[0],
+        sleep=tick,
+    )
+    assert times == {"ended": 1.5, "again": 2.0, "recorded": 5.0}
+    with pytest.raises(TimeoutError, match="recorded"):
+        now[0] = 0.0
+        first_times({"recorded": at(99.0)}, timeout=3, clock=lambda: now[0], sleep=tick)
