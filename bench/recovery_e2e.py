@@ -39,8 +39,10 @@ every step here):
 - **first step**: → rank 0 logs its first step after the resume;
 - **total**: kill → that first step (the sum of the above).
 
-Also reported: **back at the kill step**, kill → training passed the step it was killed at
-(adds re-doing the steps since the last checkpoint; checkpoints every ``--interval`` steps).
+Also reported: **back at the kill step**, kill → rank 0 logs a step past the one training had
+reached at the kill, in the round after the failure was noticed (adds re-doing the steps since
+the last checkpoint; checkpoints every ``--interval`` steps); the same function
+(:func:`back_at_step`) for torchkube and plain torchrun.
 """
 
 from __future__ import annotations
@@ -224,10 +226,17 @@ class Trial:
     killed_rank0: bool | None = None
 
 
-def back_at_step(lines: list[LogLine], killed_at: float, step: int) -> float | None:
-    """Seconds from the kill until rank 0 logged a step past ``step`` again."""
+def back_at_step(lines: list[LogLine], killed_at: float, step: int, split: Split) -> float | None:
+    """Seconds from the kill until rank 0 logged a step past ``step`` (the step training had
+    reached when the kill came) in the round that recovered from it.
+
+    Only steps logged once a surviving agent noticed the failure count: a step the survivor
+    finished between the kill and its notice (its peer's last gradients were already in) is
+    not a recovery. One definition for torchkube and for plain torchrun.
+    """
+    noticed = killed_at + split.detection
     for line in sorted(lines, key=lambda x: x.at):
-        match = _STEP.search(line.text) if line.rank0 and line.at > killed_at else None
+        match = _STEP.search(line.text) if line.rank0 and line.at >= noticed else None
         if match and int(match.group(1)) > step:
             return line.at - killed_at
     return None
@@ -264,7 +273,7 @@ def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
         split = split_recovery(lines, killed_at)
     except ValueError as error:
         return Trial(None, None, load, f"{error}; run: {summary.message}", killed_rank0)
-    back = failure.lost_seconds
+    back = back_at_step(lines, killed_at, failure.step, split)
     return Trial(split, back, load, "" if summary.succeeded else summary.message, killed_rank0)
 
 
@@ -286,7 +295,8 @@ def run_reference(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
         split = split_recovery(lines, result.killed_at)
     except ValueError as error:
         return Trial(None, None, load, f"{error}; {outcome}".rstrip("; "), victim == "host")
-    back = back_at_step(lines, result.killed_at, args.kill_step)
+    assert result.killed_step is not None
+    back = back_at_step(lines, result.killed_at, result.killed_step, split)
     return Trial(split, back, load, outcome, victim == "host")
 
 

@@ -19,7 +19,14 @@ from bench import guard, kubeflow, report
 from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
 from bench.kube import metric_delta, parse_metrics
 from bench.plain_torchrun import PlainTorchrun
-from bench.recovery_e2e import LogLine, back_at_step, job_manifest, line_time, split_recovery
+from bench.recovery_e2e import (
+    LogLine,
+    Split,
+    back_at_step,
+    job_manifest,
+    line_time,
+    split_recovery,
+)
 from bench.trainer_throughput import throughput
 from testbed.cluster import scheduler_configuration
 from torchkube.api import TrainingJob
@@ -225,15 +232,22 @@ def test_plain_torchrun_gets_torchkubes_settings_or_its_own_defaults(tmp_path: P
     assert "--nnodes=1:2" in defaults and defaults[-2:] == ["-m", "torchkube.trainer"]
 
 
-def test_back_at_step_is_the_first_rank0_step_past_the_kill_step() -> None:
+def test_back_at_step_counts_only_steps_logged_once_the_kill_was_noticed() -> None:
+    """Plain torchrun's survivor logged step 31 7 ms after the kill, before its agent noticed
+    the failure: that is not training back (published as 0.007 s). Both contenders go through
+    this one function."""
     lines = [
         LogLine(10.0, "worker-0.log", "x INFO torchkube: step 30/50 | loss"),
+        LogLine(11.007, "worker-0.log", "x INFO torchkube: step 31/50 | loss"),
         LogLine(12.0, "worker-1.log", "x INFO torchkube [rank 1]: step 31/50 | loss"),
         LogLine(13.0, "worker-0.log", "x INFO torchkube: step 25/50 | loss"),
+        LogLine(14.0, "worker-0.log", "x INFO torchkube: step 30/50 | loss"),
         LogLine(15.0, "worker-0.log", "x INFO torchkube: step 31/50 | loss"),
     ]
-    assert back_at_step(lines, 11.0, 30) == 4.0
-    assert back_at_step(lines, 16.0, 30) is None
+    noticed_after = Split(0.5, 1.0, 0.5, 0.1, 0.1, 20, 21)
+    assert back_at_step(lines, 11.0, 30, noticed_after) == 4.0
+    assert back_at_step(lines, 11.0, 31, noticed_after) is None
+    assert back_at_step(lines, 16.0, 30, noticed_after) is None
 
 
 def test_the_peers_pods_carry_what_a_torchkube_worker_of_the_same_job_does() -> None:
