@@ -1,4 +1,5 @@
-"""Copy the last results (``bench/results/*.md``) into docs/benchmarks.md and bench/README.md.
+"""Render the last results (``bench/results/*.json``) into docs/benchmarks.md, the one place
+their tables are published (bench/README.md links there).
 
 Run: ``python -m bench.report`` after a benchmark. Only the text between the markers
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced, so the prose around the
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, ROOT, markdown_table
+from bench.common import RESULTS_DIR, ROOT, markdown_of, markdown_table
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = [
@@ -25,7 +26,7 @@ ORDER = [
     "trainer_throughput_gpu",
     "checkpoint_cost",
 ]
-TARGETS = ROOT / "docs" / "benchmarks.md", ROOT / "bench" / "README.md"
+TARGET = ROOT / "docs" / "benchmarks.md"
 
 
 def summary(results_dir: Path = RESULTS_DIR) -> str:
@@ -54,9 +55,8 @@ def ordered(results_dir: Path) -> list[str]:
 def render(results_dir: Path = RESULTS_DIR) -> str:
     parts = ["#### Targets", "", summary(results_dir), ""]
     for name in ordered(results_dir):
-        md = results_dir / f"{name}.md"
-        if md.exists():
-            parts += [md.read_text().replace("### ", "#### ", 1), ""]
+        body = json.loads((results_dir / f"{name}.json").read_text())
+        parts += [markdown_of(body).replace("### ", "#### ", 1), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -70,10 +70,8 @@ def splice(document: str, block: str) -> str:
 
 
 def main() -> None:
-    block = render()
-    for path in TARGETS:
-        path.write_text(splice(path.read_text(), block))
-        print(f"updated {path.relative_to(ROOT)}")
+    TARGET.write_text(splice(TARGET.read_text(), render()))
+    print(f"updated {TARGET.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

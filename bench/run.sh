@@ -3,7 +3,7 @@
 #   NAME: operator_scale, operator_recovery, recovery_e2e, real_node_recovery,
 #         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, or all (each of
 #         them, one after the other, with ARGS ignored). On a GPU machine: bench/gpu_check.sh.
-# Then refresh the tables in docs/benchmarks.md and bench/README.md from bench/results/.
+# Then render the tables of bench/results/*.json into docs/benchmarks.md (python -m bench.report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then

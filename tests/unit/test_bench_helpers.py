@@ -77,22 +77,35 @@ def test_markdown_table_escapes_pipes() -> None:
     assert table.splitlines() == ["| a | b |", "|---|---|", "| x\\|y | z |"]
 
 
-def test_results_write_json_and_markdown(tmp_path: Path) -> None:
+def test_results_are_recorded_as_json_and_rendered_from_it_alone(tmp_path: Path) -> None:
+    """The JSON is the only record; docs/benchmarks.md's tables are rendered from it
+    (``bench.report``), not copied from a Markdown file beside it."""
     results = Results("demo", "python -m bench.demo")
     figure = results.figure(
         "apply → created", "s", target=Target(5.0), reference=Reference(50.4, "Kubeflow 50.4 s")
     )
     figure.add(4.0, load=2.0)
     figure.add(6.0, load=3.0)
-    json_path, md_path = results.write(tmp_path)
-    import json
+    results.figure("never measured", "s", target=Target(1.0))
+    results.tables["per trial"] = (["trial", "s"], [["1", "4.0"]])
+    results.notes.append("a note")
+    json_path = results.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json"]
 
     body = json.loads(json_path.read_text())
-    (fig,) = body["figures"]
+    (fig, _) = body["figures"]
     assert fig["values"] == [4.0, 6.0] and fig["load_average"] == [2.0, 3.0]
     assert fig["median"] == 5.0 and fig["verdict"] == "met (p95 missed)"
     assert fig["ratio"] == pytest.approx(10.08)
-    assert "| apply → created | 2 | 5.00 s |" in md_path.read_text()
+    rendered = report.render(tmp_path)
+    assert (
+        "| apply → created | 2 | 5.00 s | 5.90 s | 4.00 s – 6.00 s | 2.0–3.0 | ≤ 5.00 s | "
+        "met (p95 missed) | Kubeflow 50.4 s (ratio 10.08) |" in rendered
+    )
+    assert "| never measured | 0 | not measured |  |  |  |  | not measured |  |" in rendered
+    assert "#### demo" in rendered and "**per trial**" in rendered and "- a note" in rendered
+    assert rendered.count("apply → created") == 2, "once in its table, once in the targets"
+    assert results.markdown() in rendered.replace("#### demo", "### demo")
 
 
 def test_report_splices_between_markers_only() -> None:
