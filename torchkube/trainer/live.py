@@ -45,6 +45,7 @@ from torchkube.api.contract import Env, ExitCode, LiveProgress, training_finishe
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed
+from torchkube.trainer.chaos import ChaosHold
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout, StepLoader
 from torchkube.trainer.loader import ConfigError, RunEnv
@@ -304,6 +305,7 @@ class LiveLoop:
         self.steps_done = 0
 
     def run(self, reporter: Reporter, heartbeat: Heartbeat) -> None:
+        chaos = ChaosHold.from_env()
         heartbeat.training()
         while self.state.step < self.spec.steps:
             began = time.monotonic()
@@ -339,6 +341,7 @@ class LiveLoop:
             if self.state.step % self.spec.log_interval_steps == 0 or last:
                 reporter.log(self.state, loss, grad_norm)
                 self._publish()
+            chaos.after(self.state.step)
             if self.writer and (last or self.ckpt.due(self.state.step)):
                 with heartbeat.pausing("checkpoint"):
                     self.ckpt.save(self.state.step, blocking=True)
