@@ -18,7 +18,9 @@ is killed. Nothing keeps running or writing into the work dir after the command 
 
 ``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, kills a worker's
 training process alone, as a crash would, or stops one with SIGSTOP, as a wedged GPU would
-leave it (the launcher's hang watchdog finds it), so recovery can be watched.
+leave it (the launcher's hang watchdog finds it), so recovery can be watched. A worker to be
+killed at a step is told the step and holds still once it is done (``torchkube.trainer.chaos``),
+so the kill lands at that step however late this loop's poll sees it.
 ``replicas.spares`` starts that many extra workers, which stand by in the rendezvous as a pod
 would; ``failurePolicy.replaceStragglers`` restarts the worker of a persistently slow rank,
 with the operator's straggler policy (``torchkube.operator.stragglers``).
