@@ -351,3 +351,35 @@ def test_each_recovery_figure_is_timed_when_it_holds_not_after_the_others() -> N
     with pytest.raises(TimeoutError, match="recorded"):
         now[0] = 0.0
         first_times({"recorded": at(99.0)}, timeout=3, clock=lambda: now[0], sleep=tick)
+
+
+def test_the_quickstart_sample_is_what_a_terminal_shows() -> None:
+    from bench.quickstart import as_shown
+
+    raw = (
+        "running quickstart: 2 workers\r\n\rstep 10/200 [#...]  5s\033[K\rstep 70/200 [##..]  9s"
+        "\033[K\r\nchaos: SIGKILL worker 0 at step 70\r\n\rstep 200/200 [####]  14s\033[K\r\n"
+        "\r\nquickstart: succeeded\r\n"
+    )
+    assert as_shown(raw) == (
+        "running quickstart: 2 workers\nstep 70/200 [##..]  9s\n"
+        "chaos: SIGKILL worker 0 at step 70\nstep 200/200 [####]  14s\n\nquickstart: succeeded\n"
+    )
+
+
+def test_the_readme_sample_is_spliced_from_the_recording() -> None:
+    body = {
+        "machine": {
+            "date": "2026-11-26 08:40 UTC",
+            "nproc": 2,
+            "cpu": "AMD EPYC",
+            "load_average_at_start": [3.5, 2.0, 1.0],
+            "revision": "abc1234",
+        },
+        "extra": {"output": "quickstart: succeeded\n"},
+    }
+    readme = "a\n<!-- quickstart:begin -->\nold\n<!-- quickstart:end -->\nb\n"
+    spliced = report.splice(readme, report.quickstart_sample(body), *report.SAMPLE)
+    assert "```\nquickstart: succeeded\n```\n<!-- quickstart:end -->\nb\n" in spliced
+    assert "2026-11-26 08:40 UTC: 2 cores (AMD EPYC), load average 3.5" in spliced
+    assert "old" not in spliced
