@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
 #   NAME: operator_scale, operator_recovery, recovery_e2e, real_node_recovery,
-#         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, quickstart, or all (each of
-#         them, one after the other, with ARGS ignored). On a GPU machine: bench/gpu_check.sh.
+#         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, quickstart, or all
+#         (each of them, one after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
 # Then render bench/results/*.json into docs/benchmarks.md and README.md (python -m bench.report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
