@@ -23,8 +23,10 @@ the first): with torchrun's default rendezvous settings, and with the settings t
 once with the store's agent killed — rank 0's node lost — which torchkube survives because its
 store is a process of its own.
 
-Worker 0 is SIGKILLed (its whole process tree, as a node loss would; in ``crashed`` its
-training process alone) once training passed ``--kill-step``. The split comes from the time
+Worker 0 is SIGKILLed (its whole process tree, as a node loss would) at ``--kill-step``, where
+it holds still until the kill comes (``torchkube run --chaos-at-step``); in ``crashed`` its
+training process alone, and under plain torchrun its agent's tree, once the progress report
+shows the step. The split comes from the time
 stamps of the logs (torchrun's agent logs at INFO through ``LOGLEVEL=INFO``; the trainer logs
 every step here):
 
@@ -454,7 +456,8 @@ def main(argv: list[str] | None = None) -> None:
         "the trainer logs nothing between process start and the checkpoint load, so 'worker "
         "start' (spawn, import torch, process groups, model build) is one figure",
         f"the median total is not the sum of the median parts; checkpoints every "
-        f"{args.interval} steps, kill once training passed step {args.kill_step}",
+        f"{args.interval} steps; worker 0 killed at step {args.kill_step} (crashed, and plain "
+        "torchrun: once the progress report showed it)",
     ]
     results.write()
     if args.keep:
