@@ -504,7 +504,7 @@ class LocalRun:
     ) -> tuple[int, int] | None:
         """(worker, step) of the chaos kill due now, if one is. A --chaos-at-step kill is due
         once its worker holds at the step (or, where it cannot hold, a spare standing by, once
-        the progress report shows the step); a --chaos-every-seconds one rotates."""
+        the progress report shows the step); a --chaos-every one rotates."""
         if self.chaos.at_steps:
             victim, asked = self._victim(0), self.chaos.at_steps[0]
             seen = max(step, asked) if self._holding(victim) else step
