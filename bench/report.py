@@ -79,8 +79,9 @@ def quickstart_sample(body: dict[str, Any]) -> str:
     m = body["machine"]
     return (
         f"Recorded by `python -m bench.quickstart` on {m['date']}: {m['nproc']} cores "
-        f"({m['cpu']}), load average {m['load_average_at_start'][0]} at the start (other work "
-        f"shared the machine), revision {m['revision']}:\n\n```\n{body['extra']['output']}```\n"
+        f"({m['cpu']}), 1-minute load average {m['load_average_at_start'][0]} at the start "
+        f"({m['nproc']}: every core busy), revision {m['revision']}:\n\n"
+        f"```\n{body['extra']['output']}```\n"
     )
 
 

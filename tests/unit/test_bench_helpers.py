@@ -381,5 +381,5 @@ def test_the_readme_sample_is_spliced_from_the_recording() -> None:
     readme = "a\n<!-- quickstart:begin -->\nold\n<!-- quickstart:end -->\nb\n"
     spliced = report.splice(readme, report.quickstart_sample(body), *report.SAMPLE)
     assert "```\nquickstart: succeeded\n```\n<!-- quickstart:end -->\nb\n" in spliced
-    assert "2026-11-26 08:40 UTC: 2 cores (AMD EPYC), load average 3.5" in spliced
+    assert "2026-11-26 08:40 UTC: 2 cores (AMD EPYC), 1-minute load average 3.5" in spliced
     assert "old" not in spliced
