@@ -7,8 +7,8 @@ and the reference figure it is compared with (docs/benchmarks.md explains the so
 missed target is written down as missed: nothing here rounds, drops or retries a trial to
 make a number look better.
 
-Results go to ``bench/results/<name>.json`` (everything) and ``bench/results/<name>.md`` (the
-table); ``python -m bench.report`` copies the tables into docs/benchmarks.md and bench/README.md.
+Results go to ``bench/results/<name>.json`` (everything: the record); ``python -m bench.report``
+renders them into docs/benchmarks.md, the one place their tables are published.
 """
 
 from __future__ import annotations
@@ -286,32 +286,57 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str
 FIGURE_HEADERS = ("figure", "n", "median", "p95", "min – max", "load", "target", "", "reference")
 
 
-def figure_rows(figures: Sequence[Figure]) -> list[list[str]]:
+def figure_rows(figures: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The rows of a result file's figures (:meth:`Figure.to_json`): tables are rendered from
+    the recorded JSON alone, so a table can never say what the record does not."""
     rows = []
     for f in figures:
-        s = f.stats
-        if s is None:
-            rows.append([f.name, "0", "not measured", "", "", "", "", f.verdict(), ""])
+        unit, verdict = f["unit"], f.get("verdict", "")
+        if not f["values"]:
+            rows.append([f["name"], "0", "not measured", "", "", "", "", verdict, ""])
             continue
-        load = f"{min(f.loads):.1f}–{max(f.loads):.1f}" if f.loads else ""
+        loads = f["load_average"]
+        load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else ""
         ref = ""
-        if f.reference is not None:
-            ratio = f.reference.ratio(s.median)
-            ref = f.reference.text + (f" (ratio {ratio:.2f})" if ratio is not None else "")
+        if "reference" in f:
+            ratio = f.get("ratio")
+            ref = f["reference"] + (f" (ratio {ratio:.2f})" if ratio is not None else "")
         rows.append(
             [
-                f.name + (f" ({f.note})" if f.note else ""),
-                str(s.n),
-                fmt(s.median, f.unit),
-                fmt(s.p95, f.unit),
-                f"{fmt(s.min, f.unit)} – {fmt(s.max, f.unit)}",
+                f["name"] + (f" ({f['note']})" if f.get("note") else ""),
+                str(f["n"]),
+                fmt(f["median"], unit),
+                fmt(f["p95"], unit),
+                f"{fmt(f['min'], unit)} – {fmt(f['max'], unit)}",
                 load,
-                f.target.describe(f.unit) if f.target else "",
-                f.verdict(),
+                f.get("target", ""),
+                verdict,
                 ref,
             ]
         )
     return rows
+
+
+def markdown_of(body: dict[str, Any]) -> str:
+    """A result file (:meth:`Results.to_json`) as Markdown: its header line (command, date,
+    machine, load, revision), the figures, the extra tables and the notes."""
+    m = body["machine"]
+    lines = [
+        f"### {body['benchmark']}",
+        "",
+        f"`{body['command']}` — {m['date']}, {m['nproc']} cores ({m['cpu']}), "
+        f"{m['memory_gib']} GiB, kernel {m['kernel']}, load average at start "
+        f"{' / '.join(str(x) for x in m['load_average_at_start'])}"
+        + (f", torch {m['torch']}" if "torch" in m else "")
+        + (f", revision {m['revision']}" if "revision" in m else ""),
+        "",
+    ]
+    if body["figures"]:
+        lines += [markdown_table(FIGURE_HEADERS, figure_rows(body["figures"])), ""]
+    for title, table in body["tables"].items():
+        lines += [f"**{title}**", "", markdown_table(table["headers"], table["rows"]), ""]
+    lines += [f"- {note}" for note in body["notes"]]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # ----------------------------------------------------------------------------- results
@@ -347,34 +372,17 @@ class Results:
         }
 
     def markdown(self) -> str:
-        m = self.machine
-        lines = [
-            f"### {self.name}",
-            "",
-            f"`{self.command}` — {m['date']}, {m['nproc']} cores ({m['cpu']}), "
-            f"{m['memory_gib']} GiB, kernel {m['kernel']}, load average at start "
-            f"{' / '.join(str(x) for x in m['load_average_at_start'])}"
-            + (f", torch {m['torch']}" if "torch" in m else "")
-            + (f", revision {m['revision']}" if "revision" in m else ""),
-            "",
-        ]
-        if self.figures:
-            lines += [markdown_table(FIGURE_HEADERS, figure_rows(self.figures)), ""]
-        for title, (headers, rows) in self.tables.items():
-            lines += [f"**{title}**", "", markdown_table(headers, rows), ""]
-        lines += [f"- {note}" for note in self.notes]
-        return "\n".join(lines).rstrip() + "\n"
+        return markdown_of(self.to_json())
 
-    def write(self, directory: Path = RESULTS_DIR) -> tuple[Path, Path]:
-        """Write ``<name>.json`` and ``<name>.md``; print the table and where they went."""
+    def write(self, directory: Path = RESULTS_DIR) -> Path:
+        """Write ``<name>.json``; print its table and where it went (``python -m bench.report``
+        puts the table into docs/benchmarks.md)."""
         directory.mkdir(parents=True, exist_ok=True)
         json_path = directory / f"{self.name}.json"
-        md_path = directory / f"{self.name}.md"
         json_path.write_text(json.dumps(self.to_json(), indent=1, default=str) + "\n")
-        md_path.write_text(self.markdown())
         print("\n" + self.markdown())
-        print(f"results: {json_path} and {md_path}")
-        return json_path, md_path
+        print(f"results: {json_path}")
+        return json_path
 
 
 def log(message: str) -> None:

@@ -31,7 +31,7 @@ quiet="^[0-9-]* [0-9:,]* INFO torchkube: \(step\|global batch\|finished\)\|warni
 echo "== 1. trainer throughput against the plain loop"
 timeout "${BENCH_SECONDS:-150}" python3 -m bench.trainer_throughput --gpu --strategies ddp,fsdp \
     --compile both --trials 1 2>&1 | grep -v "$quiet" | tee "$out/trainer_throughput_gpu.log"
-cp bench/results/trainer_throughput_gpu.json bench/results/trainer_throughput_gpu.md "$out/" 2>/dev/null
+cp bench/results/trainer_throughput_gpu.json "$out/" 2>/dev/null
 
 if [[ -n ${NANOGPT_DIR:-} ]]; then
     echo "== 2. nanoGPT's bench.py on the same GPU"

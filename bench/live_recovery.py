@@ -12,7 +12,7 @@ The same job (examples/live-recovery.yaml: two workers, one process each, tiny G
   restart, the time from the kill until training passed the step it stopped at, and the steps
   computed twice (the kill step less the checkpoint resumed from).
 
-Writes bench/results/live_recovery.{json,md}, with the failure rate above which live mode's
+Writes bench/results/live_recovery.json, with the failure rate above which live mode's
 steady cost is repaid. Not a test: it asserts nothing about time.
 """
 

@@ -47,6 +47,8 @@ class PlainResult:
 
     killed_at: float | None
     """Unix time of the kill (None: training ended before the kill step)."""
+    killed_step: int | None
+    """The step of the trainer's progress report that triggered the kill."""
     log_dir: Path
     exit_codes: list[int | None]
     finished: bool
@@ -110,6 +112,7 @@ class PlainTorchrun:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         killed_at: float | None = None
+        killed_step: int | None = None
         try:
             for index in range(AGENTS):
                 self.agents.append(
@@ -126,7 +129,7 @@ class PlainTorchrun:
             while time.monotonic() < deadline and survivor.poll() is None:
                 record = self.progress()
                 if killed_at is None and record and record.step >= kill_step:
-                    killed_at = time.time()
+                    killed_at, killed_step = time.time(), record.step
                     kill_tree(doomed.pid)
                     doomed.wait()
                 time.sleep(0.1)
@@ -139,6 +142,7 @@ class PlainTorchrun:
         record = self.progress()
         return PlainResult(
             killed_at,
+            killed_step,
             self.log_dir,
             [agent.returncode for agent in self.agents],
             bool(record and record.finished),

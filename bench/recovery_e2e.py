@@ -23,8 +23,10 @@ the first): with torchrun's default rendezvous settings, and with the settings t
 once with the store's agent killed — rank 0's node lost — which torchkube survives because its
 store is a process of its own.
 
-Worker 0 is SIGKILLed (its whole process tree, as a node loss would; in ``crashed`` its
-training process alone) once training passed ``--kill-step``. The split comes from the time
+Worker 0 is SIGKILLed (its whole process tree, as a node loss would) at ``--kill-step``, where
+it holds still until the kill comes (``torchkube run --chaos-at-step``); in ``crashed`` its
+training process alone, and under plain torchrun its agent's tree, once the progress report
+shows the step. The split comes from the time
 stamps of the logs (torchrun's agent logs at INFO through ``LOGLEVEL=INFO``; the trainer logs
 every step here):
 
@@ -39,8 +41,10 @@ every step here):
 - **first step**: → rank 0 logs its first step after the resume;
 - **total**: kill → that first step (the sum of the above).
 
-Also reported: **back at the kill step**, kill → training passed the step it was killed at
-(adds re-doing the steps since the last checkpoint; checkpoints every ``--interval`` steps).
+Also reported: **back at the kill step**, kill → rank 0 logs a step past the one training had
+reached at the kill, in the round after the failure was noticed (adds re-doing the steps since
+the last checkpoint; checkpoints every ``--interval`` steps); the same function
+(:func:`back_at_step`) for torchkube and plain torchrun.
 """
 
 from __future__ import annotations
@@ -224,10 +228,17 @@ class Trial:
     killed_rank0: bool | None = None
 
 
-def back_at_step(lines: list[LogLine], killed_at: float, step: int) -> float | None:
-    """Seconds from the kill until rank 0 logged a step past ``step`` again."""
+def back_at_step(lines: list[LogLine], killed_at: float, step: int, split: Split) -> float | None:
+    """Seconds from the kill until rank 0 logged a step past ``step`` (the step training had
+    reached when the kill came) in the round that recovered from it.
+
+    Only steps logged once a surviving agent noticed the failure count: a step the survivor
+    finished between the kill and its notice (its peer's last gradients were already in) is
+    not a recovery. One definition for torchkube and for plain torchrun.
+    """
+    noticed = killed_at + split.detection
     for line in sorted(lines, key=lambda x: x.at):
-        match = _STEP.search(line.text) if line.rank0 and line.at > killed_at else None
+        match = _STEP.search(line.text) if line.rank0 and line.at >= noticed else None
         if match and int(match.group(1)) > step:
             return line.at - killed_at
     return None
@@ -264,7 +275,7 @@ def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
         split = split_recovery(lines, killed_at)
     except ValueError as error:
         return Trial(None, None, load, f"{error}; run: {summary.message}", killed_rank0)
-    back = failure.lost_seconds
+    back = back_at_step(lines, killed_at, failure.step, split)
     return Trial(split, back, load, "" if summary.succeeded else summary.message, killed_rank0)
 
 
@@ -286,7 +297,8 @@ def run_reference(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
         split = split_recovery(lines, result.killed_at)
     except ValueError as error:
         return Trial(None, None, load, f"{error}; {outcome}".rstrip("; "), victim == "host")
-    back = back_at_step(lines, result.killed_at, args.kill_step)
+    assert result.killed_step is not None
+    back = back_at_step(lines, result.killed_at, result.killed_step, split)
     return Trial(split, back, load, outcome, victim == "host")
 
 
@@ -444,7 +456,8 @@ def main(argv: list[str] | None = None) -> None:
         "the trainer logs nothing between process start and the checkpoint load, so 'worker "
         "start' (spawn, import torch, process groups, model build) is one figure",
         f"the median total is not the sum of the median parts; checkpoints every "
-        f"{args.interval} steps, kill once training passed step {args.kill_step}",
+        f"{args.interval} steps; worker 0 killed at step {args.kill_step} (crashed, and plain "
+        "torchrun: once the progress report showed it)",
     ]
     results.write()
     if args.keep:

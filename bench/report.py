@@ -1,16 +1,20 @@
-"""Copy the last results (``bench/results/*.md``) into docs/benchmarks.md and bench/README.md.
+"""Render the last results (``bench/results/*.json``) into docs/benchmarks.md, the one place
+their tables are published (bench/README.md links there).
 
 Run: ``python -m bench.report`` after a benchmark. Only the text between the markers
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced, so the prose around the
-tables is written by hand and the numbers are never copied by hand.
+tables is written by hand and the numbers are never copied by hand. The same goes for the
+README's quick-start sample (``<!-- quickstart:begin -->``), the output ``bench.quickstart``
+recorded.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from bench.common import RESULTS_DIR, ROOT, markdown_table
+from bench.common import RESULTS_DIR, ROOT, markdown_of, markdown_table
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = [
@@ -25,7 +29,9 @@ ORDER = [
     "trainer_throughput_gpu",
     "checkpoint_cost",
 ]
-TARGETS = ROOT / "docs" / "benchmarks.md", ROOT / "bench" / "README.md"
+TARGET = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+SAMPLE = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
 
 
 def summary(results_dir: Path = RESULTS_DIR) -> str:
@@ -54,26 +60,39 @@ def ordered(results_dir: Path) -> list[str]:
 def render(results_dir: Path = RESULTS_DIR) -> str:
     parts = ["#### Targets", "", summary(results_dir), ""]
     for name in ordered(results_dir):
-        md = results_dir / f"{name}.md"
-        if md.exists():
-            parts += [md.read_text().replace("### ", "#### ", 1), ""]
+        body = json.loads((results_dir / f"{name}.json").read_text())
+        parts += [markdown_of(body).replace("### ", "#### ", 1), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
-def splice(document: str, block: str) -> str:
+def splice(document: str, block: str, begin: str = BEGIN, end: str = END) -> str:
     """Replace what lies between the markers; the markers must be there, once each."""
-    if document.count(BEGIN) != 1 or document.count(END) != 1:
-        raise ValueError(f"the document needs exactly one {BEGIN} and one {END}")
-    head, rest = document.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{block}{END}{tail}"
+    if document.count(begin) != 1 or document.count(end) != 1:
+        raise ValueError(f"the document needs exactly one {begin} and one {end}")
+    head, rest = document.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{block}{end}{tail}"
+
+
+def quickstart_sample(body: dict[str, Any]) -> str:
+    """The README's sample: the recorded output, and where and when it was recorded."""
+    m = body["machine"]
+    return (
+        f"Recorded by `python -m bench.quickstart` on {m['date']}: {m['nproc']} cores "
+        f"({m['cpu']}), 1-minute load average {m['load_average_at_start'][0]} at the start "
+        f"({m['nproc']}: every core busy), revision {m['revision']}:\n\n"
+        f"```\n{body['extra']['output']}```\n"
+    )
 
 
 def main() -> None:
-    block = render()
-    for path in TARGETS:
-        path.write_text(splice(path.read_text(), block))
-        print(f"updated {path.relative_to(ROOT)}")
+    TARGET.write_text(splice(TARGET.read_text(), render()))
+    print(f"updated {TARGET.relative_to(ROOT)}")
+    recorded = RESULTS_DIR / "quickstart.json"
+    if recorded.exists():
+        sample = quickstart_sample(json.loads(recorded.read_text()))
+        README.write_text(splice(README.read_text(), sample, *SAMPLE))
+        print(f"updated {README.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

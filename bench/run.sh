@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
 #   NAME: operator_scale, operator_recovery, recovery_e2e, real_node_recovery,
-#         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, or all (each of
-#         them, one after the other, with ARGS ignored). On a GPU machine: bench/gpu_check.sh.
-# Then refresh the tables in docs/benchmarks.md and bench/README.md from bench/results/.
+#         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, quickstart, or all
+#         (each of them, one after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
+# Then render bench/results/*.json into docs/benchmarks.md and README.md (python -m bench.report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -27,7 +27,7 @@ case "$name" in
 esac
 if [ "$name" = all ]; then
   for one in operator_scale operator_recovery recovery_e2e real_node_recovery trainer_throughput \
-    trainer_memory checkpoint_cost live_recovery; do
+    trainer_memory checkpoint_cost live_recovery quickstart; do
     python -m "bench.$one"
   done
 else

@@ -147,3 +147,10 @@ def test_recovery_is_restart_unless_live_is_asked_for() -> None:
     live = TrainingJob.model_validate(manifest("demo", {"failurePolicy": {"recovery": "live"}}))
     assert live.spec.failure_policy.recovery == "live"
     assert live.to_wire()["spec"]["failurePolicy"]["recovery"] == "live"
+
+
+def test_chaos_hold_steps_travel_through_the_environment_as_written() -> None:
+    from torchkube.api.contract import chaos_hold_steps, chaos_hold_steps_value
+
+    assert chaos_hold_steps(chaos_hold_steps_value([70, 140])) == frozenset({70, 140})
+    assert chaos_hold_steps("") == frozenset() and chaos_hold_steps(" 5 ,") == frozenset({5})

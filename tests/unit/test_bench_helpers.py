@@ -7,6 +7,7 @@ trial values into published figures is right.
 import datetime as dt
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,14 @@ from bench import guard, kubeflow, report
 from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
 from bench.kube import metric_delta, parse_metrics
 from bench.plain_torchrun import PlainTorchrun
-from bench.recovery_e2e import LogLine, back_at_step, job_manifest, line_time, split_recovery
+from bench.recovery_e2e import (
+    LogLine,
+    Split,
+    back_at_step,
+    job_manifest,
+    line_time,
+    split_recovery,
+)
 from bench.trainer_throughput import throughput
 from testbed.cluster import scheduler_configuration
 from torchkube.api import TrainingJob
@@ -69,22 +77,35 @@ def test_markdown_table_escapes_pipes() -> None:
     assert table.splitlines() == ["| a | b |", "|---|---|", "| x\\|y | z |"]
 
 
-def test_results_write_json_and_markdown(tmp_path: Path) -> None:
+def test_results_are_recorded_as_json_and_rendered_from_it_alone(tmp_path: Path) -> None:
+    """The JSON is the only record; docs/benchmarks.md's tables are rendered from it
+    (``bench.report``), not copied from a Markdown file beside it."""
     results = Results("demo", "python -m bench.demo")
     figure = results.figure(
         "apply → created", "s", target=Target(5.0), reference=Reference(50.4, "Kubeflow 50.4 s")
     )
     figure.add(4.0, load=2.0)
     figure.add(6.0, load=3.0)
-    json_path, md_path = results.write(tmp_path)
-    import json
+    results.figure("never measured", "s", target=Target(1.0))
+    results.tables["per trial"] = (["trial", "s"], [["1", "4.0"]])
+    results.notes.append("a note")
+    json_path = results.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.json"]
 
     body = json.loads(json_path.read_text())
-    (fig,) = body["figures"]
+    (fig, _) = body["figures"]
     assert fig["values"] == [4.0, 6.0] and fig["load_average"] == [2.0, 3.0]
     assert fig["median"] == 5.0 and fig["verdict"] == "met (p95 missed)"
     assert fig["ratio"] == pytest.approx(10.08)
-    assert "| apply → created | 2 | 5.00 s |" in md_path.read_text()
+    rendered = report.render(tmp_path)
+    assert (
+        "| apply → created | 2 | 5.00 s | 5.90 s | 4.00 s – 6.00 s | 2.0–3.0 | ≤ 5.00 s | "
+        "met (p95 missed) | Kubeflow 50.4 s (ratio 10.08) |" in rendered
+    )
+    assert "| never measured | 0 | not measured |  |  |  |  | not measured |  |" in rendered
+    assert "#### demo" in rendered and "**per trial**" in rendered and "- a note" in rendered
+    assert rendered.count("apply → created") == 2, "once in its table, once in the targets"
+    assert results.markdown() in rendered.replace("#### demo", "### demo")
 
 
 def test_report_splices_between_markers_only() -> None:
@@ -224,15 +245,22 @@ def test_plain_torchrun_gets_torchkubes_settings_or_its_own_defaults(tmp_path: P
     assert "--nnodes=1:2" in defaults and defaults[-2:] == ["-m", "torchkube.trainer"]
 
 
-def test_back_at_step_is_the_first_rank0_step_past_the_kill_step() -> None:
+def test_back_at_step_counts_only_steps_logged_once_the_kill_was_noticed() -> None:
+    """Plain torchrun's survivor logged step 31 7 ms after the kill, before its agent noticed
+    the failure: that is not training back (published as 0.007 s). Both contenders go through
+    this one function."""
     lines = [
         LogLine(10.0, "worker-0.log", "x INFO torchkube: step 30/50 | loss"),
+        LogLine(11.007, "worker-0.log", "x INFO torchkube: step 31/50 | loss"),
         LogLine(12.0, "worker-1.log", "x INFO torchkube [rank 1]: step 31/50 | loss"),
         LogLine(13.0, "worker-0.log", "x INFO torchkube: step 25/50 | loss"),
+        LogLine(14.0, "worker-0.log", "x INFO torchkube: step 30/50 | loss"),
         LogLine(15.0, "worker-0.log", "x INFO torchkube: step 31/50 | loss"),
     ]
-    assert back_at_step(lines, 11.0, 30) == 4.0
-    assert back_at_step(lines, 16.0, 30) is None
+    noticed_after = Split(0.5, 1.0, 0.5, 0.1, 0.1, 20, 21)
+    assert back_at_step(lines, 11.0, 30, noticed_after) == 4.0
+    assert back_at_step(lines, 11.0, 31, noticed_after) is None
+    assert back_at_step(lines, 16.0, 30, noticed_after) is None
 
 
 def test_the_peers_pods_carry_what_a_torchkube_worker_of_the_same_job_does() -> None:
@@ -297,3 +325,61 @@ def test_live_recovery_break_even_weighs_the_steady_cost_against_each_loss() -> 
         per_step(0.1, 0.101), kills
     )
     assert "wins at any failure rate" in break_even(per_step(0.1, 0.09), kills)
+
+
+def test_each_recovery_figure_is_timed_when_it_holds_not_after_the_others() -> None:
+    """Training back at t=2 while the status shows the Hang only at t=5: 'training again' is 2
+    (it was published as the status's time when it was polled only after the status)."""
+    from bench.real_node_recovery import first_times
+
+    now = [0.0]
+
+    def at(t: float) -> Callable[[], bool]:
+        return lambda: now[0] >= t
+
+    def tick(seconds: float) -> None:
+        now[0] += seconds
+
+    times = first_times(
+        {"again": at(2.0), "ended": at(1.5), "recorded": at(5.0)},
+        timeout=60,
+        interval=0.5,
+        clock=lambda: now[0],
+        sleep=tick,
+    )
+    assert times == {"ended": 1.5, "again": 2.0, "recorded": 5.0}
+    with pytest.raises(TimeoutError, match="recorded"):
+        now[0] = 0.0
+        first_times({"recorded": at(99.0)}, timeout=3, clock=lambda: now[0], sleep=tick)
+
+
+def test_the_quickstart_sample_is_what_a_terminal_shows() -> None:
+    from bench.quickstart import as_shown
+
+    raw = (
+        "running quickstart: 2 workers\r\n\rstep 10/200 [#...]  5s\033[K\rstep 70/200 [##..]  9s"
+        "\033[K\r\nchaos: SIGKILL worker 0 at step 70\r\n\rstep 200/200 [####]  14s\033[K\r\n"
+        "\r\nquickstart: succeeded\r\n"
+    )
+    assert as_shown(raw) == (
+        "running quickstart: 2 workers\nstep 70/200 [##..]  9s\n"
+        "chaos: SIGKILL worker 0 at step 70\nstep 200/200 [####]  14s\n\nquickstart: succeeded\n"
+    )
+
+
+def test_the_readme_sample_is_spliced_from_the_recording() -> None:
+    body = {
+        "machine": {
+            "date": "2026-11-26 08:40 UTC",
+            "nproc": 2,
+            "cpu": "AMD EPYC",
+            "load_average_at_start": [3.5, 2.0, 1.0],
+            "revision": "abc1234",
+        },
+        "extra": {"output": "quickstart: succeeded\n"},
+    }
+    readme = "a\n<!-- quickstart:begin -->\nold\n<!-- quickstart:end -->\nb\n"
+    spliced = report.splice(readme, report.quickstart_sample(body), *report.SAMPLE)
+    assert "```\nquickstart: succeeded\n```\n<!-- quickstart:end -->\nb\n" in spliced
+    assert "2026-11-26 08:40 UTC: 2 cores (AMD EPYC), 1-minute load average 3.5" in spliced
+    assert "old" not in spliced

@@ -71,10 +71,26 @@ class Env(StrEnum):
     LIGHTHOUSE = "TORCHKUBE_LIGHTHOUSE"
     """Live recovery: the torchft Lighthouse that forms each step's quorum of replica groups
     (``http://host:port``)."""
+    CHAOS_HOLD_AT_STEPS = "TORCHKUBE_CHAOS_HOLD_AT_STEPS"
+    """Set by ``torchkube run --chaos-at-step`` on the worker it is going to SIGKILL, never by
+    the operator: the steps (:func:`chaos_hold_steps_value`) after which each of the worker's
+    training processes stops itself (SIGSTOP) until the kill comes. The others wait for it in
+    their next collective, so the kill lands at the step asked for however late the runner's
+    poll sees it on a busy machine."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here
     (:mod:`torchkube.elastic.heartbeat`). Unset: no heartbeat, no hang detection."""
+
+
+def chaos_hold_steps_value(steps: list[int]) -> str:
+    """:attr:`Env.CHAOS_HOLD_AT_STEPS` for ``steps``: comma-separated."""
+    return ",".join(str(step) for step in steps)
+
+
+def chaos_hold_steps(value: str) -> frozenset[int]:
+    """The steps of an :attr:`Env.CHAOS_HOLD_AT_STEPS` value (empty or unset: none)."""
+    return frozenset(int(part) for part in value.split(",") if part.strip())
 
 
 class ExitCode(IntEnum):

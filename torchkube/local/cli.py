@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     "chaos_steps",
     type=int,
     multiple=True,
-    help="SIGKILL a worker when training reaches this step (repeatable).",
+    help="SIGKILL a worker (its whole tree, as a node loss) at this step (repeatable): it holds "
+    "still once the step is done until the kill comes, so the kill lands there whatever the "
+    "load.",
 )
 @click.option("--chaos-every", type=float, help="SIGKILL a worker every this many seconds.")
 @click.option("--chaos-worker", type=int, help="Which worker chaos kills (default: rotate).")

@@ -42,3 +42,12 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     for target in [*descendants(pid), pid]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(target, sig)
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal (state ``T`` in ``/proc/<pid>/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"

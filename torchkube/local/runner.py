@@ -18,7 +18,9 @@ is killed. Nothing keeps running or writing into the work dir after the command 
 
 ``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, kills a worker's
 training process alone, as a crash would, or stops one with SIGSTOP, as a wedged GPU would
-leave it (the launcher's hang watchdog finds it), so recovery can be watched.
+leave it (the launcher's hang watchdog finds it), so recovery can be watched. A worker to be
+killed at a step is told the step and holds still once it is done (``torchkube.trainer.chaos``),
+so the kill lands at that step however late this loop's poll sees it.
 ``replicas.spares`` starts that many extra workers, which stand by in the rendezvous as a pod
 would; ``failurePolicy.replaceStragglers`` restarts the worker of a persistently slow rank,
 with the operator's straggler policy (``torchkube.operator.stragglers``).
@@ -40,13 +42,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
-from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
+from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
 from torchkube.api.status import SlowestRank
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
 from torchkube.local.display import Failure, Summary, progress_line
-from torchkube.local.processes import children_of, descendants, kill_tree
+from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
 from torchkube.operator import stragglers
@@ -91,9 +93,10 @@ class Chaos:
     takes longer than ``joinTimeoutSeconds``. The others time out waiting for it (a free
     ``JoinTimeout``), are started again, and train with it once it arrives."""
 
-    def due(self, step: int, now: float, last_kill: float, started: float) -> bool:
-        if _due(self.at_steps, step):
-            return True
+    def kill_due(self, step: int) -> bool:
+        return _due(self.at_steps, step)
+
+    def timed_kill_due(self, now: float, last_kill: float, started: float) -> bool:
         if self.every_seconds is not None:
             return now - max(last_kill, started) >= self.every_seconds
         return False
@@ -162,6 +165,8 @@ class LocalRun:
         self.waiting: dict[int, float] = {}
         """Workers to start again, and when (the failure policy's backoff)."""
         self._kills = 0
+        self._step_kills = 0
+        """--chaos-at-step kills done: the next one's victim follows from it (:meth:`_victim`)."""
         self._starts: dict[int, int] = {}
         """Times each worker was started: a live-recovery worker's own rendezvous is new each
         time (``torchrun_args``)."""
@@ -188,6 +193,9 @@ class LocalRun:
             env[Env.LIGHTHOUSE] = f"http://127.0.0.1:{self.lighthouse_port}"
         cpus = len(os.sched_getaffinity(0))
         env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
+        holds = self._hold_steps(index)
+        if holds:
+            env[Env.CHAOS_HOLD_AT_STEPS] = chaos_hold_steps_value(holds)
         for variable in self.job.spec.env:
             if variable.value is not None:
                 env[variable.name] = variable.value
@@ -329,9 +337,10 @@ class LocalRun:
                 self._signal_trainer(record, now, signal.SIGKILL)
             if record:
                 self._replace_straggler(record, now)
-            if record and self.chaos.due(step, now, last_kill, started):
+            kill = self._kill_due(step, now, last_kill, started) if record else None
+            if record and kill is not None:
                 last_kill = now
-                self._kill_one(record, now)
+                self._kill_one(*kill, record, now)
                 if not self.workers and not self.waiting:
                     return self._finish(
                         False, "chaos killed every worker (none restarted)", started, record
@@ -470,19 +479,57 @@ class LocalRun:
             live=self.live and worker >= 0,
         )
 
-    def _kill_one(self, record: ProgressReport, now: float) -> None:
-        index = self.chaos.worker if self.chaos.worker is not None else self._kills % self.count
+    # ------------------------------------------------------------------ chaos
+    def _victim(self, pending: int) -> int:
+        """The worker the ``pending``-th of the --chaos-at-step kills still to come takes."""
+        if self.chaos.worker is not None:
+            return self.chaos.worker
+        return (self._step_kills + pending) % self.count
+
+    def _hold_steps(self, index: int) -> list[int]:
+        """The --chaos-at-step steps at which worker ``index`` is to be killed: it holds still
+        after each (``torchkube.trainer.chaos``), so the kill lands there whatever the load."""
+        return [s for k, s in enumerate(self.chaos.at_steps) if self._victim(k) == index]
+
+    def _holding(self, index: int) -> bool:
+        """Whether a training process of worker ``index`` stopped itself at a chaos step (one
+        chaos stopped as a hang is not holding)."""
+        worker = self.workers.get(index)
+        if worker is None or index in self._hung:
+            return False
+        return any(stopped(pid) for pid in workers_of(worker.proc.pid, children_of()))
+
+    def _kill_due(
+        self, step: int, now: float, last_kill: float, started: float
+    ) -> tuple[int, int] | None:
+        """(worker, step) of the chaos kill due now, if one is. A --chaos-at-step kill is due
+        once its worker holds at the step (or, where it cannot hold, a spare standing by, once
+        the progress report shows the step); a --chaos-every one rotates."""
+        if self.chaos.at_steps:
+            victim, asked = self._victim(0), self.chaos.at_steps[0]
+            seen = max(step, asked) if self._holding(victim) else step
+            if self.chaos.kill_due(seen):
+                self._step_kills += 1
+                return victim, seen
+        if self.chaos.timed_kill_due(now, last_kill, started):
+            index = self.chaos.worker if self.chaos.worker is not None else self._kills % self.count
+            return index, step
+        return None
+
+    def _kill_one(self, index: int, step: int, record: ProgressReport, now: float) -> None:
         self._kills += 1
         worker = self.workers.get(index)
         if worker is None or worker.proc.poll() is not None:
             return
-        self.out.write(f"\nchaos: SIGKILL worker {index} at step {record.step}\n")
+        self.out.write(f"\nchaos: SIGKILL worker {index} at step {step}\n")
         if self.live:
             self.out.write(
                 "recovery live: the other workers keep training without it from their next "
                 f"step; worker {index} is started again and joins from a live peer\n"
             )
-        self.failures.append(self._display_failure(index, "killed (chaos)", record, now))
+        failure = self._display_failure(index, "killed (chaos)", record, now)
+        failure.step = step
+        self.failures.append(failure)
         kill_tree(worker.proc.pid)
         worker.proc.wait()
         del self.workers[index]

@@ -51,6 +51,7 @@ from torchkube.api.contract import (
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed
+from torchkube.trainer.chaos import ChaosHold
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout, StepLoader
 from torchkube.trainer.distributed import StopRequest
@@ -319,6 +320,7 @@ class LiveLoop:
 
     def run(self, reporter: Reporter, heartbeat: Heartbeat) -> int | None:
         """Train to the last step; returns the signal that stopped it before, if one did."""
+        chaos = ChaosHold.from_env()
         heartbeat.training()
         while self.state.step < self.spec.steps:
             if self.stop.signum is not None:
@@ -357,6 +359,7 @@ class LiveLoop:
             if self.state.step % self.spec.log_interval_steps == 0 or last:
                 reporter.log(self.state, loss, grad_norm)
                 self._publish()
+            chaos.after(self.state.step)
             if self.writer and (last or self.ckpt.due(self.state.step)):
                 with heartbeat.pausing("checkpoint"):
                     self.ckpt.save(self.state.step, blocking=True)

@@ -24,6 +24,7 @@ from torchkube.api.contract import Env, ExitCode, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, stragglers, tensorboard
+from torchkube.trainer.chaos import ChaosHold
 from torchkube.trainer.checkpoint import STEP_PREFIX, CheckpointManager, FencedError, TrainState
 from torchkube.trainer.data import Layout, StepLoader, eval_batches
 from torchkube.trainer.distributed import (
@@ -66,6 +67,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         else None
     )
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
+    chaos = ChaosHold.from_env()
     board = open_board(spec, run_env, info)
     try:
         # --- setup: the same seed on every rank gives every rank the same initial weights;
@@ -141,6 +143,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             last = state.step == spec.steps
             if state.step % spec.log_interval_steps == 0 or last or stop_now:
                 report.log(state, loss, grad_norm)
+            chaos.after(state.step)
             if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
                 with heartbeat.pausing("evaluation"):
                     report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
