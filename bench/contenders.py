@@ -1,20 +1,21 @@
 """The operators a benchmark puts side by side on one cluster: torchkube and Kubeflow's
-training-operator. Each knows how to submit a job of N worker pods, which pods are its
-workers, and what it has cost so far (API requests, reconciles, CPU seconds, peak memory),
-so a scenario is written once and run for both, alternating job by job.
+training-operator (in one or more configurations). Each knows how to submit a job of N worker
+pods, which pods are its workers, and what it has cost so far (API requests, reconciles, CPU
+seconds, peak memory), so a scenario is written once and run for all, alternating job by job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bench import kubeflow
 from bench.kube import PodTimes, Stack, job_body, metric_delta, parse_metrics
 from torchkube.api import labels as lbl
+from torchkube.operator.workloads import QUEUE_LABEL
 
 PEER = "Kubeflow"
 
@@ -23,6 +24,9 @@ class Contender(Protocol):
     name: str
     selector: str
     """Label selector of its worker pods."""
+    home: str | None
+    """The one namespace its operator watches, where all its jobs go; ``None``: it watches
+    every namespace and each job may have a fresh one."""
 
     def submit(
         self,
@@ -34,9 +38,11 @@ class Contender(Protocol):
         gpus: int = 1,
         group: str = "scale",
         resilient: Resilience | None = None,
+        queue: str | None = None,
     ) -> None:
         """A job of ``workers`` pods with ``gpus`` each on the KWOK nodes labelled ``group``;
-        ``resilient`` asks for the operator's own recovery settings."""
+        ``resilient`` asks for the operator's own recovery settings; ``queue`` names the Kueue
+        LocalQueue it waits in."""
         ...
 
     def slot(self, pod: PodTimes) -> str:
@@ -74,6 +80,7 @@ class Torchkube:
     bench: Stack
     name: str = "torchkube"
     selector: str = f"{lbl.ROLE}={lbl.ROLE_WORKER}"
+    home: str | None = None
 
     def submit(
         self,
@@ -85,6 +92,7 @@ class Torchkube:
         gpus: int = 1,
         group: str = "scale",
         resilient: Resilience | None = None,
+        queue: str | None = None,
     ) -> None:
         policy = (
             {"maxRestarts": resilient.restarts, "nodeLostGraceSeconds": resilient.node_grace}
@@ -92,6 +100,8 @@ class Torchkube:
             else None
         )
         body = job_body(job, workers, gpus=gpus, group=group, failure_policy=policy)
+        if queue:
+            body["metadata"]["labels"] = {QUEUE_LABEL: queue}
         bench.create_job(namespace, body)
 
     def slot(self, pod: PodTimes) -> str:
@@ -123,6 +133,7 @@ class Kubeflow:
     operator: kubeflow.KubeflowOperator
     name: str = PEER
     selector: str = kubeflow.JOB_LABEL
+    home: str | None = None
 
     def submit(
         self,
@@ -134,11 +145,14 @@ class Kubeflow:
         gpus: int = 1,
         group: str = "scale",
         resilient: Resilience | None = None,
+        queue: str | None = None,
     ) -> None:
         # ExitCode: a pod that exits with a retryable code (137, 143, ...) is deleted and made
         # again, the peer's counterpart of a failure policy. It has none for lost nodes.
         policy = "ExitCode" if resilient else "OnFailure"
-        body = kubeflow.pytorchjob_body(job, workers, gpus=gpus, group=group, restart=policy)
+        body = kubeflow.pytorchjob_body(
+            job, workers, gpus=gpus, group=group, restart=policy, queue=queue
+        )
         kubeflow.create_pytorchjob(bench.api, namespace, body)
 
     def slot(self, pod: PodTimes) -> str:
@@ -165,23 +179,36 @@ class Kubeflow:
 
 
 @contextlib.contextmanager
-def contenders(bench: Stack, peers: bool) -> Iterator[list[Contender]]:
-    """torchkube, and with ``peers`` Kubeflow's operator started beside it on the same cluster
-    (built by pin, installed, its start not timed); stops the peer afterwards."""
+def contenders(
+    bench: Stack, peers: bool, configs: Sequence[kubeflow.PeerConfig] = (kubeflow.DEFAULT,)
+) -> Iterator[list[Contender]]:
+    """torchkube, and with ``peers`` Kubeflow's operator in each of ``configs`` started beside
+    it on the same cluster (built by pin, installed, its start not timed); stops the peers
+    afterwards. Two configurations would both reconcile every PyTorchJob, so with more than
+    one each is confined to a namespace of its own (its ``home``)."""
     players: list[Contender] = [Torchkube(bench)]
     if not peers:
         yield players
         return
     build = kubeflow.build()
     kubeflow.install(bench.api, build)
-    operator = kubeflow.KubeflowOperator(
-        build, bench.cluster.kubeconfig, bench.cluster.log_dir / "kubeflow-operator.log"
-    ).start(bench.api)
-    peer = Kubeflow(operator)
+    started: list[Kubeflow] = []
     try:
-        yield [*players, peer]
+        for config in configs:
+            home = bench.namespace("kubeflow") if len(configs) > 1 else None
+            log_name = "kubeflow-operator" + ("" if config == kubeflow.DEFAULT else "-raised")
+            operator = kubeflow.KubeflowOperator(
+                build,
+                bench.cluster.kubeconfig,
+                bench.cluster.log_dir / f"{log_name}.log",
+                config=config,
+                namespace=home,
+            ).start(bench.api)
+            started.append(Kubeflow(operator, name=config.name, home=home))
+        yield [*players, *started]
     finally:
-        peer.operator.stop()
+        for peer in started:
+            peer.operator.stop()
 
 
 def settle(contender: Contender, quiet: float = 3.0, limit: float = 60.0) -> None:

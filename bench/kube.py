@@ -35,6 +35,7 @@ from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.api import labels as lbl
+from torchkube.operator import workloads
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_LABEL = "bench.torchkube.dev/group"
@@ -254,6 +255,60 @@ class PodWatch:
         ]
 
 
+class WorkloadWatch:
+    """The namespace's Workloads made after the watch started, with when each was first seen
+    admitted (``workloads.read``: the operator's own reading of a Workload)."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.cond = threading.Condition()
+        self.existing: set[str] = set()
+        self.admitted: dict[str, float] = {}
+        self._started = False
+        custom = client.CustomObjectsApi(api)
+        self._watch = _RawWatch(
+            custom.list_namespaced_custom_object,
+            self._handle,
+            group=workloads.API_GROUP,
+            version=workloads.API_VERSION,
+            namespace=namespace,
+            plural=workloads.PLURAL,
+        )
+
+    def __enter__(self) -> WorkloadWatch:
+        self._watch.start()
+        if not self._watch.synced.wait(30):
+            raise RuntimeError("workload watch did not start")
+        with self.cond:
+            self._started = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.stop()
+
+    def _handle(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.monotonic()
+        uid = obj["metadata"]["uid"]
+        with self.cond:
+            if not self._started:
+                self.existing.add(uid)  # an earlier trial's, still being deleted
+                return
+            fresh = uid not in self.existing and uid not in self.admitted
+            if fresh and workloads.read(obj).admitted:
+                self.admitted[uid] = now
+                self.cond.notify_all()
+
+    def wait_admitted(self, timeout: float, what: str) -> float:
+        """When the first new Workload was seen admitted."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.admitted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{what}: no Workload admitted after {timeout:.0f}s")
+                self.cond.wait(min(left, 1.0))
+            return min(self.admitted.values())
+
+
 class NodeWatch:
     """Nodes' readiness, with the instant each was first seen not Ready."""
 
@@ -387,9 +442,12 @@ class Stack:
     def create_job(self, namespace: str, body: dict[str, Any]) -> None:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
-    def delete_namespace(self, namespace: str, wait: float = 300, force: bool = False) -> None:
+    def delete_namespace(
+        self, namespace: str, wait: float = 300, force: bool = False, keep: bool = False
+    ) -> None:
         """Delete the jobs (torchkube's and the peer's), wait until their pods are gone
-        (capacity back), drop the namespace.
+        (capacity back), drop the namespace; with ``keep`` leave it, empty of jobs, for the
+        next (an operator confined to it watches only it).
 
         ``force`` also deletes the pods with grace 0: pods of a killed node would otherwise
         stay Terminating until pod garbage collection (about a minute) removes them.
@@ -409,6 +467,18 @@ class Stack:
         def no_pods() -> bool:
             return not core.list_namespaced_pod(namespace, limit=1).items
 
+        def no_jobs() -> bool:
+            return not any(
+                self.custom.list_namespaced_custom_object(group, version, namespace, plural)[
+                    "items"
+                ]
+                for group, version, plural in JOB_KINDS
+            )
+
+        if keep:
+            wait_for(no_pods, wait, interval=1.0, what=f"the pods of {namespace} to be deleted")
+            wait_for(no_jobs, wait, interval=0.5, what=f"the jobs of {namespace} to be deleted")
+            return
         try:
             wait_for(no_pods, wait, interval=1.0, what=f"the pods of {namespace} to be deleted")
         finally:
@@ -502,6 +572,7 @@ __all__ = [
     "NodeWatch",
     "PodWatch",
     "Stack",
+    "WorkloadWatch",
     "gpu_pools",
     "job_body",
     "stack",

@@ -10,6 +10,13 @@ controller-runtime's serving-certificate folder, so they are copied there. Then 
 process with the admin kubeconfig — the same footing as the torchkube operator in these
 benchmarks.
 
+Its client to the API server is rate-limited: v1.8.1 takes controller-runtime's defaults (20
+requests/s, bursts of 30) and has no flag to change them, and it creates a job's pods one
+after another, so 512 pods take it at least (512 - 30) / 20 ≈ 24 s whatever the machine.
+v1.9 added ``--kube-api-qps``/``--kube-api-burst``; :data:`RAISED` runs the last v1 release
+with them raised, a second peer configuration beside the default one, so a ratio shows the
+operators' designs and not only a default flag.
+
 Its jobs are timed with the same pod watch as torchkube's. A PyTorchJob of N workers is one
 ``Master`` and N-1 ``Worker`` replicas (N pods), each with the GPUs and KWOK placement a
 torchkube worker gets.
@@ -39,6 +46,7 @@ from testbed.wait import wait_for
 from torchkube.api import TrainingJob
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.worker_launch import trainer_env
+from torchkube.operator.workloads import QUEUE_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "kubeflow"
@@ -54,15 +62,52 @@ serving-certs``), where the operator's webhook server reads its key pair."""
 
 
 @dataclass(frozen=True)
+class PeerConfig:
+    """How one Kubeflow contender runs: which release and its client's rate limit."""
+
+    name: str
+    version: str
+    client_qps: int = 20
+    client_burst: int = 30
+    """controller-runtime's defaults, the only limits v1.8.1 can run with."""
+
+    @property
+    def flags(self) -> list[str]:
+        """The client-limit flags (v1.9 on); none for v1.8.1, which has none."""
+        if self.version == RELEASE:
+            return []
+        return [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={self.client_burst}"]
+
+    def describe(self) -> str:
+        flags = " ".join(self.flags) or "no client-limit flags (controller-runtime's defaults)"
+        return (
+            f"{self.name}: training-operator {self.version}, client limit {self.client_qps} "
+            f"requests/s, bursts of {self.client_burst} ({flags})"
+        )
+
+
+RELEASE = "v1.8.1"
+RAISED_VERSION = "v1.9.3"
+DEFAULT = PeerConfig("Kubeflow", RELEASE)
+RAISED = PeerConfig("Kubeflow, client 500/s", RAISED_VERSION, client_qps=500, client_burst=1000)
+"""500 requests/s as large production clusters give kube-scheduler (bench.operator_scale's
+fast-scheduler scenario); bursts of 1000 cover a 512-worker job's pods at once."""
+
+
+@dataclass(frozen=True)
 class Build:
-    """The built operator and the module source its manifests come from."""
+    """The built operators and the module source the manifests come from (v1.8.1's)."""
 
     module_dir: Path
     bin_dir: Path
 
     @property
     def binary(self) -> Path:
-        return self.bin_dir / "training-operator.v1"
+        return self.binary_of(RELEASE)
+
+    def binary_of(self, version: str) -> Path:
+        suffix = "" if version == RELEASE else f"-{version}"
+        return self.bin_dir / f"training-operator.v1{suffix}"
 
 
 def build() -> Build:
@@ -112,18 +157,30 @@ def install(api: Any, build: Build) -> None:
 
 
 class KubeflowOperator:
-    """``training-operator.v1 --enable-scheme=pytorchjob`` as a process, with its ports."""
+    """``training-operator.v1 --enable-scheme=pytorchjob`` as a process, with its ports;
+    ``namespace`` confines it to one namespace (its ``--namespace``), so two configurations
+    can run on one cluster without both reconciling every PyTorchJob."""
 
-    def __init__(self, build: Build, kubeconfig: Path, log_path: Path, threads: int = 1) -> None:
+    def __init__(
+        self,
+        build: Build,
+        kubeconfig: Path,
+        log_path: Path,
+        threads: int = 1,
+        config: PeerConfig = DEFAULT,
+        namespace: str | None = None,
+    ) -> None:
         self.build = build
         self.kubeconfig = kubeconfig
         self.metrics_port, self.probe_port, self.webhook_port = (free_port() for _ in range(3))
-        self.threads = threads
+        self.threads, self.config, self.namespace = threads, config, namespace
         self.process = Process(
             "kubeflow-training-operator",
             [
-                str(build.binary),
+                str(build.binary_of(config.version)),
                 "--enable-scheme=pytorchjob",
+                *config.flags,
+                *([f"--namespace={namespace}"] if namespace else []),
                 f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
                 f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
                 f"--webhook-server-port={self.webhook_port}",
@@ -155,7 +212,12 @@ class KubeflowOperator:
         """Stop this process and start a fresh one with the same build and kubeconfig."""
         self.stop()
         return KubeflowOperator(
-            self.build, self.kubeconfig, self.process.log_path, self.threads
+            self.build,
+            self.kubeconfig,
+            self.process.log_path,
+            self.threads,
+            self.config,
+            self.namespace,
         ).start(api)
 
     def _ready(self) -> bool:
@@ -188,7 +250,13 @@ class KubeflowOperator:
 
 
 def pytorchjob_body(
-    name: str, workers: int, *, gpus: int = 1, group: str = "scale", restart: str = "OnFailure"
+    name: str,
+    workers: int,
+    *,
+    gpus: int = 1,
+    group: str = "scale",
+    restart: str = "OnFailure",
+    queue: str | None = None,
 ) -> dict[str, Any]:
     """A PyTorchJob of ``workers`` pods (a Master and workers-1 Workers) placed like a
     torchkube job's workers (``gpus`` each, on the KWOK nodes labelled ``group``) and carrying
@@ -196,7 +264,8 @@ def pytorchjob_body(
     torchrun, its configuration in the environment (the variables a torchkube worker gets),
     and the shared checkpoint claim mounted. Both operators' pods then ask the same of the
     API server, the scheduler (a pod with a claim is checked against it on every node) and
-    the nodes; a bare template would time a lighter pod, not a faster operator."""
+    the nodes; a bare template would time a lighter pod, not a faster operator. ``queue``
+    names a Kueue LocalQueue (Kueue's label, which its PyTorchJob integration reads)."""
     same_job = TrainingJob.model_validate(job_body(name, workers, gpus=gpus, group=group))
     env = [{"name": key, "value": value} for key, value in trainer_env(same_job, 0).items()]
     mount = same_job.spec.checkpoint.mount_path
@@ -232,7 +301,7 @@ def pytorchjob_body(
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "PyTorchJob",
-        "metadata": {"name": name},
+        "metadata": {"name": name, **({"labels": {QUEUE_LABEL: queue}} if queue else {})},
         "spec": {"pytorchReplicaSpecs": specs},
     }
 

@@ -30,7 +30,10 @@ checkpoint claim mounted). Only worker pods are timed.
 
 Scenarios (``--only``):
 
-- ``single``: 8, 64 and 512 workers, sizes interleaved;
+- ``single``: 8, 64 and 512 workers, sizes interleaved; Kubeflow twice, with its default
+  client limits (v1.8.1: 20 requests/s, bursts of 30, which pace its 512-worker start) and with
+  them raised (v1.9.3's ``--kube-api-qps=500 --kube-api-burst=1000``; ``--no-raised-peer``
+  leaves it out), each confined to a namespace of its own;
 - ``fast-scheduler``: 512 workers with kube-scheduler's client rate raised to 500/s (as large
   production clusters configure it), so the operators' own share of the time is visible;
 - ``fleet``: 64 jobs × 64 workers (4,096 pods) on 512 nodes, one operator at a time, each
@@ -51,6 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import kubeflow
 from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
 from bench.contenders import PEER, Contender, contenders, settle
 from bench.kube import PodWatch, Stack, gpu_pools, stack
@@ -98,7 +102,7 @@ SPENT = {
     "control_plane": "API server, etcd, scheduler, controller-manager",
     "kwok": "KWOK (the nodes)",
     "operator": "the operator",
-    "peer": "the other operator",
+    "peer": "the other operators",
     "cores": "cores all of them got",
     "floor": "all Running at that share if the operator cost nothing",
 }
@@ -126,14 +130,16 @@ def where_cpu_went(used: dict[str, float], seconds: float) -> dict[str, float]:
     }
 
 
-def side_by_side(condition: str, workers: int, ours: Figure, theirs: Figure) -> list[str]:
-    """A table row: both operators' median [min – max] and the ratio of medians."""
-    ratio = (
+def side_by_side(condition: str, workers: int, ours: Figure, peers: list[Figure]) -> list[str]:
+    """A table row: every operator's median [min – max], then each peer's ratio of medians
+    (peer ÷ torchkube: how many times faster torchkube is)."""
+    ratios = [
         fmt(theirs.stats.median / ours.stats.median, "x")
         if ours.stats and theirs.stats and ours.stats.median > 0
         else "–"
-    )
-    return [condition, str(workers), spread(ours), spread(theirs), ratio]
+        for theirs in peers
+    ]
+    return [condition, str(workers), spread(ours), *(spread(t) for t in peers), *ratios]
 
 
 class SideBySide:
@@ -205,7 +211,7 @@ class SideBySide:
         condition: str,
         record: bool = True,
     ) -> None:
-        namespace = bench.namespace(f"scale{workers}")
+        namespace = contender.home or bench.namespace(f"scale{workers}")
         name = f"job{workers}"
         requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
         with PodWatch(bench.api, namespace, contender.selector) as watch:
@@ -253,52 +259,60 @@ class SideBySide:
                     "load": load,
                 }
             )
-        bench.delete_namespace(namespace, force=True)
+        bench.delete_namespace(namespace, force=True, keep=contender.home is not None)
 
     def compare(self) -> None:
-        """The peer's same-run median becomes the reference of torchkube's figure; the ratio
-        of medians (peer ÷ torchkube: how many times faster) is a figure judged against its
-        target, and one table shows both operators' medians and ranges; another where the
+        """Kubeflow's same-run median (its default configuration) becomes the reference of
+        torchkube's figure; the ratio of medians (peer ÷ torchkube: how many times faster) is
+        a figure per peer configuration, the default's judged against its target; one table
+        shows every operator's medians and ranges, another the bound times, another where the
         CPU went."""
         self.cpu_table()
-        if PEER not in self.names:
+        peers = [name for name in self.names if name != "torchkube"]
+        if PEER not in peers:
             return
         rows, bound_rows = [], []
         for condition in self.conditions:
             for n in self.sizes:
-                ours, theirs = (
-                    self.running[("torchkube", condition, n)],
-                    self.running[(PEER, condition, n)],
-                )
-                if not (ours.stats and theirs.stats):
+                ours = self.running[("torchkube", condition, n)]
+                theirs = [self.running[(peer, condition, n)] for peer in peers]
+                if not (ours.stats and all(t.stats for t in theirs)):
                     continue
                 bound_rows.append(
                     side_by_side(
                         condition,
                         n,
                         self.bound[("torchkube", condition, n)],
-                        self.bound[(PEER, condition, n)],
+                        [self.bound[(peer, condition, n)] for peer in peers],
                     )
                 )
-                peer = theirs.stats.median
-                ours.reference = Reference(peer, f"{PEER} v1.8.1, same run: {fmt(peer, 's')}")
-                ratio = self.results.figure(
-                    f"{n} workers{self.label}, {condition}: {PEER} ÷ torchkube, all Running",
-                    "x",
-                    target=Target(TARGET_RATIO[n], "min")
-                    if n in TARGET_RATIO and not self.label
-                    else None,
-                )
-                ratio.add(peer / ours.stats.median, ours.loads[-1])
-                rows.append([*side_by_side(condition, n, ours, theirs), ratio.verdict() or "–"])
+                verdicts = []
+                for peer, figure in zip(peers, theirs, strict=True):
+                    assert figure.stats is not None and ours.stats is not None
+                    median = figure.stats.median
+                    judged = peer == PEER and n in TARGET_RATIO and not self.label
+                    if peer == PEER:
+                        ours.reference = Reference(
+                            median, f"{PEER} {kubeflow.RELEASE}, same run: {fmt(median, 's')}"
+                        )
+                    ratio = self.results.figure(
+                        f"{n} workers{self.label}, {condition}: {peer} ÷ torchkube, all Running",
+                        "x",
+                        target=Target(TARGET_RATIO[n], "min") if judged else None,
+                    )
+                    ratio.add(median / ours.stats.median, ours.loads[-1])
+                    if peer == PEER:
+                        verdicts.append(ratio.verdict() or "–")
+                rows.append([*side_by_side(condition, n, ours, theirs), *verdicts])
+        ratios = [f"{peer} ÷ torchkube" for peer in peers]
         self.results.tables[f"apply → all workers Running{self.label}: median [min – max]"] = (
-            ["load", "workers", "torchkube", f"{PEER} v1.8.1", "ratio of medians", "target"],
+            ["load", "workers", "torchkube", *peers, *ratios, "target"],
             rows,
         )
         self.results.tables[
             f"apply → all workers bound to a node{self.label} (the scheduler's part done; "
             "Running adds the nodes'): median [min – max]"
-        ] = (["load", "workers", "torchkube", f"{PEER} v1.8.1", "ratio of medians"], bound_rows)
+        ] = (["load", "workers", "torchkube", *peers, *ratios], bound_rows)
 
     def cpu_table(self) -> None:
         """Medians over the trials of where the CPU went from apply to all Running: what the
@@ -325,7 +339,8 @@ def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> Non
     sizes = args.sizes
     trials = {n: (args.trials_large if n >= 256 else args.trials_small) for n in sizes}
     pools = gpu_pools(args.nodes, args.domains)
-    with stack(pools, scratch) as bench, contenders(bench, args.peers) as players:
+    configs = (kubeflow.DEFAULT, kubeflow.RAISED) if args.raised_peer else (kubeflow.DEFAULT,)
+    with stack(pools, scratch) as bench, contenders(bench, args.peers, configs) as players:
         side = SideBySide(results, sizes, players, args.conditions)
         for player in players:  # warm-up: first-use costs of a fresh operator
             side.trial(bench, player, 8, "idle", record=False)
@@ -477,6 +492,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-peers", dest="peers", action="store_false", help="torchkube alone (no Kubeflow)"
     )
     parser.add_argument(
+        "--no-raised-peer",
+        dest="raised_peer",
+        action="store_false",
+        help="single jobs: only Kubeflow's default configuration, not also the one with its "
+        "client limits raised",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="one trial each, 16 jobs × 16 workers on 64 nodes, 3 steady minutes",
@@ -506,16 +528,25 @@ def main(argv: list[str] | None = None) -> None:
         "both operators run at once on one cluster, jobs alternating; idle: nothing else "
         "running; loaded: one busy process per core beside the cluster "
         f"({', '.join(args.conditions)} measured)",
-        f"{PEER}: training-operator v1.8.1 built from its Go module by hack/build-peers.sh, "
-        "default flags (one controller thread, as its manifests deploy it), PyTorchJob with "
-        "a Master and N-1 Workers whose pods carry what a torchkube worker of the same job "
-        "does (the trainer's command and environment, the checkpoint claim mounted; "
-        "bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians",
+        f"{PEER}: training-operator {kubeflow.RELEASE} built from its Go module by "
+        "hack/build-peers.sh, default flags (one controller thread, as its manifests deploy "
+        "it), PyTorchJob with a Master and N-1 Workers whose pods carry what a torchkube "
+        "worker of the same job does (the trainer's command and environment, the checkpoint "
+        "claim mounted; bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians",
+        f"peer client limits: {kubeflow.DEFAULT.describe()}"
+        + (
+            f"; {kubeflow.RAISED.describe()}; in the single-job scenario each Kubeflow "
+            "configuration watches one namespace of its own (--namespace: two would otherwise "
+            "both reconcile every PyTorchJob), reused job after job, where torchkube's jobs "
+            "each get a fresh one"
+            if args.raised_peer
+            else ""
+        ),
         "API requests: torchkube's writes (its reads come from watch caches); Kubeflow's "
         "client-go requests of every verb",
         "where the CPU went: CPU seconds of each process (/proc/<pid>/stat) from apply to all "
         "Running; control plane = kube-apiserver, etcd, kube-scheduler, "
-        "kube-controller-manager; the other operator runs too (it watches every pod); floor = "
+        "kube-controller-manager; the other operators run too; floor = "
         "all of it but the job's operator ÷ the cores they all got: no operator could bring "
         "the workers to Running sooner at that share",
     ]

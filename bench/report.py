@@ -22,6 +22,7 @@ ORDER = [
     "operator_scale_single",
     "operator_scale_fast-scheduler",
     "operator_scale_fleet",
+    "queued_start",
     "operator_recovery",
     "recovery_e2e",
     "real_node_recovery",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
-#   NAME: operator_scale, operator_recovery, recovery_e2e, real_node_recovery,
+#   NAME: operator_scale, queued_start, operator_recovery, recovery_e2e, real_node_recovery,
 #         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, quickstart, or all
 #         (each of them, one after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
 # Then render bench/results/*.json into docs/benchmarks.md and README.md (python -m bench.report).
@@ -19,6 +19,10 @@ case "$name" in
     TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
     export TORCHKUBE_BIN_DIR
     ;;
+  queued_start) # Kueue too
+    TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh kubernetes etcd kwok helm kueue | tail -n 1)
+    export TORCHKUBE_BIN_DIR
+    ;;
   all | real_node_recovery) # real kubelet nodes: Docker, containerd, the kubelet
     hack/install-system-deps.sh
     TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh all | tail -n 1)
@@ -26,8 +30,8 @@ case "$name" in
     ;;
 esac
 if [ "$name" = all ]; then
-  for one in operator_scale operator_recovery recovery_e2e real_node_recovery trainer_throughput \
-    trainer_memory checkpoint_cost live_recovery quickstart; do
+  for one in operator_scale queued_start operator_recovery recovery_e2e real_node_recovery \
+    trainer_throughput trainer_memory checkpoint_cost live_recovery quickstart; do
     python -m "bench.$one"
   done
 else

@@ -6,8 +6,9 @@ CRD conversion webhook) by URL on loopback. Kueue's internal certificate managem
 in a real install, but finds its Secret already filled: a CA and a serving certificate that also
 names 127.0.0.1, which the rotator accepts as valid (it only regenerates what does not verify for
 its service name) and injects as the CA bundle of every webhook. Only Kueue's webhooks for its own
-API group are registered: those for pods, Jobs and other frameworks would put a live Kueue in the
-path of every pod the rest of the test session creates.
+API group are registered, and those of the frameworks a caller asks for (``frameworks``, e.g.
+Kubeflow's PyTorchJob for a benchmark beside it): the others, for pods and Jobs, would put a live
+Kueue in the path of every pod the rest of the test session creates.
 
 TrainingJobs are an *external framework* (``integrations.externalFrameworks``): torchkube's
 operator manages their Workloads itself, as Kueue's jobframework does for its built-in kinds.
@@ -22,6 +23,7 @@ import ipaddress
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +56,23 @@ FEATURE_GATES = {
 a job annotated ``kueue.x-k8s.io/elastic-job`` be resized under quota. The on-demand
 visibility API (queue positions) is an aggregated apiserver that authenticates its callers
 through in-cluster configuration, which a process outside the cluster does not have."""
+PYTORCHJOB = "kubeflow.org/pytorchjob"
+"""Kueue's own integration of Kubeflow's PyTorchJob (its CRD must be installed first)."""
 CONFIG_DIR = "kueue-config"
 """Folder next to the kueue binary with the CRDs and webhook manifests of the same version."""
 
 
 def kueue_configuration(
-    *, webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path
+    *,
+    webhook_port: int,
+    health_port: int,
+    metrics_port: int,
+    cert_dir: Path,
+    frameworks: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Kueue's Configuration for the test bed: loopback ports, no leader election, the
-    TrainingJob as an external framework."""
+    TrainingJob as an external framework, and Kueue's own integrations ``frameworks`` beside
+    batch/job."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -76,14 +86,29 @@ def kueue_configuration(
             "webhookServiceName": WEBHOOK_SERVICE,
             "webhookSecretName": WEBHOOK_SECRET,
         },
-        "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        "integrations": {
+            "frameworks": ["batch/job", *frameworks],
+            "externalFrameworks": [EXTERNAL_FRAMEWORK],
+        },
         "featureGates": FEATURE_GATES,
     }
 
 
-def webhook_configurations(manifests: str, base_url: str) -> list[dict[str, Any]]:
+def framework_resource(framework: str) -> tuple[str, str]:
+    """(API group, resource) of a Kueue framework name: ``kubeflow.org/pytorchjob`` →
+    (``kubeflow.org``, ``pytorchjobs``), as Kueue's webhook rules name them."""
+    group, kind = framework.split("/", 1)
+    return group, f"{kind}s"
+
+
+def webhook_configurations(
+    manifests: str, base_url: str, frameworks: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """Kueue's webhook configurations, named as its rotator expects, keeping only the webhooks
-    for Kueue's own API group, each called by URL instead of through a Service."""
+    for Kueue's own API group and for ``frameworks`` (a PyTorchJob must pass Kueue's webhook,
+    which suspends it until its Workload is admitted), each called by URL instead of through
+    a Service."""
+    wanted = {framework_resource(framework) for framework in frameworks}
     configurations = []
     for document in yaml.safe_load_all(manifests):
         if not document:
@@ -93,8 +118,15 @@ def webhook_configurations(manifests: str, base_url: str) -> list[dict[str, Any]
         config["metadata"] = {"name": f"kueue-{kind}-webhook-configuration"}
         webhooks = []
         for hook in config.get("webhooks") or []:
-            groups = {g for rule in hook.get("rules", []) for g in rule.get("apiGroups", [])}
-            if groups != {"kueue.x-k8s.io"}:
+            rules = hook.get("rules", [])
+            groups = {g for rule in rules for g in rule.get("apiGroups", [])}
+            resources = {
+                (g, r)
+                for rule in rules
+                for g in rule.get("apiGroups", [])
+                for r in rule["resources"]
+            }
+            if groups != {"kueue.x-k8s.io"} and not (resources and resources <= wanted):
                 continue
             path = hook["clientConfig"]["service"]["path"]
             hook["clientConfig"] = {"url": f"{base_url}{path}"}
@@ -177,8 +209,11 @@ def webhook_certificates() -> dict[str, bytes]:
 class Kueue:
     """Kueue's controller manager for one cluster; ``start`` installs and starts it."""
 
-    def __init__(self, cluster: Cluster, timeout: float = 120.0) -> None:
+    def __init__(
+        self, cluster: Cluster, timeout: float = 120.0, frameworks: Sequence[str] = ()
+    ) -> None:
         self.cluster = cluster
+        self.frameworks = tuple(frameworks)
         self.timeout = timeout
         self.process: Process | None = None
         self.health_port = 0
@@ -214,6 +249,7 @@ class Kueue:
                     health_port=self.health_port,
                     metrics_port=free_port(),
                     cert_dir=cert_dir,
+                    frameworks=self.frameworks,
                 )
             )
         )
@@ -251,7 +287,7 @@ class Kueue:
             _create(ext.create_custom_resource_definition, crd)
         admission = client.AdmissionregistrationV1Api(api)
         manifests = (self.config_dir / "webhooks.yaml").read_text()
-        for config in webhook_configurations(manifests, base_url):
+        for config in webhook_configurations(manifests, base_url, self.frameworks):
             create = (
                 admission.create_validating_webhook_configuration
                 if config["kind"].startswith("Validating")

@@ -383,3 +383,86 @@ def test_the_readme_sample_is_spliced_from_the_recording() -> None:
     assert "```\nquickstart: succeeded\n```\n<!-- quickstart:end -->\nb\n" in spliced
     assert "2026-11-26 08:40 UTC: 2 cores (AMD EPYC), 1-minute load average 3.5" in spliced
     assert "old" not in spliced
+
+
+def test_kubeflow_v181_runs_with_its_fixed_client_limits_and_the_raised_peer_with_flags() -> None:
+    """v1.8.1 has no client-limit flag (controller-runtime's 20/s, bursts of 30): passing one
+    would stop it at start. The raised configuration is a release that has the flags."""
+    assert kubeflow.DEFAULT.version == kubeflow.RELEASE
+    assert kubeflow.DEFAULT.flags == []
+    assert (kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst) == (20, 30)
+    assert kubeflow.RAISED.version != kubeflow.RELEASE
+    assert kubeflow.RAISED.flags == ["--kube-api-qps=500", "--kube-api-burst=1000"]
+    assert kubeflow.RAISED.name != kubeflow.DEFAULT.name == "Kubeflow"
+    build = kubeflow.Build(Path("m"), Path("b"))
+    assert build.binary == Path("b/training-operator.v1")
+    assert build.binary_of(kubeflow.RAISED.version) == Path("b/training-operator.v1-v1.9.3")
+    assert "500 requests/s" in kubeflow.RAISED.describe()
+
+
+def test_a_queued_pytorchjob_carries_kueues_queue_label_and_an_unqueued_one_none() -> None:
+    from torchkube.operator.workloads import QUEUE_LABEL
+
+    queued = kubeflow.pytorchjob_body("j", 8, queue="q")
+    assert queued["apiVersion"] == "kubeflow.org/v1"
+    assert queued["metadata"]["labels"] == {QUEUE_LABEL: "q"}
+    assert "labels" not in kubeflow.pytorchjob_body("j", 8)["metadata"]
+
+
+def test_side_by_side_shows_every_peer_and_its_ratio_of_medians() -> None:
+    from bench.operator_scale import side_by_side
+
+    ours, slow, fast = Figure("a", "s"), Figure("b", "s"), Figure("c", "s")
+    for value in (1.0, 2.0, 3.0):
+        ours.add(value, 0.0)
+        slow.add(value * 10, 0.0)
+        fast.add(value * 2, 0.0)
+    row = side_by_side("idle", 512, ours, [slow, fast])
+    assert row[:2] == ["idle", "512"]
+    assert row[2:5] == [
+        "2.00 s [1.00 s – 3.00 s]",
+        "20.0 s [10.0 s – 30.0 s]",
+        "4.00 s [2.00 s – 6.00 s]",
+    ]
+    assert row[5:] == ["10.00×", "2.00×"]
+    assert side_by_side("idle", 8, ours, [Figure("d", "s")])[-1] == "–"
+
+
+def test_the_bench_queue_covers_every_resource_the_pods_ask_for_on_the_gpu_nodes() -> None:
+    from bench.queued_start import QUEUE, is_active, queue_objects
+
+    (flavor_plural, flavor), (queue_plural, queue) = queue_objects("group", "scale", nodes=100)
+    assert (flavor_plural, queue_plural) == ("resourceflavors", "clusterqueues")
+    assert flavor["spec"]["nodeLabels"] == {"group": "scale"}
+    [resources] = queue["spec"]["resourceGroups"]
+    assert set(resources["coveredResources"]) == {"cpu", "memory", "nvidia.com/gpu"}
+    [flavor_quota] = resources["flavors"]
+    assert flavor_quota["name"] == flavor["metadata"]["name"] == QUEUE
+    quota = {r["name"]: r["nominalQuota"] for r in flavor_quota["resources"]}
+    assert quota["nvidia.com/gpu"] == "800"
+    assert is_active({"status": {"conditions": [{"type": "Active", "status": "True"}]}})
+    assert not is_active({"status": {"conditions": [{"type": "Active", "status": "False"}]}})
+    assert not is_active({})
+
+
+def test_workload_watch_times_only_workloads_made_after_it_started() -> None:
+    """A Workload left from the namespace's previous trial (still being deleted) must not be
+    taken for this trial's admission."""
+    from bench.kube import WorkloadWatch
+
+    def workload(uid: str, admitted: bool) -> dict[str, object]:
+        status = "True" if admitted else "False"
+        return {
+            "metadata": {"uid": uid, "name": uid},
+            "status": {"conditions": [{"type": "Admitted", "status": status}]},
+        }
+
+    watch = WorkloadWatch(api=None, namespace="ns")
+    watch._handle("ADDED", workload("old", admitted=True))
+    watch._started = True
+    watch._handle("MODIFIED", workload("old", admitted=True))
+    watch._handle("ADDED", workload("new", admitted=False))
+    assert not watch.admitted
+    watch._handle("MODIFIED", workload("new", admitted=True))
+    assert list(watch.admitted) == ["new"]
+    assert watch.wait_admitted(1.0, "job") == watch.admitted["new"]

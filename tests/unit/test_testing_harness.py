@@ -370,6 +370,47 @@ webhooks:
     assert validating["webhooks"] == []
 
 
+def test_kueue_webhooks_for_a_framework_asked_for_are_kept_and_no_others() -> None:
+    """A benchmark beside Kubeflow needs Kueue's PyTorchJob webhooks (they suspend a queued
+    job); the pod and Job webhooks stay out all the same."""
+    from pathlib import Path
+
+    from testbed import kueue
+
+    manifests = """
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: mutating-webhook-configuration}
+webhooks:
+- name: mpod.kb.io
+  clientConfig: {service: {name: webhook-service, namespace: system, path: /mutate--v1-pod}}
+  rules: [{apiGroups: [""], resources: [pods]}]
+- name: mpytorchjob.kb.io
+  clientConfig: {service: {name: s, namespace: system, path: /mutate-kubeflow-org-v1-pytorchjob}}
+  rules: [{apiGroups: [kubeflow.org], resources: [pytorchjobs]}]
+- name: mtfjob.kb.io
+  clientConfig: {service: {name: s, namespace: system, path: /mutate-kubeflow-org-v1-tfjob}}
+  rules: [{apiGroups: [kubeflow.org], resources: [tfjobs]}]
+- name: mjob.kb.io
+  clientConfig: {service: {name: s, namespace: system, path: /mutate-batch-v1-job}}
+  rules: [{apiGroups: [batch], resources: [jobs]}]
+"""
+    [mutating] = kueue.webhook_configurations(manifests, "https://h:1", [kueue.PYTORCHJOB])
+    assert [w["name"] for w in mutating["webhooks"]] == ["mpytorchjob.kb.io"]
+    assert mutating["webhooks"][0]["clientConfig"] == {
+        "url": "https://h:1/mutate-kubeflow-org-v1-pytorchjob"
+    }
+    config = kueue.kueue_configuration(
+        webhook_port=1,
+        health_port=2,
+        metrics_port=3,
+        cert_dir=Path("c"),
+        frameworks=[kueue.PYTORCHJOB],
+    )
+    assert config["integrations"]["frameworks"] == ["batch/job", "kubeflow.org/pytorchjob"]
+    assert config["integrations"]["externalFrameworks"] == [kueue.EXTERNAL_FRAMEWORK]
+
+
 def test_kueues_certificate_rotator_accepts_the_testbeds_certificates() -> None:
     """Kueue's rotator regenerates what does not verify as its CA (``kueue-ca``) and as its
     Service's name; the serving certificate must also be valid for 127.0.0.1."""
