@@ -995,10 +995,17 @@ def test_throttled_worker_is_reported_and_replaced_as_a_straggler(
 
     The tiny model's steps take milliseconds, so two unthrottled ranks sharing this 2-core
     machine already differ by up to 2×: the test asks for 3× and throttles the rank that is
-    not the slowest before."""
+    not the slowest before.
+
+    Both workers are needed to train (``replicas.min`` 2): with min 1 the first worker trains
+    alone at once, and when the second pod starts late (its node busy) the tiny model's 600
+    steps end before the second joins."""
     steps, every, slowdown = 600, 20, 3.0
     stragglers = {"replaceStragglers": True, "stragglerSeconds": 20, "stragglerSlowdown": slowdown}
-    with scenario.training("realnodes-slow", "slow", steps, every, failurePolicy=stragglers) as job:
+    both = {"min": 2, "max": 2}
+    with scenario.training(
+        "realnodes-slow", "slow", steps, every, failurePolicy=stragglers, replicas=both
+    ) as job:
         before = job.status().get("slowestRank") or {}
         victim = next(
             p
