@@ -62,6 +62,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -103,19 +104,22 @@ def _exit_code(error: BaseException) -> int:
     return 1
 
 
-def _signal_of(error: BaseException) -> int | None:
-    """The signal that stopped torchrun, if one did, wherever it landed: torch raises it in
-    the agent's loop, or while it shuts the workers down after another error (a lost store),
-    which buries it under that error's context."""
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors it was raised from or while handling, each once."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        signum = getattr(current, "sigval", None)
-        if signum is not None:
-            return int(signum)
+        yield current
         current = current.__cause__ or current.__context__
-    return None
+
+
+def _signal_of(error: BaseException) -> int | None:
+    """The signal that stopped torchrun, if one did, wherever it landed: torch raises it in
+    the agent's loop, or while it shuts the workers down after another error (a lost store),
+    which buries it under that error's context."""
+    signals = (getattr(e, "sigval", None) for e in _chain(error))
+    return next((int(signum) for signum in signals if signum is not None), None)
 
 
 def _terminated(signum: int, error: BaseException) -> int:
@@ -132,15 +136,11 @@ def _rendezvous_lost(error: BaseException) -> str | None:
         RendezvousTimeoutError,
     )
 
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _chain(error):
         if isinstance(current, RendezvousConnectionError):
             return "the rendezvous store is unreachable"
         if isinstance(current, RendezvousTimeoutError):
             return "the rendezvous timed out"
-        current = current.__cause__ or current.__context__
     return None
 
 
@@ -339,14 +339,7 @@ def _ended(error: BaseException, markers: tuple[Path, Path]) -> int | None:
 
 
 def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(current, kind) for current in _chain(error))
 
 
 def main(argv: list[str] | None = None) -> int:
