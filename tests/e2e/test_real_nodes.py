@@ -347,6 +347,19 @@ class RealJob(Job):
     def progress(self) -> dict[str, Any]:
         return _progress(self.checkpoints)
 
+    def emergency_checkpoint(self, every: int) -> int:
+        """The step of the checkpoint written off the ``every``-step interval (a SIGTERM's),
+        once it is complete."""
+
+        def written() -> int | None:
+            off_interval = [s for s in _checkpoint_steps(self.checkpoints) if s % every]
+            return off_interval[-1] if off_interval else None
+
+        step: int = wait_for(
+            written, 120, what="the emergency checkpoint", describe_last=self.describe
+        )
+        return step
+
     def describe(self) -> str:
         listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]
         return f"status={self.status()} pods={listed} progress={self.progress()}"
@@ -520,13 +533,7 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
             real_cluster, "delete", "pod", "-n", job.namespace, victim.metadata.name, "--wait=false"
         )
 
-        def emergency() -> int | None:
-            off_interval = [s for s in _checkpoint_steps(job.checkpoints) if s % every]
-            return off_interval[-1] if off_interval else None
-
-        emergency_step = wait_for(
-            emergency, 120, what="the emergency checkpoint", describe_last=job.describe
-        )
+        emergency_step = job.emergency_checkpoint(every)
         say(f"emergency checkpoint at step {emergency_step}, {time.monotonic() - deleted:.1f} s")
 
         def resumed_logs() -> str | None:
@@ -1697,13 +1704,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
 
         wait_for(preempted, 60, what="the low job preempted", describe_last=low.describe)
 
-        def emergency() -> int | None:
-            off_interval = [s for s in _checkpoint_steps(low.checkpoints) if s % every]
-            return off_interval[-1] if off_interval else None
-
-        emergency_step = wait_for(
-            emergency, 120, what="the emergency checkpoint", describe_last=low.describe
-        )
+        emergency_step = low.emergency_checkpoint(every)
         say(f"preempted: emergency checkpoint at step {emergency_step}")
         assert high.wait_finished() == "Succeeded", high.describe()
 
