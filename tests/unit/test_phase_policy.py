@@ -8,6 +8,7 @@ from planner import (
     own_children,
     pod,
     run,
+    running_status,
     store,
 )
 
@@ -69,8 +70,6 @@ def test_a_live_job_that_lost_a_replica_group_is_running_while_the_replacement_s
     one group), so the job is Running, not Restarting, and its goodput counts that time;
     WaitingForWorkers does not claim that training waits. A restart-mode job with the same
     pods is Restarting: its round needs replicas.min workers."""
-    from planner import running_status
-
     pods = [pod(0), pod(1, phase="Pending"), store()]
     for recovery, phase in (("live", "Running"), ("restart", "Restarting")):
         job = make_job(
