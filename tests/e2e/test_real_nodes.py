@@ -824,6 +824,8 @@ def test_a_live_job_loses_a_pod_and_the_survivor_trains_on_while_it_rejoins_from
         report, status = job.progress(), job.status()
         assert report.get("finished") is True and report.get("step") == steps, report
         assert status["lastFailure"]["pod"] == victim.metadata.name, status
+        assert status["lastFailure"].get("replicaGroupLoss") is True, status
+        assert status.get("restarts", 0) == 0 and status.get("replicaGroupLosses") == 1, status
         survived = _logs(real_cluster, job.namespace, survivor.metadata.name)
         assert "resumed from" not in survived and "restarting the workers" not in survived
         assert "quorum changed from 2 to 1 replica groups" in survived, survived[-3000:]

@@ -20,12 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "live-recovery.yaml"
 KILL_AT = 60
+CRASH_AT = 450
 pytestmark = pytest.mark.slow
 
 
 def test_a_lost_worker_costs_the_other_one_step_and_rejoins_from_it(tmp_path: Path) -> None:
+    """Worker 1 killed whole at step 60, then its training process alone at step 200 (its
+    launcher restarts it in place): two replica groups lost, neither a restart."""
     cli = [sys.executable, "-m", "torchkube.cli", "run", str(EXAMPLE), "--fresh"]
     chaos = ["--chaos-at-step", str(KILL_AT), "--chaos-worker", "1"]
+    chaos += ["--chaos-crash-at-step", str(CRASH_AT)]
     result = subprocess.run(
         [*cli, "--workdir", str(tmp_path), *chaos], capture_output=True, text=True, timeout=600
     )
@@ -43,6 +47,12 @@ def test_a_lost_worker_costs_the_other_one_step_and_rejoins_from_it(tmp_path: Pa
     assert "chaos: SIGKILL worker 1" in result.stdout
     assert "the others trained on without a restart (recovery live)" in result.stdout
 
+    # the operator's accounting: two replica groups lost (the in-place restart reported
+    # through the job's restart board like a pod's), no restart of the job
+    assert re.search(r"restarts +0\n", result.stdout), result.stdout[-3000:]
+    assert re.search(r"groups lost +2 ", result.stdout), result.stdout[-3000:]
+    assert "restarted its workers in place" in result.stdout, result.stdout[-3000:]
+
     # no step computed twice: the survivor never restarted nor reloaded, and its step counter
     # only went up
     assert "restarting the workers in place" not in survivor, shown
@@ -56,9 +66,12 @@ def test_a_lost_worker_costs_the_other_one_step_and_rejoins_from_it(tmp_path: Pa
     # and a discarded attempt, bounded with room for a loaded CI machine
     assert live["longestStepSeconds"] < 10, live
 
-    # the replacement copied the live state at a step after the kill, then trained to the end
-    joined = re.findall(r"joined from a live peer: copied .* of step (\d+)", replacement)
-    assert joined and int(joined[-1]) > int(shrank[1]), shown
+    # the replacement copied the live state at a step after the kill, then trained to the end;
+    # restarted in place after its crash, it copied it again (the first start may have joined
+    # from worker 0 too, which started first)
+    pattern = r"joined from a live peer: copied .* of step (\d+)"
+    joined = [int(step) for step in re.findall(pattern, replacement)]
+    assert len(joined) >= 2 and joined[-2] > int(shrank[1]) and joined[-1] >= CRASH_AT, shown
     assert "finished: 600 steps" in replacement, shown
 
 

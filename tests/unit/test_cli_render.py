@@ -306,6 +306,16 @@ def test_describe_has_every_section_in_order() -> None:
     ]
 
 
+def test_describe_says_replica_groups_lost_apart_from_restarts() -> None:
+    """recovery live: a lost group restarted nothing, so it is not among the restarts."""
+    body = job(phase="Running", restarts=1, restartsCountTowardsMax=1, replicaGroupLosses=3)
+    lines = render.describe(body, [], [], NOW).splitlines()
+    assert (
+        "Restarts:   1 (1 of maxRestarts 10 used; 3 replica groups lost while the others "
+        "trained on (recovery live, not restarts))" in lines
+    ), lines
+
+
 def test_describe_of_a_job_without_status() -> None:
     text = render.describe(job(), [], [], NOW)
     assert "Phase:      -" in text

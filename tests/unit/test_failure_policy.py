@@ -278,3 +278,63 @@ def test_a_worker_that_vanished_is_deleted_free_once_and_replaced() -> None:
         vanished=[pod(1, labels={RELEASED: "scale-down"})],
     )
     assert ours.status.last_failure is None, "a pod the operator let go is no failure"
+
+
+LIVE = {"replicas": {"min": 2, "max": 2}, "failurePolicy": {"recovery": "live", "maxRestarts": 1}}
+
+
+def test_a_live_job_that_loses_one_replica_group_counts_a_group_loss_not_a_restart() -> None:
+    """recovery live: worker 1 dies while worker 0 trains on through torchft's quorum. Nothing
+    restarted from a checkpoint, so ``restarts`` and maxRestarts stay untouched; the loss is
+    recorded as one group's, said in a Warning event, and the slot refilled."""
+    job = make_job(running_status(), **LIVE)
+    result = run(job, [pod(0), pod(1, phase="Failed", exit_code=137), store()])
+    status = result.status
+    assert status.phase == "Running"
+    assert (status.restarts, status.restarts_count_towards_max) == (0, 0), status
+    assert status.replica_group_losses == 1
+    assert status.last_failure.replica_group_loss is True and status.last_failure.incident is None
+    warnings = [e for e in result.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["ReplicaGroupLost"], warnings
+    assert "1 other replica group trains on" in warnings[0].message, warnings[0].message
+    assert "restarting from the latest checkpoint" not in warnings[0].message
+    assert created_slots(result) == [1]
+
+
+def test_live_group_losses_never_spend_max_restarts_but_a_permanent_exit_still_ends_the_job() -> (
+    None
+):
+    status = running_status(replicaGroupLosses=5)
+    crashed = pod(1, phase="Failed", exit_code=1)
+    again = run(make_job(status, **LIVE), [pod(0), crashed, store()])
+    assert again.status.phase == "Running" and again.status.replica_group_losses == 6
+    permanent = pod(1, phase="Failed", exit_code=3)
+    ended = run(make_job(status, **LIVE), [pod(0), permanent, store()])
+    assert condition(ended, "Failed")["reason"] == "PermanentFailure"
+
+
+def test_a_live_job_that_loses_every_group_restarts_from_its_checkpoint() -> None:
+    """No group trains on (both lost together, or the survivor lost while the replacement
+    has not started): the job restarts from the volume's checkpoint, one incident."""
+    job = make_job(running_status(), **LIVE)
+    both = [pod(i, phase="Failed", exit_code=137) for i in range(2)]
+    together = run(job, [*both, store()])
+    assert (together.status.restarts, together.status.replica_group_losses) == (1, 0)
+    first = run(job, [pod(0), pod(1, phase="Failed", exit_code=137), store()])
+    pending = pod(1, phase="Pending", age=-2)
+    survivor_lost = run(
+        make_job(first.status, **LIVE),
+        [pod(0, phase="Failed", exit_code=137), pending, store()],
+        now=NOW + timedelta(seconds=5),
+    )
+    assert survivor_lost.status.restarts == 1 and survivor_lost.status.replica_group_losses == 1
+    assert survivor_lost.status.phase == "Restarting"
+
+
+def test_a_restart_mode_job_that_loses_one_worker_restarts() -> None:
+    restart = {**LIVE, "failurePolicy": {"recovery": "restart", "maxRestarts": 1}}
+    result = run(
+        make_job(running_status(), **restart),
+        [pod(0), pod(1, phase="Failed", exit_code=137), store()],
+    )
+    assert (result.status.restarts, result.status.replica_group_losses) == (1, 0)

@@ -65,6 +65,10 @@ class Env(StrEnum):
     """Set by the launcher for its workers: the rendezvous store (``host:port``), where every
     launcher posts the in-place restarts of its workers and every trainer reads them for its
     progress report (:class:`InPlaceRestart`, ``torchkube.elastic.restarts``)."""
+    RESTART_BOARD = "TORCHKUBE_RESTART_BOARD"
+    """The job's id, under which every launcher posts its workers' in-place restarts and every
+    trainer reads them: one board per job, also where each pod is a rendezvous of its own
+    (recovery live)."""
     RECOVERY = "TORCHKUBE_RECOVERY"
     """``failurePolicy.recovery``: ``restart`` (default) or ``live``, where each pod is one
     torchft replica group and its all-reduce across pods goes through torchft's Manager."""

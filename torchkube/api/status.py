@@ -46,6 +46,11 @@ class FailureRecord(ApiModel):
         description="The training step last reported when it was seen (a rendezvous store "
         "that crashes again at the same step counts under failurePolicy.maxRestarts).",
     )
+    replica_group_loss: bool | None = Field(
+        default=None,
+        description="failurePolicy.recovery live: the loss of this pod's replica group alone, "
+        "while the others trained on; no restart, no incident, nothing spent of maxRestarts.",
+    )
 
 
 class CheckpointRecord(ApiModel):
@@ -166,6 +171,12 @@ class TrainingJobStatus(ApiModel):
         ge=0,
         description="Incidents that count against failurePolicy.maxRestarts (infrastructure "
         "failures only count when countInfrastructureFailures is set).",
+    )
+    replica_group_losses: int = Field(
+        default=0,
+        ge=0,
+        description="failurePolicy.recovery live: replica groups lost while the others "
+        "trained on (each a pod's loss that restarted nothing); not in restarts.",
     )
     last_failure: FailureRecord | None = Field(
         default=None, description="The most recent worker failure."

@@ -137,6 +137,7 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         Env.METRICS_PORT: str(spec.metrics.port if spec.metrics.enabled else 0),
         Env.HANG_TIMEOUT_SECONDS: "" if hang is None else str(hang),
         Env.TRAINER_CONFIG: json.dumps(spec.trainer_config().to_wire(), sort_keys=True),
+        Env.RESTART_BOARD: job.uid,
         Env.RECOVERY: spec.failure_policy.recovery,
         **({Env.LIGHTHOUSE: lighthouse_endpoint(job)} if live(job) else {}),
     }

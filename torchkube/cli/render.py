@@ -382,6 +382,11 @@ def describe(
         f"world size {status.world_size if written else NONE}"
     )
     used = f"{status.restarts_count_towards_max} of maxRestarts {max_restarts} used"
+    if status.replica_group_losses:
+        used += (
+            f"; {status.replica_group_losses} replica groups lost while the others trained on "
+            "(recovery live, not restarts)"
+        )
     state = [
         ("Name", str(meta.get("name", ""))),
         ("Namespace", str(meta.get("namespace", ""))),

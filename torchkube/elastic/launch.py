@@ -77,7 +77,7 @@ from torchkube.api.contract import (
 from torchkube.api.hang import parse_configured
 from torchkube.api.times import rfc3339
 from torchkube.elastic import torchrun, warm
-from torchkube.elastic.restarts import RestartBoard
+from torchkube.elastic.restarts import RestartBoard, board_id
 from torchkube.elastic.watchdog import Board, Watchdog
 
 POLL_SECONDS = 0.2
@@ -291,7 +291,7 @@ def _report_in_place_restarts(args: list[str]) -> None:
     endpoint = _option(args, "rdzv-endpoint")
     if endpoint:
         os.environ[Env.RENDEZVOUS_ENDPOINT] = endpoint
-    board = RestartBoard(endpoint, _option(args, "rdzv-id") or "none")
+    board = RestartBoard(endpoint, board_id(_option(args, "rdzv-id")) or "none")
     pod = os.environ.get(Env.POD_NAME) or socket.gethostname()
 
     def restarted(count: int, failures: Any) -> None:

@@ -29,8 +29,14 @@ CACHE_SECONDS = 2.0
 """How long a read is served again: the operator's poll, not the store, sets the pace."""
 
 
+def board_id(rendezvous_id: str | None) -> str | None:
+    """Whose board this process posts to or reads: the job's (``Env.RESTART_BOARD``, in every
+    worker's environment), else — a launcher run by hand — its rendezvous id."""
+    return os.environ.get(Env.RESTART_BOARD) or rendezvous_id
+
+
 class RestartBoard:
-    """The job's in-place restarts in its rendezvous store (one key per rendezvous id)."""
+    """The job's in-place restarts in its rendezvous store (one key per job: ``board_id``)."""
 
     def __init__(self, endpoint: str | None, run_id: str, timeout: float = 2.0) -> None:
         self.endpoint, self.key = endpoint, f"torchkube/restarts/{run_id}"
@@ -42,7 +48,7 @@ class RestartBoard:
     @classmethod
     def from_env(cls) -> "RestartBoard | None":
         """A worker's view of its job's board (None: not under torchkube's launcher)."""
-        endpoint, run_id = os.environ.get(Env.RENDEZVOUS_ENDPOINT), os.environ.get(RUN_ID)
+        endpoint, run_id = os.environ.get(Env.RENDEZVOUS_ENDPOINT), board_id(os.environ.get(RUN_ID))
         return cls(endpoint, run_id) if endpoint and run_id else None
 
     def _connect(self) -> Any:

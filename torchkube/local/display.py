@@ -65,6 +65,8 @@ class Summary:
     failures: list[Failure] = field(default_factory=list)
     restarts: int = 0
     """Failure incidents, as the operator counts them (workers failing together are one)."""
+    replica_group_losses: int = 0
+    """recovery live: workers lost while the others trained on, which restarted nothing."""
 
     @property
     def lost_seconds(self) -> float:
@@ -81,6 +83,11 @@ class Summary:
             f"  throughput       {speed}",
             f"  wall time        {self.wall_seconds:.1f}s",
             f"  restarts         {self.restarts}",
+            *(
+                [f"  groups lost      {self.replica_group_losses} (recovery live: not restarts)"]
+                if self.replica_group_losses
+                else []
+            ),
             f"  time lost        {self.lost_seconds:.1f}s to failures "
             "(from each loss until training passed the step it stopped at)",
         ]

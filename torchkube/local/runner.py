@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -359,6 +359,15 @@ class LocalRun:
                     del self.waiting[index]
                     self._start_worker(index)
 
+    def _group_loss(self, found: policy.Failure) -> policy.Failure:
+        """``found`` as the operator sees it under recovery live: the loss of its worker's
+        replica group alone while other workers train on (``policy.live_group_losses``); one
+        that finished training trained on through it."""
+        running = [
+            worker_name(i) for i, w in self.workers.items() if w.done or w.proc.poll() is None
+        ]
+        return policy.live_group_losses(self.job, [found], running)[0]
+
     def _account(self, found: policy.Failure) -> tuple[bool, str] | None:
         """The operator's decision on one failure; (False, why) when the run must end."""
         now = datetime.now(UTC)
@@ -367,25 +376,32 @@ class LocalRun:
             outcome.restarts,
             outcome.counted,
             (*self.ledger.history, *outcome.records)[-20:],
+            outcome.group_losses,
         )
+        if found.survivors is not None:
+            self.out.write(f"\n{policy.group_loss_message(found, outcome.group_losses)}\n")
         if outcome.fail_reason is not None:
             return False, outcome.fail_message
         return None
 
-    def _check_in_place(self) -> tuple[bool, str] | None:
+    def _check_in_place(self, settle: bool = False) -> tuple[bool, str] | None:
         """Workers a launcher restarted in place, each accounted for once, as the operator
-        does it (``failure.in_place_due``)."""
-        started = {worker_name(i): w.started for i, w in self.workers.items() if not w.done}
+        does it (``failure.in_place_due``); ``settle``: the run ended, so none waits longer
+        for the failure that may have caused it."""
+        started = {
+            worker_name(i): w.started for i, w in self.workers.items() if settle or not w.done
+        }
+        now = datetime.now(UTC) + (policy.INCIDENT_WINDOW if settle else timedelta())
         due, _ = policy.in_place_due(
             self.restart_board.read(),
             started,
             lambda pod, restart: (pod, restart) in self._in_place_counted,
-            datetime.now(UTC),
+            now,
         )
         for found in due:
             self._in_place_counted.add((found.pod, found.restart_count or 0))
             self.out.write(f"\n{found.message}\n")
-            verdict = self._account(found)
+            verdict = self._account(self._group_loss(found))
             if verdict is not None:
                 return False, verdict[1]
         return None
@@ -440,12 +456,14 @@ class LocalRun:
                 if all(w.done for w in self.workers.values()) and not self.waiting:
                     return True, "training completed"
                 continue
-            found = policy.classify_exit(
-                code,
-                self._termination_message(worker.index),
-                self.job.spec.failure_policy,
-                f"worker {worker.index}",
-                started=worker.started,
+            found = self._group_loss(
+                policy.classify_exit(
+                    code,
+                    self._termination_message(worker.index),
+                    self.job.spec.failure_policy,
+                    f"worker {worker.index}",
+                    started=worker.started,
+                )
             )
             hung = self._hung.pop(worker.index, None)
             if hung is not None:  # the stopped rank's last steps may have shown meanwhile
@@ -454,7 +472,9 @@ class LocalRun:
                 f.worker == worker.index and f.recovered_at is None for f in self.failures
             ):
                 self.failures.append(
-                    self._display_failure(worker.index, f"exited with {code}", record, now)
+                    self._display_failure(
+                        worker.index, f"exited with {code}", record, now, found.survivors
+                    )
                 )
             verdict = self._account(found)
             if verdict is not None:
@@ -467,7 +487,12 @@ class LocalRun:
         return None
 
     def _display_failure(
-        self, worker: int, reason: str, record: ProgressReport | None, now: float
+        self,
+        worker: int,
+        reason: str,
+        record: ProgressReport | None,
+        now: float,
+        survivors: int | None = None,
     ) -> Failure:
         report = record or ProgressReport()
         return Failure(
@@ -476,7 +501,7 @@ class LocalRun:
             now,
             report.step,
             report.last_checkpoint_step,
-            live=self.live and worker >= 0,
+            live=survivors is not None,
         )
 
     # ------------------------------------------------------------------ chaos
@@ -527,15 +552,20 @@ class LocalRun:
                 "recovery live: the other workers keep training without it from their next "
                 f"step; worker {index} is started again and joins from a live peer\n"
             )
-        failure = self._display_failure(index, "killed (chaos)", record, now)
-        failure.step = step
-        self.failures.append(failure)
         kill_tree(worker.proc.pid)
         worker.proc.wait()
         del self.workers[index]
-        found = policy.Failure(
-            "NodeLost", f"worker {index} killed (chaos)", f"worker {index}", started=worker.started
+        found = self._group_loss(
+            policy.Failure(
+                "NodeLost",
+                f"worker {index} killed (chaos)",
+                f"worker {index}",
+                started=worker.started,
+            )
         )
+        failure = self._display_failure(index, "killed (chaos)", record, now, found.survivors)
+        failure.step = step
+        self.failures.append(failure)
         self._account(found)
         if self.chaos.restart:
             self._start_worker(index)
@@ -562,7 +592,8 @@ class LocalRun:
         )
         hung = sig == signal.SIGSTOP
         what = "stopped (chaos: hung)" if hung else "crashed (chaos)"
-        failure = self._display_failure(index, what, record, now)
+        affected = self._group_loss(policy.Failure("Unknown", what, worker_name(index)))
+        failure = self._display_failure(index, what, record, now, affected.survivors)
         self.failures.append(failure)
         if hung:
             self._hung[index] = failure
@@ -632,6 +663,7 @@ class LocalRun:
     def _finish(
         self, ok: bool, message: str, started: float, record: ProgressReport | None
     ) -> Summary:
+        self._check_in_place(settle=True)
         report = record or ProgressReport()
         return Summary(
             name=self.job.name,
@@ -644,4 +676,5 @@ class LocalRun:
             wall_seconds=time.monotonic() - started,
             failures=self.failures,
             restarts=self.ledger.restarts,
+            replica_group_losses=self.ledger.group_losses,
         )

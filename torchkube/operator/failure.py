@@ -16,16 +16,24 @@ charges nothing. ``status.restarts`` counts incidents
 that involve a failure the policy charges (infrastructure failures are free unless
 ``countInfrastructureFailures``).
 
+**Replica groups, under** ``failurePolicy.recovery: live``: a pod lost while enough other
+groups train on (:func:`live_group_losses`) restarted nothing — the others went on from their
+next step and the replacement copies the live state from them — so it opens no incident and
+spends nothing of ``maxRestarts``; ``replicaGroupLosses`` counts it. Its replacement still
+backs off like any, so a group that keeps crashing is retried ever more slowly while the
+others train; a permanent exit code ends the job as always.
+
 **What each failure costs** is in docs/operator.md.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
-from torchkube.api.contract import ExitCode, InPlaceRestart
+from torchkube.api.contract import LIVE_MIN_REPLICA_GROUPS, ExitCode, InPlaceRestart
 from torchkube.api.spec import FailurePolicySpec, FailureReason
 from torchkube.api.status import (
     MAX_FAILURE_HISTORY,
@@ -34,6 +42,7 @@ from torchkube.api.status import (
     TrainingJobStatus,
 )
 from torchkube.api.times import format_time, parse_time
+from torchkube.api.worker_launch import live
 from torchkube.operator import pods as p
 from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 
@@ -89,6 +98,9 @@ class Failure:
     """The training step last reported when it was seen."""
     charged: bool = False
     """Spends the budget whatever its cause (a store lost again before a step was trained)."""
+    survivors: int | None = None
+    """recovery live: the replica groups that trained on without it. Set, this is the loss
+    of one group, not a restart of the job (:func:`live_group_losses`)."""
 
     @property
     def infrastructure(self) -> bool:
@@ -371,6 +383,23 @@ def store_loss(
     )
 
 
+def live_group_losses(
+    job: TrainingJob, failures: Sequence[Failure], running: Collection[str]
+) -> list[Failure]:
+    """``failures`` as the losses of their replica groups alone when the job recovers live and
+    at least ``LIVE_MIN_REPLICA_GROUPS`` of its ``running`` workers (pod names) are not among
+    them: torchft's quorum goes on with those from their next step. Otherwise — restart mode,
+    no group left to train, or the store (with the Lighthouse) lost too — unchanged: the job
+    restarts from its checkpoint."""
+    if not live(job) or any(f.reason == "RendezvousStoreLost" for f in failures):
+        return list(failures)
+    lost = {f.pod for f in failures}
+    survivors = len([name for name in running if name not in lost])
+    if survivors < LIVE_MIN_REPLICA_GROUPS:
+        return list(failures)
+    return [replace(f, survivors=survivors) for f in failures]
+
+
 def straggler_failure(
     slowest: SlowestRank, policy: FailurePolicySpec, started: datetime | None
 ) -> Failure:
@@ -428,10 +457,16 @@ class Ledger:
     restarts: int = 0
     counted: int = 0
     history: Sequence[FailureRecord] = ()
+    group_losses: int = 0
 
     @classmethod
     def of(cls, status: TrainingJobStatus) -> "Ledger":
-        return cls(status.restarts, status.restarts_count_towards_max, tuple(status.failures))
+        return cls(
+            status.restarts,
+            status.restarts_count_towards_max,
+            tuple(status.failures),
+            status.replica_group_losses,
+        )
 
 
 @dataclass
@@ -440,6 +475,7 @@ class Outcome:
 
     restarts: int
     counted: int
+    group_losses: int = 0
     records: list[FailureRecord] = field(default_factory=list)
     fail_reason: str | None = None
     fail_message: str = ""
@@ -454,7 +490,9 @@ def _current_incident(ledger: Ledger) -> tuple[datetime | None, bool]:
     return began, any(r.counted is not False for r in members)
 
 
-def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> FailureRecord:
+def to_record(
+    failure: Failure, now: datetime, incident: int | None, counted: bool
+) -> FailureRecord:
     """A failure as ``status.failures`` stores it."""
     return FailureRecord(
         reason=failure.reason,
@@ -468,6 +506,7 @@ def to_record(failure: Failure, now: datetime, incident: int, counted: bool) -> 
         counted=counted,
         restart_count=failure.restart_count or None,
         step=failure.step,
+        replica_group_loss=True if failure.survivors is not None else None,
     )
 
 
@@ -476,7 +515,7 @@ def account(
 ) -> Outcome:
     """Fold new failures into the job's ledger and say whether the job must fail."""
     began, charged = _current_incident(ledger)
-    out = Outcome(ledger.restarts, ledger.counted)
+    out = Outcome(ledger.restarts, ledger.counted, ledger.group_losses)
     for failure in failures:
         if not failure.retryable:
             out.records.append(to_record(failure, now, out.restarts, False))
@@ -484,6 +523,10 @@ def account(
             out.fail_message = f"{failure.message}; not retried"
             return out
         when = failure.at or now
+        if failure.survivors is not None:
+            out.group_losses += 1
+            out.records.append(to_record(failure, when, None, False))
+            continue
         joins = (
             began is not None
             and abs(when - began) <= INCIDENT_WINDOW
@@ -520,12 +563,15 @@ def record(ctx: Context, new: list[Failure]) -> Step:
     ctx.status.last_failure = outcome.records[-1]
     ctx.status.restarts = outcome.restarts
     ctx.status.restarts_count_towards_max = outcome.counted
+    ctx.status.replica_group_losses = outcome.group_losses
     for written in outcome.records:
         value = str(written.restart_count) if written.restart_count else "true"
         ctx.plan.mark_recorded[written.pod or ""] = value
     if outcome.fail_reason is not None:
         ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
         return STOP
+    for lost in (f for f in new if f.survivors is not None):
+        ctx.event("Warning", "ReplicaGroupLost", group_loss_message(lost, outcome.group_losses))
     max_restarts = ctx.spec.failure_policy.max_restarts
     for incident in range(before.restarts + 1, outcome.restarts + 1):
         members = [r for r in outcome.records if r.incident == incident]
@@ -543,6 +589,18 @@ def record(ctx: Context, new: list[Failure]) -> Step:
             f"(incident {incident}, {outcome.counted}/{max_restarts} counted)",
         )
     return CONTINUE
+
+
+def group_loss_message(lost: Failure, losses: int) -> str:
+    """What the loss of one replica group did, for the user: the job did not restart."""
+    others = lost.survivors or 0
+    trains = "group trains" if others == 1 else "groups train"
+    return (
+        f"{lost.message}; its replica group is lost: the {others} other replica {trains} on "
+        "from the next step, and its replacement copies the live state from them and joins "
+        f"(recovery live: no restart, nothing spent of maxRestarts; replica groups lost so "
+        f"far: {losses})"
+    )
 
 
 def incident_starts(history: Iterable[FailureRecord]) -> list[datetime]:

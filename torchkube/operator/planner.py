@@ -69,7 +69,8 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
 
     loss = node_loss.NodeLoss.of(ctx)
     pods = sorting.sort(ctx, owned, loss)
-    if failure.record(ctx, pods.new_failures) is STOP:
+    training = [p.name(pod) for pod in pods.workers if p.state(pod) == "running"]
+    if failure.record(ctx, failure.live_group_losses(ctx.job, pods.new_failures, training)) is STOP:
         return
     lifecycle.prune_failed(ctx, pods.failed)
     node_loss.report_partition(ctx, loss)
