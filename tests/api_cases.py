@@ -63,12 +63,6 @@ BAD_SPECS = [
         "recovery live supports strategy ddp",
     ),
     BadSpec(
-        "live-many-processes",
-        {"failurePolicy": {"recovery": "live"}, "nprocPerNode": 2},
-        "spec",
-        "one process per pod",
-    ),
-    BadSpec(
         "live-last-port",
         {"failurePolicy": {"recovery": "live"}, "rendezvous": {"port": 65535}},
         "spec",

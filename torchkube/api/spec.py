@@ -23,9 +23,9 @@ DATA_OR_PATH = (
 )
 DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
 LIVE_SUPPORTS = (
-    "failurePolicy.recovery live supports strategy ddp with one process per pod (nprocPerNode "
-    "1, or auto with at most one GPU) and no tensor parallelism so far, and a rendezvous.port "
-    "below 65535 (its Lighthouse takes the next port): use recovery restart for the others"
+    "failurePolicy.recovery live supports strategy ddp (any number of processes per pod) and "
+    "no tensor parallelism so far, and a rendezvous.port below 65535 (its Lighthouse takes "
+    "the next port): use recovery restart for the others"
 )
 HSDP_RANGE = (
     "trainer.hsdpShardSize must divide the data-parallel size at every size in the elastic range"
@@ -461,8 +461,8 @@ class FailurePolicySpec(ApiModel):
         "training resumes from the newest checkpoint. live: each pod is one torchft replica "
         "group; the others keep training from the next step at the smaller data-parallel "
         "size (same global batch, more accumulation each) and the replacement copies the "
-        "current state from a live peer before it trains (strategy ddp, one process per "
-        "pod, no tensor parallelism; needs torchft in the image).",
+        "current state from a live peer before it trains (strategy ddp, no tensor "
+        "parallelism; needs torchft in the image).",
         json_schema_extra=immutable("failurePolicy.recovery"),
     )
 
@@ -609,9 +609,7 @@ class TrainingJobSpec(ApiModel):
         ),
         (
             "self.failurePolicy.recovery != 'live' || (self.trainer.strategy == 'ddp' && "
-            "self.trainer.parallelism.tensor == 1 && (type(self.nprocPerNode) == int ? "
-            "self.nprocPerNode == 1 : self.nprocPerNode == 'auto' && self.resources.gpus <= 1) "
-            "&& self.rendezvous.port < 65535)",
+            "self.trainer.parallelism.tensor == 1 && self.rendezvous.port < 65535)",
             LIVE_SUPPORTS,
         ),
         (
@@ -781,14 +779,12 @@ class TrainingJobSpec(ApiModel):
         rather than quietly recovered by restart."""
         if self.failure_policy.recovery != "live":
             return self
-        trainer, procs = self.trainer, self.processes_per_pod()
+        trainer = self.trainer
         unsupported = []
         if trainer.strategy != "ddp":
             unsupported.append(f"strategy {trainer.strategy}")
         if trainer.parallelism.tensor != 1:
             unsupported.append(f"parallelism.tensor {trainer.parallelism.tensor}")
-        if procs != 1 and not (procs is None and self.nproc_per_node == "auto"):
-            unsupported.append(f"nprocPerNode {self.nproc_per_node} ({procs or 'many'} per pod)")
         if self.rendezvous.port == 65535:
             unsupported.append("rendezvous.port 65535")
         if unsupported:

@@ -334,7 +334,7 @@ class LocalRun:
             if record and self.chaos.stop_due(step):
                 self._signal_trainer(record, now, signal.SIGSTOP)
             if record and self.chaos.crash_due(step):
-                self._signal_trainer(record, now, signal.SIGKILL)
+                self._crash(record, now)
             if record:
                 self._replace_straggler(record, now)
             kill = self._kill_due(step, now, last_kill, started) if record else None
@@ -570,10 +570,23 @@ class LocalRun:
         if self.chaos.restart:
             self._start_worker(index)
 
-    def _signal_trainer(self, record: ProgressReport, now: float, sig: signal.Signals) -> None:
+    def _crash(self, record: ProgressReport, now: float) -> None:
+        """SIGKILL a training process (``--chaos-crash-at-step``). The worker named by
+        ``--chaos-worker`` may be starting again when the step comes (a replacement still
+        importing): the crash waits for its training process rather than miss it."""
+        if not self._signal_trainer(record, now, signal.SIGKILL, quiet=True):
+            if self.chaos.worker in (*self.workers, *self.waiting):
+                self.chaos.crash_at_steps.insert(0, record.step)
+            else:
+                self.out.write(f"\nchaos: no training process to SIGKILL at step {record.step}\n")
+
+    def _signal_trainer(
+        self, record: ProgressReport, now: float, sig: signal.Signals, quiet: bool = False
+    ) -> bool:
         """SIGSTOP one training process of a worker: it hangs mid-step, its launcher's
         watchdog finds it after the hang timeout and ends the worker with exit code 124. Or
-        SIGKILL it: its launcher restarts the round in place, and no worker exits here."""
+        SIGKILL it: its launcher restarts the round in place, and no worker exits here.
+        False when no worker has a training process (``quiet``: without saying so)."""
         tree = children_of()
         order = [(self._kills + i) % self.count for i in range(self.count)]
         self._kills += 1
@@ -584,8 +597,11 @@ class LocalRun:
             if i in self.workers and (trainers := workers_of(self.workers[i].proc.pid, tree))
         ]
         if not training:  # a spare stands by without a trainer
-            self.out.write(f"\nchaos: no training process to {sig.name} at step {record.step}\n")
-            return
+            if not quiet:
+                self.out.write(
+                    f"\nchaos: no training process to {sig.name} at step {record.step}\n"
+                )
+            return False
         index, trainers = training[0]
         self.out.write(
             f"\nchaos: {sig.name} a training process of worker {index} at step {record.step}\n"
@@ -599,6 +615,7 @@ class LocalRun:
             self._hung[index] = failure
         with contextlib.suppress(ProcessLookupError):
             os.kill(trainers[0], sig)
+        return True
 
     def _replace_straggler(self, record: ProgressReport, now: float) -> None:
         """The operator's straggler policy on this run's workers: the slowest rank tracked,

@@ -1,5 +1,9 @@
 """Live recovery (``failurePolicy.recovery: live``): each pod is one torchft replica group.
 
+A pod's ``nprocPerNode`` processes are one group: DDP averages their gradients inside the pod
+(its own torchrun world), then each process averages the result with the same local rank of
+the other groups through torchft's Manager.
+
 With restart recovery the loss of one pod stops every worker, and training resumes from the
 newest checkpoint: every step since it is computed twice. Here the data-parallel all-reduce
 across pods goes through torchft's Manager instead (its fault-tolerant all-reduce), and every step
@@ -21,9 +25,8 @@ of quorum rank 0 (the lowest replica id alive) writes them, synchronously, at th
 step. It claims the folder (``checkpoint.CheckpointManager.claim``) whenever it becomes that
 writer, and only it writes the progress record, which carries :class:`LiveProgress`.
 
-Not covered yet (refused at admission, ``spec._live_recovery_is_supported``): several
-processes per pod, sharded strategies (HSDP would put torchft around the outer replicate
-dimension), tensor parallelism.
+Not covered yet (refused at admission, ``spec._live_recovery_is_supported``): sharded
+strategies (HSDP would put torchft around the outer replicate dimension), tensor parallelism.
 """
 
 import logging
@@ -202,7 +205,7 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
         )
     live_env = LiveEnv.from_env(run_env.job_name)
     workload = workload or builtin_workload(spec)
-    info = distributed.setup(spec)  # this pod's own world: one process (admission checks)
+    info = distributed.setup(spec)  # this pod's own world: its processes, one group
     metrics = TrainMetrics(run_env.job_name, info.rank)
     progress = ProgressReporter(run_env.checkpoint_dir, enabled=False)
     server = start_metrics_server(run_env.metrics_port, metrics.registry, progress)
@@ -263,17 +266,17 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
             spec,
             run_env,
             info,
-            Layout(spec.global_batch_size, spec.micro_batch_size, 1),
+            Layout(spec.global_batch_size, spec.micro_batch_size, info.world_size),
             metrics,
             progress,
             ckpt,
             flops_per_token,
             step_timer(info.device),
-            [],  # one process per group: no ranks to compare
+            [],  # no straggler measurement in live mode
         )
         reporter.started(state)
         loop = LiveLoop(
-            spec, live_env, manager, model, live, ckpt, progress, workload, dataset, stop
+            spec, live_env, info, manager, model, live, ckpt, progress, workload, dataset, stop
         )
         signum = loop.run(reporter, heartbeat)
         if signum is not None:
@@ -296,6 +299,7 @@ class LiveLoop:
         self,
         spec: TrainerSpec,
         live_env: LiveEnv,
+        info: distributed.DistInfo,
         manager: Any,
         model: nn.Module,
         live: LiveState,
@@ -305,12 +309,12 @@ class LiveLoop:
         dataset: Any,
         stop: StopRequest,
     ) -> None:
-        self.spec, self.live_env, self.stop = spec, live_env, stop
+        self.spec, self.live_env, self.info, self.stop = spec, live_env, info, stop
         self.manager, self.model, self.live, self.ckpt = manager, model, live, ckpt
         self.progress, self.workload = progress, workload
         self.state = live.state
         self.split: tuple[int, int] | None = None  # (groups, this group's rank) of the layout
-        self.layout = Layout(spec.global_batch_size, spec.micro_batch_size, 1)
+        self.layout = Layout(spec.global_batch_size, spec.micro_batch_size, info.world_size)
         self.loader: StepLoader | None = None
         self.dataset = dataset
         self.device = next(model.parameters()).device
@@ -420,20 +424,27 @@ class LiveLoop:
         )
 
     def _arrange(self, reporter: Reporter) -> None:
-        """Deal the global batch out over this step's quorum; say so when it changed."""
+        """Deal the global batch out over this step's quorum (over every process of its
+        groups: a group's processes hold consecutive ranks); say so when it changed."""
         groups = self.manager.num_participants()
         rank = self.manager.participating_rank()
         split = (groups, 0 if rank is None else rank)
         was_writer, self.writer = self.writer, rank == 0
-        self.progress.enabled = self.writer
+        self.progress.enabled = self.writer and self.info.is_main
         if self.writer and not was_writer:
             self.ckpt.claim()  # the writer may change between steps: the folder is its now
         if split == self.split:
             return
         before = self.split
         self.split = split
-        self.layout = Layout(self.spec.global_batch_size, self.spec.micro_batch_size, groups)
-        self.loader = StepLoader(self.dataset, self.spec.seed, self.layout, split[1], self.device)
+        processes = self.info.world_size
+        self.layout = Layout(
+            self.spec.global_batch_size, self.spec.micro_batch_size, groups * processes
+        )
+        rank_in_job = split[1] * processes + self.info.rank
+        self.loader = StepLoader(
+            self.dataset, self.spec.seed, self.layout, rank_in_job, self.device
+        )
         reporter.layout = self.layout
         changes = self.record.quorum_changes + (before is not None and before[0] != groups)
         self.record = self.record.model_copy(
