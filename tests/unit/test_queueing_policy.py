@@ -142,6 +142,15 @@ def test_an_operator_with_kueue_disabled_runs_a_queue_labelled_job_at_once() -> 
     assert again.status.phase == "Running"
 
 
+def test_torchkube_run_says_it_ignores_the_queue_label_as_a_kueue_less_operator_does() -> None:
+    from torchkube.local.cli import _queue_note
+
+    note = _queue_note(queued_job())
+    assert note is not None
+    assert queueing.label_ignored(QUEUE, "torchkube run has no Kueue to admit it") in note
+    assert _queue_note(make_job()) is None
+
+
 def test_the_prepare_pod_has_a_pod_set_of_its_own() -> None:
     job = queued_job(data={"source": {"path": "/corpus"}})
     names = [s["name"] for s in workloads.pod_sets(job)]

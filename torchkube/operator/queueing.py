@@ -145,12 +145,23 @@ def _not_installed(queue: str) -> str:
     )
 
 
+def label_ignored(queue: str, because: str) -> str:
+    """What a queue-name label means where nothing admits through Kueue: said alike by an
+    operator with the integration off and by ``torchkube run``, which both run the job now."""
+    return (
+        f"the label {workloads.QUEUE_LABEL}={queue} is ignored: {because}, so the job runs "
+        f"without waiting for Kueue"
+    )
+
+
 def _ignore_queue(ctx: Context, queue: str) -> None:
     """Kueue integration off: the job runs now; its label is said to be ignored, once."""
     message = (
-        f"the label {workloads.QUEUE_LABEL}={queue} is ignored: this operator runs with "
-        f"kueue.enabled=false (TORCHKUBE_KUEUE_ENABLED), so the job runs without waiting for "
-        f"Kueue; to queue it, install the chart with kueue.enabled=true (docs/queueing.md)"
+        label_ignored(
+            queue,
+            "this operator runs with kueue.enabled=false (TORCHKUBE_KUEUE_ENABLED)",
+        )
+        + "; to queue it, install the chart with kueue.enabled=true (docs/queueing.md)"
     )
     queued = ctx.condition(cond.QUEUED)
     if queued is None or queued.reason != "QueueingDisabled":
