@@ -37,8 +37,10 @@ from kubernetes.client.exceptions import ApiException
 from testbed import faults
 from testbed.binaries import find_binaries
 from testbed.cluster import Cluster, ClusterConfig
+from testbed.crds import install_crd
 from testbed.errors import ClusterError
 from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
+from testbed.kueue import CONFIG_DIR as KUEUE_CONFIG_DIR
 from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
 from testbed.volumes import prebound_volume
@@ -49,6 +51,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "torchkube"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 POOL = NodePool(name="chart", nodes=3, gpus_per_node=8)
+KUEUE_GROUP = "kueue.x-k8s.io"
+QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
+WORKLOAD_CRD = f"workloads.{KUEUE_GROUP}"
 RBAC_TROUBLE = re.compile(r"forbidden|not enough permissions", re.IGNORECASE)
 # The operator under test runs on this machine: its own ports, and no progress polling of the
 # made-up KWOK pod IPs (OperatorProcess sets these).
@@ -184,6 +189,7 @@ def test_default_render_is_one_least_privilege_cluster_wide_operator(helm: Helm)
         "POD_NAMESPACE": "metadata.namespace",
     }
     assert env["TORCHKUBE_WORKERS"] == "8" and env["TORCHKUBE_RESYNC_SECONDS"] == "30"
+    assert env["TORCHKUBE_KUEUE_ENABLED"] == "true"
     assert pod["serviceAccountName"] == "torchkube"
 
     (role,) = find(objects, "ClusterRole", "torchkube")
@@ -230,6 +236,28 @@ def test_namespaced_render_grants_job_rights_only_in_the_watched_namespaces(helm
     assert ("kueue.x-k8s.io", "workloads", "create") in rules_of(roles[0])
     (deployment,) = find(objects, "Deployment")
     assert container_env(deployment)["TORCHKUBE_NAMESPACES"] == "team-a,team-b"
+
+
+def test_without_kueue_render_grants_nothing_of_kueues_and_says_so_to_the_operator(
+    helm: Helm,
+) -> None:
+    objects = helm.render("-f", str(CHART / "ci" / "no-kueue-values.yaml"))
+    (deployment,) = find(objects, "Deployment")
+    assert container_env(deployment)["TORCHKUBE_KUEUE_ENABLED"] == "false"
+    (role,) = find(objects, "ClusterRole", "torchkube")
+    rules = rules_of(role)
+    assert ("", "pods", "create") in rules  # the rest is as before
+    assert not {r for r in rules if r[0] == "kueue.x-k8s.io" or r[1] == "priorityclasses"}
+    namespaced = helm.render(
+        "-f",
+        str(CHART / "ci" / "namespaced-values.yaml"),
+        "--set",
+        "kueue.enabled=false",
+    )
+    roles = find(namespaced, "Role") + find(namespaced, "ClusterRole", "torchkube")
+    assert len(roles) == 3
+    for found in roles:
+        assert not {r for r in rules_of(found) if r[0] == "kueue.x-k8s.io"}, found["metadata"]
 
 
 def test_ha_render_turns_leader_election_on(helm: Helm) -> None:
@@ -341,6 +369,7 @@ def test_monitoring_render(helm: Helm, tmp_path: Path) -> None:
         ("leaderElection.enabled=maybe", "enabled"),
         ("leaderElection.leaseName=Not_A_Name", "leaseName"),
         ("peering.enabled=true", "peering"),  # kopf peering is gone: an unknown key now
+        ("kueue.enabled=maybe", "enabled"),
     ],
 )
 def test_schema_rejects_bad_values(helm: Helm, setting: str, complaint: str) -> None:
@@ -553,13 +582,49 @@ def create_namespace(api: Any, name: str, labels: dict[str, str] | None = None) 
     return name
 
 
-def chart_job(api: Any, namespace: str, name: str, workdir: Path, **spec: Any) -> Job:
+def chart_job(
+    api: Any,
+    namespace: str,
+    name: str,
+    workdir: Path,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
+) -> Job:
     """A 2-worker TrainingJob on the module's KWOK pool, with a volume for its claim, created
     as an admin (its user)."""
     claim = f"{name}-checkpoints"
     prebound_volume(api, namespace, claim, str(workdir / f"{namespace}-{claim}"))
     spec.setdefault("replicas", {"min": 2, "max": 2})
-    return Job.create(api, namespace, job_manifest(name, POOL, **spec))
+    body = job_manifest(name, POOL, **spec)
+    body["metadata"]["labels"] = labels or {}
+    return Job.create(api, namespace, body)
+
+
+def queued(job: Job, reason: str) -> dict[str, Any] | None:
+    """The job's Queued condition once its reason is ``reason``."""
+    conditions = job.status().get("conditions") or []
+    found = next((c for c in conditions if c["type"] == "Queued"), None)
+    return found if found and found["reason"] == reason else None
+
+
+@pytest.fixture
+def workload_api(admin: Any) -> Iterator[Callable[[], None]]:
+    """``serve()`` makes the apiserver serve Kueue's Workload API, as it does where Kueue is
+    installed: Kueue's own Workload CRD, of the version hack/build-cluster.sh built (no Kueue
+    process: nothing here admits anything). Deleted afterwards, so the module's cluster stays
+    one without Kueue."""
+    ext: Any = client.ApiextensionsV1Api(admin)
+
+    def serve() -> None:
+        folder = find_binaries(("kueue",)).bin_dir / KUEUE_CONFIG_DIR
+        install_crd(admin, folder / "kueue.x-k8s.io_workloads.yaml")
+
+    yield serve
+    try:
+        ext.delete_custom_resource_definition(WORKLOAD_CRD)
+    except ApiException as error:
+        if error.status != 404:
+            raise
 
 
 def assert_no_rbac_trouble(*processes: OperatorProcess) -> None:
@@ -689,6 +754,83 @@ def test_operator_runs_a_whole_job_with_only_the_charts_rbac(
     assert_forbidden(
         lambda: sa_leases.create_namespaced_lease(release.namespace, lease_body("x")), account
     )
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_queued_job_where_kueue_is_not_installed_says_so_and_queues_once_it_is(
+    install: Callable[..., Release],
+    operators: list[OperatorProcess],
+    workload_api: Callable[[], None],
+    admin: Any,
+    tmp_path: Path,
+) -> None:
+    """kueue.enabled (the default) in a cluster without Kueue: the real apiserver answers the
+    Workload list 404, the job waits Queued saying why and what to do, and starts queueing
+    by itself once the Workload API is served."""
+    release = install("tk-kueue")
+    operator = release.operator().start()
+    operators.append(operator)
+    namespace = create_namespace(admin, "team-q")
+    job = chart_job(admin, namespace, "queued", tmp_path, labels={QUEUE_LABEL: "team-q"})
+    waiting = job.wait(lambda: queued(job, "KueueNotInstalled"), 30, "Queued/KueueNotInstalled")
+    assert waiting["status"] == "True" and job.status()["phase"] == "Queued"
+    assert "not served" in waiting["message"] and "externalFrameworks" in waiting["message"]
+    assert not job.pods() and not job.pods("rendezvous")
+    (warning,) = job.wait_event("KueueNotInstalled")
+    assert warning.type == "Warning"
+
+    workload_api()
+    custom: Any = client.CustomObjectsApi(admin)
+
+    def workload() -> list[Any]:
+        listed = custom.list_namespaced_custom_object(
+            KUEUE_GROUP, "v1beta2", namespace, "workloads"
+        )
+        return list(listed["items"])
+
+    (created,) = job.wait(workload, 30, "its Workload, once the Workload API is served")
+    assert created["spec"]["queueName"] == "team-q"
+    job.wait(lambda: queued(job, "Queued"), 30, "Queued for admission, no longer KueueNotInstalled")
+    assert not job.pods(), "nothing admits it here: it must still wait"
+    assert [e.reason for e in job.events()].count("KueueNotInstalled") == 1
+    assert_no_rbac_trouble(operator)
+    job.delete()  # the next release's operator must not find it
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_with_kueue_disabled_a_queue_labelled_job_runs_at_once_and_no_workload_is_read(
+    install: Callable[..., Release],
+    operators: list[OperatorProcess],
+    workload_api: Callable[[], None],
+    admin: Any,
+    tmp_path: Path,
+) -> None:
+    """kueue.enabled=false in a cluster that serves the Workload API: the chart grants no
+    Workload, so an operator that watched, listed or created one would be refused (and say
+    "forbidden" in its log); the queue-labelled job runs unqueued, and says its label is
+    ignored."""
+    workload_api()
+    release = install("tk-nokueue", "-f", str(CHART / "ci" / "no-kueue-values.yaml"))
+    operator = release.operator().start()
+    operators.append(operator)
+    namespace = create_namespace(admin, "team-n")
+    job = chart_job(admin, namespace, "unqueued", tmp_path, labels={QUEUE_LABEL: "team-n"})
+    job.wait_running(2)
+    ignored = queued(job, "QueueingDisabled")
+    assert ignored is not None and ignored["status"] == "False"
+    assert "kueue.enabled=false" in ignored["message"]
+    (warning,) = job.wait_event("QueueingDisabled")
+    assert warning.type == "Warning"
+    custom: Any = client.CustomObjectsApi(admin)
+    listed = custom.list_namespaced_custom_object(KUEUE_GROUP, "v1beta2", namespace, "workloads")
+    assert listed["items"] == []
+    assert "queue" not in job.status()
+    assert_no_rbac_trouble(operator)
+    log = operator.log_path.read_text(errors="replace")
+    assert "workloads" not in log, "an operator with Kueue off must not even try to watch them"
+    job.delete()  # its nodes are the next tests'
 
 
 @pytest.mark.cluster

@@ -19,6 +19,7 @@ from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
 from torchkube.operator.decision import Event, Plan, Refusal
+from torchkube.operator.workloads import QUEUE_LABEL, QueueObservation
 
 KEY = ("ns", "demo")
 
@@ -503,3 +504,17 @@ def test_a_job_recreated_under_the_same_name_starts_from_nothing() -> None:
     assert "progress" not in written and written["worldSize"] == 0
     assert any("-worker-0-" in name for name in kube.created), "no old refusal holds it back"
     assert controller.memory[KEY].uid == "new"
+
+
+def test_the_kueue_integration_off_reads_no_workload_and_says_so_to_the_planner() -> None:
+    """Without a QueueClient (kueue.enabled=false) a queue-labelled job is planned as
+    ``disabled``, and one without the label as before."""
+    from planner import make_job
+
+    controller = Controller(OperatorSettings(), kube=None, queues=None)  # type: ignore[arg-type]
+    job = make_job()
+    labelled = job.model_copy(
+        update={"metadata": {**job.metadata, "labels": {QUEUE_LABEL: "team-a"}}}
+    )
+    assert asyncio.run(controller._observe_queue(job)) is None
+    assert asyncio.run(controller._observe_queue(labelled)) == QueueObservation(kueue="disabled")

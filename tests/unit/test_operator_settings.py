@@ -16,3 +16,10 @@ def test_namespaces_are_read_as_a_comma_list_each_once() -> None:
 def test_a_namespace_pattern_is_refused_with_the_reason(pattern: str) -> None:
     with pytest.raises(ValidationError, match="namespace names, not patterns"):
         OperatorSettings.from_env({"TORCHKUBE_NAMESPACES": f"team-a,{pattern}"})
+
+
+def test_the_kueue_integration_is_on_unless_the_chart_turns_it_off() -> None:
+    assert OperatorSettings.from_env({}).kueue_enabled is True
+    assert OperatorSettings.from_env({"TORCHKUBE_KUEUE_ENABLED": "false"}).kueue_enabled is False
+    with pytest.raises(ValidationError, match="kueue_enabled"):
+        OperatorSettings.from_env({"TORCHKUBE_KUEUE_ENABLED": "maybe"})

@@ -95,6 +95,62 @@ def test_a_queued_job_without_a_workload_creates_one_and_no_pod() -> None:
     assert sets["store"]["template"]["spec"]["containers"][0]["resources"]["requests"]
 
 
+def test_where_kueue_is_not_installed_the_job_waits_saying_so_and_looks_again() -> None:
+    """The Workload API is not served (Kueue's CRDs are absent): nothing to create, and no
+    pretending that a Workload was; the job says what would unblock it and checks again."""
+    job = queued_job()
+    missing = QueueObservation(kueue="not-installed")
+    result = run(job, [], queue=missing)
+    assert result.create_pods == [] and result.workload_writes == []
+    assert result.status.phase == "Queued"
+    queued = condition(result, "Queued")
+    assert (queued["status"], queued["reason"]) == ("True", "KueueNotInstalled")
+    for words in ("not served", "TrainingJob.v1alpha1.torchkube.io", "externalFrameworks"):
+        assert words in queued["message"]
+    assert f"{workloads.QUEUE_LABEL}={QUEUE}" in queued["message"]  # or drop the label
+    warnings = [(e.type, e.reason) for e in result.events if e.reason == "KueueNotInstalled"]
+    assert warnings == [("Warning", "KueueNotInstalled")]
+    assert result.requeue_after is not None
+    assert result.requeue_after <= queueing.KUEUE_RECHECK_SECONDS
+    again = run(queued_job(result.status.to_wire()), [], queue=missing)
+    assert again.events == [] and condition(again, "Queued")["reason"] == "KueueNotInstalled"
+    installed = run(queued_job(again.status.to_wire()), [], queue=observed(None))
+    [(verb, _)] = installed.workload_writes
+    assert verb == "create" and condition(installed, "Queued")["reason"] == "Queued"
+
+
+def test_an_operator_with_kueue_disabled_runs_a_queue_labelled_job_at_once() -> None:
+    """kueue.enabled=false: the label is ignored, loudly (once), and the job is not held."""
+    job = queued_job()
+    disabled = QueueObservation(kueue="disabled")
+    result = run(job, [], queue=disabled)
+    assert created_slots(result) == [0, 1, 2, 3] and result.workload_writes == []
+    queued = condition(result, "Queued")
+    assert (queued["status"], queued["reason"]) == ("False", "QueueingDisabled")
+    assert "kueue.enabled=false" in queued["message"] and QUEUE in queued["message"]
+    assert "kueue.enabled=true" in queued["message"]  # how to turn it on
+    assert [(e.type, e.reason) for e in result.events if e.reason == "QueueingDisabled"] == [
+        ("Warning", "QueueingDisabled")
+    ]
+    assert result.status.queue is None
+    again = run(
+        queued_job(running_status(conditions=result.status.to_wire()["conditions"])),
+        healthy(),
+        queue=disabled,
+    )
+    assert not [e for e in again.events if e.reason == "QueueingDisabled"]
+    assert again.status.phase == "Running"
+
+
+def test_torchkube_run_says_it_ignores_the_queue_label_as_a_kueue_less_operator_does() -> None:
+    from torchkube.local.cli import _queue_note
+
+    note = _queue_note(queued_job())
+    assert note is not None
+    assert queueing.label_ignored(QUEUE, "torchkube run has no Kueue to admit it") in note
+    assert _queue_note(make_job()) is None
+
+
 def test_the_prepare_pod_has_a_pod_set_of_its_own() -> None:
     job = queued_job(data={"source": {"path": "/corpus"}})
     names = [s["name"] for s in workloads.pod_sets(job)]

@@ -121,6 +121,9 @@ def run_command(
         late_seconds=chaos_late_seconds,
     )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
+    queue_note = _queue_note(job)
+    if queue_note:
+        click.echo(queue_note)
     _prepare_data(job, run.checkpoint_dir)
     click.echo(
         f"running {job.name}: {run.count} workers × {nproc} process(es), checkpoints and logs "
@@ -133,6 +136,21 @@ def run_command(
     summary = run.run()
     click.echo("\n" + summary.render())
     sys.exit(0 if summary.succeeded else 1)
+
+
+def _queue_note(job: "TrainingJob") -> str | None:
+    """A job labelled for a Kueue queue runs here at once, as under an operator with
+    kueue.enabled=false: said, so that nobody takes the local run for a test of the queue."""
+    from torchkube.operator import queueing, workloads
+
+    queue = workloads.queue_name(job)
+    if queue is None:
+        return None
+    because = "torchkube run has no Kueue to admit it"
+    return (
+        f"note: {queueing.label_ignored(queue, because)}; on a cluster with Kueue, "
+        "torchkube submit queues it (docs/queueing.md)"
+    )
 
 
 def _prepare_data(job: "TrainingJob", checkpoint_dir: Path) -> None:

@@ -57,6 +57,13 @@ class OperatorSettings(ApiModel):
     leader_election_name: str = Field(
         default="torchkube-operator", description="Name of the Lease."
     )
+    kueue_enabled: bool = Field(
+        default=True,
+        description="Admit jobs labelled kueue.x-k8s.io/queue-name through Kueue Workloads "
+        "(docs/queueing.md). Off, the operator neither watches nor reads Workloads (the chart "
+        "then grants it none) and runs such a job at once, with a warning that its label is "
+        "ignored.",
+    )
 
     @field_validator("namespaces")
     @classmethod

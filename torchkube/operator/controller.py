@@ -110,7 +110,8 @@ class Controller:
         self.kube = kube
         self.leader = leader
         self.queues = queues
-        """Kueue's API, for jobs with a queue-name label (None: Kueue is not used)."""
+        """Kueue's API, for jobs with a queue-name label (None: the Kueue integration is off,
+        ``kueue_enabled`` false, and such a job runs as one without a queue)."""
         self.jobs: Mapping[Key, Any] | None = None
         self.pods: Mapping[Key, Any] | None = None
         self.nodes: Mapping[str, Any] | None = None
@@ -423,8 +424,10 @@ class Controller:
             self.enqueue(key, delay=delay)
 
     async def _observe_queue(self, job: TrainingJob) -> QueueObservation | None:
-        if self.queues is None or workloads.queue_name(job) is None:
+        if workloads.queue_name(job) is None:
             return None
+        if self.queues is None:
+            return QueueObservation(kueue="disabled")
         return await asyncio.to_thread(self.queues.observe, job)
 
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:

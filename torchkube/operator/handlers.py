@@ -78,7 +78,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         namespace = config.leader_election_namespace or own_namespace()
         leader = LeaderElection(api_client, namespace, config.leader_election_name)
     kube = Kube(api_client, config.api_concurrency)
-    memo.controller = Controller(config, kube, leader, QueueClient(api_client))
+    queues = QueueClient(api_client) if config.kueue_enabled else None
+    memo.controller = Controller(config, kube, leader, queues)
     # A client of its own: each watch holds a connection for minutes, outside the write pool.
     memo.pods = PodInformer(make_api_client(config), config.namespaces, memo.controller.enqueue)
     memo.node_ready = {}
@@ -192,11 +193,23 @@ async def claim_changed(
     _controller(memo, kwargs).enqueue((str(namespace), labels[lbl.JOB_NAME]))
 
 
-@kopf.on.event(workloads.API_GROUP, workloads.API_VERSION, workloads.PLURAL, labels=JOB_PODS)
 async def workload_changed(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
     """Kueue admitted or evicted a job's Workload (only ours carry the job-name label). Where
     Kueue is not installed kopf watches nothing here, and starts once its CRD appears."""
     _controller(memo, kwargs).workload_changed(dict(body))
+
+
+def watch_workloads(registry: kopf.OperatorRegistry) -> None:
+    """Follow Kueue's Workloads: registered only with the Kueue integration on
+    (``kueue_enabled``), so an operator with it off never lists or watches them, and needs
+    no right to."""
+    kopf.on.event(
+        workloads.API_GROUP,
+        workloads.API_VERSION,
+        workloads.PLURAL,
+        labels=JOB_PODS,
+        registry=registry,
+    )(workload_changed)
 
 
 @kopf.on.event("nodes")

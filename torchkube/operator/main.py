@@ -12,10 +12,14 @@ from torchkube.operator.config import OperatorSettings
 
 
 async def run(settings: OperatorSettings, stop_flag: asyncio.Event | None = None) -> None:
-    """Run until cancelled or ``stop_flag`` is set. Importing handlers registers them."""
+    """Run until cancelled or ``stop_flag`` is set. Importing handlers registers them, but
+    for the Workload watch, which only the Kueue integration registers."""
     import kopf
 
-    from torchkube.operator import handlers  # noqa: F401  (registers the kopf handlers)
+    from torchkube.operator import handlers
+
+    if settings.kueue_enabled:
+        handlers.watch_workloads(kopf.get_default_registry())
 
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     await kopf.operator(

@@ -23,13 +23,20 @@ class QueueClient:
 
     def observe(self, job: TrainingJob) -> QueueObservation:
         """The job's Workloads (the slices of an elastic one) as Kueue left them; the
-        PriorityClass's value while there is one to create."""
+        PriorityClass's value while there is one to create. A list answered 404 means the
+        apiserver does not serve the Workload API at all (a namespace without Workloads
+        lists none): Kueue is not installed."""
         metrics.API_REQUESTS.labels("list", "workload").inc()
-        listed: Any = self.custom.list_namespaced_custom_object(
-            API_GROUP, API_VERSION, job.namespace, PLURAL,
-            label_selector=f"{workloads.JOB_UID_LABEL}={job.uid}",
-            _request_timeout=REQUEST_TIMEOUT,
-        )  # fmt: skip
+        try:
+            listed: Any = self.custom.list_namespaced_custom_object(
+                API_GROUP, API_VERSION, job.namespace, PLURAL,
+                label_selector=f"{workloads.JOB_UID_LABEL}={job.uid}",
+                _request_timeout=REQUEST_TIMEOUT,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return QueueObservation(kueue="not-installed")
         bodies: list[dict[str, Any]] = listed["items"]
         replicas = job.spec.replicas
         wanted = replicas.target + replicas.spares

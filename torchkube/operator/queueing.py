@@ -18,6 +18,12 @@ does for the kinds it integrates itself:
   once, larger asks for a new Workload slice that Kueue admits in place of the running one;
 * finished → the Workload is marked Finished, so Kueue releases the quota at once.
 
+Where Kueue cannot admit anything the job says so instead of waiting in silence: in a cluster
+that does not serve the Workload API (Kueue not installed) it waits, Queued with the reason
+``KueueNotInstalled``, and looks again every ``KUEUE_RECHECK_SECONDS``; under an operator
+with the Kueue integration off (``kueue.enabled=false``) its label is ignored, with a
+warning, and it runs as a job without a queue would.
+
 Time spent Queued is left out of the job's deadlines, as time suspended is.
 """
 
@@ -33,6 +39,9 @@ from torchkube.operator.workloads import QueueObservation, WorkloadState
 
 RELEASE_QUEUED = "queued"
 RELEASE_EVICTED = "evicted"
+KUEUE_RECHECK_SECONDS = 10.0
+"""How soon a job waiting for Kueue to be installed looks again: one list request that the
+apiserver answers 404 until Kueue's CRDs appear, then the job is queued within this time."""
 
 
 def admitted_view(job: TrainingJob, observed: QueueObservation | None) -> TrainingJob:
@@ -99,6 +108,13 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     if queue is None:
         return CONTINUE
     observed = ctx.observed.queue or QueueObservation()
+    if observed.kueue == "disabled":
+        _ignore_queue(ctx, queue)
+        return CONTINUE
+    if observed.kueue == "not-installed":
+        _wait(ctx, owned, queue, None, "KueueNotInstalled", _not_installed(queue))
+        ctx.plan.requeue(KUEUE_RECHECK_SECONDS)
+        return STOP
     state = observed.workload
     if state is None:
         ctx.plan.workload_writes.append(("create", workloads.workload(ctx.job, observed.priority)))
@@ -116,6 +132,42 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     why = state.message("QuotaReserved") or "Kueue has not considered it yet"
     _wait(ctx, owned, queue, state, "Queued", f"waiting in LocalQueue {queue} for admission: {why}")
     return STOP
+
+
+def _not_installed(queue: str) -> str:
+    return (
+        f"waiting in LocalQueue {queue} for Kueue, but Kueue's Workload API "
+        f"({workloads.API_GROUP}/{workloads.API_VERSION}) is not served in this cluster "
+        f"(Kueue is not installed, or too old): install Kueue "
+        f'with "TrainingJob.v1alpha1.torchkube.io" in integrations.externalFrameworks '
+        f"(docs/queueing.md), or remove the label {workloads.QUEUE_LABEL}={queue} to run the "
+        f"job without a queue; it starts queueing by itself once Kueue is installed"
+    )
+
+
+def label_ignored(queue: str, because: str) -> str:
+    """What a queue-name label means where nothing admits through Kueue: said alike by an
+    operator with the integration off and by ``torchkube run``, which both run the job now."""
+    return (
+        f"the label {workloads.QUEUE_LABEL}={queue} is ignored: {because}, so the job runs "
+        f"without waiting for Kueue"
+    )
+
+
+def _ignore_queue(ctx: Context, queue: str) -> None:
+    """Kueue integration off: the job runs now; its label is said to be ignored, once."""
+    message = (
+        label_ignored(
+            queue,
+            "this operator runs with kueue.enabled=false (TORCHKUBE_KUEUE_ENABLED)",
+        )
+        + "; to queue it, install the chart with kueue.enabled=true (docs/queueing.md)"
+    )
+    queued = ctx.condition(cond.QUEUED)
+    if queued is None or queued.reason != "QueueingDisabled":
+        ctx.event("Warning", "QueueingDisabled", message)
+    ctx.set(cond.QUEUED, False, "QueueingDisabled", message)
+    ctx.status.queue = None
 
 
 def _evicted(ctx: Context, owned: list[dict[str, Any]], queue: str, state: WorkloadState) -> None:
@@ -155,8 +207,10 @@ def _wait(
     for pod in owned:
         if p.state(pod) in ("pending", "running"):
             ctx.plan.delete(pod, why=why)
-    if ctx.status.phase != "Queued" or not ctx.is_true(cond.QUEUED):
-        kind = "Warning" if reason in ("Preempted", "Evicted") else "Normal"
+    queued = ctx.condition(cond.QUEUED)
+    waiting = queued is not None and queued.status == "True" and queued.reason == reason
+    if ctx.status.phase != "Queued" or not waiting:
+        kind = "Warning" if reason in ("Preempted", "Evicted", "KueueNotInstalled") else "Normal"
         ctx.event(kind, reason, message)
     ctx.status.phase = "Queued"
     ctx.set(cond.QUEUED, True, reason, message)

@@ -12,7 +12,7 @@ eviction gives its quota reservation back, and a finished job's Workload is mark
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
@@ -202,6 +202,13 @@ class WorkloadState:
         return str(found.get("message", "")) if found else ""
 
 
+KueueAvailability = Literal["installed", "not-installed", "disabled"]
+"""Whether a queued job's Workload can be used: ``installed``, the apiserver serves Kueue's
+Workload API; ``not-installed``, it does not (Kueue's CRDs are absent, or too old to serve
+``API_VERSION``); ``disabled``, this operator runs with the Kueue integration off (the chart's
+``kueue.enabled=false``) and reads no Workload."""
+
+
 @dataclass(frozen=True)
 class QueueObservation:
     """What the controller read for a queued job: its Workload (None: none exists), a
@@ -213,6 +220,7 @@ class QueueObservation:
     scale_up: WorkloadState | None = None
     wanted_workers: int = 0
     """The worker pods the job's spec asks for now (target and spares)."""
+    kueue: KueueAvailability = "installed"
 
 
 def observe(

@@ -113,6 +113,7 @@ kopf never patches them (no finalizers).
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.kueue.enabled }}
 # Kueue (docs/queueing.md): a job with a queue-name label is admitted through a Workload the
 # operator creates, follows, updates (quota given back, Finished) and releases at deletion.
 - apiGroups: [kueue.x-k8s.io]
@@ -121,4 +122,5 @@ kopf never patches them (no finalizers).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [patch]
+{{- end }}
 {{- end }}
