@@ -119,3 +119,48 @@ def test_sigterm_stops_a_live_job_on_a_checkpoint_of_its_last_step_and_it_resume
         assert from_volume or int(joined[-1]) > stopped["step"], shown
     final = json.loads(progress.read_text())
     assert final["finished"] and final["step"] == 600, final
+
+
+def _at(line: str) -> float:
+    """The time of a trainer log line (``2026-11-26 11:38:27,335 …``), in seconds."""
+    clock = line.split()[1]
+    hours, minutes, seconds = clock.replace(",", ".").split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def test_a_hot_spare_stands_by_and_takes_a_lost_groups_place_at_next_quorum(
+    tmp_path: Path,
+) -> None:
+    """replicas.spares 1: the third worker stands by (started, model built) instead of
+    training as one more group; worker 1 killed, it joins from the survivor at once, and the
+    lost slot's replacement stands by in its turn."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["spec"]["replicas"]["spares"] = 1
+    job = tmp_path / "live-spare.yaml"
+    job.write_text(yaml.safe_dump(manifest))
+    cli = [sys.executable, "-m", "torchkube.cli", "run", str(job), "--workdir", str(tmp_path)]
+    chaos = ["--chaos-at-step", str(KILL_AT), "--chaos-worker", "1"]
+    result = subprocess.run([*cli, *chaos], capture_output=True, text=True, timeout=600)
+    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
+    shown = "\n".join(f"--- {name}\n{text[-3000:]}" for name, text in sorted(logs.items()))
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{shown}"
+    final = json.loads((tmp_path / "checkpoints" / "progress.json").read_text())
+    assert final["finished"] and final["step"] == 600, final
+    survivor, spare = logs["worker-0.log"], logs["worker-2.log"]
+
+    # never more groups than the target: the spare did not train beside the two
+    assert "3 replica groups" not in survivor, shown
+    assert "live: standing by" in spare, shown
+    joined = re.search(r".*joined from a live peer: copied .* of step (\d+).*", spare)
+    assert joined and int(joined[1]) >= KILL_AT, shown
+
+    # the spare was back in the quorum within seconds of the loss, not a restart's start-up
+    lost = re.search(r".*quorum changed from 2 to 1 replica groups.*", survivor)
+    whole = re.search(r".*quorum changed from 1 to 2 replica groups.*", survivor)
+    assert lost and whole, shown
+    assert _at(whole[0]) - _at(lost[0]) < 10, (lost[0], whole[0])
+
+    # the lost slot's replacement found the job whole, stood by in its turn, and was released
+    # when training ended
+    assert "live: standing by" in logs["worker-1.log"], shown
+    assert "standby released: training ended" in logs["worker-1.log"], shown

@@ -72,6 +72,10 @@ class Env(StrEnum):
     RECOVERY = "TORCHKUBE_RECOVERY"
     """``failurePolicy.recovery``: ``restart`` (default) or ``live``, where each pod is one
     torchft replica group and its all-reduce across pods goes through torchft's Manager."""
+    REPLICA_GROUPS = "TORCHKUBE_REPLICA_GROUPS"
+    """Live recovery: how many replica groups train (``replicas.target``). A group that
+    starts while that many train — a hot spare, or a replacement the spare already stood in
+    for — stands by until one is lost (``torchkube.trainer.standby``)."""
     LIGHTHOUSE = "TORCHKUBE_LIGHTHOUSE"
     """Live recovery: the torchft Lighthouse that forms each step's quorum of replica groups
     (``http://host:port``)."""

@@ -117,8 +117,9 @@ class ReplicasSpec(ApiModel):
         le=1000,
         description="Hot spares: worker pods started beyond max (image pulled, Python and "
         "torch imported, joined to the rendezvous as standbys) that take a lost worker's "
-        "place at the next round without waiting for scheduling or start-up. Each holds a "
-        "worker's resources (its GPUs) idle while it waits.",
+        "place at the next round without waiting for scheduling or start-up (with "
+        "failurePolicy.recovery live: its model built, it joins the next quorum and copies "
+        "the live state). Each holds a worker's resources (its GPUs) idle while it waits.",
     )
 
     @model_validator(mode="after")

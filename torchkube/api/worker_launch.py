@@ -139,5 +139,12 @@ def trainer_env(job: TrainingJob, index: int) -> dict[str, str]:
         Env.TRAINER_CONFIG: json.dumps(spec.trainer_config().to_wire(), sort_keys=True),
         Env.RESTART_BOARD: job.uid,
         Env.RECOVERY: spec.failure_policy.recovery,
-        **({Env.LIGHTHOUSE: lighthouse_endpoint(job)} if live(job) else {}),
+        **(
+            {
+                Env.LIGHTHOUSE: lighthouse_endpoint(job),
+                Env.REPLICA_GROUPS: str(spec.replicas.target),
+            }
+            if live(job)
+            else {}
+        ),
     }

@@ -31,11 +31,12 @@ strategies (HSDP would put torchft around the outer replicate dimension), tensor
 
 import logging
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,7 @@ from torchft.checkpointing import HTTPTransport
 
 from torchkube.api.contract import (
     LIVE_MIN_REPLICA_GROUPS,
+    STANDBY_RELEASED,
     Env,
     ExitCode,
     LiveProgress,
@@ -53,7 +55,7 @@ from torchkube.api.contract import (
 )
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
-from torchkube.trainer import distributed
+from torchkube.trainer import distributed, standby
 from torchkube.trainer.chaos import ChaosHold
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout, StepLoader
@@ -92,6 +94,9 @@ class LiveEnv:
     host: str
     """Where the other groups reach this one (its Manager and the state it serves to a joining
     group): the pod IP, as a pod's host name resolves nowhere; outside a pod the host name."""
+    slot: int = 0
+    target: int | None = None
+    """Replica groups that train (``Env.REPLICA_GROUPS``); None: every group trains."""
 
     @classmethod
     def from_env(cls, job_name: str) -> "LiveEnv":
@@ -103,7 +108,8 @@ class LiveEnv:
             )
         slot = int(os.environ.get(Env.REPLICA_INDEX, "0"))
         host = os.environ.get(Env.POD_IP) or socket.gethostname()
-        return cls(lighthouse, f"{job_name}-{slot}", host)
+        groups = os.environ.get(Env.REPLICA_GROUPS)
+        return cls(lighthouse, f"{job_name}-{slot}", host, slot, int(groups) if groups else None)
 
 
 class LiveState:
@@ -175,6 +181,29 @@ def average_gradients(manager: Any, model: nn.Module) -> None:
         offset += grad.numel()
 
 
+def take_a_place(
+    info: distributed.DistInfo, live_env: LiveEnv, stop: StopRequest, host: str, port: int
+) -> standby.Decision | None:
+    """Whether this group trains now, after standing by if the quorum is whole
+    (``standby.wait_for_a_place``). Rank 0 decides for the pod's processes and tells them
+    through the group's own store, under this incarnation's key (torchrun may keep the store
+    across an in-place restart)."""
+    stopped = lambda: stop.requested  # noqa: E731
+    board = standby.QuorumBoard.from_env()
+    if info.world_size == 1:
+        return standby.wait_for_a_place(board, live_env.slot, live_env.target, stopped)
+    store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
+    key = f"torchkube/standby/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if info.is_main:
+        decision = standby.wait_for_a_place(board, live_env.slot, live_env.target, stopped)
+        store.set(key, decision or "stopped")
+        return decision
+    while not store.check([key]):
+        time.sleep(standby.POLL_SECONDS)
+    told = store.get(key).decode()
+    return None if told == "stopped" else cast(standby.Decision, told)
+
+
 def describe_split(groups: int, layout: Layout) -> str:
     return (
         f"{groups} replica group{'s' if groups != 1 else ''}, {layout.describe()} "
@@ -224,6 +253,13 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
         scheduler = LambdaLR(optimizer, lr_lambda(spec))
         state = TrainState()
         live = LiveState(model, optimizer, scheduler, state)
+        place = take_a_place(info, live_env, stop, host, port)
+        if place is None:
+            return 128 + (stop.signum or signal.SIGTERM)
+        if place == "released":
+            log.info("live: %s: training ended while this group stood by", STANDBY_RELEASED)
+            _write_termination_message(run_env, STANDBY_RELEASED)
+            return ExitCode.OK
         pg = (
             ProcessGroupNCCL()
             if info.device.type == "cuda"
@@ -320,6 +356,8 @@ class LiveLoop:
         self.device = next(model.parameters()).device
         self.writer = False
         self.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
+        self.board = standby.QuorumBoard.from_env()
+        """Where the writer group tells standbys how many groups train."""
         self.steps_done = 0
 
     def run(self, reporter: Reporter, heartbeat: Heartbeat) -> int | None:
@@ -357,7 +395,11 @@ class LiveLoop:
             self.state.step = self.manager.current_step()
             self.state.consumed_samples += self.layout.global_batch_size
             heartbeat.beat(self.state.step)
-            self._timed(time.monotonic() - began)
+            took = time.monotonic() - began
+            self._timed(took)
+            if self.writer and self.info.is_main:
+                groups = self.split[0] if self.split else 1
+                self.board.post(groups, self.live_env.target, took)
             reporter.step(self.state, data_wait, float(self.live.scheduler.get_last_lr()[0]), None)
             last = self.state.step == self.spec.steps
             if self.state.step % self.spec.log_interval_steps == 0 or last:
@@ -369,6 +411,8 @@ class LiveLoop:
                     self.ckpt.save(self.state.step, blocking=True)
                 reporter.checkpointed()
         reporter.finished(self.state)  # written by the writer alone
+        if self.writer and self.info.is_main:
+            self.board.post(self.record.replica_groups, self.live_env.target, 0.0, finished=True)
         self._publish()
         log.info(
             "live: finished at step %d; longest step after the first %s, %d quorum changes, "
