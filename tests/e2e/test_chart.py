@@ -835,6 +835,82 @@ def test_with_kueue_disabled_a_queue_labelled_job_runs_at_once_and_no_workload_i
 
 @pytest.mark.cluster
 @pytest.mark.slow
+def test_a_request_the_operator_is_refused_is_said_on_the_job_until_it_is_granted(
+    install: Callable[..., Release],
+    operators: list[OperatorProcess],
+    workload_api: Callable[[], None],
+    admin: Any,
+    tmp_path: Path,
+) -> None:
+    """RBAC that lacks what the operator needs (here: the chart with kueue.enabled=false, the
+    operator with the integration on): the apiserver answers 403, and the job says which
+    request was refused and what grants it, instead of carrying no status while the operator
+    retries; once granted, the condition clears and the job goes on."""
+    workload_api()
+    release = install("tk-refused", "-f", str(CHART / "ci" / "no-kueue-values.yaml"))
+    operator = release.operator(TORCHKUBE_KUEUE_ENABLED="true").start()
+    operators.append(operator)
+    namespace = create_namespace(admin, "team-r")
+    job = chart_job(admin, namespace, "refused", tmp_path, labels={QUEUE_LABEL: "team-r"})
+
+    def refused() -> dict[str, Any] | None:
+        conditions = job.status().get("conditions") or []
+        return next((c for c in conditions if c["type"] == "OperatorForbidden"), None)
+
+    said = job.wait(refused, 30, "OperatorForbidden")
+    assert said["status"] == "True" and "workloads" in said["message"], said
+    assert "ServiceAccount" in said["message"] and "rbac" in said["message"], said
+    (warning,) = job.wait_event("OperatorForbidden")
+    assert warning.type == "Warning"
+    assert not job.pods()
+
+    rbac: Any = client.RbacAuthorizationV1Api(admin)
+    grant = f"{release.fullname}-workloads"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": grant},
+            "rules": [
+                {
+                    "apiGroups": [KUEUE_GROUP],
+                    "resources": ["workloads", "workloads/status"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                }
+            ],
+        }
+    )
+    try:
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": grant},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": grant,
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": release.fullname,
+                        "namespace": release.namespace,
+                    }
+                ],
+            }
+        )
+        cleared = job.wait(
+            lambda: (c := refused()) is not None and c["status"] == "False" and c,
+            60,
+            "OperatorForbidden cleared once granted",
+        )
+        assert cleared["reason"] == "Allowed", cleared
+        job.wait(lambda: queued(job, "Queued"), 30, "Queued for admission")
+    finally:
+        rbac.delete_cluster_role_binding(grant)
+        rbac.delete_cluster_role(grant)
+    job.delete()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_namespaced_mode_runs_jobs_in_its_namespace_only(
     install: Callable[..., Release],
     operators: list[OperatorProcess],

@@ -5,7 +5,7 @@ PodsBlocked, or fails the job when the pod spec can never pass
 from datetime import timedelta
 
 import pytest
-from planner import NOW, condition, created_slots, make_job, run
+from planner import NOW, condition, created_slots, make_job, pod, run, running_status, store
 
 from torchkube.operator.decision import Refusal
 
@@ -54,3 +54,39 @@ def test_only_a_pod_spec_that_can_never_pass_is_permanent() -> None:
     assert Refusal(422, "Unprocessable Entity", "invalid", NOW).permanent
     assert not Refusal(403, "Forbidden", "exceeded quota", NOW).permanent
     assert not Refusal(422, "Unprocessable Entity", "invalid", NOW, what="Service demo").permanent
+
+
+REFUSED = (
+    'workloads.kueue.x-k8s.io is forbidden: User "system:serviceaccount:tk:tk" cannot list '
+    'resource "workloads" in API group "kueue.x-k8s.io" in the namespace "team-a"'
+)
+
+
+def test_a_request_refused_by_rbac_is_said_on_the_job_while_it_lasts() -> None:
+    """The controller was refused a request this job needs (403): the condition holds the
+    apiserver's words and what grants it, kept while refusals go on, cleared once they stop."""
+    pods = [pod(0), pod(1), store()]
+    refused = run(make_job(running_status()), pods, forbidden=REFUSED)
+    said = condition(refused, "OperatorForbidden")
+    assert said["status"] == "True" and said["reason"] == "Forbidden", said
+    assert REFUSED in said["message"] and "ServiceAccount" in said["message"], said
+    allowed = run(make_job(refused.status), pods)
+    assert condition(allowed, "OperatorForbidden")["status"] == "False"
+    assert condition(allowed, "OperatorForbidden")["reason"] == "Allowed"
+    never = run(make_job(running_status()), pods)
+    assert "OperatorForbidden" not in [c.type for c in never.status.conditions]
+
+
+def test_a_job_the_model_refused_once_is_no_longer_invalid_when_it_validates() -> None:
+    status = running_status()
+    status["conditions"].append(
+        {
+            "type": "Invalid",
+            "status": "True",
+            "reason": "ValidationFailed",
+            "message": "the operator cannot act on this job: spec.replicas ...",
+            "lastTransitionTime": status["startTime"],
+        }
+    )
+    fixed = run(make_job(status), [pod(0), pod(1), store()])
+    assert condition(fixed, "Invalid")["status"] == "False", fixed.status.conditions

@@ -32,12 +32,15 @@ STRAGGLER_KEPT = "StragglerKept"
 leave its node (it came back there, or there is no other node)."""
 INVALID = "Invalid"
 """The job's spec or status does not validate: the operator cannot act on it."""
+OPERATOR_FORBIDDEN = "OperatorForbidden"
+"""The apiserver refused the operator a request this job needs (403): its RBAC lacks a
+right. The job cannot advance until the right is granted."""
 NODES_UNREACHABLE = "NodesUnreachable"
+"""Most nodes went NotReady at once (a partition): workers there are kept, not replaced."""
 STORE_READY = "StoreReady"
 """The rendezvous store serves (True), or why it does not (False): the workers meet only
 through it. When it last turned True also tells whether a store lost again served between
 the two losses (``failure.store_loss``)."""
-"""Most nodes went NotReady at once (a partition): workers there are kept, not replaced."""
 
 
 def get(conditions: list[Condition], kind: str) -> Condition | None:

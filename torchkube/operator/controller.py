@@ -31,7 +31,7 @@ from torchkube.api.errors import describe
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
-from torchkube.operator import goodput, metrics, progress, queueing, workloads
+from torchkube.operator import goodput, metrics, progress, queueing, refusals, workloads
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
@@ -77,6 +77,8 @@ class _Memory:
     goodput_written: st.GoodputWrite | None = None
     refused: Refusal | None = None
     invalid: str | None = None
+    forbidden: str | None = None
+    """The apiserver's words for the request it refused this job's last reconcile (403)."""
     planning_seconds: float = 0.0
     """How long the last reconcile took to decide (its API calls not counted)."""
     live: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -300,6 +302,10 @@ class Controller:
             except ApiException as error:
                 if error.status == 409:  # the job changed since the cache saw it: re-read
                     self.enqueue(key, delay=CONFLICT_RETRY_SECONDS)
+                elif error.status == 403:
+                    metrics.RECONCILE_ERRORS.inc()
+                    await asyncio.to_thread(self._report_forbidden, key, error)
+                    self.enqueue(key, delay=RETRY_SECONDS)
                 else:
                     metrics.RECONCILE_ERRORS.inc()
                     log.warning("reconcile of %s/%s failed: %s; retrying", *key, error.reason)
@@ -391,6 +397,7 @@ class Controller:
             refused=memory.refused,
             vanished=p.vanished(memory.live, pods, memory.deleted),
             queue=queue,
+            forbidden=memory.forbidden,
         )
         unseen = set(memory.created)
         decided = plan(observed)
@@ -417,6 +424,9 @@ class Controller:
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after
+        if memory.forbidden is not None:  # allowed again: the next plan clears the condition
+            memory.forbidden = None
+            delay = 0.0
         if self._polls_progress(job, decided):
             interval = self.settings.progress_interval_seconds
             delay = interval if delay is None else min(delay, interval)
@@ -483,6 +493,41 @@ class Controller:
         wire = [c.to_wire() for c in conditions]
         self.kube.patch_status(*key, {"conditions": wire}, None)
         self.kube.event(body, "Warning", "ValidationFailed", text)
+
+    def _report_forbidden(self, key: Key, error: ApiException) -> None:
+        """A request this job's reconcile needs was refused (403: the operator's RBAC lacks
+        a right). Said on the job at once — the plan that would say it may be what fails —
+        with a Warning event when the refusal is new; the planner keeps it while the
+        refusals go on (``refusals.report_operator_trouble``)."""
+        memory = self._memory_of(key)
+        text = _api_message(error)
+        log.warning("reconcile of %s/%s refused: %s; retrying", *key, text)
+        if memory.forbidden == text:
+            return
+        memory.forbidden = text
+        cached = (self.jobs or {}).get(key)
+        body = next(iter(cached), None) if cached is not None else None
+        if body is None:
+            return
+        stored = (body.get("status") or {}).get("conditions") or []
+        kept = [Condition.model_validate(c) for c in stored if isinstance(c, dict) and _valid(c)]
+        message = refusals.forbidden_message(text)
+        conditions = cond.set_condition(
+            kept,
+            cond.OPERATOR_FORBIDDEN,
+            True,
+            "Forbidden",
+            message[:4096],
+            datetime.now(UTC),
+            body.get("metadata", {}).get("generation"),
+        )
+        self._check_leading()
+        try:
+            self.kube.patch_status(*key, {"conditions": [c.to_wire() for c in conditions]}, None)
+        except ApiException as refused:  # the status itself is not ours to write: log only
+            log.error("cannot write the status of %s/%s: %s", *key, _api_message(refused))
+            return
+        self.kube.event(body, "Warning", "OperatorForbidden", message)
 
     def _check_leading(self) -> None:
         if not self.acting:

@@ -87,6 +87,8 @@ class Observed:
     by this operator (``pods.vanished``): their last known bodies."""
     queue: QueueObservation | None = None
     """The job's Kueue Workload, read for jobs with a queue-name label."""
+    forbidden: str | None = None
+    """The apiserver's words when it refused this job's last reconcile a request (403)."""
 
 
 @dataclass

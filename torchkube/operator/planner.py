@@ -43,6 +43,7 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     ctx = Context(observed, new_suffix)
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
+    refusals.report_operator_trouble(ctx)
     if lifecycle.is_being_deleted(ctx):
         return ctx.done()
     owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]

@@ -1,12 +1,41 @@
 """Refusal policy: the apiserver refused to create a pod of the job, or one of its children
-(quota, Pod Security admission, a webhook, an invalid pod spec).
+(quota, Pod Security admission, a webhook, an invalid pod spec), or refused the operator a
+request the job needs (RBAC).
 
 A refusal the same pod spec can get past later (quota freed, a webhook fixed) is retried with
 a doubling delay (``Refusal.retry_after``) and said in ``PodsBlocked``; one it never can (an
 invalid pod, a Pod Security level that forbids it) fails the job at once with what to fix.
+A request the operator's RBAC does not allow (a Workload list without Kueue's rights) is
+retried by the controller and said in ``OperatorForbidden`` while it lasts.
 """
 
+from torchkube.operator import conditions as cond
 from torchkube.operator.decision import CONTINUE, STOP, Context, Step
+
+FORBIDDEN_HELP = (
+    "grant it to the operator's ServiceAccount (the chart's rbac.create grants what the "
+    "operator needs; kueue.enabled adds Kueue's Workloads); the operator retries, and the "
+    "job goes on by itself once it is allowed"
+)
+
+
+def report_operator_trouble(ctx: Context) -> None:
+    """What keeps the operator from acting on the job, said on it while it lasts: a request
+    the apiserver refused (403, ``Observed.forbidden``), and cleared once it no longer does;
+    an ``Invalid`` spec cleared once it validates (the planner runs only on one that does)."""
+    ctx.clear(cond.INVALID, "Valid", "the spec validates")
+    refused = ctx.observed.forbidden
+    if refused is None:
+        ctx.clear(cond.OPERATOR_FORBIDDEN, "Allowed", "the operator's requests are allowed")
+        return
+    ctx.set(cond.OPERATOR_FORBIDDEN, True, "Forbidden", forbidden_message(refused))
+
+
+def forbidden_message(refused: str) -> str:
+    """The condition's and the event's words for a refused request."""
+    return (
+        f"the apiserver refused the operator a request this job needs ({refused}): {FORBIDDEN_HELP}"
+    )
 
 
 def fail_permanent(ctx: Context) -> Step:
