@@ -57,10 +57,10 @@ BAD_SPECS = [
         "must differ",
     ),
     BadSpec(
-        "live-fsdp",
-        {"failurePolicy": {"recovery": "live"}, "trainer": {"strategy": "fsdp"}},
+        "live-hsdp",
+        {"failurePolicy": {"recovery": "live"}, "trainer": {"strategy": "hsdp"}},
         "spec",
-        "recovery live supports strategy ddp",
+        "recovery live supports strategy ddp or fsdp",
     ),
     BadSpec(
         "live-last-port",

@@ -23,9 +23,9 @@ DATA_OR_PATH = (
 )
 DATA_EVAL = "trainer.evalIntervalSteps > 0 needs a validation split: set data.valFraction above 0"
 LIVE_SUPPORTS = (
-    "failurePolicy.recovery live supports strategy ddp (any number of processes per pod) and "
-    "no tensor parallelism so far, and a rendezvous.port below 65535 (its Lighthouse takes "
-    "the next port): use recovery restart for the others"
+    "failurePolicy.recovery live supports strategy ddp or fsdp (inside each pod, any number of "
+    "processes) and no tensor parallelism so far, and a rendezvous.port below 65535 (its "
+    "Lighthouse takes the next port): use recovery restart for the others"
 )
 HSDP_RANGE = (
     "trainer.hsdpShardSize must divide the data-parallel size at every size in the elastic range"
@@ -462,8 +462,8 @@ class FailurePolicySpec(ApiModel):
         "training resumes from the newest checkpoint. live: each pod is one torchft replica "
         "group; the others keep training from the next step at the smaller data-parallel "
         "size (same global batch, more accumulation each) and the replacement copies the "
-        "current state from a live peer before it trains (strategy ddp, no tensor "
-        "parallelism; needs torchft in the image).",
+        "current state from a live peer before it trains (strategy ddp or fsdp inside each "
+        "pod, no tensor parallelism; needs torchft in the image).",
         json_schema_extra=immutable("failurePolicy.recovery"),
     )
 
@@ -609,7 +609,7 @@ class TrainingJobSpec(ApiModel):
             "trainer.parallelism.tensor must divide resources.gpus (the GPUs per pod)",
         ),
         (
-            "self.failurePolicy.recovery != 'live' || (self.trainer.strategy == 'ddp' && "
+            "self.failurePolicy.recovery != 'live' || (self.trainer.strategy in ['ddp', 'fsdp'] && "
             "self.trainer.parallelism.tensor == 1 && self.rendezvous.port < 65535)",
             LIVE_SUPPORTS,
         ),
@@ -782,7 +782,7 @@ class TrainingJobSpec(ApiModel):
             return self
         trainer = self.trainer
         unsupported = []
-        if trainer.strategy != "ddp":
+        if trainer.strategy not in ("ddp", "fsdp"):
             unsupported.append(f"strategy {trainer.strategy}")
         if trainer.parallelism.tensor != 1:
             unsupported.append(f"parallelism.tensor {trainer.parallelism.tensor}")

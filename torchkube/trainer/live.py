@@ -1,8 +1,8 @@
 """Live recovery (``failurePolicy.recovery: live``): each pod is one torchft replica group.
 
-A pod's ``nprocPerNode`` processes are one group: DDP averages their gradients inside the pod
-(its own torchrun world), then each process averages the result with the same local rank of
-the other groups through torchft's Manager.
+A pod's ``nprocPerNode`` processes are one group: DDP (or FSDP's reduce-scatter) averages
+their gradients inside the pod (its own torchrun world), then each process averages the result
+with the same local rank of the other groups through torchft's Manager.
 
 With restart recovery the loss of one pod stops every worker, and training resumes from the
 newest checkpoint: every step since it is computed twice. Here the data-parallel all-reduce
@@ -25,8 +25,13 @@ of quorum rank 0 (the lowest replica id alive) writes them, synchronously, at th
 step. It claims the folder (``checkpoint.CheckpointManager.claim``) whenever it becomes that
 writer, and only it writes the progress record, which carries :class:`LiveProgress`.
 
-Not covered yet (refused at admission, ``spec._live_recovery_is_supported``): sharded
-strategies (HSDP would put torchft around the outer replicate dimension), tensor parallelism.
+Strategy ``fsdp`` shards each group's state over the pod's processes: the gradients are
+averaged shard by shard, and a joining group's process copies its shards from the process of
+the same local rank (:func:`local_shards`, :func:`copy_into`) — the layouts are the same.
+
+Not covered yet (refused at admission, ``spec._live_recovery_is_supported``): tensor
+parallelism, ``zero1``, and ``hsdp`` (whose replicate dimension inside the pod torchft's
+would duplicate).
 """
 
 import logging
@@ -41,6 +46,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import _init_optim_state
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing import HTTPTransport
@@ -128,19 +135,56 @@ class LiveState:
         """The step of the state last copied from a peer (None: never)."""
 
     def state_dict(self) -> dict[str, Any]:
+        """Sharded tensors (FSDP inside the pod) as this process's shards: the joining
+        group's process of the same local rank holds the same shards of the same layout."""
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": local_shards(self.model.state_dict()),
+            "optimizer": local_shards(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
             "train": self.state.state_dict(),
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        """Copied into the tensors in place, shard by shard; an optimizer that has not
+        stepped yet gets its state first (zeros, from a step at learning rate 0)."""
+        with torch.no_grad():
+            copy_into(self.model.state_dict(), saved["model"])
+            _init_optim_state(self.optimizer)
+            current = self.optimizer.state_dict()
+            copy_into(current["state"], saved["optimizer"]["state"])
+        for group, told in zip(
+            self.optimizer.param_groups, saved["optimizer"]["param_groups"], strict=True
+        ):
+            group.update({k: v for k, v in told.items() if k != "params"})
         self.scheduler.load_state_dict(saved["scheduler"])
         self.state.load_state_dict(saved["train"])
         self.copied_step = self.state.step
+
+
+def local_shards(tree: Any) -> Any:
+    """``tree`` with each DTensor replaced by this process's shard of it."""
+    if isinstance(tree, DTensor):
+        return tree.to_local()
+    if isinstance(tree, dict):
+        return {key: local_shards(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(local_shards(value) for value in tree)
+    return tree
+
+
+def copy_into(current: Any, saved: Any) -> None:
+    """Copy the tensors of ``saved`` (:func:`local_shards` of a peer's) into ``current``'s,
+    in place: a model's parameters and an optimizer's states are these very tensors."""
+    if isinstance(current, DTensor):
+        current.to_local().copy_(saved)
+    elif isinstance(current, torch.Tensor):
+        current.copy_(saved)
+    elif isinstance(current, dict):
+        for key, value in current.items():
+            copy_into(value, saved[key])
+    elif isinstance(current, list | tuple):
+        for value, told in zip(current, saved, strict=True):
+            copy_into(value, told)
 
 
 class AdvertisedTransport(HTTPTransport):
@@ -170,7 +214,7 @@ def average_gradients(manager: Any, model: nn.Module) -> None:
     the Manager: a peer lost during it fails the step's commit vote instead of the process.
     (torchft's DDP wrapper would overlap this with the backward pass, but its comm hook fails an
     assertion when the all-reduce errors, which is exactly the case that matters here.)"""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [local_shards(p.grad) for p in model.parameters() if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -237,7 +281,11 @@ def train_live(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = N
     info = distributed.setup(spec)  # this pod's own world: its processes, one group
     metrics = TrainMetrics(run_env.job_name, info.rank)
     progress = ProgressReporter(run_env.checkpoint_dir, enabled=False)
-    server = start_metrics_server(run_env.metrics_port, metrics.registry, progress)
+    server = (
+        start_metrics_server(run_env.metrics_port, metrics.registry, progress)
+        if info.local_rank == 0
+        else None
+    )
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
     host, port, _own_store = replica_store()  # served while this function runs
     manager: Manager | None = None
