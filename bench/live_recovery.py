@@ -90,7 +90,6 @@ class Observed:
     killed_step: int | None = None
     joined_at: float | None = None
     load: float = 0.0
-    finished: bool = False
     ended: float = 0.0
 
     @property
@@ -121,7 +120,7 @@ def run_torchkube(recovery: str, steps: int, kill_at: int | None) -> Observed:
         offset = seen.began - time.monotonic()
         summary = run.run(on_progress=lambda _line: seen.watch(run.progress()))
         seen.watch(run.progress())
-        seen.load, seen.finished, seen.ended = load_average(), summary.succeeded, time.time()
+        seen.load, seen.ended = load_average(), time.time()
         if run.failures:
             seen.killed_at, seen.killed_step = run.failures[0].at + offset, run.failures[0].step
             seen.joined_at = joined_at(run.log_dir / f"worker-{VICTIM}.log", seen.killed_at)
@@ -138,7 +137,7 @@ def run_torchrun(steps: int, kill_at: int, timeout: float) -> Observed:
         result = run.run(kill_at, "other", timeout, target="trainer", watch=seen.watch)
         seen.watch(run.progress())
     seen.killed_at, seen.killed_step = result.killed_at, result.killed_step
-    seen.load, seen.finished, seen.ended = load_average(), result.finished, time.time()
+    seen.load, seen.ended = load_average(), time.time()
     assert result.finished, f"plain torchrun did not finish: exit codes {result.exit_codes}"
     return seen
 
