@@ -9,22 +9,28 @@ the part of the gain that is settings from the part that is design.
 
 A kill takes a whole agent's process tree, as losing its node does: ``other`` is the agent
 without the store, ``host`` the one with it (what losing rank 0's node means for torchrun).
+Or it takes the agent's training process alone, as a crash does (a CUDA error, the OOM
+killer): the agent lives on and restarts its worker in a new round (``--max-restarts``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
 from torchkube.api.worker_launch import torchrun_args, trainer_env
-from torchkube.local.processes import kill_tree
+from torchkube.elastic.warm import workers_of
+from torchkube.local.processes import children_of, kill_tree
 from torchkube.local.runner import free_port
 from torchkube.local.threads import threads_per_process
 
@@ -57,12 +63,20 @@ class PlainResult:
 
 class PlainTorchrun:
     """Two plain torchrun agents for ``job`` in ``workdir``; ``settings`` is ``defaults`` or
-    ``torchkube`` (the rendezvous settings torchkube's pods get)."""
+    ``torchkube`` (the rendezvous settings torchkube's pods get).
 
-    def __init__(self, job: TrainingJob, workdir: Path, settings: str) -> None:
+    ``share_store=False`` sets torch's ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as
+    ``torchkube.elastic.launch`` does: by default torchrun hands its rendezvous store to the
+    workers and caches the first round's worker address, so the workers of a round restarted
+    with both agents alive wait for an address nobody publishes (no step in 150 s here)."""
+
+    def __init__(
+        self, job: TrainingJob, workdir: Path, settings: str, share_store: bool = True
+    ) -> None:
         if settings not in ("defaults", "torchkube"):
             raise ValueError(f"settings must be 'defaults' or 'torchkube', not {settings!r}")
         self.job, self.workdir, self.settings = job, workdir, settings
+        self.share_store = share_store
         self.checkpoint_dir = workdir / "checkpoints"
         self.log_dir = workdir / "logs"
         self.port = free_port()
@@ -96,6 +110,8 @@ class PlainTorchrun:
             "OMP_NUM_THREADS": str(threads_per_process(cpus, AGENTS, 1)),
             "LOGLEVEL": "INFO",  # the agents' rendezvous milestones, with times
         }
+        if not self.share_store:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         return env
 
     def progress(self) -> ProgressReport | None:
@@ -106,9 +122,18 @@ class PlainTorchrun:
         except (OSError, ValueError):
             return None
 
-    def run(self, kill_step: int, victim: str, timeout: float) -> PlainResult:
+    def run(
+        self,
+        kill_step: int,
+        victim: str,
+        timeout: float,
+        target: Literal["agent", "trainer"] = "agent",
+        watch: Callable[[ProgressReport | None], None] | None = None,
+    ) -> PlainResult:
         """Train; once past ``kill_step`` SIGKILL the ``victim`` agent's tree (``host`` or
-        ``other``); wait for the survivor to end (or ``timeout`` seconds in all)."""
+        ``other``), or with ``target="trainer"`` its training process alone; wait for the
+        survivor to end (or ``timeout`` seconds in all). ``watch`` sees each progress record
+        read (every 0.1 s)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         killed_at: float | None = None
@@ -128,10 +153,17 @@ class PlainTorchrun:
             survivor = self.agents[1 if victim == "host" else 0]
             while time.monotonic() < deadline and survivor.poll() is None:
                 record = self.progress()
+                if watch is not None:
+                    watch(record)
                 if killed_at is None and record and record.step >= kill_step:
-                    killed_at, killed_step = time.time(), record.step
-                    kill_tree(doomed.pid)
-                    doomed.wait()
+                    if target == "agent":
+                        killed_at, killed_step = time.time(), record.step
+                        kill_tree(doomed.pid)
+                        doomed.wait()
+                    elif trainers := workers_of(doomed.pid, children_of()):
+                        killed_at, killed_step = time.time(), record.step
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(trainers[0], signal.SIGKILL)
                 time.sleep(0.1)
         finally:
             for agent in self.agents:

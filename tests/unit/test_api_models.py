@@ -154,3 +154,26 @@ def test_chaos_hold_steps_travel_through_the_environment_as_written() -> None:
 
     assert chaos_hold_steps(chaos_hold_steps_value([70, 140])) == frozenset({70, 140})
     assert chaos_hold_steps("") == frozenset() and chaos_hold_steps(" 5 ,") == frozenset({5})
+
+
+def test_live_progress_carries_torchfts_share_of_the_step_on_the_wire() -> None:
+    """The isolated cost the live-recovery benchmark publishes: the quorum and the commit
+    vote over the whole step; the all-reduce is summed apart (DDP has one too)."""
+    from torchkube.api.contract import LiveProgress, LiveStepTime, ProgressReport
+
+    timed = LiveStepTime().plus(0.1, 0.004, 0.02, 0.001).plus(0.1, 0.002, 0.02, 0.003)
+    assert timed.steps == 2 and timed.torchft_seconds == pytest.approx(0.01)
+    assert timed.torchft_share == pytest.approx(0.05)
+    assert LiveStepTime().torchft_share is None
+    live = LiveProgress(replica_groups=2, grad_accum_steps=1, step_time=timed)
+    wire = ProgressReport(step=3, live=live).to_wire()["live"]
+    assert wire["stepTime"] == {
+        "steps": 2,
+        "stepSeconds": 0.2,
+        "quorumSeconds": 0.006,
+        "allreduceSeconds": 0.04,
+        "commitSeconds": 0.004,
+    }
+    assert ProgressReport.model_validate({"step": 3, "live": wire}).live == live
+    older = {"replicaGroups": 2, "gradAccumSteps": 1}  # a trainer from before the field
+    assert LiveProgress.model_validate(older).step_time == LiveStepTime()

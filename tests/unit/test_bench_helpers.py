@@ -307,24 +307,35 @@ def test_where_cpu_went_splits_the_cluster_from_the_operators_and_finds_the_floo
     assert where_cpu_went({}, seconds=0.0)["floor"] == 0.0
 
 
-def test_live_recovery_break_even_weighs_the_steady_cost_against_each_loss() -> None:
-    from bench.live_recovery import break_even
+def test_live_recovery_break_even_weighs_torchfts_share_against_each_loss() -> None:
+    """1 % of every step is 36 s of an hour; a loss costs restart 20 s and live 2 s, so each
+    saves 18 s and live repays its hour above 36 / 18 = 2 losses per hour (the bench had it
+    upside down: 0.50)."""
+    from bench.live_recovery import break_even_per_hour, describe_break_even
 
-    def per_step(restart: float, live: float) -> dict[str, Figure]:
-        figures = {"restart": Figure("r", "s"), "live": Figure("l", "s")}
-        figures["restart"].add(restart, 0.0)
-        figures["live"].add(live, 0.0)
-        return figures
-
-    kills = {
-        "restart": {"kill_to_next_step_seconds": 10.0, "steps_computed_twice": 100},
-        "live": {"kill_to_next_step_seconds": 2.0},
-    }
-    # 1 % of an hour is 36 s; a loss costs restart 10 + 100 × 0.1 = 20 s and live 2 s: 18 s saved
-    assert "wins above 0.50 losses per hour (one every 120 min)" in break_even(
-        per_step(0.1, 0.101), kills
+    assert break_even_per_hour(0.01, 20.0, 2.0) == pytest.approx(2.0)
+    assert "wins above 2.00 losses per hour (one every 30 min)" in describe_break_even(
+        "restart", 0.01, 20.0, 2.0
     )
-    assert "wins at any failure rate" in break_even(per_step(0.1, 0.09), kills)
+    assert "one every 20 s" in describe_break_even("restart", 0.1, 2.0, 0.0)  # 180 an hour
+    assert break_even_per_hour(0.0, 20.0, 2.0) == 0.0
+    assert break_even_per_hour(0.01, 2.0, 2.0) is None
+
+
+def test_live_recovery_reads_a_restarted_round_and_the_goodput_off_the_records() -> None:
+    """Records every 10 steps, 1 s apart; the kill at step 40 (t=4.5); the new round's start
+    record (step 0) at t=7, its first step record at t=8, past step 40 at t=12."""
+    from bench.live_recovery import after_kill, goodput
+
+    before = [(float(k), 10 * k) for k in range(5)]
+    restarted = [(7.0, 0), *((8.0 + k, 10 * (k + 1)) for k in range(5))]
+    found = after_kill([*before, *restarted], killed_at=4.5, killed_step=40)
+    assert found.new_round_step == 0 and found.new_round_started == 2.5
+    assert (found.new_round_first_record, found.back_past_kill_step) == (3.5, 7.5)
+    live = after_kill([*before, (6.0, 50), (7.0, 60)], killed_at=4.5, killed_step=40)
+    assert live.new_round_step is None and live.back_past_kill_step == 1.5
+    # 50 steps at the median pace of 0.1 s per step, in 12 s from launch (t=0)
+    assert goodput([*before, *restarted], began=0.0) == pytest.approx(50 * 0.1 / 12)
 
 
 def test_each_recovery_figure_is_timed_when_it_holds_not_after_the_others() -> None:

@@ -215,6 +215,53 @@ loss train on, and the first group to start trains before the others join it. Th
 gives it to torchft's Manager; the operator calls such a job Running while that many run."""
 
 
+class LiveStepTime(BaseModel):
+    """Where a replica group's steps went, summed over its committed steps after the first
+    (the first pays for start-up: the first quorum waits for the other groups to start).
+
+    torchft's own per-step cost is the quorum and the commit vote: a restart-mode step has
+    neither. The gradients' all-reduce is counted apart, as DDP does one too (overlapped with
+    the backward pass). Measured inside the loop, the cost is read off one run, not inferred
+    from the live loop against the restart loop, which differ in more than torchft."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    steps: int = Field(default=0, ge=0, description="Committed steps summed over.")
+    step_seconds: float = Field(
+        default=0.0, ge=0, description="Their whole time, quorum to optimizer update."
+    )
+    quorum_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="In torchft's quorum at each step's start: a round trip to the Lighthouse, "
+        "which answers once every group alive has asked (so waiting for a slower group too).",
+    )
+    allreduce_seconds: float = Field(
+        default=0.0, ge=0, description="Averaging the gradients through torchft's Manager."
+    )
+    commit_seconds: float = Field(default=0.0, ge=0, description="In the commit vote.")
+
+    @property
+    def torchft_seconds(self) -> float:
+        """torchft's own part: the quorum and the commit vote."""
+        return self.quorum_seconds + self.commit_seconds
+
+    @property
+    def torchft_share(self) -> float | None:
+        """torchft's own part of the steps' time (None: no step timed yet)."""
+        return self.torchft_seconds / self.step_seconds if self.step_seconds > 0 else None
+
+    def plus(self, step: float, quorum: float, allreduce: float, commit: float) -> "LiveStepTime":
+        """These sums with one more committed step (rounded to the microsecond, as written)."""
+        return LiveStepTime(
+            steps=self.steps + 1,
+            step_seconds=round(self.step_seconds + step, 6),
+            quorum_seconds=round(self.quorum_seconds + quorum, 6),
+            allreduce_seconds=round(self.allreduce_seconds + allreduce, 6),
+            commit_seconds=round(self.commit_seconds + commit, 6),
+        )
+
+
 class LiveProgress(BaseModel):
     """Live recovery (``failurePolicy.recovery: live``) as the writing replica group sees it:
     how many groups shared the last step and how the constant global batch is split."""
@@ -239,6 +286,11 @@ class LiveProgress(BaseModel):
     )
     longest_step_seconds: float | None = Field(
         default=None, description="This group's longest step after its first, quorum included."
+    )
+    step_time: LiveStepTime = Field(
+        default_factory=LiveStepTime,
+        description="This group's steps after its first: torchft's quorum and commit vote, "
+        "and the gradients' all-reduce, against the whole step.",
     )
 
 

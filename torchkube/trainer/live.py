@@ -418,6 +418,7 @@ class LiveLoop:
                 return self.stop.signum
             began = time.monotonic()
             self.manager.start_quorum()  # a group behind the quorum copies the state here
+            quorum = time.monotonic() - began
             if self.steps_done == 0 and self.live.copied_step is None:
                 self._resume_from_volume()
             self._note_peer_copy()
@@ -432,11 +433,15 @@ class LiveLoop:
                 self.spec,
                 self.workload.loss_fn,
             )
+            reduce_began = time.monotonic()
             average_gradients(self.manager, self.model)
+            allreduce = time.monotonic() - reduce_began
             reporter.timer.stop()
+            vote_began = time.monotonic()
             if not self.manager.should_commit():
                 self._discarded()
                 continue
+            commit = time.monotonic() - vote_began
             grad_norm = apply_update(
                 self.model, self.live.optimizer, self.live.scheduler, self.spec
             )
@@ -444,7 +449,7 @@ class LiveLoop:
             self.state.consumed_samples += self.layout.global_batch_size
             heartbeat.beat(self.state.step)
             took = time.monotonic() - began
-            self._timed(took)
+            self._timed(took, quorum, allreduce, commit)
             if self.writer and self.info.is_main:
                 groups = self.split[0] if self.split else 1
                 self.board.post(groups, self.live_env.target, took)
@@ -574,13 +579,17 @@ class LiveLoop:
             self.state.step + 1,
         )
 
-    def _timed(self, seconds: float) -> None:
+    def _timed(self, seconds: float, quorum: float, allreduce: float, commit: float) -> None:
+        """One committed step's time (``seconds``) and its parts in torchft's quorum, the
+        all-reduce and the commit vote, into the record."""
         self.steps_done += 1
         if self.steps_done == 1:
             return  # the first step pays for start-up: warm-up, the first quorum, a copy
-        longest = self.record.longest_step_seconds or 0.0
-        if seconds > longest:
-            self.record = self.record.model_copy(update={"longest_step_seconds": round(seconds, 3)})
+        longest = max(self.record.longest_step_seconds or 0.0, round(seconds, 3))
+        timed = self.record.step_time.plus(seconds, quorum, allreduce, commit)
+        self.record = self.record.model_copy(
+            update={"longest_step_seconds": longest, "step_time": timed}
+        )
 
     def _publish(self, force: bool = True) -> None:
         self.progress.update(force=force, world_size=self.record.replica_groups, live=self.record)
