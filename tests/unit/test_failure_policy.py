@@ -17,7 +17,7 @@ from planner import (
     kubelet_stopped as stopped,
 )
 
-from torchkube.api.contract import ExitCode, InPlaceRestart, LiveProgress, ProgressReport
+from torchkube.api.contract import ExitCode, InPlaceRestart
 from torchkube.api.labels import RELEASED
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
@@ -338,19 +338,3 @@ def test_a_restart_mode_job_that_loses_one_worker_restarts() -> None:
         [pod(0), pod(1, phase="Failed", exit_code=137), store()],
     )
     assert (result.status.restarts, result.status.replica_group_losses) == (1, 0)
-
-
-def test_a_live_job_whose_only_training_group_is_lost_beside_a_spare_restarts() -> None:
-    """One group trains (the trainer's report says so) and a hot spare stands by: the loss
-    of the training group leaves no live state to copy, so it is a restart, whatever the
-    spare's pod shows."""
-    one = {**LIVE, "replicas": {"min": 1, "max": 1, "spares": 1}}
-    report = ProgressReport(step=50, live=LiveProgress(replica_groups=1, grad_accum_steps=1))
-    pods = [pod(0, phase="Failed", exit_code=137), pod(1), store()]
-    result = run(make_job(running_status(), **one), pods, progress=report)
-    assert (result.status.restarts, result.status.replica_group_losses) == (1, 0)
-    two = {**LIVE, "replicas": {"min": 2, "max": 2, "spares": 1}}
-    report = ProgressReport(step=50, live=LiveProgress(replica_groups=2, grad_accum_steps=1))
-    pods = [pod(0), pod(1, phase="Failed", exit_code=137), pod(2), store()]
-    result = run(make_job(running_status(), **two), pods, progress=report)
-    assert (result.status.restarts, result.status.replica_group_losses) == (0, 1)

@@ -366,9 +366,7 @@ class LocalRun:
         running = [
             worker_name(i) for i, w in self.workers.items() if w.done or w.proc.poll() is None
         ]
-        report = self.progress()
-        training = report.live.replica_groups if report and report.live else None
-        return policy.live_group_losses(self.job, [found], running, training)[0]
+        return policy.live_group_losses(self.job, [found], running)[0]
 
     def _account(self, found: policy.Failure) -> tuple[bool, str] | None:
         """The operator's decision on one failure; (False, why) when the run must end."""

@@ -384,23 +384,17 @@ def store_loss(
 
 
 def live_group_losses(
-    job: TrainingJob,
-    failures: Sequence[Failure],
-    running: Collection[str],
-    training: int | None = None,
+    job: TrainingJob, failures: Sequence[Failure], running: Collection[str]
 ) -> list[Failure]:
     """``failures`` as the losses of their replica groups alone when the job recovers live and
     at least ``LIVE_MIN_REPLICA_GROUPS`` of its ``running`` workers (pod names) are not among
-    them — and, where the trainer reported how many groups train (``training``: hot spares
-    stand by beside them), as many trained groups are left: torchft's quorum goes on with
-    those from their next step. Otherwise — restart mode, no group left to train, or the
-    store (with the Lighthouse) lost too — unchanged: the job restarts from its checkpoint."""
+    them: torchft's quorum goes on with those from their next step. Otherwise — restart mode,
+    no group left to train, or the store (with the Lighthouse) lost too — unchanged: the job
+    restarts from its checkpoint."""
     if not live(job) or any(f.reason == "RendezvousStoreLost" for f in failures):
         return list(failures)
     lost = {f.pod for f in failures}
     survivors = len([name for name in running if name not in lost])
-    if training is not None:
-        survivors = min(survivors, training - len(lost))
     if survivors < LIVE_MIN_REPLICA_GROUPS:
         return list(failures)
     return [replace(f, survivors=survivors) for f in failures]

@@ -70,7 +70,8 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
 
     loss = node_loss.NodeLoss.of(ctx)
     pods = sorting.sort(ctx, owned, loss)
-    if failure.record(ctx, _as_group_losses(ctx, pods)) is STOP:
+    training = [p.name(pod) for pod in pods.workers if p.state(pod) == "running"]
+    if failure.record(ctx, failure.live_group_losses(ctx.job, pods.new_failures, training)) is STOP:
         return
     lifecycle.prune_failed(ctx, pods.failed)
     node_loss.report_partition(ctx, loss)
@@ -100,16 +101,6 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
         return
     phase.derive(ctx, workers, stores)
     phase.counts(ctx, workers)
-
-
-def _as_group_losses(ctx: Context, pods: sorting.SortedPods) -> list[failure.Failure]:
-    """The new failures, as losses of one replica group each where the others train on
-    (``failure.live_group_losses``): the running workers, and the groups the trainer last
-    reported training (hot spares stand by beside them)."""
-    running = [p.name(pod) for pod in pods.workers if p.state(pod) == "running"]
-    report = ctx.observed.progress
-    training = report.live.replica_groups if report and report.live else None
-    return failure.live_group_losses(ctx.job, pods.new_failures, running, training)
 
 
 def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:
