@@ -518,3 +518,46 @@ def test_the_kueue_integration_off_reads_no_workload_and_says_so_to_the_planner(
     )
     assert asyncio.run(controller._observe_queue(job)) is None
     assert asyncio.run(controller._observe_queue(labelled)) == QueueObservation(kueue="disabled")
+
+
+class _Jobs:
+    """The apiserver's answer to a read of the job: ``uid`` (None: not found)."""
+
+    def __init__(self, uid: str | None) -> None:
+        self.uid = uid
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None if self.uid is None else {"metadata": {"name": name, "uid": self.uid}}
+
+
+def _worker_once(controller: Controller, error: ApiException) -> None:
+    async def reconcile(key: tuple[str, str]) -> None:
+        raise error
+
+    async def scenario() -> None:
+        controller.reconcile = reconcile  # type: ignore[method-assign]
+        controller.enqueue(KEY)
+        worker = asyncio.ensure_future(controller._worker())
+        await asyncio.sleep(0.05)
+        worker.cancel()
+        for handle in controller.timers.values():
+            handle.cancel()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("now", "failed"), [(None, False), ("u-2", False), ("u-1", True)])
+def test_a_job_deleted_during_its_reconcile_is_no_failed_reconcile(
+    now: str | None, failed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A status write answered 404 because the job was deleted (and maybe created again
+    under its name) since the cache showed it: nothing of it is left to write, so it is read
+    again quietly. A 404 while the same job still exists is a failed reconcile."""
+    controller = _controller()
+    controller.memory[KEY] = _Memory(uid="u-1")
+    controller.kube = _Jobs(now)  # type: ignore[assignment]
+    with caplog.at_level("INFO", logger="torchkube.operator.controller"):
+        _worker_once(controller, ApiException(status=404, reason="Not Found"))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("reconcile of" in line and "failed" in line for line in said) is failed, said
+    assert KEY in controller.timers, "read again"

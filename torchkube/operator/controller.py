@@ -306,6 +306,9 @@ class Controller:
                     metrics.RECONCILE_ERRORS.inc()
                     await asyncio.to_thread(self._report_forbidden, key, error)
                     self.enqueue(key, delay=RETRY_SECONDS)
+                elif error.status == 404 and await asyncio.to_thread(self._replaced, key):
+                    log.info("%s/%s was deleted while it was planned for; read again", *key)
+                    self.enqueue(key, delay=CONFLICT_RETRY_SECONDS)
                 else:
                     metrics.RECONCILE_ERRORS.inc()
                     log.warning("reconcile of %s/%s failed: %s; retrying", *key, error.reason)
@@ -493,6 +496,14 @@ class Controller:
         wire = [c.to_wire() for c in conditions]
         self.kube.patch_status(*key, {"conditions": wire}, None)
         self.kube.event(body, "Warning", "ValidationFailed", text)
+
+    def _replaced(self, key: Key) -> bool:
+        """Whether the job a reconcile worked on is gone (deleted, or deleted and created
+        again under its name) since the cache showed it: then a 404 for it (its status
+        write) is no failure, only nothing left to write."""
+        memory = self.memory.get(key)
+        now = self.kube.read_job(*key)
+        return now is None or memory is None or now["metadata"].get("uid") != memory.uid
 
     def _report_forbidden(self, key: Key, error: ApiException) -> None:
         """A request this job's reconcile needs was refused (403: the operator's RBAC lacks

@@ -167,6 +167,24 @@ class Kube:
             body,
         )
 
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job as the apiserver has it now (None: there is none)."""
+        try:
+            return self._call(
+                "get",
+                "trainingjobs",
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None
+
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self._call(
