@@ -54,8 +54,9 @@ FEATURE_GATES = {
 }
 """Partial admission lets Kueue admit an elastic job below replicas.max; workload slices let
 a job annotated ``kueue.x-k8s.io/elastic-job`` be resized under quota. The on-demand
-visibility API (queue positions) is an aggregated apiserver that authenticates its callers
-through in-cluster configuration, which a process outside the cluster does not have."""
+visibility API (queue positions) stays off: Kueue v0.17's visibility server keeps its serving
+certificate under the fixed path ``/visibility`` (``pkg/visibility/server.go``), a folder at
+the root of this machine that the test bed does not create."""
 PYTORCHJOB = "kubeflow.org/pytorchjob"
 """Kueue's own integration of Kubeflow's PyTorchJob (its CRD must be installed first)."""
 CONFIG_DIR = "kueue-config"
