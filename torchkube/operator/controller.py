@@ -226,11 +226,15 @@ class Controller:
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
+    def _cached_job(self, key: Key) -> dict[str, Any] | None:
+        """The job under ``key`` as the watch cache shows it (None: none)."""
+        cached = (self.jobs or {}).get(key)
+        return next(iter(cached), None) if cached is not None else None
+
     def _memory_of(self, key: Key) -> _Memory:
         """The memory of the job cached under ``key`` now: a namesake created after a
         delete this process has not reconciled yet gets none of the old job's."""
-        cached = (self.jobs or {}).get(key)
-        body = next(iter(cached), None) if cached is not None else None
+        body = self._cached_job(key)
         uid = (body or {}).get("metadata", {}).get("uid")
         memory = self.memory.get(key)
         if memory is None or (uid is not None and memory.uid != uid):
@@ -338,8 +342,7 @@ class Controller:
         """The job and its pods as the cache shows them, corrected by our own recent writes."""
         now = time.monotonic()
         memory.expire(now)
-        cached = (self.jobs or {}).get(key)
-        job = next(iter(cached), None) if cached is not None else None
+        job = self._cached_job(key)
         if job is None:
             return None, []
         if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
@@ -480,22 +483,29 @@ class Controller:
             return
         memory.invalid = text
         log.error("%s/%s is invalid:\n%s", *key, text)
-        now = datetime.now(UTC)
+        message = f"the operator cannot act on this job: {text}"
+        self._set_condition(key, body, cond.INVALID, "ValidationFailed", message)
+        self.kube.event(body, "Warning", "ValidationFailed", text)
+
+    def _set_condition(
+        self, key: Key, body: dict[str, Any], kind: str, reason: str, message: str
+    ) -> None:
+        """Set condition ``kind`` True on the job without a plan (the planner cannot run
+        for it): on top of the conditions its status holds, the rest left as they are."""
         stored = (body.get("status") or {}).get("conditions") or []
         kept = [Condition.model_validate(c) for c in stored if isinstance(c, dict) and _valid(c)]
         conditions = cond.set_condition(
             kept,
-            cond.INVALID,
+            kind,
             True,
-            "ValidationFailed",
-            f"the operator cannot act on this job: {text}"[:4096],
-            now,
+            reason,
+            message[:4096],
+            datetime.now(UTC),
             body.get("metadata", {}).get("generation"),
         )
         self._check_leading()
         wire = [c.to_wire() for c in conditions]
         self.kube.patch_status(*key, {"conditions": wire}, None)
-        self.kube.event(body, "Warning", "ValidationFailed", text)
 
     def _replaced(self, key: Key) -> bool:
         """Whether the job a reconcile worked on is gone (deleted, or deleted and created
@@ -516,25 +526,12 @@ class Controller:
         if memory.forbidden == text:
             return
         memory.forbidden = text
-        cached = (self.jobs or {}).get(key)
-        body = next(iter(cached), None) if cached is not None else None
+        body = self._cached_job(key)
         if body is None:
             return
-        stored = (body.get("status") or {}).get("conditions") or []
-        kept = [Condition.model_validate(c) for c in stored if isinstance(c, dict) and _valid(c)]
         message = refusals.forbidden_message(text)
-        conditions = cond.set_condition(
-            kept,
-            cond.OPERATOR_FORBIDDEN,
-            True,
-            "Forbidden",
-            message[:4096],
-            datetime.now(UTC),
-            body.get("metadata", {}).get("generation"),
-        )
-        self._check_leading()
         try:
-            self.kube.patch_status(*key, {"conditions": [c.to_wire() for c in conditions]}, None)
+            self._set_condition(key, body, cond.OPERATOR_FORBIDDEN, "Forbidden", message)
         except ApiException as refused:  # the status itself is not ours to write: log only
             log.error("cannot write the status of %s/%s: %s", *key, _api_message(refused))
             return
