@@ -157,8 +157,10 @@ for pkg in pkg/chartutil pkg/lint/rules; do
 done
 build_helm() { go_install "$HELM_PKG" "$helm_ldflags"; }
 build_coredns() { go_install "$COREDNS_PKG"; }
+# Static, as Kueue's own image is built (CGO_ENABLED=0): the test bed runs it in a folder of its
+# own as its root, where its visibility server's fixed certificate folder (/visibility) lands.
 build_kueue() {
-    go_install "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION" &&
+    CGO_ENABLED=0 go_install "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION" &&
         local source &&
         source=$(cd "$stage" && go mod download -json "$KUEUE_MODULE@$KUEUE_VERSION" |
             sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') &&
@@ -166,6 +168,8 @@ build_kueue() {
         mkdir -p "$stage/kueue-config" &&
         cp "$source"/config/components/crd/bases/*.yaml "$stage/kueue-config/" &&
         cp "$source/config/components/webhook/manifests.yaml" "$stage/kueue-config/webhooks.yaml" &&
+        cp "$source/config/components/visibility/apiservice_v1beta2.yaml" \
+            "$stage/kueue-config/visibility-apiservice.yaml" &&
         chmod -R u+w "$stage/kueue-config"
 }
 

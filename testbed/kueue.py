@@ -2,13 +2,19 @@
 as a local process on 127.0.0.1.
 
 Kueue normally runs in a pod behind a Service; here the apiserver reaches its webhooks (and its
-CRD conversion webhook) by URL on loopback. Kueue's internal certificate management stays on, as
-in a real install, but finds its Secret already filled: a CA and a serving certificate that also
-names 127.0.0.1, which the rotator accepts as valid (it only regenerates what does not verify for
-its service name) and injects as the CA bundle of every webhook. Only Kueue's webhooks for its own
-API group are registered, and those of the frameworks a caller asks for (``frameworks``, e.g.
-Kubeflow's PyTorchJob for a benchmark beside it): the others, for pods and Jobs, would put a live
-Kueue in the path of every pod the rest of the test session creates.
+CRD conversion webhook) by URL on loopback, and its on-demand visibility API (pending workloads
+and their positions, an aggregated API) through an ExternalName Service for ``localhost``. The
+process runs in a folder of its own as its root (``chroot``), as in its container: its
+visibility server keeps its serving certificate under the fixed path ``/visibility``, which
+lands in that folder, not at the root of this machine.
+
+Kueue's internal certificate management stays on, as in a real install, but finds its Secret
+already filled: a CA and a serving certificate that also names 127.0.0.1, which the rotator
+accepts as valid (it only regenerates what does not verify for its service name) and injects
+as the CA bundle of every webhook. Only Kueue's webhooks for its own API group are registered,
+and those of the frameworks a caller asks for (``frameworks``, e.g. Kubeflow's PyTorchJob for a
+benchmark beside it): the others, for pods and Jobs, would put a live Kueue in the path of
+every pod the rest of the test session creates.
 
 TrainingJobs are an *external framework* (``integrations.externalFrameworks``): torchkube's
 operator manages their Workloads itself, as Kueue's jobframework does for its built-in kinds.
@@ -21,6 +27,8 @@ import copy
 import datetime as dt
 import ipaddress
 import json
+import os
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -50,13 +58,15 @@ EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.torchkube.io"
 FEATURE_GATES = {
     "PartialAdmission": True,
     "ElasticJobsViaWorkloadSlices": True,
-    "VisibilityOnDemand": False,
+    "VisibilityOnDemand": True,
 }
 """Partial admission lets Kueue admit an elastic job below replicas.max; workload slices let
-a job annotated ``kueue.x-k8s.io/elastic-job`` be resized under quota. The on-demand
-visibility API (queue positions) stays off: Kueue v0.17's visibility server keeps its serving
-certificate under the fixed path ``/visibility`` (``pkg/visibility/server.go``), a folder at
-the root of this machine that the test bed does not create."""
+a job annotated ``kueue.x-k8s.io/elastic-job`` be resized under quota; the on-demand
+visibility API reports a waiting job's place in line (all three as a real install sets them:
+the first and last are on by default)."""
+VISIBILITY_SERVICE = "visibility-server"
+VISIBILITY_APISERVICE = "v1beta2.visibility.kueue.x-k8s.io"
+"""The Service its APIService names (``config/components/visibility``)."""
 PYTORCHJOB = "kubeflow.org/pytorchjob"
 """Kueue's own integration of Kubeflow's PyTorchJob (its CRD must be installed first)."""
 CONFIG_DIR = "kueue-config"
@@ -68,6 +78,7 @@ def kueue_configuration(
     webhook_port: int,
     health_port: int,
     metrics_port: int,
+    visibility_port: int,
     cert_dir: Path,
     frameworks: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -82,6 +93,7 @@ def kueue_configuration(
         "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
         "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
+        "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": visibility_port},
         "internalCertManagement": {
             "enable": True,
             "webhookServiceName": WEBHOOK_SERVICE,
@@ -150,6 +162,34 @@ def with_conversion_webhook(crd: dict[str, Any], base_url: str) -> dict[str, Any
             },
         }
     return crd
+
+
+def visibility_api(apiservice: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    """Kueue's visibility APIService (its manifest of the same version) and the Service it
+    names, an ExternalName for ``localhost`` at ``port``: the apiserver's aggregator proxies
+    to an ExternalName Service's name at the APIService's port, here the local process."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": VISIBILITY_SERVICE, "namespace": NAMESPACE},
+        "spec": {"type": "ExternalName", "externalName": "localhost"},
+    }
+    registered = copy.deepcopy(apiservice)
+    registered["spec"]["service"] = {**registered["spec"]["service"], "port": port}
+    return [service, registered]
+
+
+def confined(root: Path) -> list[str]:
+    """The command prefix that runs a static binary with ``root`` as its ``/``: ``chroot``
+    as root, in a user namespace of its own otherwise."""
+    tools = ["chroot"] if os.geteuid() == 0 else ["unshare", "chroot"]
+    found = {tool: shutil.which(tool) for tool in tools}
+    missing = [tool for tool, path in found.items() if path is None]
+    if missing:
+        raise ClusterError("kueue", f"{' and '.join(missing)} not found (util-linux, coreutils)")
+    if os.geteuid() == 0:
+        return [str(found["chroot"]), str(root)]
+    return [str(found["unshare"]), "--user", "--map-root-user", str(found["chroot"]), str(root)]
 
 
 def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
@@ -233,32 +273,35 @@ class Kueue:
                 f"{self.config_dir} lacks Kueue's manifests: run hack/build-cluster.sh kueue",
             )
         webhook_port, self.health_port = free_port(), free_port()
+        visibility_port = free_port()
         base_url = f"https://127.0.0.1:{webhook_port}"
-        workdir = self.cluster.workdir / "kueue"
-        cert_dir = workdir / "certs"
+        root = self.cluster.workdir / "kueue"
+        cert_dir = root / "certs"
         cert_dir.mkdir(parents=True, exist_ok=True)
         certificates = webhook_certificates()
         for name in ("tls.crt", "tls.key"):
             (cert_dir / name).write_bytes(certificates[name])
+        _place(binary, root / "kueue")
+        shutil.copyfile(self.cluster.kubeconfig, root / "kubeconfig")
         api = self.cluster.api_client()
-        self._install(api, certificates, base_url)
-        config = workdir / "config.yaml"
-        config.write_text(
+        self._install(api, certificates, base_url, visibility_port)
+        (root / "config.yaml").write_text(
             json.dumps(
                 kueue_configuration(
                     webhook_port=webhook_port,
                     health_port=self.health_port,
                     metrics_port=free_port(),
-                    cert_dir=cert_dir,
+                    visibility_port=visibility_port,
+                    cert_dir=Path("/certs"),
                     frameworks=self.frameworks,
                 )
             )
         )
         self.process = Process(
             "kueue",
-            [str(binary), f"--config={config}"],
+            [*confined(root), "/kueue", "--config=/config.yaml", "--kubeconfig=/kubeconfig"],
             self.cluster.log_dir / "kueue.log",
-            env={"KUBECONFIG": str(self.cluster.kubeconfig), "HOME": str(workdir)},
+            env={"HOME": "/"},
         ).start()
         self.cluster.processes["kueue"] = self.process
         self._wait_ready(api)
@@ -270,7 +313,9 @@ class Kueue:
             self.cluster.processes.pop("kueue", None)
             self.process = None
 
-    def _install(self, api: Any, certificates: dict[str, bytes], base_url: str) -> None:
+    def _install(
+        self, api: Any, certificates: dict[str, bytes], base_url: str, visibility_port: int
+    ) -> None:
         from kubernetes import client
 
         core = client.CoreV1Api(api)
@@ -295,15 +340,27 @@ class Kueue:
                 else admission.create_mutating_webhook_configuration
             )
             _create(create, config)
+        apiservice = yaml.safe_load((self.config_dir / "visibility-apiservice.yaml").read_text())
+        service, registered = visibility_api(apiservice, visibility_port)
+        _create(lambda body: core.create_namespaced_service(NAMESPACE, body), service)
+        registration = client.ApiregistrationV1Api(api)
+        _replace(
+            registration.create_api_service,
+            lambda body: registration.replace_api_service(body["metadata"]["name"], body),
+            registration.read_api_service,
+            registered,
+        )
 
     def _wait_ready(self, api: Any) -> None:
-        """Ready means its webhooks answer through the apiserver: a ResourceFlavor is
-        created (a dry run) past Kueue's own validating webhook."""
+        """Ready means its webhooks answer through the apiserver (a ResourceFlavor is
+        created, a dry run, past Kueue's own validating webhook) and the aggregator finds
+        its visibility API available."""
         from kubernetes import client
 
         assert self.process is not None
         process = self.process
         custom = client.CustomObjectsApi(api)
+        registration = client.ApiregistrationV1Api(api)
         last: list[str] = [""]
 
         def ready() -> bool:
@@ -331,6 +388,18 @@ class Kueue:
             except client.ApiException as error:
                 last[0] = f"dry-run ResourceFlavor: {error.status} {error.reason} {error.body}"
                 return False
+            service = registration.read_api_service(VISIBILITY_APISERVICE)
+            available = next(
+                (
+                    c
+                    for c in (service.status and service.status.conditions) or []
+                    if c.type == "Available"
+                ),
+                None,
+            )
+            if available is None or available.status != "True":
+                last[0] = f"APIService {VISIBILITY_APISERVICE}: {available and available.message}"
+                return False
             return True
 
         try:
@@ -338,7 +407,7 @@ class Kueue:
                 ready,
                 self.timeout,
                 interval=0.5,
-                what="Kueue to serve its webhooks",
+                what="Kueue to serve its webhooks and its visibility API",
                 describe_last=lambda: last[0],
             )
         except WaitTimeout as exc:
@@ -353,3 +422,34 @@ def _create(create: Any, body: dict[str, Any]) -> None:
     except client.ApiException as error:
         if error.status != 409:
             raise ClusterError("kueue", f"installing {body['metadata']['name']}: {error}") from None
+
+
+def _replace(create: Any, replace: Any, read: Any, body: dict[str, Any]) -> None:
+    """Create ``body``, or replace the one of its name (a Kueue started again in a cluster
+    listens on another port)."""
+    from kubernetes import client
+
+    try:
+        create(body)
+    except client.ApiException as error:
+        if error.status != 409:
+            raise ClusterError("kueue", f"installing {body['metadata']['name']}: {error}") from None
+        current = read(body["metadata"]["name"])
+        replace(
+            {
+                **body,
+                "metadata": {
+                    **body["metadata"],
+                    "resourceVersion": current.metadata.resource_version,
+                },
+            }
+        )
+
+
+def _place(binary: Path, target: Path) -> None:
+    """The binary inside Kueue's root folder: a hard link where the file system allows."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(binary, target)
+    except OSError:
+        shutil.copy2(binary, target)

@@ -5,6 +5,7 @@ Each test has its own KWOK GPU pool, ResourceFlavor, ClusterQueue and LocalQueue
 node labels and toleration are the only thing that steers the pods onto the pool, so a pod on
 the pool shows that the admitted flavor was injected."""
 
+import json
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from testbed.kwok import POOL_LABEL, NodePool, kwok_toleration
 from testbed.operator import OperatorProcess
 from testbed.wait import wait_for
 from torchkube.api import labels as lbl
+from torchkube.api.contract import PrepareReport
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
+SOURCE = {"path": "/opt/corpus"}
 GPUS = 8
 
 
@@ -32,7 +35,9 @@ class Queue:
     """A LocalQueue in the test's namespace over a ClusterQueue with ``workers`` workers'
     worth of GPUs on one flavor: the pool's nodes."""
 
-    def __init__(self, api: Any, namespace: str, pool: NodePool, workers: int) -> None:
+    def __init__(
+        self, api: Any, namespace: str, pool: NodePool, workers: int, cpu: str = "100"
+    ) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.name = f"q-{secrets.token_hex(3)}"
@@ -43,7 +48,7 @@ class Queue:
             "spec": {"nodeLabels": {POOL_LABEL: pool.name}, "tolerations": [kwok_toleration()]},
         }
         quota = [
-            {"name": "cpu", "nominalQuota": "100"},
+            {"name": "cpu", "nominalQuota": cpu},
             {"name": "memory", "nominalQuota": "1Ti"},
             {"name": "nvidia.com/gpu", "nominalQuota": str(workers * GPUS)},
         ]
@@ -103,9 +108,9 @@ class Queues:
     make_job: JobMaker
     made: list[Queue]
 
-    def queue(self, workers: int) -> tuple[Queue, NodePool]:
+    def queue(self, workers: int, cpu: str = "100") -> tuple[Queue, NodePool]:
         pool = self.isolated_pool(nodes=6, gpus_per_node=GPUS)
-        self.made.append(Queue(self.api, self.namespace, pool, workers))
+        self.made.append(Queue(self.api, self.namespace, pool, workers, cpu))
         return self.made[-1], pool
 
     def job(
@@ -146,6 +151,14 @@ def wait_queued(job: Job, timeout: float = 30) -> dict[str, Any]:
     return found
 
 
+def place(job: Job) -> tuple[int, int] | None:
+    """The job's place in its LocalQueue and ClusterQueue, as its status reports it."""
+    queue = job.status().get("queue") or {}
+    if "positionInLocalQueue" not in queue:
+        return None
+    return queue["positionInLocalQueue"], queue.get("positionInClusterQueue")
+
+
 def reconciles(operator: OperatorProcess) -> float:
     """Reconciles the operator process has finished so far (from its metrics)."""
     for line in operator.metrics().splitlines():
@@ -154,7 +167,7 @@ def reconciles(operator: OperatorProcess) -> float:
     return 0.0
 
 
-def test_quota_admits_one_whole_job_and_queues_the_other_until_the_first_is_gone(
+def test_quota_admits_one_whole_job_and_queues_the_others_in_line_until_it_is_gone(
     queues: Queues, operator: OperatorProcess
 ) -> None:
     q, pool = queues.queue(6)
@@ -182,9 +195,24 @@ def test_quota_admits_one_whole_job_and_queues_the_other_until_the_first_is_gone
     assert second.pods("worker") == [] and second.pods(lbl.ROLE_RENDEZVOUS) == []
     assert second.status()["phase"] == "Queued"
 
+    third = queues.job("third", q, pool, replicas={"min": 4, "max": 4})
+    wait_for(
+        lambda: (place(second), place(third)) == ((0, 0), (1, 1)),
+        40,
+        what="Kueue's visibility API to place second next and third after it",
+        describe_last=lambda: f"second {place(second)}, third {place(third)}",
+    )
+
     first.delete()
     second.wait_running(4, timeout=60)
     assert second.status()["queue"]["admittedWorkers"] == 4
+    assert second.status()["queue"].get("positionInLocalQueue") is None
+    wait_for(
+        lambda: place(third) == (0, 0),
+        40,
+        what="third to move up to next in line",
+        describe_last=lambda: f"third {place(third)}",
+    )
 
 
 def test_partial_admission_starts_an_elastic_job_at_what_the_quota_leaves(
@@ -198,6 +226,20 @@ def test_partial_admission_starts_an_elastic_job_at_what_the_quota_leaves(
     status = elastic.status()
     assert status["queue"]["admittedWorkers"] == 2 and status["workers"].endswith("/2"), status
     assert len(elastic.live_workers()) == 2
+
+
+def test_a_job_resized_under_quota_starts_at_what_the_quota_leaves_and_grows_later(
+    queues: Queues,
+) -> None:
+    q, pool = queues.queue(6)
+    fixed = queues.job("fixed", q, pool, replicas={"min": 4, "max": 4})
+    fixed.wait_running(4)
+    elastic = queues.job("elastic", q, pool, elastic=True, replicas={"min": 2, "max": 4})
+    elastic.wait_running(2, timeout=60)
+    assert elastic.status()["queue"]["admittedWorkers"] == 2
+    fixed.delete()
+    elastic.wait_running(4, timeout=60)
+    assert elastic.status()["queue"]["admittedWorkers"] == 4
 
 
 def test_a_finished_job_returns_its_quota(queues: Queues) -> None:
@@ -216,6 +258,36 @@ def test_a_finished_job_returns_its_quota(queues: Queues) -> None:
 
     wait_for(finished, 30, what="the finished job's Workload to be Finished")
     waiting.wait_running(4, timeout=60)
+
+
+def test_prepared_data_returns_the_prepare_pods_quota_and_the_next_job_starts(
+    queues: Queues,
+) -> None:
+    """CPU quota for one job's rendezvous store and prepare pod (100m + 500m): a second job
+    (its store: 100m) waits while the first prepares its data, and is admitted once the
+    prepare pod succeeded and its quota was reported reclaimable."""
+    q, pool = queues.queue(4, cpu="600m")
+    prep = queues.job("prep", q, pool, replicas={"min": 2, "max": 2}, data={"source": SOURCE})
+    pod = prep.wait(
+        lambda: next((p for p in prep.pods(lbl.ROLE_PREPARE) if p.status.phase == "Running"), None),
+        60,
+        "prepare pod Running",
+    )
+    waiting = queues.job("waiting", q, pool, replicas={"min": 2, "max": 2})
+    status = wait_queued(waiting)
+    queued = next(c for c in status["conditions"] if c["type"] == "Queued")
+    assert "cpu" in queued["message"], queued
+    report = PrepareReport(
+        source="image:/opt/corpus", tokenizer="bytes", documents=4, train_tokens=4_000,
+        val_tokens=400, vocab_size=257,
+    )  # fmt: skip
+    faults.succeed_pod(
+        queues.api, pod.metadata.name, queues.namespace, message=json.dumps(report.to_wire())
+    )
+    prep.wait_running(2)
+    waiting.wait_running(2, timeout=60)
+    reclaimable = (q.workload(prep) or {}).get("status", {}).get("reclaimablePods")
+    assert reclaimable == [{"name": "prepare", "count": 1}]
 
 
 @pytest.fixture

@@ -187,6 +187,19 @@ def test_status_table_says_which_queue_a_job_waits_in() -> None:
     assert "by ClusterQueue gpus at 2 workers" in render.queue_line(status)
 
 
+def test_status_says_a_waiting_jobs_place_in_line_where_kueue_reports_it() -> None:
+    place = {"positionInLocalQueue": 2, "positionInClusterQueue": 5}
+    queued = job("big", phase="Queued", queue={"name": "team-a", "workload": "w", **place})
+    row = render.status_table([queued], NOW).splitlines()[1]
+    assert row.split()[1:5] == ["Queued", "(team-a,", "2", "ahead)"]
+    status = render.status_of(queued)
+    assert render.queue_line(status) == (
+        "waiting in LocalQueue team-a, 2 ahead (5 ahead in its ClusterQueue) (Workload w)"
+    )
+    first = job("next", phase="Queued", queue={"name": "q", "positionInLocalQueue": 0})
+    assert render.phase_cell(render.status_of(first)) == "Queued (q, next)"
+
+
 def test_status_table_all_namespaces_and_wide() -> None:
     text = render.status_table(
         [job("gpt", namespace="b", **running_status())], NOW, all_namespaces=True, wide=True

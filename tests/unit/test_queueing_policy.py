@@ -157,21 +157,44 @@ def test_the_prepare_pod_has_a_pod_set_of_its_own() -> None:
     assert names == ["worker", "store", "prepare"]
 
 
+def test_prepared_data_gives_the_prepare_pods_quota_back_once() -> None:
+    """The prepare pod runs once before the workers: once the data is Prepared its pod set
+    is reported reclaimable, so Kueue can admit others into its quota for the rest of the
+    run; before that, or once said, nothing is written."""
+    data = {"source": {"path": "/corpus"}}
+    preparing = queued_job({"data": {"phase": "Preparing"}}, data=data)
+    body = workload_body(preparing, *ADMITTED, workers=4)
+    assert run(preparing, [], queue=observed(body)).workload_writes == []
+    prepared = queued_job({"data": {"phase": "Prepared"}}, data=data)
+    [(verb, patch)] = run(prepared, [], queue=observed(body)).workload_writes
+    assert verb == "status"
+    assert patch["status"] == {"reclaimablePods": [{"name": "prepare", "count": 1}]}
+    assert patch["metadata"]["resourceVersion"] == "7"
+    body["status"]["reclaimablePods"] = [{"name": "prepare", "count": 1}]
+    assert run(prepared, [], queue=observed(body)).workload_writes == []
+    without_data = queued_job({"data": {"phase": "Prepared"}})
+    plain = workload_body(without_data, *ADMITTED, workers=4)
+    assert run(without_data, [], queue=observed(plain)).workload_writes == []
+
+
 def test_a_fixed_size_job_asks_for_no_partial_admission() -> None:
     [workers, _] = workloads.pod_sets(queued_job(replicas={"min": 4, "max": 4}))
     assert workers["count"] == 4 and "minCount" not in workers
 
 
 def test_priority_class_and_its_value_go_into_the_workload() -> None:
+    """As jobframework sets them: always a priority (0 without a class), since Kueue's
+    visibility server dereferences it for every pending Workload (it panicked on ours)."""
     job = queued_job(scheduling={"priorityClassName": "high"})
-    spec = workloads.workload(job, 1000)["spec"]
+    spec = workloads.workload(job, workloads.Priority(1000, "high"))["spec"]
     assert spec["priority"] == 1000
     assert spec["priorityClassRef"] == {
         "group": "scheduling.k8s.io",
         "kind": "PriorityClass",
         "name": "high",
     }
-    assert "priority" not in workloads.workload(job, None)["spec"]
+    unclassed = workloads.workload(queued_job(), None)["spec"]
+    assert unclassed["priority"] == 0 and "priorityClassRef" not in unclassed
 
 
 def test_waiting_for_quota_creates_nothing_and_says_why() -> None:
@@ -182,6 +205,38 @@ def test_waiting_for_quota_creates_nothing_and_says_why() -> None:
     queued = condition(result, "Queued")
     assert QUEUE in queued["message"] and "insufficient quota for gpu" in queued["message"]
     assert result.status.queue is not None and result.status.queue.name == QUEUE
+
+
+def test_a_waiting_job_says_its_place_in_line_and_reads_it_again() -> None:
+    """Kueue's visibility API lists the queue's pending workloads in its order; the job's
+    status carries its place (0: next) and it looks again, since places move when others
+    are admitted, with no change to its own Workload. Without that API: no place, no poll."""
+    job = queued_job()
+    pending = condition_of("QuotaReserved", "False", "Pending", "insufficient quota for gpu")
+    body = workload_body(job, pending)
+    summary = {
+        "items": [
+            {"metadata": {"name": "trainingjob-other-aaaaa"}, "positionInLocalQueue": 0},
+            {
+                "metadata": {"name": body["metadata"]["name"]},
+                "positionInLocalQueue": 1,
+                "positionInClusterQueue": 3,
+            },
+        ]
+    }
+    position = workloads.position_of(summary, body["metadata"]["name"])
+    assert position == workloads.QueuePosition(local_queue=1, cluster_queue=3)
+    assert workloads.position_of(summary, "trainingjob-absent-bbbbb") is None
+    placed = QueueObservation(workload=workloads.read(body), position=position)
+    result = run(job, [], queue=placed)
+    queue = result.status.queue
+    assert queue is not None
+    assert (queue.position_in_local_queue, queue.position_in_cluster_queue) == (1, 3)
+    assert result.requeue_after == queueing.POSITION_REFRESH_SECONDS
+    unplaced = run(job, [], queue=observed(body))
+    assert unplaced.status.queue is not None
+    assert unplaced.status.queue.position_in_local_queue is None
+    assert unplaced.requeue_after is None
 
 
 def test_a_waiting_job_moved_to_another_queue_moves_its_workload() -> None:
@@ -297,7 +352,21 @@ def test_an_elastic_jobs_workload_asks_for_its_current_size() -> None:
     body = workloads.workload(elastic_job(2), None)
     assert body["metadata"]["annotations"] == {workloads.ELASTIC_ANNOTATION: "true"}
     [workers, _] = body["spec"]["podSets"]
-    assert workers["count"] == 2 and "minCount" not in workers
+    assert (workers["count"], workers["minCount"]) == (2, 1)  # partial admission from min
+
+
+def test_an_elastic_job_started_below_its_target_asks_for_the_rest() -> None:
+    """Partial admission granted 2 of the 4 workers its first Workload asked: the job runs
+    at 2 and asks for 4 with a whole scale-up slice, which Kueue admits once quota frees."""
+    job = elastic_job(4, running_status())
+    first = workload_body(job, *ADMITTED, workers=2)
+    queue = workloads.observe([first], None, 4)
+    result = run(queueing.admitted_view(job, queue), healthy(2), queue=queue)
+    assert result.create_pods == [] and result.delete_pods == []
+    [(verb, body)] = result.workload_writes
+    assert verb == "create" and body["metadata"]["annotations"][workloads.REPLACEMENT_ANNOTATION]
+    [workers, _] = body["spec"]["podSets"]
+    assert workers["count"] == 4 and "minCount" not in workers
 
 
 def test_scaling_an_elastic_job_up_asks_kueue_for_a_slice_and_runs_on_meanwhile() -> None:

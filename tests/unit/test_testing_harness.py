@@ -404,11 +404,17 @@ webhooks:
         webhook_port=1,
         health_port=2,
         metrics_port=3,
+        visibility_port=4,
         cert_dir=Path("c"),
         frameworks=[kueue.PYTORCHJOB],
     )
     assert config["integrations"]["frameworks"] == ["batch/job", "kubeflow.org/pytorchjob"]
     assert config["integrations"]["externalFrameworks"] == [kueue.EXTERNAL_FRAMEWORK]
+    assert config["visibilityServer"] == {"bindAddress": "127.0.0.1", "bindPort": 4}
+    apiservice = {"metadata": {"name": "v"}, "spec": {"service": {"name": "visibility-server"}}}
+    service, registered = kueue.visibility_api(apiservice, 4)
+    assert service["spec"] == {"type": "ExternalName", "externalName": "localhost"}
+    assert registered["spec"]["service"] == {"name": "visibility-server", "port": 4}
 
 
 def test_kueues_certificate_rotator_accepts_the_testbeds_certificates() -> None:

@@ -107,6 +107,17 @@ class QueueStatus(ApiModel):
     admitted_workers: int | None = Field(
         default=None, ge=0, description="Workers Kueue admitted (unset while it waits)."
     )
+    position_in_local_queue: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pending workloads ahead of it in its LocalQueue (0: next), as Kueue's "
+        "visibility API reports it; unset when admitted or where that API is not served.",
+    )
+    position_in_cluster_queue: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pending workloads ahead of it in its ClusterQueue (0: next), likewise.",
+    )
 
 
 DataPhase = Literal["Preparing", "Prepared", "Failed"]

@@ -97,9 +97,16 @@ def goodput_cell(status: TrainingJobStatus) -> str:
 
 def phase_cell(status: TrainingJobStatus) -> str:
     """The phase, and for a job waiting for Kueue the LocalQueue it waits in."""
-    if status.phase == "Queued" and status.queue is not None:
-        return f"Queued ({status.queue.name})"
+    queue = status.queue
+    if status.phase == "Queued" and queue is not None:
+        if queue.position_in_local_queue is None:
+            return f"Queued ({queue.name})"
+        return f"Queued ({queue.name}, {_ahead(queue.position_in_local_queue)})"
     return status.phase
+
+
+def _ahead(position: int) -> str:
+    return "next" if position == 0 else f"{position} ahead"
 
 
 def queue_line(status: TrainingJobStatus) -> str:
@@ -108,7 +115,12 @@ def queue_line(status: TrainingJobStatus) -> str:
     if queue is None:
         return NONE
     if queue.admitted_workers is None:
-        return f"waiting in LocalQueue {queue.name} (Workload {queue.workload})"
+        where = f"waiting in LocalQueue {queue.name}"
+        if queue.position_in_local_queue is not None:
+            where += f", {_ahead(queue.position_in_local_queue)}"
+            if queue.position_in_cluster_queue is not None:
+                where += f" ({_ahead(queue.position_in_cluster_queue)} in its ClusterQueue)"
+        return f"{where} (Workload {queue.workload})"
     return (
         f"admitted from LocalQueue {queue.name} by ClusterQueue {queue.cluster_queue} at "
         f"{queue.admitted_workers} workers (Workload {queue.workload})"

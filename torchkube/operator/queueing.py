@@ -5,8 +5,9 @@ Kueue decides who runs; this module only follows its Workload, the way Kueue's j
 does for the kinds it integrates itself:
 
 * no Workload yet → create it; the job is Queued and creates no pod;
-* not admitted → Queued, with Kueue's own words for why (quota, the queue's order); any pod
-  left from before (an operator restart, a Workload deleted by hand) is stopped;
+* not admitted → Queued, with Kueue's own words for why (quota, the queue's order) and its
+  place in line where Kueue's visibility API reports it; any pod left from before (an
+  operator restart, a Workload deleted by hand) is stopped;
 * admitted → the job runs, its worker count the admitted count (partial admission may admit
   fewer than ``replicas.max``, never fewer than ``replicas.min``), its pods carrying the node
   labels and tolerations of the ResourceFlavors Kueue assigned;
@@ -14,6 +15,7 @@ does for the kinds it integrates itself:
   workers are stopped as a suspend stops them (SIGTERM: the trainer takes its emergency
   checkpoint), not counted as a failure; once they are gone the Workload gives its quota back
   and Kueue queues it again; admitted again, training resumes from that checkpoint;
+* data prepared → the prepare pod's quota is given back (``reclaimablePods``);
 * resized, for a job annotated ``kueue.x-k8s.io/elastic-job`` → smaller gives quota back at
   once, larger asks for a new Workload slice that Kueue admits in place of the running one;
 * finished → the Workload is marked Finished, so Kueue releases the quota at once.
@@ -39,6 +41,9 @@ from torchkube.operator.workloads import QueueObservation, WorkloadState
 
 RELEASE_QUEUED = "queued"
 RELEASE_EVICTED = "evicted"
+POSITION_REFRESH_SECONDS = 10.0
+"""How often a job waiting for admission reads its place in line again, where Kueue's
+visibility API reports one: places move with no change to the job's own Workload."""
 KUEUE_RECHECK_SECONDS = 10.0
 """How soon a job waiting for Kueue to be installed looks again: one list request that the
 apiserver answers 404 until Kueue's CRDs appear, then the job is queued within this time."""
@@ -123,6 +128,7 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     if state.admitted and not state.being_deleted:
         _admitted(ctx, queue, state)
         _resize(ctx, state, observed)
+        _reclaim(ctx, state)
         return CONTINUE
     if state.is_true("Evicted"):
         _evicted(ctx, owned, queue, state)
@@ -131,6 +137,10 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
         ctx.plan.workload_writes.append(("spec", workloads.move(state, queue)))
     why = state.message("QuotaReserved") or "Kueue has not considered it yet"
     _wait(ctx, owned, queue, state, "Queued", f"waiting in LocalQueue {queue} for admission: {why}")
+    if observed.position is not None and ctx.status.queue is not None:
+        ctx.status.queue.position_in_local_queue = observed.position.local_queue
+        ctx.status.queue.position_in_cluster_queue = observed.position.cluster_queue
+        ctx.plan.requeue(POSITION_REFRESH_SECONDS)
     return STOP
 
 
@@ -230,8 +240,14 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
     """An elastic job resized under quota, the way Kueue's workload slices work: fewer
     workers give quota back at once (the admitted Workload asks for fewer); more ask Kueue
     for a new slice, admitted in place of the running one when the quota allows, while the
-    job goes on at the size it has."""
-    admitted = state.count(workloads.WORKERS)
+    job goes on at the size it has. A job that partial admission started below its target
+    asks for the rest the same way, so it grows once the quota frees.
+
+    A scale-up slice asks whole (no ``minCount``): partially admitted at the size the job
+    already has, it would replace the running slice without growing it, and the job would
+    ask again at once, for ever."""
+    placement = state.placements.get(workloads.WORKERS)
+    admitted = placement.count if placement else state.count(workloads.WORKERS)
     wanted = observed.wanted_workers
     if not workloads.elastic(ctx.job) or admitted is None or not wanted:
         return
@@ -248,7 +264,9 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
     if waiting is None:
         body = workloads.workload(ctx.job, observed.priority, replaces=state)
         body["spec"]["podSets"] = [
-            {**s, "count": wanted} if s["name"] == workloads.WORKERS else s
+            {k: v for k, v in s.items() if k != "minCount"} | {"count": wanted}
+            if s["name"] == workloads.WORKERS
+            else s
             for s in body["spec"]["podSets"]
         ]
         ctx.plan.workload_writes.append(("create", body))
@@ -257,6 +275,18 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
         )
     elif waiting.count(workloads.WORKERS) != wanted and not waiting.reserved:
         ctx.plan.workload_writes.append(("spec", workloads.resize(waiting, wanted)))
+
+
+def _reclaim(ctx: Context, state: WorkloadState) -> None:
+    """The prepare pod runs once, before the workers: once the data is prepared its quota
+    goes back to the queue for the rest of the job's run (and is not asked again when the
+    job is admitted anew after an eviction)."""
+    data = ctx.status.data
+    if data is None or data.phase != "Prepared":
+        return
+    patch = workloads.reclaim_prepare(state)
+    if patch is not None:
+        ctx.plan.workload_writes.append(("status", patch))
 
 
 def _admitted(ctx: Context, queue: str, state: WorkloadState) -> None:

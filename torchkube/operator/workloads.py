@@ -86,9 +86,10 @@ def _slim_template(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
-    """Workers (``count`` replicas.max and the spares, ``minCount`` replicas.min so Kueue's
-    partial admission may admit any size in the elastic range), the rendezvous store, and the
-    data-preparation pod when the job has ``spec.data``."""
+    """Workers (``count`` replicas.max and the spares, for a job resized under quota its
+    current target and spares; ``minCount`` replicas.min so Kueue's partial admission may
+    admit any size in the elastic range), the rendezvous store, and the data-preparation pod
+    when the job has ``spec.data``."""
     replicas = job.spec.replicas
     count = (replicas.target if elastic(job) else replicas.max) + replicas.spares
     workers: dict[str, Any] = {
@@ -96,7 +97,7 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
         "count": count,
         "template": _slim_template(builders.worker_pod(job, 0, "podset", ())),
     }
-    if replicas.min < count and not elastic(job):
+    if replicas.min < count:
         workers["minCount"] = replicas.min
     sets = [
         workers,
@@ -113,21 +114,35 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
     return sets
 
 
+@dataclass(frozen=True)
+class Priority:
+    """A Workload's priority as jobframework sets it (``PrepareWorkloadPriority``): the job's
+    PriorityClass, else the cluster's ``globalDefault`` one, else none at value 0. Always
+    set: Kueue's visibility server reads ``spec.priority`` of every pending Workload and
+    fails on one without it."""
+
+    value: int = 0
+    class_name: str | None = None
+
+
 def workload(
-    job: TrainingJob, priority: int | None, replaces: "WorkloadState | None" = None
+    job: TrainingJob, priority: Priority | None = None, replaces: "WorkloadState | None" = None
 ) -> dict[str, Any]:
-    """The job's Workload; ``priority`` is the value of its PriorityClass (None: none). An
-    elastic job's Workload asks for its current worker count; ``replaces`` makes it the slice
-    of a scale-up that Kueue admits in place of that admitted one."""
-    spec: dict[str, Any] = {"queueName": queue_name(job), "podSets": pod_sets(job)}
-    priority_class = job.spec.scheduling.priority_class_name
-    if priority_class and priority is not None:
+    """The job's Workload. An elastic job's Workload asks for its current worker count;
+    ``replaces`` makes it the slice of a scale-up that Kueue admits in place of that
+    admitted one."""
+    priority = priority or Priority()
+    spec: dict[str, Any] = {
+        "queueName": queue_name(job),
+        "podSets": pod_sets(job),
+        "priority": priority.value,
+    }
+    if priority.class_name:
         spec["priorityClassRef"] = {
             "group": "scheduling.k8s.io",
             "kind": "PriorityClass",
-            "name": priority_class,
+            "name": priority.class_name,
         }
-        spec["priority"] = priority
     metadata: dict[str, Any] = {
         "name": workload_name(job),
         "namespace": job.namespace,
@@ -176,6 +191,8 @@ class WorkloadState:
     """The first slice's name, shared by the slices that replace it."""
     replaces: str | None = None
     created: str = ""
+    reclaimable: tuple[tuple[str, int], ...] = ()
+    """``status.reclaimablePods``: pods of a pod set whose quota the job no longer needs."""
 
     def count(self, pod_set: str) -> int | None:
         """The count the Workload asks for ``pod_set``."""
@@ -202,6 +219,39 @@ class WorkloadState:
         return str(found.get("message", "")) if found else ""
 
 
+@dataclass(frozen=True)
+class QueuePosition:
+    """Pending workloads ahead of a waiting Workload, as Kueue's visibility API lists them."""
+
+    local_queue: int
+    cluster_queue: int
+
+
+VISIBILITY_GROUP = f"visibility.{API_GROUP}"
+VISIBILITY_VERSION = "v1beta2"
+
+
+def pending_workloads_path(namespace: str, queue: str) -> str:
+    """Kueue's on-demand visibility API for one LocalQueue's pending workloads, in its order
+    (an aggregated API served by Kueue's visibility server)."""
+    return (
+        f"/apis/{VISIBILITY_GROUP}/{VISIBILITY_VERSION}/namespaces/{namespace}"
+        f"/localqueues/{queue}/pendingworkloads"
+    )
+
+
+def position_of(summary: dict[str, Any], workload: str) -> QueuePosition | None:
+    """Where ``workload`` stands in a pending-workloads summary (None: not listed, e.g. not
+    yet seen by Kueue's queue manager, or admitted meanwhile)."""
+    for item in summary.get("items") or []:
+        if (item.get("metadata") or {}).get("name") == workload:
+            return QueuePosition(
+                int(item.get("positionInLocalQueue") or 0),
+                int(item.get("positionInClusterQueue") or 0),
+            )
+    return None
+
+
 KueueAvailability = Literal["installed", "not-installed", "disabled"]
 """Whether a queued job's Workload can be used: ``installed``, the apiserver serves Kueue's
 Workload API; ``not-installed``, it does not (Kueue's CRDs are absent, or too old to serve
@@ -216,15 +266,17 @@ class QueueObservation:
     Workload it creates)."""
 
     workload: WorkloadState | None = None
-    priority: int | None = None
+    priority: Priority | None = None
     scale_up: WorkloadState | None = None
     wanted_workers: int = 0
     """The worker pods the job's spec asks for now (target and spares)."""
     kueue: KueueAvailability = "installed"
+    position: QueuePosition | None = None
+    """Where the followed Workload waits, while it waits and Kueue reports it."""
 
 
 def observe(
-    bodies: list[dict[str, Any]], priority: int | None, wanted_workers: int = 0
+    bodies: list[dict[str, Any]], priority: Priority | None, wanted_workers: int = 0
 ) -> QueueObservation:
     """The job's unfinished Workloads as one observation: the slice admitted (else the
     oldest) is the one the job follows; a younger one is a scale-up waiting for admission."""
@@ -277,6 +329,10 @@ def read(body: dict[str, Any]) -> WorkloadState:
         cluster_queue=admission.get("clusterQueue"),
         placements=placements,
         being_deleted=bool(metadata.get("deletionTimestamp")),
+        reclaimable=tuple(
+            (str(r.get("name", "")), int(r.get("count", 0)))
+            for r in status.get("reclaimablePods") or []
+        ),
     )
 
 
@@ -346,6 +402,19 @@ def release_reservation(state: WorkloadState, now: datetime) -> dict[str, Any]:
     return {
         "metadata": {"name": state.name, "resourceVersion": state.resource_version},
         "status": {"admission": None, "conditions": conditions},
+    }
+
+
+def reclaim_prepare(state: WorkloadState) -> dict[str, Any] | None:
+    """The status patch that gives the prepare pod's quota back once the data is prepared
+    (Kueue's ``reclaimablePods``, as jobframework reports a batch Job's finished pods); None
+    when the Workload has no prepare pod set or already says so."""
+    if state.count(PREPARE) is None or dict(state.reclaimable).get(PREPARE, 0) >= 1:
+        return None
+    kept = [{"name": name, "count": n} for name, n in state.reclaimable if name != PREPARE]
+    return {
+        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
+        "status": {"reclaimablePods": [*kept, {"name": PREPARE, "count": 1}]},
     }
 
 

@@ -122,5 +122,10 @@ kopf never patches them (no finalizers).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [patch]
+# Its place in line, from Kueue's visibility API (an aggregated API; optional: without it the
+# job waits without a position).
+- apiGroups: [visibility.kueue.x-k8s.io]
+  resources: [localqueues/pendingworkloads]
+  verbs: [get]
 {{- end }}
 {{- end }}
