@@ -484,9 +484,8 @@ def main(argv: list[str] | None = None) -> None:
         "torchrun, kill → the new round's first progress record past its start, written at the "
         "first multiple of 10 steps (so it includes up to 10 steps).",
         "goodput: steps × the run's median step time (record to record) ÷ the wall time from "
-        "launch to the last step. The operator's status.goodput is not used: it cannot see a "
-        "live group's in-place crash (not posted to the restart board, shorter than the hang "
-        "timeout), so it would count the failure step as training.",
+        "launch to the last step. The operator's status.goodput is not used: no operator runs "
+        "here, and its resolution (its progress poll) is longer than these recoveries.",
         "break-even: live gives torchft's share of every step (the isolated cost above) to "
         "torchft, so that share of each hour; each loss costs restart (or plain torchrun) the "
         "time from the kill until training is back past the kill step, redone steps included, "

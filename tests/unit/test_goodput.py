@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from training_jobs import training_job
 
-from torchkube.api.contract import ProgressReport
+from torchkube.api.contract import LiveProgress, ProgressReport
 from torchkube.api.hang import HANG_MIN_SECONDS
 from torchkube.api.status import TrainingJobStatus
 from torchkube.operator import goodput as g
@@ -28,6 +28,8 @@ class History:
         self.resumes: int | None = None
         self.blocking: float | None = None
         self.reporting = True
+        self.groups: int | None = None
+        self.target_groups: int | None = None
 
     def at(self, seconds: float, **changes: Any) -> "History":
         """Observe the job at T0 + ``seconds`` with the given fields changed."""
@@ -44,6 +46,8 @@ class History:
                 resumes=self.resumes,
                 checkpoint_blocking_seconds=self.blocking,
                 reporting=self.reporting,
+                replica_groups=self.groups,
+                target_groups=self.target_groups,
             )
         )
         return self
@@ -101,6 +105,32 @@ def test_failure_costs_recovery_and_redo_until_training_passes_the_lost_step() -
     assert state.badput["recovery"] + state.badput["redo"] == pytest.approx(65 - failed_at)
     assert accounted(state) == pytest.approx(80)
     assert 0 < state.ratio < 1  # type: ignore[operator]
+
+
+def test_a_lost_live_replica_group_costs_its_share_until_its_replacement_joins() -> None:
+    """Live recovery, two groups: one lost at t=50, its replacement back in the quorum at
+    t=70. The survivor trained on (no restart, no redo), so the loss cost 20 s of one group
+    of two: 10 s of recovery. Before the second group first joined, and after the job was
+    scaled down to one group, training with one group costs nothing."""
+    h = started_job(History())
+    h.at(9, step=1, groups=1, target_groups=2).train(until=20)  # the second group not yet in
+    h.at(21, step=14, groups=2).train(until=50)
+    h.at(51, step=44, groups=1).train(until=70)
+    h.at(71, step=65, groups=2).train(until=90)
+    h.at(91, step=86, groups=1, target_groups=1).train(until=100)  # scaled down: not a loss
+    state = h.replay()
+    assert state.restarts == 0 and state.badput["redo"] == 0
+    assert state.badput["recovery"] == pytest.approx(10, abs=0.6)
+    assert accounted(state) == pytest.approx(100)
+
+
+def test_the_groups_come_from_the_writers_progress_report() -> None:
+    job = training_job(replicas={"min": 1, "max": 4, "desired": 3})
+    live = LiveProgress(replica_groups=2, grad_accum_steps=2)
+    sample = g.Sample.of(job, TrainingJobStatus(), ProgressReport(step=9, live=live), T0)
+    assert (sample.replica_groups, sample.target_groups) == (2, 3)
+    plain = g.Sample.of(job, TrainingJobStatus(), ProgressReport(step=9), T0)
+    assert (plain.replica_groups, plain.target_groups) == (None, None)
 
 
 def test_failure_between_reports_counts_the_unreported_steps_as_lost() -> None:

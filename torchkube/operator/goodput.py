@@ -9,7 +9,8 @@ scheduling     created, but fewer than ``replicas.min`` workers Running yet
 startup        workers Running, the trainer not stepping yet (image start, rendezvous,
                model build, checkpoint load); also after a resume from suspension
 recovery       from a worker failure until the restarted trainer steps again
-               (replacement pod, re-rendezvous, checkpoint restore, backoff)
+               (replacement pod, re-rendezvous, checkpoint restore, backoff); in live
+               recovery, the lost replica groups' share of the time trained short of them
 redo           re-doing steps that were done before a failure but not checkpointed
 checkpoint     training blocked by checkpoint saves (when the trainer reports it)
 data_loading   training blocked waiting for input (when the trainer reports it)
@@ -19,6 +20,11 @@ stall          Running, but no step for longer than the job's hang timeout (api/
 Time while the job is suspended or after it finished counts for neither side. Per failure,
 recovery + redo is exactly "the time from the failure until training passes the step it
 stopped at", the figure ``torchkube run`` prints.
+
+A live job (``failurePolicy.recovery: live``) loses one replica group, not its training: the
+survivors go on, so a loss costs "N seconds of one group". Time trained with fewer groups
+than the job has had (and still wants: its target) is productive only in the share of the
+groups that trained; the rest is ``recovery`` until the replacement joins.
 
 Everything here is pure: :func:`advance` folds one :class:`Sample` (what one reconcile saw)
 into a :class:`Goodput` accumulator, so unit tests replay a job's status history through
@@ -84,6 +90,10 @@ class Sample:
     """``failurePolicy.hangTimeoutSeconds`` (None: derived from the step time, 0: off)."""
     collective_timeout_seconds: float | None = None
     """``trainer.collectiveTimeoutSeconds``, which a derived hang timeout stays below."""
+    replica_groups: int | None = None
+    """Live recovery: the replica groups in the last step's quorum (None: not live)."""
+    target_groups: int | None = None
+    """Live recovery: the groups the job wants now (one per worker pod: replicas.target)."""
 
     @classmethod
     def of(
@@ -113,6 +123,8 @@ class Sample:
             reporting=reporting,
             hang_timeout_seconds=job.spec.failure_policy.hang_timeout_seconds,
             collective_timeout_seconds=job.spec.trainer.collective_timeout_seconds,
+            replica_groups=progress.live.replica_groups if progress and progress.live else None,
+            target_groups=job.spec.replicas.target if progress and progress.live else None,
         )
 
 
@@ -142,6 +154,8 @@ class Goodput:
     blocking: float | None = None
     data_wait: float | None = None
     restarts: int = 0
+    peak_groups: int | None = None
+    """Live recovery: the most replica groups that trained together so far."""
     # --- training: time since the last new step is charged once the next step shows
     open_since: datetime | None = None
     open_stall: float = 0.0
@@ -387,6 +401,7 @@ def advance(state: Goodput, sample: Sample) -> Goodput:
             sample.data_wait_seconds if sample.data_wait_seconds is not None else state.data_wait
         ),
         restarts=max(sample.restarts, state.restarts),
+        peak_groups=max(state.peak_groups or 0, sample.replica_groups or 0) or None,
         **changes,
     )
 
@@ -395,6 +410,17 @@ def _open(state: Goodput, now: datetime) -> float:
     if state.open_since is None:
         return 0.0
     return max(0.0, (now - state.open_since).total_seconds())
+
+
+def _groups_short(state: Goodput, sample: Sample) -> float:
+    """Live recovery: the share of the job's replica groups lost and not yet back (groups
+    it has had together and still wants, less those in the last step's quorum)."""
+    if sample.replica_groups is None or not state.peak_groups:
+        return 0.0
+    wanted = min(state.peak_groups, sample.target_groups or state.peak_groups)
+    if wanted <= 0:
+        return 0.0
+    return max(0, wanted - sample.replica_groups) / wanted
 
 
 def _train(state: Goodput, sample: Sample, now: datetime, book: _Book) -> dict[str, Any]:
@@ -414,6 +440,7 @@ def _train(state: Goodput, sample: Sample, now: datetime, book: _Book) -> dict[s
     if sample.step > state.step:
         done = sample.step - state.step
         book.steps(seconds, state.step, sample.step, state.high_water)
+        book.blocked("recovery", seconds * _groups_short(state, sample))
         rate = seconds / done
         changes["step_seconds"] = (
             rate if state.step_seconds is None else 0.5 * state.step_seconds + 0.5 * rate
