@@ -215,31 +215,24 @@ def test_quota_admits_one_whole_job_and_queues_the_others_in_line_until_it_is_go
     )
 
 
+@pytest.mark.parametrize("resized", [False, True], ids=["fixed-range", "resized-under-quota"])
 def test_partial_admission_starts_an_elastic_job_at_what_the_quota_leaves(
-    queues: Queues,
+    queues: Queues, resized: bool
 ) -> None:
+    """Both kinds start at the 2 workers the quota leaves; one resized under quota (Kueue's
+    workload slices) also grows to its target once the quota frees."""
     q, pool = queues.queue(6)
     fixed = queues.job("fixed", q, pool, replicas={"min": 4, "max": 4})
     fixed.wait_running(4)
-    elastic = queues.job("elastic", q, pool, replicas={"min": 2, "max": 4})
+    elastic = queues.job("elastic", q, pool, elastic=resized, replicas={"min": 2, "max": 4})
     elastic.wait_running(2, timeout=60)
     status = elastic.status()
     assert status["queue"]["admittedWorkers"] == 2 and status["workers"].endswith("/2"), status
     assert len(elastic.live_workers()) == 2
-
-
-def test_a_job_resized_under_quota_starts_at_what_the_quota_leaves_and_grows_later(
-    queues: Queues,
-) -> None:
-    q, pool = queues.queue(6)
-    fixed = queues.job("fixed", q, pool, replicas={"min": 4, "max": 4})
-    fixed.wait_running(4)
-    elastic = queues.job("elastic", q, pool, elastic=True, replicas={"min": 2, "max": 4})
-    elastic.wait_running(2, timeout=60)
-    assert elastic.status()["queue"]["admittedWorkers"] == 2
-    fixed.delete()
-    elastic.wait_running(4, timeout=60)
-    assert elastic.status()["queue"]["admittedWorkers"] == 4
+    if resized:
+        fixed.delete()
+        elastic.wait_running(4, timeout=60)
+        assert elastic.status()["queue"]["admittedWorkers"] == 4
 
 
 def test_a_finished_job_returns_its_quota(queues: Queues) -> None:

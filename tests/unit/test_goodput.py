@@ -110,18 +110,22 @@ def test_failure_costs_recovery_and_redo_until_training_passes_the_lost_step() -
 def test_a_lost_live_replica_group_costs_its_share_until_its_replacement_joins() -> None:
     """Live recovery, two groups: one lost at t=50, its replacement back in the quorum at
     t=70. The survivor trained on (no restart, no redo), so the loss cost 20 s of one group
-    of two: 10 s of recovery. Before the second group first joined, and after the job was
-    scaled down to one group, training with one group costs nothing."""
+    of two: 10 s of recovery. Before the second group first joined, after the job was scaled
+    down to one group, scaled up again until the new group joins, and admitted again at one
+    group after an eviction, training with one group costs nothing."""
     h = started_job(History())
     h.at(9, step=1, groups=1, target_groups=2).train(until=20)  # the second group not yet in
     h.at(21, step=14, groups=2).train(until=50)
     h.at(51, step=44, groups=1).train(until=70)
     h.at(71, step=65, groups=2).train(until=90)
     h.at(91, step=86, groups=1, target_groups=1).train(until=100)  # scaled down: not a loss
+    h.at(101, step=96, target_groups=2).train(until=110)  # scaled up: the new one not in yet
+    h.at(111, phase="Queued", checkpoint=105).at(120, phase="Running")  # evicted, readmitted at 1
+    h.at(125, step=106).train(until=140)
     state = h.replay()
     assert state.restarts == 0 and state.badput["redo"] == 0
     assert state.badput["recovery"] == pytest.approx(10, abs=0.6)
-    assert accounted(state) == pytest.approx(100)
+    assert accounted(state) == pytest.approx(140)
 
 
 def test_the_groups_come_from_the_writers_progress_report() -> None:

@@ -35,7 +35,7 @@ def condition_of(kind: str, status: str, reason: str = "", message: str = "", ag
 def workload_body(
     job: TrainingJob, *conditions: dict[str, Any], workers: int | None = None
 ) -> dict[str, Any]:
-    body = workloads.workload(job, None)
+    body = workloads.workload(job, workloads.Priority())
     body["metadata"]["resourceVersion"] = "7"
     status: dict[str, Any] = {"conditions": list(conditions)}
     if workers is not None:
@@ -184,7 +184,7 @@ def test_a_fixed_size_job_asks_for_no_partial_admission() -> None:
 
 def test_priority_class_and_its_value_go_into_the_workload() -> None:
     """As jobframework sets them: always a priority (0 without a class), since Kueue's
-    visibility server dereferences it for every pending Workload (it panicked on ours)."""
+    visibility server dereferences it for every pending Workload."""
     job = queued_job(scheduling={"priorityClassName": "high"})
     spec = workloads.workload(job, workloads.Priority(1000, "high"))["spec"]
     assert spec["priority"] == 1000
@@ -193,7 +193,7 @@ def test_priority_class_and_its_value_go_into_the_workload() -> None:
         "kind": "PriorityClass",
         "name": "high",
     }
-    unclassed = workloads.workload(queued_job(), None)["spec"]
+    unclassed = workloads.workload(queued_job(), workloads.Priority())["spec"]
     assert unclassed["priority"] == 0 and "priorityClassRef" not in unclassed
 
 
@@ -210,7 +210,8 @@ def test_waiting_for_quota_creates_nothing_and_says_why() -> None:
 def test_a_waiting_job_says_its_place_in_line_and_reads_it_again() -> None:
     """Kueue's visibility API lists the queue's pending workloads in its order; the job's
     status carries its place (0: next) and it looks again, since places move when others
-    are admitted, with no change to its own Workload. Without that API: no place, no poll."""
+    are admitted, with no change to its own Workload; also before Kueue lists it, and when
+    it waits again after an eviction. Where that API does not answer: no place, no poll."""
     job = queued_job()
     pending = condition_of("QuotaReserved", "False", "Pending", "insufficient quota for gpu")
     body = workload_body(job, pending)
@@ -227,16 +228,24 @@ def test_a_waiting_job_says_its_place_in_line_and_reads_it_again() -> None:
     position = workloads.position_of(summary, body["metadata"]["name"])
     assert position == workloads.QueuePosition(local_queue=1, cluster_queue=3)
     assert workloads.position_of(summary, "trainingjob-absent-bbbbb") is None
-    placed = QueueObservation(workload=workloads.read(body), position=position)
+    state = workloads.read(body)
+    placed = QueueObservation(workload=state, position=position, places_served=True)
     result = run(job, [], queue=placed)
     queue = result.status.queue
     assert queue is not None
     assert (queue.position_in_local_queue, queue.position_in_cluster_queue) == (1, 3)
     assert result.requeue_after == queueing.POSITION_REFRESH_SECONDS
-    unplaced = run(job, [], queue=observed(body))
-    assert unplaced.status.queue is not None
-    assert unplaced.status.queue.position_in_local_queue is None
-    assert unplaced.requeue_after is None
+    not_listed_yet = run(job, [], queue=QueueObservation(workload=state, places_served=True))
+    assert not_listed_yet.status.queue is not None
+    assert not_listed_yet.status.queue.position_in_local_queue is None
+    assert not_listed_yet.requeue_after == queueing.POSITION_REFRESH_SECONDS
+    unserved = run(job, [], queue=observed(body))
+    assert unserved.requeue_after is None  # the Workload's own changes wake it
+    evicted = condition_of("Evicted", "True", "Preempted", "preempted by a higher priority")
+    requeued = workload_body(job, pending, evicted)
+    again = QueueObservation(workload=workloads.read(requeued), position=position)
+    back_in_line = run(job, [], queue=again).status.queue
+    assert back_in_line is not None and back_in_line.position_in_local_queue == 1
 
 
 def test_a_waiting_job_moved_to_another_queue_moves_its_workload() -> None:
@@ -312,6 +321,22 @@ def test_eviction_stops_the_workers_uncounted_then_gives_the_quota_back() -> Non
     assert patch["metadata"] == {"name": body["metadata"]["name"], "resourceVersion": "7"}
 
 
+def test_an_evicted_slice_with_a_resize_waiting_is_finished_for_it() -> None:
+    """As jobframework's ``EnsureWorkloadSlices`` does: the job waits in its resize's place
+    (one Workload queued for it, not two)."""
+    job = elastic_job(4, running_status())
+    evicted = condition_of("Evicted", "True", "Preempted", "preempted by a higher priority")
+    old = workload_body(elastic_job(2), *ADMITTED, evicted, workers=2)
+    old["metadata"]["creationTimestamp"] = format_time(NOW - timedelta(minutes=10))
+    resize = workloads.workload(job, workloads.Priority(), replaces=workloads.read(old))
+    resize["metadata"]["creationTimestamp"] = format_time(NOW)
+    queue = workloads.observe([old, resize], workloads.Priority(), 4)
+    [(verb, patch)] = run(job, [], queue=queue).workload_writes
+    assert verb == "status" and patch["metadata"]["name"] == old["metadata"]["name"]
+    finished = {c["type"]: c["status"] for c in patch["status"]["conditions"]}
+    assert finished["Finished"] == "True"
+
+
 def test_a_finished_job_marks_its_workload_finished_once() -> None:
     status = running_status(phase="Succeeded", completionTime=format_time(NOW))
     job = queued_job(status)
@@ -345,11 +370,13 @@ def elastic_observed(job: TrainingJob, admitted: int, *more: dict[str, Any]) -> 
     slice_ = workload_body(elastic_job(admitted), *ADMITTED, workers=admitted)
     slice_["metadata"]["creationTimestamp"] = format_time(NOW - timedelta(minutes=10))
     replicas = job.spec.replicas
-    return workloads.observe([slice_, *more], None, replicas.target + replicas.spares)
+    return workloads.observe(
+        [slice_, *more], workloads.Priority(), replicas.target + replicas.spares
+    )
 
 
 def test_an_elastic_jobs_workload_asks_for_its_current_size() -> None:
-    body = workloads.workload(elastic_job(2), None)
+    body = workloads.workload(elastic_job(2), workloads.Priority())
     assert body["metadata"]["annotations"] == {workloads.ELASTIC_ANNOTATION: "true"}
     [workers, _] = body["spec"]["podSets"]
     assert (workers["count"], workers["minCount"]) == (2, 1)  # partial admission from min
@@ -360,7 +387,7 @@ def test_an_elastic_job_started_below_its_target_asks_for_the_rest() -> None:
     at 2 and asks for 4 with a whole scale-up slice, which Kueue admits once quota frees."""
     job = elastic_job(4, running_status())
     first = workload_body(job, *ADMITTED, workers=2)
-    queue = workloads.observe([first], None, 4)
+    queue = workloads.observe([first], workloads.Priority(), 4)
     result = run(queueing.admitted_view(job, queue), healthy(2), queue=queue)
     assert result.create_pods == [] and result.delete_pods == []
     [(verb, body)] = result.workload_writes
@@ -403,3 +430,61 @@ def test_scaling_an_elastic_job_down_gives_quota_back_at_once() -> None:
     shrunk["spec"]["podSets"][0]["count"] = 2
     placement = workloads.read(shrunk).placements["worker"]
     assert placement.count == 2
+
+
+def test_asked_for_fewer_than_the_admitted_min_count_an_elastic_job_gets_a_new_slice() -> None:
+    """``minCount`` cannot change while the Workload is admitted, and Kueue refuses a count
+    below it: with ``replicas.min`` lowered below it, a smaller slice (whole) replaces it."""
+    job = queued_job(running_status(), replicas={"min": 1, "max": 6, "desired": 1})
+    job = job.model_copy(
+        update={"metadata": {**job.metadata, "annotations": {workloads.ELASTIC_ANNOTATION: "true"}}}
+    )
+    admitted = workload_body(elastic_job(3), *ADMITTED, workers=3)
+    admitted["spec"]["podSets"][0]["minCount"] = 2
+    queue = workloads.observe([admitted], workloads.Priority(), 1)
+    [(verb, body)] = run(
+        queueing.admitted_view(job, queue), healthy(3), queue=queue
+    ).workload_writes
+    assert verb == "create"
+    [workers, _] = body["spec"]["podSets"]
+    assert workers["count"] == 1 and "minCount" not in workers
+
+
+def test_a_resize_keeps_the_priority_of_the_slice_it_replaces() -> None:
+    job = elastic_job(4, running_status())
+    slice_ = workload_body(elastic_job(2), *ADMITTED, workers=2)
+    slice_["spec"]["priority"] = 500
+    slice_["spec"]["priorityClassRef"] = {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "research",
+    }
+    queue = workloads.observe([slice_], workloads.Priority(), 4)
+    [(_, body)] = run(queueing.admitted_view(job, queue), healthy(2), queue=queue).workload_writes
+    assert body["spec"]["priority"] == 500
+    assert body["spec"]["priorityClassRef"] == slice_["spec"]["priorityClassRef"]
+
+
+def test_the_prepare_pods_quota_is_given_back_by_a_waiting_resize_too() -> None:
+    data = {"source": {"path": "/corpus"}}
+    status = {**running_status(), "data": {"phase": "Prepared"}}
+    job = queued_job(status, replicas={"min": 1, "max": 6, "desired": 4}, data=data)
+    job = job.model_copy(
+        update={"metadata": {**job.metadata, "annotations": {workloads.ELASTIC_ANNOTATION: "true"}}}
+    )
+    admitted = workload_body(job, *ADMITTED, workers=2)
+    admitted["status"]["reclaimablePods"] = [{"name": "prepare", "count": 1}]
+    admitted["metadata"]["creationTimestamp"] = format_time(NOW - timedelta(minutes=10))
+    resize = workloads.workload(job, workloads.Priority(), replaces=workloads.read(admitted))
+    resize["metadata"].update(creationTimestamp=format_time(NOW), resourceVersion="9")
+    queue = workloads.observe([admitted, resize], workloads.Priority(), 4)
+    writes = run(queueing.admitted_view(job, queue), healthy(2), queue=queue).workload_writes
+    assert writes == [
+        (
+            "status",
+            {
+                "metadata": {"name": resize["metadata"]["name"], "resourceVersion": "9"},
+                "status": {"reclaimablePods": [{"name": "prepare", "count": 1}]},
+            },
+        )
+    ]

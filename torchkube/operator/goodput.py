@@ -155,7 +155,8 @@ class Goodput:
     data_wait: float | None = None
     restarts: int = 0
     peak_groups: int | None = None
-    """Live recovery: the most replica groups that trained together so far."""
+    """Live recovery: the most replica groups that trained together since training last
+    (re)started, capped by the groups the job wants."""
     # --- training: time since the last new step is charged once the next step shows
     open_since: datetime | None = None
     open_stall: float = 0.0
@@ -245,16 +246,17 @@ class _Book:
         if seconds > 0:
             self.badput[cause] = self.badput.get(cause, 0.0) + seconds
 
-    def steps(self, seconds: float, old: int, new: int, high_water: int | None) -> None:
+    def steps(self, seconds: float, old: int, new: int, high_water: int | None) -> float:
         """``seconds`` of training that took the step from ``old`` to ``new``: the part that
-        re-did steps up to ``high_water`` is redo, the rest productive."""
+        re-did steps up to ``high_water`` is redo, the rest productive (returned)."""
         if seconds <= 0:
-            return
+            return 0.0
         done = new - old
         redo = 0 if high_water is None or done <= 0 else min(max(high_water - old, 0), done)
         share = redo / done if done > 0 else 0.0
         self.charge("redo", seconds * share)
         self.productive += seconds * (1 - share)
+        return seconds * (1 - share)
 
     def blocked(self, cause: str, seconds: float) -> None:
         """Move time the trainer says it was blocked out of productive time."""
@@ -401,7 +403,7 @@ def advance(state: Goodput, sample: Sample) -> Goodput:
             sample.data_wait_seconds if sample.data_wait_seconds is not None else state.data_wait
         ),
         restarts=max(sample.restarts, state.restarts),
-        peak_groups=max(state.peak_groups or 0, sample.replica_groups or 0) or None,
+        peak_groups=_peak_groups(state, sample, mode),
         **changes,
     )
 
@@ -410,6 +412,17 @@ def _open(state: Goodput, now: datetime) -> float:
     if state.open_since is None:
         return 0.0
     return max(0.0, (now - state.open_since).total_seconds())
+
+
+def _peak_groups(state: Goodput, sample: Sample, mode: Mode) -> int | None:
+    """The most groups that trained together since training last (re)started, and no more
+    than the job wants now: a job scaled down, or admitted again at fewer, lost nothing."""
+    if mode != "training":
+        return None
+    peak = max(state.peak_groups or 0, sample.replica_groups or 0)
+    if sample.target_groups is not None:
+        peak = min(peak, max(sample.target_groups, sample.replica_groups or 0))
+    return peak or None
 
 
 def _groups_short(state: Goodput, sample: Sample) -> float:
@@ -439,8 +452,8 @@ def _train(state: Goodput, sample: Sample, now: datetime, book: _Book) -> dict[s
     changes: dict[str, Any] = {"open_since": now, "open_stall": 0.0}
     if sample.step > state.step:
         done = sample.step - state.step
-        book.steps(seconds, state.step, sample.step, state.high_water)
-        book.blocked("recovery", seconds * _groups_short(state, sample))
+        productive = book.steps(seconds, state.step, sample.step, state.high_water)
+        book.blocked("recovery", productive * _groups_short(state, sample))
         rate = seconds / done
         changes["step_seconds"] = (
             rate if state.step_seconds is None else 0.5 * state.step_seconds + 0.5 * rate

@@ -1,15 +1,19 @@
 """The operator's calls to Kueue's API: read a queued job's Workload (and, to create one, its
-PriorityClass; to place pods, the ResourceFlavors it was assigned), create it, update its
-status, release its finalizer. Only jobs labelled ``kueue.x-k8s.io/queue-name`` cost any of
-these calls; the decisions are :mod:`torchkube.operator.queueing`'s."""
+priority class; to place pods, the ResourceFlavors it was assigned; while it waits, its
+place in line), create it, update its status, release its finalizer. Only jobs labelled
+``kueue.x-k8s.io/queue-name`` cost any of these calls; the decisions are
+:mod:`torchkube.operator.queueing`'s."""
 
 import dataclasses
+import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from torchkube.api import TrainingJob
 from torchkube.operator import metrics, workloads
@@ -22,14 +26,24 @@ from torchkube.operator.workloads import (
     QueueObservation,
 )
 
+log = logging.getLogger(__name__)
+
 FLAVORS = "resourceflavors"
+WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
 POSITIONS_TTL_SECONDS = 2.0
 """How long one LocalQueue's pending-workloads list serves every job waiting in it: a burst
 of reconciles of a queue's jobs costs one visibility request, not one per job."""
-UNSERVED = (403, 404, 503)
-"""The visibility API's answers that mean no position (not installed, its
-``VisibilityOnDemand`` gate off, its APIService not available, or not granted): the job
-waits as before, without one."""
+
+
+@dataclass
+class _Pending:
+    """One LocalQueue's pending workloads as last read (None: Kueue's visibility API did not
+    answer), and the lock that makes the jobs of that queue wait for one read, not send one
+    each."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    read_at: float = -POSITIONS_TTL_SECONDS
+    summary: dict[str, Any] | None = None
 
 
 class QueueClient:
@@ -37,14 +51,14 @@ class QueueClient:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.scheduling = client.SchedulingV1Api(api_client)
-        self._pending: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+        self._pending: dict[tuple[str, str], _Pending] = {}
         self._pending_lock = threading.Lock()
 
     def observe(self, job: TrainingJob) -> QueueObservation:
         """The job's Workloads (the slices of an elastic one) as Kueue left them; the
-        priority while there is one to create; where the followed one waits, its place. A
-        list answered 404 means the apiserver does not serve the Workload API at all (a
-        namespace without Workloads lists none): Kueue is not installed."""
+        priority while there is none to create one from; where the followed one waits, its
+        place. A list answered 404 means the apiserver does not serve the Workload API at all
+        (a namespace without Workloads lists none): Kueue is not installed."""
         metrics.API_REQUESTS.labels("list", "workload").inc()
         try:
             listed: Any = self.custom.list_namespaced_custom_object(
@@ -59,64 +73,85 @@ class QueueClient:
         bodies: list[dict[str, Any]] = listed["items"]
         replicas = job.spec.replicas
         wanted = replicas.target + replicas.spares
-        creates = not bodies or workloads.elastic(job)
-        priority = self._priority(job.spec.scheduling.priority_class_name) if creates else None
+        priority = Priority() if bodies else self._priority(job)
         observed = workloads.observe(bodies, priority, wanted)
         state = observed.workload
         if state is None or state.reserved or state.is_true("Finished") or not state.queue:
             return observed
         summary = self._pending_workloads(job.namespace, state.queue)
-        position = workloads.position_of(summary, state.name) if summary else None
-        return dataclasses.replace(observed, position=position)
+        if summary is None:
+            return observed
+        position = workloads.position_of(summary, state.name)
+        return dataclasses.replace(observed, position=position, places_served=True)
 
-    def _priority(self, name: str | None) -> Priority:
-        """The priority a new Workload carries, found as jobframework finds it: the named
-        PriorityClass (gone: 0, as the pods could not be created either), else the one the
-        cluster marks ``globalDefault`` (as the pods get it), else 0."""
+    def _priority(self, job: TrainingJob) -> Priority:
+        """The priority of the job's first Workload, found in jobframework's order
+        (:class:`~torchkube.operator.workloads.Priority`). A class named but not found
+        gives 0: jobframework would create no Workload, and the job would wait without a
+        word; the job's own pods are refused at creation for it, which says why."""
+        labelled = job.metadata.get("labels", {}).get(workloads.PRIORITY_CLASS_LABEL)
+        name = job.spec.scheduling.priority_class_name
         try:
+            if labelled:
+                metrics.API_REQUESTS.labels("get", "workloadpriorityclass").inc()
+                found: Any = self.custom.get_cluster_custom_object(
+                    API_GROUP, API_VERSION, WORKLOAD_PRIORITY_CLASSES, labelled,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )  # fmt: skip
+                return Priority(int(found.get("value") or 0), labelled, "WorkloadPriorityClass")
             if name:
                 metrics.API_REQUESTS.labels("get", "priorityclass").inc()
-                found = self.scheduling.read_priority_class(name, _request_timeout=REQUEST_TIMEOUT)
-                return Priority(int(found.value or 0), name)
+                pc = self.scheduling.read_priority_class(name, _request_timeout=REQUEST_TIMEOUT)
+                return Priority(int(pc.value or 0), name)
             metrics.API_REQUESTS.labels("list", "priorityclass").inc()
             listed = self.scheduling.list_priority_class(_request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status != 404:
                 raise
             return Priority()
-        default = next((pc for pc in listed.items if pc.global_default and pc.metadata), None)
-        if default is None or default.metadata is None:
+        defaults = [
+            (int(pc.value or 0), pc.metadata.name)
+            for pc in listed.items
+            if pc.global_default and pc.metadata is not None
+        ]
+        if not defaults:
             return Priority()
-        return Priority(int(default.value or 0), default.metadata.name)
+        value, default = min(defaults)
+        return Priority(value, default)
 
     def _pending_workloads(self, namespace: str, queue: str) -> dict[str, Any] | None:
-        """The LocalQueue's pending workloads from Kueue's visibility API, shared by the
-        jobs of that queue for ``POSITIONS_TTL_SECONDS``; None where the API is not served."""
+        """The LocalQueue's pending workloads from Kueue's visibility API, read at most once
+        per ``POSITIONS_TTL_SECONDS`` for all the jobs of that queue. Places are optional:
+        any failure (the API not served, not granted, unavailable, or failing) is no place,
+        and the job waits as it would without them."""
         key = (namespace, queue)
         with self._pending_lock:
-            cached = self._pending.get(key)
-            if cached is not None and time.monotonic() - cached[0] < POSITIONS_TTL_SECONDS:
-                return cached[1]
-        summary: dict[str, Any] | None
+            now = time.monotonic()
+            for stale in [k for k, v in self._pending.items() if now - v.read_at > 60]:
+                del self._pending[stale]
+            entry = self._pending.setdefault(key, _Pending())
+        with entry.lock:
+            if time.monotonic() - entry.read_at < POSITIONS_TTL_SECONDS:
+                return entry.summary
+            entry.summary = self._read_pending(namespace, queue)
+            entry.read_at = time.monotonic()
+            return entry.summary
+
+    def _read_pending(self, namespace: str, queue: str) -> dict[str, Any] | None:
+        metrics.API_REQUESTS.labels("get", "pendingworkloads").inc()
+        path = workloads.pending_workloads_path(namespace, queue)
         try:
-            metrics.API_REQUESTS.labels("get", "pendingworkloads").inc()
             request = self.api_client.param_serialize(
-                "GET",
-                workloads.pending_workloads_path(namespace, queue),
-                header_params={"Accept": "application/json"},
+                "GET", path, header_params={"Accept": "application/json"},
                 auth_settings=["BearerToken"],
-            )
+            )  # fmt: skip
             response = self.api_client.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
             response.read()
             answer = self.api_client.response_deserialize(response, {"200": "object"})
-            summary = cast(dict[str, Any], answer.data)
-        except ApiException as error:
-            if error.status not in UNSERVED:
-                raise
-            summary = None
-        with self._pending_lock:
-            self._pending[key] = (time.monotonic(), summary)
-        return summary
+        except (ApiException, HTTPError, OSError) as error:
+            log.debug("no places in line for LocalQueue %s/%s: %s", namespace, queue, error)
+            return None
+        return cast(dict[str, Any], answer.data)
 
     def flavors(self, names: set[str]) -> dict[str, dict[str, Any]]:
         """The named ResourceFlavors (a deleted one is left out: its pods get no labels)."""

@@ -117,30 +117,35 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
         _ignore_queue(ctx, queue)
         return CONTINUE
     if observed.kueue == "not-installed":
-        _wait(ctx, owned, queue, None, "KueueNotInstalled", _not_installed(queue))
+        _wait(ctx, owned, observed, queue, "KueueNotInstalled", _not_installed(queue))
         ctx.plan.requeue(KUEUE_RECHECK_SECONDS)
         return STOP
     state = observed.workload
     if state is None:
         ctx.plan.workload_writes.append(("create", workloads.workload(ctx.job, observed.priority)))
-        _wait(ctx, owned, queue, None, "Queued", f"waiting in LocalQueue {queue}: Workload created")
+        _wait(
+            ctx,
+            owned,
+            observed,
+            queue,
+            "Queued",
+            f"waiting in LocalQueue {queue}: Workload created",
+        )
         return STOP
     if state.admitted and not state.being_deleted:
         _admitted(ctx, queue, state)
         _resize(ctx, state, observed)
-        _reclaim(ctx, state)
+        _reclaim(ctx, observed)
         return CONTINUE
     if state.is_true("Evicted"):
-        _evicted(ctx, owned, queue, state)
+        _evicted(ctx, owned, queue, observed, state)
         return STOP
     if state.queue != queue and not state.reserved:
         ctx.plan.workload_writes.append(("spec", workloads.move(state, queue)))
     why = state.message("QuotaReserved") or "Kueue has not considered it yet"
-    _wait(ctx, owned, queue, state, "Queued", f"waiting in LocalQueue {queue} for admission: {why}")
-    if observed.position is not None and ctx.status.queue is not None:
-        ctx.status.queue.position_in_local_queue = observed.position.local_queue
-        ctx.status.queue.position_in_cluster_queue = observed.position.cluster_queue
-        ctx.plan.requeue(POSITION_REFRESH_SECONDS)
+    message = f"waiting in LocalQueue {queue} for admission: {why}"
+    _wait(ctx, owned, observed, queue, "Queued", message)
+    _reclaim(ctx, observed)
     return STOP
 
 
@@ -180,21 +185,37 @@ def _ignore_queue(ctx: Context, queue: str) -> None:
     ctx.status.queue = None
 
 
-def _evicted(ctx: Context, owned: list[dict[str, Any]], queue: str, state: WorkloadState) -> None:
+def _evicted(
+    ctx: Context,
+    owned: list[dict[str, Any]],
+    queue: str,
+    observed: QueueObservation,
+    state: WorkloadState,
+) -> None:
+    """Stopped as a suspend stops it; once no pod is active, the quota goes back. A resize
+    waiting beside the evicted slice is what the job asks for now: the evicted slice is
+    finished and the job waits in the resize's place (jobframework's ``EnsureWorkloadSlices``
+    finishes an evicted old slice the same way)."""
     evicted = state.condition("Evicted") or {}
     reason = str(evicted.get("reason") or "Evicted")
     message = state.message("Evicted")
     _wait(
         ctx,
         owned,
+        observed,
         queue,
-        state,
         "Preempted" if reason == "Preempted" else "Evicted",
         f"evicted by Kueue ({reason}: {message}); workers stopped with an emergency checkpoint, "
         f"waiting in LocalQueue {queue} to be admitted again",
         why=RELEASE_EVICTED,
     )
-    if state.reserved and not _alive(owned):
+    if not state.reserved or _alive(owned):
+        return
+    if observed.scale_up is not None:
+        out_of_date = f"evicted ({reason}); the job waits for its resize {observed.scale_up.name}"
+        patch = workloads.finish(state, False, out_of_date, ctx.now)
+        ctx.plan.workload_writes.append(("status", patch))
+    else:
         ctx.plan.workload_writes.append(("status", workloads.release_reservation(state, ctx.now)))
 
 
@@ -208,12 +229,15 @@ def _alive(owned: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _wait(
     ctx: Context,
     owned: list[dict[str, Any]],
+    observed: QueueObservation,
     queue: str,
-    state: WorkloadState | None,
     reason: str,
     message: str,
     why: str = RELEASE_QUEUED,
 ) -> None:
+    """Queued: no pod, the condition says why, and the place in line where Kueue lists it
+    (looked at again while Kueue's visibility API answers: places move when others are
+    admitted, with no change to this job's Workload)."""
     for pod in owned:
         if p.state(pod) in ("pending", "running"):
             ctx.plan.delete(pod, why=why)
@@ -225,12 +249,18 @@ def _wait(
     ctx.status.phase = "Queued"
     ctx.set(cond.QUEUED, True, reason, message)
     ctx.clear(cond.RUNNING, reason, message)
+    state = observed.workload
+    place = observed.position
     ctx.status.queue = QueueStatus(
         name=queue,
         workload=state.name if state else workloads.workload_name(ctx.job),
         cluster_queue=None,
         admitted_workers=None,
+        position_in_local_queue=place.local_queue if place else None,
+        position_in_cluster_queue=place.cluster_queue if place else None,
     )
+    if observed.places_served:
+        ctx.plan.requeue(POSITION_REFRESH_SECONDS)
     ctx.status.replicas = ctx.status.ready_replicas = 0
     ctx.status.workers = f"0/{ctx.spec.replicas.target}"
     ctx.status.spares = 0
@@ -238,12 +268,14 @@ def _wait(
 
 def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> None:
     """An elastic job resized under quota, the way Kueue's workload slices work: fewer
-    workers give quota back at once (the admitted Workload asks for fewer); more ask Kueue
-    for a new slice, admitted in place of the running one when the quota allows, while the
-    job goes on at the size it has. A job that partial admission started below its target
-    asks for the rest the same way, so it grows once the quota frees.
+    workers give quota back at once (the admitted Workload asks for fewer, in place); more
+    ask Kueue for a new slice, admitted in place of the running one when the quota allows,
+    while the job goes on at the size it has. A job that partial admission started below its
+    target asks for the rest the same way, so it grows once the quota frees; one asked for
+    fewer than its admitted Workload's ``minCount`` (fixed while admitted; ``replicas.min``
+    lowered since) gets a new slice too, which Kueue admits at once.
 
-    A scale-up slice asks whole (no ``minCount``): partially admitted at the size the job
+    A new slice asks whole (no ``minCount``): partially admitted at the size the job
     already has, it would replace the running slice without growing it, and the job would
     ask again at once, for ever."""
     placement = state.placements.get(workloads.WORKERS)
@@ -252,17 +284,18 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
     if not workloads.elastic(ctx.job) or admitted is None or not wanted:
         return
     waiting = observed.scale_up
-    if wanted < admitted:
-        ctx.plan.workload_writes.append(("spec", workloads.resize(state, wanted)))
-    if wanted <= admitted:
+    in_place = wanted <= admitted and wanted >= (state.min_count(workloads.WORKERS) or 0)
+    if in_place:
+        if wanted < admitted:
+            ctx.plan.workload_writes.append(("spec", workloads.resize(state, wanted)))
         if waiting is not None:
-            withdrawn = f"scale-up withdrawn: the job wants {wanted} workers again"
+            withdrawn = f"resize withdrawn: the job wants {wanted} workers again"
             ctx.plan.workload_writes.append(
                 ("status", workloads.finish(waiting, False, withdrawn, ctx.now))
             )
         return
     if waiting is None:
-        body = workloads.workload(ctx.job, observed.priority, replaces=state)
+        body = workloads.workload(ctx.job, state.priority, replaces=state)
         body["spec"]["podSets"] = [
             {k: v for k, v in s.items() if k != "minCount"} | {"count": wanted}
             if s["name"] == workloads.WORKERS
@@ -270,23 +303,28 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
             for s in body["spec"]["podSets"]
         ]
         ctx.plan.workload_writes.append(("create", body))
-        ctx.event(
-            "Normal", "ScaleUpQueued", f"asking Kueue for {wanted} workers ({admitted} admitted)"
-        )
+        reason = "ScaleUpQueued" if wanted > admitted else "ScaleDownQueued"
+        ctx.event("Normal", reason, f"asking Kueue for {wanted} workers ({admitted} admitted)")
     elif waiting.count(workloads.WORKERS) != wanted and not waiting.reserved:
         ctx.plan.workload_writes.append(("spec", workloads.resize(waiting, wanted)))
 
 
-def _reclaim(ctx: Context, state: WorkloadState) -> None:
+def _reclaim(ctx: Context, observed: QueueObservation) -> None:
     """The prepare pod runs once, before the workers: once the data is prepared its quota
-    goes back to the queue for the rest of the job's run (and is not asked again when the
-    job is admitted anew after an eviction)."""
+    goes back to the queue for the rest of the job's run, from the admitted Workload and
+    from a resize's slice still waiting (which then asks for no more than it needs). A
+    Workload this plan already writes is left for the next reconcile: both writes would
+    carry the same resourceVersion."""
     data = ctx.status.data
     if data is None or data.phase != "Prepared":
         return
-    patch = workloads.reclaim_prepare(state)
-    if patch is not None:
-        ctx.plan.workload_writes.append(("status", patch))
+    written = {body["metadata"]["name"] for _, body in ctx.plan.workload_writes}
+    for state in (observed.workload, observed.scale_up):
+        if state is None or state.name in written or state.is_true("Finished"):
+            continue
+        patch = workloads.reclaim_prepare(state)
+        if patch is not None:
+            ctx.plan.workload_writes.append(("status", patch))
 
 
 def _admitted(ctx: Context, queue: str, state: WorkloadState) -> None:

@@ -3,7 +3,8 @@
 A TrainingJob labelled ``kueue.x-k8s.io/queue-name`` is represented to Kueue by one Workload,
 made the way Kueue's own jobframework makes one for its built-in kinds (PyTorchJob, JobSet):
 named ``trainingjob-<name>-<hash>``, owned (controller) by the job, labelled with the job's UID,
-one pod set per kind of pod with that pod's requests, the job's PriorityClass and its value.
+one pod set per kind of pod with that pod's requests, and a priority found as jobframework
+finds it (:class:`Priority`).
 So ``kubectl get workloads``, Kueue's dashboards and its metrics show TrainingJobs like any
 other job. The status updates are jobframework's too: a Workload whose job stopped after an
 eviction gives its quota reservation back, and a finished job's Workload is marked Finished.
@@ -114,35 +115,53 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
     return sets
 
 
+PRIORITY_CLASS_LABEL = f"{API_GROUP}/priority-class"
+"""On a job: the Kueue WorkloadPriorityClass it is queued by, before any PriorityClass."""
+
+
 @dataclass(frozen=True)
 class Priority:
-    """A Workload's priority as jobframework sets it (``PrepareWorkloadPriority``): the job's
-    PriorityClass, else the cluster's ``globalDefault`` one, else none at value 0. Always
-    set: Kueue's visibility server reads ``spec.priority`` of every pending Workload and
-    fails on one without it."""
+    """A Workload's priority as jobframework sets it (``PrepareWorkloadPriority``): the
+    WorkloadPriorityClass the job's ``kueue.x-k8s.io/priority-class`` label names, else its
+    PriorityClass, else the cluster's ``globalDefault`` PriorityClass (the lowest, if several),
+    else none at value 0. ``spec.priority`` is always set: Kueue's visibility server reads it
+    from every pending Workload."""
 
     value: int = 0
     class_name: str | None = None
+    kind: Literal["PriorityClass", "WorkloadPriorityClass"] = "PriorityClass"
+
+    def ref(self) -> dict[str, str] | None:
+        """``spec.priorityClassRef`` (None: no class)."""
+        if not self.class_name:
+            return None
+        group = API_GROUP if self.kind == "WorkloadPriorityClass" else "scheduling.k8s.io"
+        return {"group": group, "kind": self.kind, "name": self.class_name}
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> "Priority":
+        """The priority a Workload's spec carries (a scale-up's slice keeps its job's)."""
+        ref = spec.get("priorityClassRef") or {}
+        value, name = int(spec.get("priority") or 0), ref.get("name")
+        if ref.get("kind") == "WorkloadPriorityClass":
+            return cls(value, name, "WorkloadPriorityClass")
+        return cls(value, name)
 
 
 def workload(
-    job: TrainingJob, priority: Priority | None = None, replaces: "WorkloadState | None" = None
+    job: TrainingJob, priority: Priority, replaces: "WorkloadState | None" = None
 ) -> dict[str, Any]:
     """The job's Workload. An elastic job's Workload asks for its current worker count;
-    ``replaces`` makes it the slice of a scale-up that Kueue admits in place of that
-    admitted one."""
-    priority = priority or Priority()
+    ``replaces`` makes it the slice of a resize that Kueue admits in place of that admitted
+    one."""
     spec: dict[str, Any] = {
         "queueName": queue_name(job),
         "podSets": pod_sets(job),
         "priority": priority.value,
     }
-    if priority.class_name:
-        spec["priorityClassRef"] = {
-            "group": "scheduling.k8s.io",
-            "kind": "PriorityClass",
-            "name": priority.class_name,
-        }
+    ref = priority.ref()
+    if ref is not None:
+        spec["priorityClassRef"] = ref
     metadata: dict[str, Any] = {
         "name": workload_name(job),
         "namespace": job.namespace,
@@ -193,11 +212,17 @@ class WorkloadState:
     created: str = ""
     reclaimable: tuple[tuple[str, int], ...] = ()
     """``status.reclaimablePods``: pods of a pod set whose quota the job no longer needs."""
+    priority: Priority = Priority()
 
     def count(self, pod_set: str) -> int | None:
         """The count the Workload asks for ``pod_set``."""
         found = next((s for s in self.pod_sets if s.get("name") == pod_set), None)
         return int(found.get("count", 1)) if found else None
+
+    def min_count(self, pod_set: str) -> int | None:
+        """The fewest pods of ``pod_set`` partial admission may admit (None: all of them)."""
+        found = next((s for s in self.pod_sets if s.get("name") == pod_set), None)
+        return int(found["minCount"]) if found and "minCount" in found else None
 
     def condition(self, kind: str) -> dict[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)
@@ -262,21 +287,23 @@ Workload API; ``not-installed``, it does not (Kueue's CRDs are absent, or too ol
 @dataclass(frozen=True)
 class QueueObservation:
     """What the controller read for a queued job: its Workload (None: none exists), a
-    scale-up's slice waiting beside it, and the value of its PriorityClass (for the
-    Workload it creates)."""
+    resize's slice waiting beside it, and the priority a Workload it creates carries."""
 
     workload: WorkloadState | None = None
-    priority: Priority | None = None
+    priority: Priority = Priority()
     scale_up: WorkloadState | None = None
     wanted_workers: int = 0
     """The worker pods the job's spec asks for now (target and spares)."""
     kueue: KueueAvailability = "installed"
     position: QueuePosition | None = None
-    """Where the followed Workload waits, while it waits and Kueue reports it."""
+    """Where the followed Workload waits, while it waits and Kueue lists it."""
+    places_served: bool = False
+    """Kueue's visibility API answered for the followed Workload's LocalQueue: places in
+    line move, so the job looks again (its own Workload may not be listed yet)."""
 
 
 def observe(
-    bodies: list[dict[str, Any]], priority: Priority | None, wanted_workers: int = 0
+    bodies: list[dict[str, Any]], priority: Priority = Priority(), wanted_workers: int = 0
 ) -> QueueObservation:
     """The job's unfinished Workloads as one observation: the slice admitted (else the
     oldest) is the one the job follows; a younger one is a scale-up waiting for admission."""
@@ -333,6 +360,7 @@ def read(body: dict[str, Any]) -> WorkloadState:
             (str(r.get("name", "")), int(r.get("count", 0)))
             for r in status.get("reclaimablePods") or []
         ),
+        priority=Priority.of(body.get("spec") or {}),
     )
 
 

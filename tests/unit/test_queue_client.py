@@ -1,0 +1,139 @@
+"""The operator's reads of Kueue's API, over real HTTP to a stub that answers as the
+apiserver would: the priority a job's first Workload carries, its place in line, and how
+the place's reads are shared and survive a visibility API that does not answer."""
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from stub_http import Reply, StubServer
+from training_jobs import training_job
+
+from torchkube.api import TrainingJob
+from torchkube.operator import workloads
+from torchkube.operator.queue_client import QueueClient
+from torchkube.operator.workloads import Priority, QueuePosition
+
+NAMESPACE, QUEUE = "ns", "team-a"
+WORKLOADS = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/workloads"
+PENDING = workloads.pending_workloads_path(NAMESPACE, QUEUE)
+PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+BROKEN = object()
+"""A route whose server fails: the connection closes without an answer."""
+
+
+def priority_class(name: str, value: int, default: bool = False) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "value": value, "globalDefault": default}
+
+
+class Apiserver:
+    """Answers GETs from ``routes`` (path without query → JSON body; absent: 404)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, Any] = {WORKLOADS: {"items": []}}
+        self.stub = StubServer(self.answer)
+
+    def answer(self, path: str) -> Reply | None:
+        body = self.routes.get(path.split("?")[0])
+        if body is BROKEN:
+            raise ConnectionAbortedError("the server fails mid-request")
+        return None if body is None else Reply(json.dumps(body).encode(), "application/json")
+
+    def asked(self, path: str) -> int:
+        return sum(1 for asked in self.stub.requests if asked.split("?")[0] == path)
+
+
+@pytest.fixture
+def apiserver() -> Iterator[Apiserver]:
+    served = Apiserver()
+    yield served
+    served.stub.close()
+
+
+def queue_client(url: str) -> QueueClient:
+    configuration = client.Configuration()
+    configuration.host = url
+    return QueueClient(client.ApiClient(configuration))
+
+
+def queued(**spec: Any) -> TrainingJob:
+    job = training_job(**spec)
+    labels = {workloads.QUEUE_LABEL: QUEUE, **(job.metadata.get("labels") or {})}
+    return job.model_copy(update={"metadata": {**job.metadata, "labels": labels}})
+
+
+def test_a_first_workloads_priority_is_found_in_jobframeworks_order(
+    apiserver: Apiserver,
+) -> None:
+    apiserver.routes[PRIORITY_CLASSES] = {
+        "items": [
+            priority_class("batch", 100, default=True),
+            priority_class("low", 50, default=True),  # two defaults: the lowest, as Kueue
+            priority_class("high", 1000),
+        ]
+    }
+    apiserver.routes[f"{PRIORITY_CLASSES}/high"] = priority_class("high", 1000)
+    research = "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/research"
+    apiserver.routes[research] = {"metadata": {"name": "research"}, "value": 7}
+    queues = queue_client(apiserver.stub.url)
+
+    assert queues.observe(queued()).priority == Priority(50, "low")
+    named = queued(scheduling={"priorityClassName": "high"})
+    assert queues.observe(named).priority == Priority(1000, "high")
+    labelled = named.model_copy(
+        update={
+            "metadata": {
+                **named.metadata,
+                "labels": {**named.metadata["labels"], workloads.PRIORITY_CLASS_LABEL: "research"},
+            }
+        }
+    )
+    assert queues.observe(labelled).priority == Priority(7, "research", "WorkloadPriorityClass")
+    assert Priority(7, "research", "WorkloadPriorityClass").ref() == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "research",
+    }
+    missing = queued(scheduling={"priorityClassName": "gone"})
+    assert queues.observe(missing).priority == Priority()
+    apiserver.routes[PRIORITY_CLASSES] = {"items": [priority_class("high", 1000)]}
+    assert queues.observe(queued()).priority == Priority()
+
+
+def test_places_in_line_are_read_once_per_queue_and_are_optional(apiserver: Apiserver) -> None:
+    job = queued()
+    name = workloads.workload_name(job)
+    body = workloads.workload(job, Priority())
+    body["status"] = {"conditions": [{"type": "QuotaReserved", "status": "False"}]}
+    apiserver.routes[WORKLOADS] = {"items": [body]}
+    apiserver.routes[PENDING] = {
+        "items": [
+            {"metadata": {"name": "trainingjob-other-aaaaa"}, "positionInLocalQueue": 0},
+            {
+                "metadata": {"name": name},
+                "positionInLocalQueue": 1,
+                "positionInClusterQueue": 4,
+            },
+        ]
+    }
+    queues = queue_client(apiserver.stub.url)
+
+    first, second = queues.observe(job), queues.observe(job)
+    assert first.position == second.position == QueuePosition(1, 4)
+    assert first.places_served and apiserver.asked(PENDING) == 1  # shared for 2 s
+
+    del apiserver.routes[PENDING]  # Kueue's visibility API not served
+    unserved = queue_client(apiserver.stub.url).observe(job)
+    assert unserved.position is None and not unserved.places_served
+    assert unserved.workload is not None and unserved.workload.name == name
+
+    apiserver.routes[PENDING] = {"items": []}  # served, the job not listed yet
+    not_yet = queue_client(apiserver.stub.url).observe(job)
+    assert not_yet.position is None and not_yet.places_served
+
+    apiserver.routes[PENDING] = BROKEN  # failing: no place, and the reconcile goes on
+    failing = queue_client(apiserver.stub.url).observe(job)
+    assert failing.position is None and not failing.places_served
+    assert failing.workload is not None
