@@ -874,7 +874,12 @@ def test_a_request_the_operator_is_refused_is_said_on_the_job_until_it_is_grante
                     "apiGroups": [KUEUE_GROUP],
                     "resources": ["workloads", "workloads/status"],
                     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-                }
+                },
+                {  # a first Workload's priority: the cluster's globalDefault PriorityClass
+                    "apiGroups": ["scheduling.k8s.io"],
+                    "resources": ["priorityclasses"],
+                    "verbs": ["get", "list"],
+                },
             ],
         }
     )
