@@ -55,6 +55,10 @@ from torchkube.operator import stragglers
 from torchkube.operator.failure import Ledger
 
 POLL_SECONDS = 0.25
+FINISHED_EXIT_SECONDS = 30.0
+"""How long the workers of a finished run get to exit by themselves, as the pods of a finished
+job do, before what is left is stopped: an agent stopped while it winds down leaves its peer
+waiting in torchrun's exit barrier for the barrier's 300 s (and the run for its grace)."""
 STORE_STOP_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -243,6 +247,13 @@ class LocalRun:
         )
         self.workers[index] = _Worker(index, proc, log, datetime.now(UTC))
 
+    def _await_exit(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every worker to exit by itself."""
+        deadline = time.monotonic() + seconds
+        for worker in self.workers.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+
     def _stop_all(self, grace: float) -> None:
         """SIGTERM every agent (torchrun passes it to its workers, which write their
         emergency checkpoint), wait up to ``grace`` seconds, then kill what is left."""
@@ -328,6 +339,7 @@ class LocalRun:
                     record,
                 )
             if record and record.finished:
+                self._await_exit(FINISHED_EXIT_SECONDS)
                 return self._finish(True, "training completed", started, record)
             if record and self.chaos.store_due(step):
                 self._kill_store(record, now)

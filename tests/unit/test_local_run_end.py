@@ -1,0 +1,60 @@
+"""How ``torchkube run`` ends a run whose training finished: the workers exit by themselves,
+as the pods of a finished job do. An agent stopped while it winds down leaves its peer in
+torchrun's exit barrier for that barrier's 300 s, so the runner only stops what is left.
+
+The agents here are stand-ins (a few lines of Python): worker 0 writes the finished record,
+both take a few seconds to wind down, and a SIGTERM is written down where it lands."""
+
+import io
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime
+from pathlib import Path
+
+from training_jobs import training_job
+
+from torchkube.api.contract import PROGRESS_FILE, ProgressReport
+from torchkube.local.runner import LocalRun, _Worker
+
+AGENT = textwrap.dedent(
+    """
+    import signal, sys, time
+    from pathlib import Path
+    index, progress, marks = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    def stopped(signum, frame):
+        (marks / f"sigterm-{index}").write_text("")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, stopped)
+    if index == 0:
+        progress.write_text(sys.argv[4])
+    time.sleep(3)
+    """
+)
+
+
+class StandInAgents(LocalRun):
+    def _start_worker(self, index: int) -> None:
+        record = ProgressReport(step=10, total_steps=10, finished=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                AGENT,
+                str(index),
+                str(self.checkpoint_dir / PROGRESS_FILE),
+                str(self.workdir),
+                record.model_dump_json(by_alias=True),
+            ]
+        )
+        log = self.log_dir / f"worker-{index}.log"
+        self.workers[index] = _Worker(index, proc, log, datetime.now(UTC))
+
+
+def test_finished_workers_exit_by_themselves_before_anything_is_stopped(tmp_path: Path) -> None:
+    job = training_job(replicas={"min": 2, "max": 2})
+    run = StandInAgents(job, tmp_path, out=io.StringIO())
+    summary = run.run()
+    assert summary.succeeded, summary.render()
+    assert sorted(p.name for p in tmp_path.glob("sigterm-*")) == []
+    assert all(worker.proc.returncode == 0 for worker in run.workers.values())
