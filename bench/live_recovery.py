@@ -46,6 +46,7 @@ import argparse
 import io
 import itertools
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -71,10 +72,12 @@ VICTIM = 1
 JOINED = "live: joined from a live peer"
 
 
-def job(recovery: str, steps: int) -> TrainingJob:
+def job(recovery: str, steps: int, global_batch: int | None = None) -> TrainingJob:
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["spec"]["failurePolicy"]["recovery"] = recovery
     manifest["spec"]["trainer"]["steps"] = steps
+    if global_batch is not None:
+        manifest["spec"]["trainer"]["globalBatchSize"] = global_batch
     return TrainingJob.model_validate(manifest)
 
 
@@ -110,12 +113,16 @@ class Observed:
         return self.records[-1][1] if self.records else None
 
 
-def run_torchkube(recovery: str, steps: int, kill_at: int | None) -> Observed:
+def run_torchkube(
+    recovery: str, steps: int, kill_at: int | None, global_batch: int | None = None
+) -> Observed:
     """``torchkube run`` of the job; with ``kill_at``, worker 1's training process is
     SIGKILLed once the record shows that step (``Chaos.crash_at_steps``)."""
     chaos = Chaos(crash_at_steps=[kill_at], worker=VICTIM) if kill_at is not None else Chaos()
     with tempfile.TemporaryDirectory(prefix="live-bench-") as folder:
-        run = LocalRun(job(recovery, steps), Path(folder), chaos=chaos, out=io.StringIO())
+        run = LocalRun(
+            job(recovery, steps, global_batch), Path(folder), chaos=chaos, out=io.StringIO()
+        )
         seen = Observed(began=time.time())
         offset = seen.began - time.monotonic()
         summary = run.run(on_progress=lambda _line: seen.watch(run.progress()))
@@ -324,7 +331,7 @@ def steady_state(results: Results, args: argparse.Namespace) -> Steady:
         pair: dict[str, float | None] = {}
         for way in rotated(STEADY, trial):
             log(f"steady state, trial {trial + 1}: {LABELS[way]}")
-            seen = run_torchkube(way, args.steps, None)
+            seen = run_torchkube(way, args.steps, None, args.global_batch)
             pair[way] = pace = seconds_per_step(steps_of(seen), args.from_step)
             runs.append(
                 [LABELS[way], str(trial + 1), fmt(pace, "s"), *timeline(seen), f"{seen.load:.1f}"]
@@ -449,6 +456,18 @@ def break_even_notes(steady: Steady, figures: dict[str, dict[str, Figure]]) -> l
     return notes
 
 
+STEADY_NOTE = (
+    "torchft's cost: the writer group's seconds in the per-step quorum and the commit vote "
+    "(live.stepTime), over its committed steps after the first; the quorum includes waiting "
+    "for the other group to ask, which DDP would spend waiting in its all-reduce instead, so "
+    "this is an upper bound of torchft's own overhead. The all-reduce is not counted in it: "
+    "DDP does one too (overlapped with the backward pass). It is a cost per step (a "
+    "Lighthouse round trip and a vote), not per unit of compute: its share falls as the step "
+    "grows (global batch {batch}; bench.live_recovery --steady-only --global-batch N measures "
+    "it at a longer step)."
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.live_recovery", description=__doc__)
     parser.add_argument("--steps", type=int, default=400)
@@ -457,9 +476,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kill-at", type=int, default=60)
     parser.add_argument("--from-step", type=int, default=50, help="steady state from here")
     parser.add_argument("--timeout", type=float, default=600, help="plain torchrun, per run")
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="the steady state's global batch (default: the example's): more micro-batches "
+        "accumulated per step make the step longer, torchft's cost per step the same",
+    )
+    parser.add_argument(
+        "--steady-only",
+        action="store_true",
+        help="the steady state alone, to bench/results/live_recovery_steady.json",
+    )
     args = parser.parse_args(argv)
-    results = Results("live_recovery", "python -m bench.live_recovery", config=vars(args))
+    name = "live_recovery_steady" if args.steady_only else "live_recovery"
+    command = " ".join(["python -m bench.live_recovery", *(sys.argv[1:] if argv is None else argv)])
+    results = Results(name, command.strip(), config=vars(args))
     steady = steady_state(results, args)
+    if args.steady_only:
+        results.notes += [STEADY_NOTE.format(batch=args.global_batch or "the example's")]
+        results.write()
+        return
     figures = failures(results, args, steady.per_step["live"])
     tables(results, figures)
     resumed = [t.get("resumed_from") for t in results.extra["kill_trials"] if t["way"] != "live"]
@@ -469,14 +506,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.kill_at}; its launcher started it again (torchkube's, or torchrun's agent "
         f"with --max-restarts); restart and plain torchrun resumed from step(s) "
         f"{sorted(set(r for r in resumed if r is not None))}.",
-        "torchft's cost: the writer group's seconds in the per-step quorum and the commit vote "
-        "(live.stepTime), over its committed steps after the first; the quorum includes waiting "
-        "for the other group to ask, which DDP would spend waiting in its all-reduce instead, so "
-        "this is an upper bound of torchft's own overhead. The all-reduce is not counted in it: "
-        "DDP does one too (overlapped with the backward pass). It is a cost per step (a "
-        "Lighthouse round trip and a vote), not per unit of compute: its share falls as the "
-        "step grows; this tiny model's step is a few tens of ms, and no longer step was "
-        "measured.",
+        STEADY_NOTE.format(batch=args.global_batch or "the example's"),
         "the loops compared whole (live ÷ restart) differ in more than torchft: the restart loop "
         "also runs a per-step stop/save agreement and the straggler probe; DDP's all-reduce "
         "overlaps the backward pass, the live loop's does not.",

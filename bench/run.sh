@@ -34,6 +34,9 @@ if [ "$name" = all ]; then
     trainer_throughput trainer_memory checkpoint_cost live_recovery quickstart; do
     python -m "bench.$one"
   done
+  # torchft's steady cost again at a step about 5× longer (more micro-batches per step)
+  python -m bench.live_recovery --steady-only --global-batch 64 --trials 3 --steps 150 \
+    --from-step 30
 else
   python -m "bench.$name" "$@"
 fi
