@@ -120,8 +120,9 @@ def test_a_lost_live_replica_group_costs_its_share_until_its_replacement_joins()
     h.at(71, step=65, groups=2).train(until=90)
     h.at(91, step=86, groups=1, target_groups=1).train(until=100)  # scaled down: not a loss
     h.at(101, step=96, target_groups=2).train(until=110)  # scaled up: the new one not in yet
-    h.at(111, phase="Queued", checkpoint=105).at(120, phase="Running")  # evicted, readmitted at 1
-    h.at(125, step=106).train(until=140)
+    h.at(111, step=106, groups=2).train(until=115)  # it joined
+    h.at(116, phase="Queued", checkpoint=110).at(120, phase="Running")  # evicted
+    h.at(125, step=111, groups=1).train(until=140)  # admitted again at one group of two
     state = h.replay()
     assert state.restarts == 0 and state.badput["redo"] == 0
     assert state.badput["recovery"] == pytest.approx(10, abs=0.6)

@@ -12,9 +12,11 @@ import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from training_jobs import training_job
 
 from torchkube.api.contract import PROGRESS_FILE, ProgressReport
+from torchkube.local import runner
 from torchkube.local.runner import LocalRun, _Worker
 
 AGENT = textwrap.dedent(
@@ -28,12 +30,15 @@ AGENT = textwrap.dedent(
     signal.signal(signal.SIGTERM, stopped)
     if index == 0:
         progress.write_text(sys.argv[4])
-    time.sleep(3)
+    time.sleep(float(sys.argv[5]))
     """
 )
 
 
 class StandInAgents(LocalRun):
+    winding_down = (3.0, 3.0)
+    """Seconds each stand-in agent takes to exit after the finished record."""
+
     def _start_worker(self, index: int) -> None:
         record = ProgressReport(step=10, total_steps=10, finished=True)
         proc = subprocess.Popen(
@@ -45,6 +50,7 @@ class StandInAgents(LocalRun):
                 str(self.checkpoint_dir / PROGRESS_FILE),
                 str(self.workdir),
                 record.model_dump_json(by_alias=True),
+                str(self.winding_down[index]),
             ]
         )
         log = self.log_dir / f"worker-{index}.log"
@@ -58,3 +64,16 @@ def test_finished_workers_exit_by_themselves_before_anything_is_stopped(tmp_path
     assert summary.succeeded, summary.render()
     assert sorted(p.name for p in tmp_path.glob("sigterm-*")) == []
     assert all(worker.proc.returncode == 0 for worker in run.workers.values())
+
+
+def test_a_worker_that_does_not_exit_is_stopped_after_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "FINISHED_EXIT_SECONDS", 1.0)
+    job = training_job(replicas={"min": 2, "max": 2})
+    run = StandInAgents(job, tmp_path, out=io.StringIO())
+    run.winding_down = (0.5, 600.0)
+    summary = run.run()
+    assert summary.succeeded, summary.render()
+    assert sorted(p.name for p in tmp_path.glob("sigterm-*")) == ["sigterm-1"]
+    assert summary.wall_seconds < 60

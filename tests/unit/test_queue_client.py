@@ -3,7 +3,9 @@ apiserver would: the priority a job's first Workload carries, its place in line,
 the place's reads are shared and survive a visibility API that does not answer."""
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -137,3 +139,28 @@ def test_places_in_line_are_read_once_per_queue_and_are_optional(apiserver: Apis
     failing = queue_client(apiserver.stub.url).observe(job)
     assert failing.position is None and not failing.places_served
     assert failing.workload is not None
+
+
+def test_jobs_of_one_queue_reconciled_at_once_share_one_read(apiserver: Apiserver) -> None:
+    """Reconciles run in threads: those of one LocalQueue's jobs that ask while its list is
+    being read wait for that read instead of sending their own."""
+    job = queued()
+    body = workloads.workload(job, Priority())
+    body["status"] = {"conditions": [{"type": "QuotaReserved", "status": "False"}]}
+    apiserver.routes[WORKLOADS] = {"items": [body]}
+    apiserver.routes[PENDING] = {"items": []}
+    slow = apiserver.answer
+
+    def slowly(path: str) -> Reply | None:
+        if path.split("?")[0] == PENDING:
+            time.sleep(0.5)
+        return slow(path)
+
+    apiserver.answer = slowly  # type: ignore[method-assign]
+    apiserver.stub.close()
+    apiserver.stub = StubServer(apiserver.answer)
+    queues = queue_client(apiserver.stub.url)
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(lambda _: queues.observe(job), range(4)))
+    assert all(s.places_served for s in seen)
+    assert apiserver.asked(PENDING) == 1

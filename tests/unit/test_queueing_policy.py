@@ -330,11 +330,16 @@ def test_an_evicted_slice_with_a_resize_waiting_is_finished_for_it() -> None:
     old["metadata"]["creationTimestamp"] = format_time(NOW - timedelta(minutes=10))
     resize = workloads.workload(job, workloads.Priority(), replaces=workloads.read(old))
     resize["metadata"]["creationTimestamp"] = format_time(NOW)
+    del resize["spec"]["podSets"][0]["minCount"]  # a resize asks whole
     queue = workloads.observe([old, resize], workloads.Priority(), 4)
-    [(verb, patch)] = run(job, [], queue=queue).workload_writes
+    assert run(job, healthy(2), queue=queue).workload_writes == []  # not while pods are active
+    [(verb, patch), (spec, partial)] = run(job, [], queue=queue).workload_writes
     assert verb == "status" and patch["metadata"]["name"] == old["metadata"]["name"]
-    finished = {c["type"]: c["status"] for c in patch["status"]["conditions"]}
-    assert finished["Finished"] == "True"
+    finished = {c["type"]: (c["status"], c["reason"]) for c in patch["status"]["conditions"]}
+    assert finished["Finished"] == ("True", "OutOfSync")
+    assert spec == "spec" and partial["metadata"]["name"] == resize["metadata"]["name"]
+    [workers, _] = partial["spec"]["podSets"]
+    assert (workers["count"], workers["minCount"]) == (4, 1)  # a start again: from min
 
 
 def test_a_finished_job_marks_its_workload_finished_once() -> None:

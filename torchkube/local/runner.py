@@ -248,11 +248,13 @@ class LocalRun:
         self.workers[index] = _Worker(index, proc, log, datetime.now(UTC))
 
     def _await_exit(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for every worker to exit by itself."""
+        """Wait up to ``seconds`` for every worker to exit by itself; a stop signal ends the
+        wait (the workers are stopped next)."""
         deadline = time.monotonic() + seconds
-        for worker in self.workers.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline and self._stop is None:
+            if all(worker.proc.poll() is not None for worker in self.workers.values()):
+                return
+            time.sleep(POLL_SECONDS)
 
     def _stop_all(self, grace: float) -> None:
         """SIGTERM every agent (torchrun passes it to its workers, which write their

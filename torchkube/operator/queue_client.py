@@ -41,8 +41,9 @@ class _Pending:
     answer), and the lock that makes the jobs of that queue wait for one read, not send one
     each."""
 
+    read_at: float
+    """When it was last read (at first: due now, and not stale)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    read_at: float = -POSITIONS_TTL_SECONDS
     summary: dict[str, Any] | None = None
 
 
@@ -127,9 +128,14 @@ class QueueClient:
         key = (namespace, queue)
         with self._pending_lock:
             now = time.monotonic()
-            for stale in [k for k, v in self._pending.items() if now - v.read_at > 60]:
-                del self._pending[stale]
-            entry = self._pending.setdefault(key, _Pending())
+            stale = [
+                k
+                for k, v in self._pending.items()
+                if now - v.read_at > 60 and not v.lock.locked() and k != key
+            ]
+            for gone in stale:
+                del self._pending[gone]
+            entry = self._pending.setdefault(key, _Pending(read_at=now - POSITIONS_TTL_SECONDS))
         with entry.lock:
             if time.monotonic() - entry.read_at < POSITIONS_TTL_SECONDS:
                 return entry.summary

@@ -195,7 +195,8 @@ def _evicted(
     """Stopped as a suspend stops it; once no pod is active, the quota goes back. A resize
     waiting beside the evicted slice is what the job asks for now: the evicted slice is
     finished and the job waits in the resize's place (jobframework's ``EnsureWorkloadSlices``
-    finishes an evicted old slice the same way)."""
+    finishes an evicted old slice the same way), which may now admit it from
+    ``replicas.min`` as its first Workload could: it is a start, not a resize."""
     evicted = state.condition("Evicted") or {}
     reason = str(evicted.get("reason") or "Evicted")
     message = state.message("Evicted")
@@ -211,10 +212,14 @@ def _evicted(
     )
     if not state.reserved or _alive(owned):
         return
-    if observed.scale_up is not None:
-        out_of_date = f"evicted ({reason}); the job waits for its resize {observed.scale_up.name}"
-        patch = workloads.finish(state, False, out_of_date, ctx.now)
+    waiting = observed.scale_up
+    if waiting is not None:
+        out_of_date = f"evicted ({reason}); the job waits for its resize {waiting.name}"
+        patch = workloads.finish(state, False, out_of_date, ctx.now, workloads.OUT_OF_SYNC)
         ctx.plan.workload_writes.append(("status", patch))
+        partial = workloads.with_min_count(waiting, ctx.spec.replicas.min)
+        if partial is not None:
+            ctx.plan.workload_writes.append(("spec", partial))
     else:
         ctx.plan.workload_writes.append(("status", workloads.release_reservation(state, ctx.now)))
 

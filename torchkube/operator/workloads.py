@@ -316,6 +316,21 @@ def observe(
     return QueueObservation(followed, priority, waiting, wanted_workers)
 
 
+def with_min_count(state: WorkloadState, workers: int) -> dict[str, Any] | None:
+    """The patch that lets partial admission start a Workload not yet admitted at ``workers``
+    (None: it already may, or asks for no more)."""
+    count = state.count(WORKERS)
+    if count is None or workers >= count or state.min_count(WORKERS) == workers:
+        return None
+    pod_sets = [
+        {**s, "minCount": workers} if s.get("name") == WORKERS else s for s in state.pod_sets
+    ]
+    return {
+        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
+        "spec": {"podSets": pod_sets},
+    }
+
+
 def resize(state: WorkloadState, workers: int) -> dict[str, Any]:
     """The patch that asks ``workers`` of a Workload's worker pod set (all pod sets sent:
     a merge patch replaces the list)."""
@@ -455,9 +470,15 @@ def move(state: WorkloadState, queue: str) -> dict[str, Any]:
     }
 
 
-def finish(state: WorkloadState, succeeded: bool, message: str, now: datetime) -> dict[str, Any]:
+OUT_OF_SYNC = "OutOfSync"
+"""jobframework's reason for finishing a slice its job no longer follows."""
+
+
+def finish(
+    state: WorkloadState, succeeded: bool, message: str, now: datetime, reason: str = ""
+) -> dict[str, Any]:
     """The status patch that marks the Workload Finished: Kueue releases its quota at once."""
-    reason = "Succeeded" if succeeded else "Failed"
+    reason = reason or ("Succeeded" if succeeded else "Failed")
     conditions = _set_condition(state.conditions, "Finished", True, reason, message, now)
     return {
         "metadata": {"name": state.name, "resourceVersion": state.resource_version},
