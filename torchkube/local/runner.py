@@ -378,7 +378,9 @@ class LocalRun:
         replica group alone while other workers train on (``policy.live_group_losses``); one
         that finished training trained on through it."""
         running = [
-            worker_name(i) for i, w in self.workers.items() if w.done or w.proc.poll() is None
+            worker_name(i)
+            for i, w in self.workers.items()
+            if w.done or w.proc.poll() in (None, 0)  # exited 0: it finished training
         ]
         return policy.live_group_losses(self.job, [found], running)[0]
 
