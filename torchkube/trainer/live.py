@@ -496,10 +496,11 @@ class LiveLoop:
 
     def _resume_from_volume(self) -> None:
         """No group of the quorum is ahead of step 0: the whole job (re)starts, and every
-        group loads the newest checkpoint on the volume alike."""
+        group loads the newest checkpoint on the volume alike. Reading claims nothing: the
+        folder is the writer's alone (claimed as it becomes the writer); another group
+        claiming it here could take it from the writer, whose next save would be fenced."""
         if self.manager.current_step() != 0:
             return
-        self.ckpt.claim()
         if self.ckpt.load():
             self.state.resumes = self.ckpt.count_resume(self.state.resumes)
             self.manager.load_state_dict(
