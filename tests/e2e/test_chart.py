@@ -199,6 +199,8 @@ def test_default_render_is_one_least_privilege_cluster_wide_operator(helm: Helm)
     assert ("", "nodes", "watch") in rules
     assert ("kueue.x-k8s.io", "workloads/status", "patch") in rules  # docs/queueing.md
     assert ("kueue.x-k8s.io", "resourceflavors", "get") in rules
+    assert ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get") in rules
+    assert ("scheduling.k8s.io", "priorityclasses", "list") in rules  # the globalDefault one
     assert not {r for r in rules if r[1] in {"secrets", "configmaps", "*"} or r[2] == "*"}
     assert ("torchkube.io", "trainingjobs", "update") not in rules  # never edits a job's spec
     assert not find(objects, "Role") and not find(objects, "RoleBinding")  # no election, no Lease
@@ -232,6 +234,7 @@ def test_namespaced_render_grants_job_rights_only_in_the_watched_namespaces(helm
         "customresourcedefinitions",
         "resourceflavors",  # Kueue's, read for the admitted flavors' node labels
         "priorityclasses",  # their values go into a queued job's Workload
+        "workloadpriorityclasses",  # likewise, Kueue's own, named by a job's label
     }
     assert ("kueue.x-k8s.io", "workloads", "create") in rules_of(roles[0])
     (deployment,) = find(objects, "Deployment")
@@ -247,7 +250,7 @@ def test_without_kueue_render_grants_nothing_of_kueues_and_says_so_to_the_operat
     (role,) = find(objects, "ClusterRole", "torchkube")
     rules = rules_of(role)
     assert ("", "pods", "create") in rules  # the rest is as before
-    assert not {r for r in rules if r[0] == "kueue.x-k8s.io" or r[1] == "priorityclasses"}
+    assert not {r for r in rules if r[0].endswith("kueue.x-k8s.io") or r[1] == "priorityclasses"}
     namespaced = helm.render(
         "-f",
         str(CHART / "ci" / "namespaced-values.yaml"),
@@ -257,7 +260,9 @@ def test_without_kueue_render_grants_nothing_of_kueues_and_says_so_to_the_operat
     roles = find(namespaced, "Role") + find(namespaced, "ClusterRole", "torchkube")
     assert len(roles) == 3
     for found in roles:
-        assert not {r for r in rules_of(found) if r[0] == "kueue.x-k8s.io"}, found["metadata"]
+        assert not {r for r in rules_of(found) if r[0].endswith("kueue.x-k8s.io")}, found[
+            "metadata"
+        ]
 
 
 def test_ha_render_turns_leader_election_on(helm: Helm) -> None:
