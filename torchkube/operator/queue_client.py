@@ -33,6 +33,8 @@ WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
 POSITIONS_TTL_SECONDS = 2.0
 """How long one LocalQueue's pending-workloads list serves every job waiting in it: a burst
 of reconciles of a queue's jobs costs one visibility request, not one per job."""
+POSITIONS_FORGET_SECONDS = 60.0
+"""A LocalQueue's list nobody asked for this long is dropped (its jobs were admitted or gone)."""
 
 
 @dataclass
@@ -131,7 +133,7 @@ class QueueClient:
             stale = [
                 k
                 for k, v in self._pending.items()
-                if now - v.read_at > 60 and not v.lock.locked() and k != key
+                if now - v.read_at > POSITIONS_FORGET_SECONDS and not v.lock.locked() and k != key
             ]
             for gone in stale:
                 del self._pending[gone]

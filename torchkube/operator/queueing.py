@@ -278,7 +278,8 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
     while the job goes on at the size it has. A job that partial admission started below its
     target asks for the rest the same way, so it grows once the quota frees; one asked for
     fewer than its admitted Workload's ``minCount`` (fixed while admitted; ``replicas.min``
-    lowered since) gets a new slice too, which Kueue admits at once.
+    lowered since) gets a new slice too, admitted in the queue's order into the quota the
+    old slice frees.
 
     A new slice asks whole (no ``minCount``): partially admitted at the size the job
     already has, it would replace the running slice without growing it, and the job would
@@ -301,12 +302,10 @@ def _resize(ctx: Context, state: WorkloadState, observed: QueueObservation) -> N
         return
     if waiting is None:
         body = workloads.workload(ctx.job, state.priority, replaces=state)
-        body["spec"]["podSets"] = [
-            {k: v for k, v in s.items() if k != "minCount"} | {"count": wanted}
-            if s["name"] == workloads.WORKERS
-            else s
-            for s in body["spec"]["podSets"]
-        ]
+        body["spec"]["podSets"] = workloads.workers_changed(
+            body["spec"]["podSets"],
+            lambda s: {k: v for k, v in s.items() if k != "minCount"} | {"count": wanted},
+        )
         ctx.plan.workload_writes.append(("create", body))
         reason = "ScaleUpQueued" if wanted > admitted else "ScaleDownQueued"
         ctx.event("Normal", reason, f"asking Kueue for {wanted} workers ({admitted} admitted)")

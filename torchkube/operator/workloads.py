@@ -11,6 +11,7 @@ eviction gives its quota reservation back, and a finished job's Workload is mark
 """
 
 import hashlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -214,14 +215,17 @@ class WorkloadState:
     """``status.reclaimablePods``: pods of a pod set whose quota the job no longer needs."""
     priority: Priority = Priority()
 
+    def _pod_set(self, name: str) -> dict[str, Any] | None:
+        return next((s for s in self.pod_sets if s.get("name") == name), None)
+
     def count(self, pod_set: str) -> int | None:
         """The count the Workload asks for ``pod_set``."""
-        found = next((s for s in self.pod_sets if s.get("name") == pod_set), None)
+        found = self._pod_set(pod_set)
         return int(found.get("count", 1)) if found else None
 
     def min_count(self, pod_set: str) -> int | None:
         """The fewest pods of ``pod_set`` partial admission may admit (None: all of them)."""
-        found = next((s for s in self.pod_sets if s.get("name") == pod_set), None)
+        found = self._pod_set(pod_set)
         return int(found["minCount"]) if found and "minCount" in found else None
 
     def condition(self, kind: str) -> dict[str, Any] | None:
@@ -316,29 +320,34 @@ def observe(
     return QueueObservation(followed, priority, waiting, wanted_workers)
 
 
+def _patch(state: WorkloadState, **parts: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch of ``state``'s Workload, refused (409) if Kueue wrote it since it was
+    read: the job is reconciled again on what Kueue wrote."""
+    return {"metadata": {"name": state.name, "resourceVersion": state.resource_version}, **parts}
+
+
+def workers_changed(
+    pod_sets: Iterable[dict[str, Any]], change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``pod_sets`` with the worker pod set changed (all sent: a merge patch replaces the
+    list)."""
+    return [change(s) if s.get("name") == WORKERS else s for s in pod_sets]
+
+
 def with_min_count(state: WorkloadState, workers: int) -> dict[str, Any] | None:
     """The patch that lets partial admission start a Workload not yet admitted at ``workers``
     (None: it already may, or asks for no more)."""
     count = state.count(WORKERS)
     if count is None or workers >= count or state.min_count(WORKERS) == workers:
         return None
-    pod_sets = [
-        {**s, "minCount": workers} if s.get("name") == WORKERS else s for s in state.pod_sets
-    ]
-    return {
-        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
-        "spec": {"podSets": pod_sets},
-    }
+    pod_sets = workers_changed(state.pod_sets, lambda s: {**s, "minCount": workers})
+    return _patch(state, spec={"podSets": pod_sets})
 
 
 def resize(state: WorkloadState, workers: int) -> dict[str, Any]:
-    """The patch that asks ``workers`` of a Workload's worker pod set (all pod sets sent:
-    a merge patch replaces the list)."""
-    pod_sets = [{**s, "count": workers} if s.get("name") == WORKERS else s for s in state.pod_sets]
-    return {
-        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
-        "spec": {"podSets": pod_sets},
-    }
+    """The patch that asks ``workers`` of a Workload's worker pod set."""
+    pod_sets = workers_changed(state.pod_sets, lambda s: {**s, "count": workers})
+    return _patch(state, spec={"podSets": pod_sets})
 
 
 def read(body: dict[str, Any]) -> WorkloadState:
@@ -442,10 +451,7 @@ def release_reservation(state: WorkloadState, now: datetime) -> dict[str, Any]:
     conditions = _set_condition(conditions, "Admitted", False, "NoReservation", message, now)
     requeued = reason in ("Preempted", "NodeFailures")
     conditions = _set_condition(conditions, "Requeued", requeued, reason or "Pending", message, now)
-    return {
-        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
-        "status": {"admission": None, "conditions": conditions},
-    }
+    return _patch(state, status={"admission": None, "conditions": conditions})
 
 
 def reclaim_prepare(state: WorkloadState) -> dict[str, Any] | None:
@@ -455,19 +461,13 @@ def reclaim_prepare(state: WorkloadState) -> dict[str, Any] | None:
     if state.count(PREPARE) is None or dict(state.reclaimable).get(PREPARE, 0) >= 1:
         return None
     kept = [{"name": name, "count": n} for name, n in state.reclaimable if name != PREPARE]
-    return {
-        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
-        "status": {"reclaimablePods": [*kept, {"name": PREPARE, "count": 1}]},
-    }
+    return _patch(state, status={"reclaimablePods": [*kept, {"name": PREPARE, "count": 1}]})
 
 
 def move(state: WorkloadState, queue: str) -> dict[str, Any]:
     """The patch that moves a waiting Workload to another LocalQueue (the job's label
     changed), as jobframework does for a suspended job."""
-    return {
-        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
-        "spec": {"queueName": queue},
-    }
+    return _patch(state, spec={"queueName": queue})
 
 
 OUT_OF_SYNC = "OutOfSync"
@@ -480,7 +480,4 @@ def finish(
     """The status patch that marks the Workload Finished: Kueue releases its quota at once."""
     reason = reason or ("Succeeded" if succeeded else "Failed")
     conditions = _set_condition(state.conditions, "Finished", True, reason, message, now)
-    return {
-        "metadata": {"name": state.name, "resourceVersion": state.resource_version},
-        "status": {"conditions": conditions},
-    }
+    return _patch(state, status={"conditions": conditions})
