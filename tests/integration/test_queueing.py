@@ -142,12 +142,19 @@ def queues(
         q.delete()
 
 
-def wait_queued(job: Job, timeout: float = 30) -> dict[str, Any]:
+def wait_queued(job: Job, timeout: float = 30, saying: str = "") -> dict[str, Any]:
+    """The job's status once it is Queued and its Queued condition's message holds `saying`:
+    Kueue says why a Workload waits only after its first admission attempt, which follows
+    the Workload's creation by a scheduling cycle."""
+
     def queued() -> dict[str, Any] | None:
         status = job.status()
-        return status if status.get("phase") == "Queued" else None
+        if status.get("phase") != "Queued":
+            return None
+        conditions = [c for c in status.get("conditions", []) if c["type"] == "Queued"]
+        return status if conditions and saying in conditions[0].get("message", "") else None
 
-    found: dict[str, Any] = job.wait(queued, timeout, "phase Queued")
+    found: dict[str, Any] = job.wait(queued, timeout, f"phase Queued saying {saying!r}")
     return found
 
 
@@ -267,9 +274,7 @@ def test_prepared_data_returns_the_prepare_pods_quota_and_the_next_job_starts(
         "prepare pod Running",
     )
     waiting = queues.job("waiting", q, pool, replicas={"min": 2, "max": 2})
-    status = wait_queued(waiting)
-    queued = next(c for c in status["conditions"] if c["type"] == "Queued")
-    assert "cpu" in queued["message"], queued
+    wait_queued(waiting, saying="insufficient unused quota for cpu")
     report = PrepareReport(
         source="image:/opt/corpus", tokenizer="bytes", documents=4, train_tokens=4_000,
         val_tokens=400, vocab_size=257,
