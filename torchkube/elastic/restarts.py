@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchkube.api.contract import Env, InPlaceRestart
-from torchkube.elastic.watchdog import store_client
+from torchkube.elastic.store_link import StoreLink
 
 RUN_ID = "TORCHELASTIC_RUN_ID"
 """torchrun's: the rendezvous id, in every worker's environment."""
@@ -39,9 +39,8 @@ class RestartBoard:
     """The job's in-place restarts in its rendezvous store (one key per job: ``board_id``)."""
 
     def __init__(self, endpoint: str | None, run_id: str, timeout: float = 2.0) -> None:
-        self.endpoint, self.key = endpoint, f"torchkube/restarts/{run_id}"
-        self.timeout = timeout
-        self._store: Any = None
+        self.key = f"torchkube/restarts/{run_id}"
+        self._link = StoreLink(endpoint, timeout)
         self._read_at = -CACHE_SECONDS
         self._cached: list[InPlaceRestart] = []
 
@@ -51,22 +50,14 @@ class RestartBoard:
         endpoint, run_id = os.environ.get(Env.RENDEZVOUS_ENDPOINT), board_id(os.environ.get(RUN_ID))
         return cls(endpoint, run_id) if endpoint and run_id else None
 
-    def _connect(self) -> Any:
-        if self._store is None and self.endpoint:
-            self._store = store_client(self.endpoint, self.timeout)
-        return self._store
-
     def post(self, record: InPlaceRestart) -> bool:
         """Append ``record``; False when the store is away."""
-        try:
-            store = self._connect()
-            if store is None:
-                return False
+
+        def append(store: Any) -> bool:
             store.append(self.key, record.model_dump_json(by_alias=True) + "\n")
             return True
-        except Exception:  # the store is away (restarting, replaced)
-            self._store = None
-            return False
+
+        return self._link.call(append, False)
 
     def read(self) -> list[InPlaceRestart]:
         """The newest ``KEPT`` records, oldest first (the last read again within
@@ -75,14 +66,12 @@ class RestartBoard:
         if now - self._read_at < CACHE_SECONDS:
             return self._cached
         self._read_at = now
-        try:
-            store = self._connect()
-            if store is None or not store.check([self.key]):
-                self._cached = []
-                return self._cached
-            lines = store.get(self.key).decode().splitlines()
-        except Exception:
-            self._store = None
+
+        def read(store: Any) -> list[str] | None:
+            return store.get(self.key).decode().splitlines() if store.check([self.key]) else []
+
+        lines = self._link.call(read, None)
+        if lines is None:  # away: what was read last
             return self._cached
         records = []
         for line in lines[-KEPT:]:

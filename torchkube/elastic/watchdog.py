@@ -41,13 +41,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from torchkube.api.contract import HANG_REPORT
 from torchkube.api.hang import hang_timeout
 from torchkube.elastic.heartbeat import STACK_SIGNAL, Beat, process_state, read_beats, stack_file
+from torchkube.elastic.store_link import StoreLink
 
 POLL_SECONDS = 1.0
 FROZEN_SECONDS = 10.0
@@ -165,61 +165,35 @@ class Declaration:
             return None
 
 
-def store_client(endpoint: str, timeout: float) -> Any:
-    """A client of the job's rendezvous store at ``host:port`` (an IPv6 host in brackets);
-    torch is imported only here, when a board first talks to the store."""
-    from torch.distributed import TCPStore
-
-    host, _, port = endpoint.rpartition(":")
-    return TCPStore(
-        host.strip("[]"),
-        int(port),
-        is_master=False,
-        timeout=timedelta(seconds=timeout),
-        wait_for_workers=False,
-    )
-
-
 class Board:
     """Hang declarations in the job's rendezvous store (one key per job). Every call is best
     effort: a store that is away answers nothing and stores nothing."""
 
     def __init__(self, endpoint: str | None, run_id: str, timeout: float = 5.0) -> None:
-        self.endpoint, self.key = endpoint, f"torchkube/hang/{run_id}"
-        self.timeout = timeout
-        self._store: Any = None
-
-    def _connect(self) -> Any:
-        if self._store is None and self.endpoint:
-            self._store = store_client(self.endpoint, self.timeout)
-        return self._store
+        self.key = f"torchkube/hang/{run_id}"
+        self._link = StoreLink(endpoint, timeout)
 
     def read(self) -> Declaration | None:
-        try:
-            store = self._connect()
-            if store is None or not store.check([self.key]):
-                return None
-            return Declaration.from_json(store.get(self.key))
-        except Exception:  # the store is away (restarting, replaced): decide alone
-            self._store = None
-            return None
+        """The declaration posted, None without one or a store (then decide alone)."""
+
+        def read(store: Any) -> Declaration | None:
+            return Declaration.from_json(store.get(self.key)) if store.check([self.key]) else None
+
+        return self._link.call(read, None)
 
     def claim(self, declaration: Declaration, older_than: float) -> bool:
         """Post ``declaration`` unless another one newer than ``older_than`` is there;
         True when ours is the one posted (without a store: True, we decide alone)."""
-        try:
-            store = self._connect()
-            if store is None:
-                return True
+
+        def claim(store: Any) -> bool:
             current = store.get(self.key).decode() if store.check([self.key]) else ""
             found = Declaration.from_json(current) if current else None
             if found is not None and found.at >= older_than:
                 return False
             posted = store.compare_set(self.key, current, declaration.to_json())
             return bool(posted.decode() == declaration.to_json())
-        except Exception:
-            self._store = None
-            return True
+
+        return self._link.call(claim, True)
 
 
 def dump_stacks(folder: Path, beats: Sequence[Beat], wait: float = DUMP_WAIT_SECONDS) -> str:

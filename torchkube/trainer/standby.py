@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from torchkube.api.contract import Env
-from torchkube.elastic.watchdog import store_client
+from torchkube.elastic.store_link import StoreLink
 
 log = logging.getLogger("torchkube.trainer")
 
@@ -82,8 +82,7 @@ class QuorumBoard:
     read by standbys. Best effort: a store that is away stores and answers nothing."""
 
     def __init__(self, endpoint: str | None, timeout: float = 2.0) -> None:
-        self.endpoint, self.timeout = endpoint, timeout
-        self._store: Any = None
+        self._link = StoreLink(endpoint, timeout)
         self._posted: tuple[int, bool] | None = None
         self._posted_at = 0.0
         self._peak = 0
@@ -92,11 +91,6 @@ class QuorumBoard:
     @classmethod
     def from_env(cls) -> "QuorumBoard":
         return cls(os.environ.get(Env.RENDEZVOUS_ENDPOINT))
-
-    def _connect(self) -> Any:
-        if self._store is None and self.endpoint:
-            self._store = store_client(self.endpoint, self.timeout)
-        return self._store
 
     def post(
         self, groups: int, target: int | None, step_seconds: float, finished: bool = False
@@ -120,22 +114,20 @@ class QuorumBoard:
             "peak": self._peak,
             "shortSince": self._short_since,
         }
-        try:
-            store = self._connect()
-            if store is not None:
-                store.set(QUORUM_KEY, json.dumps(body))
-                self._posted, self._posted_at = (groups, finished), now
-        except Exception:  # the store is away (restarting): the next step posts again
-            self._store = None
+
+        def write(store: Any) -> bool:
+            store.set(QUORUM_KEY, json.dumps(body))
+            return True
+
+        if self._link.call(write, False):  # else away: the next step posts again
+            self._posted, self._posted_at = (groups, finished), now
 
     def read(self) -> QuorumPost | None:
-        try:
-            store = self._connect()
-            if store is None or not store.check([QUORUM_KEY]):
-                return None
-            body = json.loads(store.get(QUORUM_KEY).decode())
-        except Exception:
-            self._store = None
+        def read(store: Any) -> Any:
+            return json.loads(store.get(QUORUM_KEY).decode()) if store.check([QUORUM_KEY]) else None
+
+        body = self._link.call(read, None)
+        if body is None:
             return None
         since = body.get("shortSince")
         return QuorumPost(

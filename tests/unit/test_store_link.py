@@ -1,0 +1,51 @@
+"""The boards' link to the rendezvous store, against a real c10d TCPStore that goes away
+and comes back on the same port (the store pod restarted behind its Service)."""
+
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import TCPStore
+
+from torchkube.elastic.store_link import StoreLink
+
+
+def serve(port: int = 0) -> Any:
+    return TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+
+
+def read(store: Any) -> bytes | None:
+    return store.get("k") if store.check(["k"]) else None
+
+
+def write(store: Any) -> bool:
+    store.set("k", "v")
+    return True
+
+
+def test_without_an_endpoint_every_call_falls_back() -> None:
+    assert StoreLink(None, 1.0).call(write, False) is False
+
+
+def test_a_store_that_went_away_falls_back_once_and_the_next_call_reaches_its_successor() -> None:
+    server = serve()
+    port = server.port
+    link = StoreLink(f"127.0.0.1:{port}", 1.0)
+    assert link.call(write, False) is True
+    assert link.call(read, None) == b"v"
+
+    del server
+    assert link.call(read, b"away") == b"away"
+
+    successor = serve(port)
+    assert link.call(read, b"away") is None  # reconnected: a new store, without the key
+    assert link.call(write, False) is True
+    assert successor.get("k") == b"v"
+
+
+def test_an_endpoint_where_nothing_listens_falls_back() -> None:
+    server = serve()
+    port = server.port
+    del server
+    assert StoreLink(f"127.0.0.1:{port}", 0.5).call(write, False) is False
