@@ -73,6 +73,13 @@ class Store:
         return self.proc.wait(timeout=20)
 
 
+def trained_together(out: Path, at_least: int) -> bool:
+    """``at_least`` steps logged, the last by both agents: an agent that arrives more than
+    the rendezvous' last call (2 s) after the first finds it training alone, for a while."""
+    logged = steps(out)
+    return len(logged) >= at_least and logged[-1][1] == 2
+
+
 def steps(out: Path) -> list[tuple[int, int, str]]:
     path = out / "steps.log"
     if not path.exists():

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agents import kill_agent, launch, rdzv_args, steps, wait_for, worker_pids
+from agents import kill_agent, launch, rdzv_args, steps, trained_together, wait_for, worker_pids
 
 from torchkube.api.contract import STANDBY_RELEASED, ExitCode
 
@@ -30,7 +30,8 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
 
     agents = {name: start(name) for name in ("a", "b")}
     try:
-        wait_for(lambda: len(steps(tmp_path)) >= 10, 120, "two agents training", tmp_path)
+        wait_for(lambda: trained_together(tmp_path, 10), 120, "two agents training", tmp_path)
+        paired = steps(tmp_path)[-1][0]
         agents["c"] = start("c")
         # Its worker server's warm-up probe is forked from it for a moment once its imports
         # finish: look for workers after that, and after it stood by long enough to have
@@ -39,7 +40,7 @@ def test_a_spare_stands_by_takes_over_and_is_released_at_the_end(
         time.sleep(4)
         assert worker_pids(tmp_path, "c") == [], "a spare must not train"
         assert {a for _, w, a in steps(tmp_path)[-5:]} <= {"a", "b"}
-        assert all(w == 2 for _, w, _ in steps(tmp_path))
+        assert all(w == 2 for s, w, _ in steps(tmp_path) if s > paired)
 
         agents["b"].send_signal(signal.SIGTERM)  # b's pod deleted
         stopped_at, last = time.monotonic(), steps(tmp_path)[-1][0]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agents import Store, kill_agent, launch, rdzv_args, steps, wait_for
+from agents import Store, kill_agent, launch, rdzv_args, steps, trained_together, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def _training_pair(store: Store, out: Path, **env: str) -> dict[str, subprocess.
     agents = {
         name: launch(rdzv_args(store.port), out, name, STEPS="100000", **env) for name in "ab"
     }
-    wait_for(lambda: len(steps(out)) >= 5 and steps(out)[-1][1] == 2, 120, "both training", out)
+    wait_for(lambda: trained_together(out, 5), 120, "both training", out)
     return agents
 
 
