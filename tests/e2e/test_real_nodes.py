@@ -347,18 +347,36 @@ class RealJob(Job):
     def progress(self) -> dict[str, Any]:
         return _progress(self.checkpoints)
 
-    def emergency_checkpoint(self, every: int) -> int:
-        """The step of the checkpoint written off the ``every``-step interval (a SIGTERM's),
-        once it is complete."""
+    def stop_checkpoint(self, before: dict[str, Any], every: int) -> int:
+        """The checkpoint left by the round a SIGTERM stopped after ``before`` (a progress
+        record), read from rank 0's records: the round's last one (step S, checkpoint C),
+        seen before the next round's first (one more resume), which the test waits for.
 
-        def written() -> int | None:
-            off_interval = [s for s in _checkpoint_steps(self.checkpoints) if s % every]
-            return off_interval[-1] if off_interval else None
+        The stop writes step S, unless an interval save was in flight: that one is committed
+        and nothing more written (``CheckpointManager.save_on_stop``). So C is S, or an
+        interval step newer than ``before``'s checkpoint and less than an interval behind S;
+        a stop that wrote nothing leaves an older checkpoint and fails here."""
+        resumes = int(before.get("resumes") or 0)
+        last_of_round: dict[str, Any] = {}
 
-        step: int = wait_for(
-            written, 120, what="the emergency checkpoint", describe_last=self.describe
+        def next_round() -> bool:
+            report = self.progress()
+            if int(report.get("resumes") or 0) > resumes:
+                return True
+            if report:
+                last_of_round.clear()
+                last_of_round.update(report)
+            return False
+
+        wait_for(next_round, 300, what="a round after the stop", describe_last=self.describe)
+        stopped, saved = int(last_of_round["step"]), last_of_round.get("lastCheckpointStep")
+        older = int(before.get("lastCheckpointStep") or 0)
+        assert saved is not None, last_of_round
+        in_flight = saved % every == 0 and saved > older and stopped - saved < every
+        assert saved == stopped or in_flight, (
+            f"stopped at step {stopped} with checkpoint {saved} (before the stop: {older})"
         )
-        return step
+        return int(saved)
 
     def describe(self) -> str:
         listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]
@@ -455,6 +473,10 @@ def real_job(
         cluster.mark_failed()
         if operator is not None:
             say(f"operator log:\n{operator.tail(60)}")
+        with contextlib.suppress(Exception):  # the cluster may be what failed
+            for pod in job.pods():
+                tail = _logs(cluster, job.namespace, pod.metadata.name).splitlines()[-40:]
+                say(f"log of {pod.metadata.name} ({pod.status.phase}):\n" + "\n".join(tail))
         raise
     finally:
         job.delete()
@@ -522,7 +544,7 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
     real_cluster: Cluster,
     say: Say,
 ) -> None:
-    """`kubectl delete pod`: SIGTERM -> emergency checkpoint off the interval -> resume there."""
+    """`kubectl delete pod`: SIGTERM -> the stop's checkpoint -> resume there."""
     steps, every = 600, 100
     with scenario.training("realnodes-delete", "deleted", steps, every) as job:
         before = job.progress()
@@ -533,8 +555,9 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
             real_cluster, "delete", "pod", "-n", job.namespace, victim.metadata.name, "--wait=false"
         )
 
-        emergency_step = job.emergency_checkpoint(every)
-        say(f"emergency checkpoint at step {emergency_step}, {time.monotonic() - deleted:.1f} s")
+        emergency_step = job.stop_checkpoint(before, every)
+        seconds = time.monotonic() - deleted
+        say(f"stop checkpoint at step {emergency_step}; next round {seconds:.1f} s after delete")
 
         def resumed_logs() -> str | None:
             finished = job.status().get("phase") in ("Succeeded", "Failed")
@@ -1694,7 +1717,8 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
         wait_for(
             past_first_checkpoint, 300, what="training past step 100", describe_last=low.describe
         )
-        say(f"higher-priority job submitted at step {low.progress().get('step')}")
+        before = low.progress()
+        say(f"higher-priority job submitted at step {before.get('step')}")
         high.apply(
             _queued(_job_manifest(high.name, high.namespace, 20, 10), "realnodes", "kueue-high")
         )
@@ -1706,8 +1730,8 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
 
         wait_for(preempted, 60, what="the low job preempted", describe_last=low.describe)
 
-        emergency_step = low.emergency_checkpoint(every)
-        say(f"preempted: emergency checkpoint at step {emergency_step}")
+        emergency_step = low.stop_checkpoint(before, every)
+        say(f"preempted: stop checkpoint at step {emergency_step}")
         assert high.wait_finished() == "Succeeded", high.describe()
 
         assert low.wait_finished() == "Succeeded", low.describe()
