@@ -1717,7 +1717,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
         wait_for(
             past_first_checkpoint, 300, what="training past step 100", describe_last=low.describe
         )
-        before = low.progress()
+        before, stopped_round = low.progress(), {p.metadata.name for p in low.pods()}
         say(f"higher-priority job submitted at step {before.get('step')}")
         high.apply(
             _queued(_job_manifest(high.name, high.namespace, 20, 10), "realnodes", "kueue-high")
@@ -1732,6 +1732,10 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
 
         emergency_step = low.stop_checkpoint(before, every)
         say(f"preempted: stop checkpoint at step {emergency_step}")
+        for pod in low.pods():  # a stopped pod still there holds its node: show what it does
+            if pod.metadata.name in stopped_round:
+                tail = _logs(real_cluster, low.namespace, pod.metadata.name).splitlines()[-30:]
+                say(f"{pod.metadata.name} still there as the job resumes:\n" + "\n".join(tail))
         assert high.wait_finished() == "Succeeded", high.describe()
 
         assert low.wait_finished() == "Succeeded", low.describe()
