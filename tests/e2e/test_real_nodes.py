@@ -393,20 +393,8 @@ class RealJob(Job):
         return phase
 
     def delete(self) -> None:
-        subprocess.run(
-            [
-                str(self.cluster.binaries().path("kubectl")),
-                "--kubeconfig",
-                str(self.cluster.kubeconfig),
-                "delete",
-                "trainingjob",
-                "-n",
-                self.namespace,
-                self.name,
-                "--wait=false",
-            ],
-            capture_output=True,
-            check=False,
+        _run_kubectl(
+            self.cluster, "delete", "trainingjob", "-n", self.namespace, self.name, "--wait=false"
         )
         delete_volume(self.api, self.volume)
 
@@ -475,8 +463,8 @@ def real_job(
             say(f"operator log:\n{operator.tail(60)}")
         with contextlib.suppress(Exception):  # the cluster may be what failed
             for pod in job.pods():
-                tail = _logs(cluster, job.namespace, pod.metadata.name).splitlines()[-40:]
-                say(f"log of {pod.metadata.name} ({pod.status.phase}):\n" + "\n".join(tail))
+                tail = _log_tail(cluster, job.namespace, pod.metadata.name, 40)
+                say(f"log of {pod.metadata.name} ({pod.status.phase}):\n{tail}")
         raise
     finally:
         job.delete()
@@ -564,20 +552,7 @@ def test_deleted_worker_pod_writes_emergency_checkpoint_and_resumes_from_it(
             for pod in job.pods():
                 if pod.metadata.name == victim.metadata.name or pod.status.phase == "Pending":
                     continue
-                logs = subprocess.run(
-                    [
-                        str(real_cluster.binaries().path("kubectl")),
-                        "--kubeconfig",
-                        str(real_cluster.kubeconfig),
-                        "logs",
-                        "-n",
-                        job.namespace,
-                        pod.metadata.name,
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                ).stdout
+                logs = _logs(real_cluster, job.namespace, pod.metadata.name)
                 if "resumed from" in logs:
                     return logs
             # A job that ended with no worker resumed stopped short of its steps: say so now.
@@ -611,6 +586,11 @@ def _trainer_pid(pod: Any) -> int:
 def _logs(cluster: Cluster, namespace: str, pod: str) -> str:
     """The pod's log, empty while its container has not started (callers poll it)."""
     return _run_kubectl(cluster, "logs", "-n", namespace, pod).stdout
+
+
+def _log_tail(cluster: Cluster, namespace: str, pod: str, lines: int) -> str:
+    """The last ``lines`` of the pod's log, for a test's own output."""
+    return "\n".join(_logs(cluster, namespace, pod).splitlines()[-lines:])
 
 
 def _resumed_after(job: RealJob, before: dict[str, Any]) -> Callable[[], dict[str, Any] | None]:
@@ -1734,8 +1714,8 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
         say(f"preempted: stop checkpoint at step {emergency_step}")
         for pod in low.pods():  # a stopped pod still there holds its node: show what it does
             if pod.metadata.name in stopped_round:
-                tail = _logs(real_cluster, low.namespace, pod.metadata.name).splitlines()[-30:]
-                say(f"{pod.metadata.name} still there as the job resumes:\n" + "\n".join(tail))
+                tail = _log_tail(real_cluster, low.namespace, pod.metadata.name, 30)
+                say(f"{pod.metadata.name} still there as the job resumes:\n{tail}")
         assert high.wait_finished() == "Succeeded", high.describe()
 
         assert low.wait_finished() == "Succeeded", low.describe()
