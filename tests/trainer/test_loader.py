@@ -91,6 +91,27 @@ def test_run_env_from_variables_and_flags(tmp_path: Path) -> None:
     assert (run_env.checkpoint_interval_steps, run_env.checkpoint_interval_seconds) == (50, 120.0)
     assert run_env.checkpoint_keep == 5 and run_env.metrics_port == 9400
     assert (run_env.elastic_restart_count, run_env.rank, run_env.world_size) == (3, 1, 4)
+    assert run_env.recovery == "restart" and run_env.live is None
+
+
+def test_the_live_recovery_contract_is_read_once_with_the_rest() -> None:
+    env = {
+        "TORCHKUBE_JOB_NAME": "demo",
+        "TORCHKUBE_RECOVERY": "live",
+        "TORCHKUBE_LIGHTHOUSE": "http://rendezvous.demo.ns.svc:29401",
+        "TORCHKUBE_REPLICA_INDEX": "2",
+        "TORCHKUBE_REPLICA_GROUPS": "3",
+        "TORCHKUBE_RENDEZVOUS_ENDPOINT": "rendezvous.demo.ns.svc:29400",
+        "POD_IP": "10.0.0.7",
+        "POD_NAME": "demo-worker-2",
+        "NODE_NAME": "node-a",
+    }
+    _, run_env = load_config([], env)
+    assert run_env.recovery == "live" and run_env.live is not None
+    assert run_env.live.replica_id(run_env.job_name) == "demo-2"
+    assert (run_env.live.host, run_env.live.target) == ("10.0.0.7", 3)
+    assert run_env.rendezvous_endpoint == "rendezvous.demo.ns.svc:29400"
+    assert (run_env.pod_name, run_env.node_name) == ("demo-worker-2", "node-a")
 
 
 @pytest.mark.parametrize(
@@ -105,6 +126,8 @@ def test_run_env_from_variables_and_flags(tmp_path: Path) -> None:
         ([], {"TORCHKUBE_METRICS_PORT": "http"}, "TORCHKUBE_METRICS_PORT='http'"),
         ([], {"TORCHKUBE_CHECKPOINT_KEEP": "1"}, "keep must be at least 2"),
         (["--config", "/nonexistent/t.yaml"], {}, "cannot read config file"),
+        ([], {"TORCHKUBE_RECOVERY": "live"}, "live needs a torchft Lighthouse"),
+        ([], {"TORCHKUBE_RECOVERY": "hot"}, "must be restart or live, not 'hot'"),
     ],
 )
 def test_bad_config_is_one_config_error(argv: list[str], env: dict, message: str) -> None:

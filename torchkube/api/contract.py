@@ -292,6 +292,17 @@ class LiveProgress(BaseModel):
         description="This group's steps after its first: torchft's quorum and commit vote, "
         "and the gradients' all-reduce, against the whole step.",
     )
+    training_slots: list[int] = Field(
+        default_factory=list,
+        description="The slots (replica indexes) of the groups in the last step's quorum: a "
+        "running worker pod whose slot is not among them stands by (a hot spare) and does not "
+        "train.",
+    )
+    standing_by: bool = Field(
+        default=False,
+        description="This pod's group stands by outside the quorum: its report says nothing "
+        "of training (the operator asks another pod).",
+    )
 
 
 class ProgressReport(BaseModel):

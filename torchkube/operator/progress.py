@@ -4,7 +4,7 @@ Every worker pod's local rank 0 serves the report, and in a synchronous job they
 the same step, so one answer is enough: the pod that answered last time is asked first, then
 the others one by one until one answers. A 512-worker job costs one request per poll, not 512.
 A worker that does not answer within a second is skipped: progress is informative, never
-blocking.
+blocking. So is a live-recovery hot spare standing by, whose trainer has no training to report.
 """
 
 import json
@@ -54,6 +54,6 @@ def read_progress(
             pod=p.name(pod),
         )
         report = _fetch(url)
-        if report is not None:
+        if report is not None and not (report.live is not None and report.live.standing_by):
             return report, p.name(pod)
     return None, None

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import ValidationError
@@ -40,6 +40,40 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class LiveEnv:
+    """The pod's side of the live-recovery contract (``failurePolicy.recovery: live``)."""
+
+    lighthouse: str
+    """The torchft Lighthouse that forms each step's quorum (``http://host:port``)."""
+    slot: int = 0
+    """The pod's replica index: its replica group's id is ``<job>-<slot>``."""
+    host: str = "localhost"
+    """Where the other groups reach this one (its Manager and the state it serves to a joining
+    group): the pod IP, as a pod's host name resolves nowhere; outside a pod the host name."""
+    target: int | None = None
+    """Replica groups that train (``Env.REPLICA_GROUPS``); None: every group trains."""
+
+    def replica_id(self, job_name: str) -> str:
+        """``<job>-<slot>``: torchft orders the quorum by it and reads the slot from its digits."""
+        return f"{job_name}-{self.slot}"
+
+
+def _live_env(environ: Mapping[str, str]) -> LiveEnv:
+    lighthouse = environ.get(Env.LIGHTHOUSE, "")
+    if not lighthouse:
+        raise ConfigError(
+            f"failurePolicy.recovery live needs a torchft Lighthouse ({Env.LIGHTHOUSE}): "
+            "the operator and torchkube run start one for every live job"
+        )
+    return LiveEnv(
+        lighthouse=lighthouse,
+        slot=_env_value(environ, Env.REPLICA_INDEX, int, 0),
+        host=environ.get(Env.POD_IP) or socket.gethostname(),
+        target=_env_value(environ, Env.REPLICA_GROUPS, int, None),
+    )
+
+
+@dataclass(frozen=True)
 class RunEnv:
     """The pod's side of the contract with the operator (one value per ``TORCHKUBE_*`` variable).
 
@@ -57,6 +91,14 @@ class RunEnv:
     elastic_restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT
     rank: int = 0
     world_size: int = 1
+    pod_name: str | None = None
+    node_name: str | None = None
+    rendezvous_endpoint: str | None = None
+    """The job's store (``host:port``), where the boards of in-place restarts and of the live
+    quorum are posted; None outside a launcher."""
+    recovery: Literal["restart", "live"] = "restart"  # failurePolicy.recovery
+    live: LiveEnv | None = None
+    """The live-recovery contract; set whenever ``recovery`` is ``live``."""
 
 
 # Runtime flag → (RunEnv field, environment variable, parser).
@@ -213,6 +255,11 @@ def load_config(
             f"checkpoint mode must be async or sync, not {values['checkpoint_mode']!r} "
             f"(spec.checkpoint.mode, {Env.CHECKPOINT_MODE})"
         )
+    recovery = environ.get(Env.RECOVERY) or "restart"
+    if recovery not in ("restart", "live"):
+        raise ConfigError(
+            f"{Env.RECOVERY} must be restart or live, not {recovery!r} (failurePolicy.recovery)"
+        )
     log = environ.get(Env.TERMINATION_LOG, str(TERMINATION_LOG))
     run_env = RunEnv(
         **values,
@@ -220,6 +267,11 @@ def load_config(
         elastic_restart_count=_env_value(environ, "TORCHELASTIC_RESTART_COUNT", int, 0),
         rank=_env_value(environ, "RANK", int, 0),
         world_size=_env_value(environ, "WORLD_SIZE", int, 1),
+        pod_name=environ.get(Env.POD_NAME) or None,
+        node_name=environ.get(Env.NODE_NAME) or None,
+        rendezvous_endpoint=environ.get(Env.RENDEZVOUS_ENDPOINT) or None,
+        recovery="live" if recovery == "live" else "restart",
+        live=_live_env(environ) if recovery == "live" else None,
     )
     return spec, run_env
 

@@ -192,7 +192,8 @@ class Reporter:
             self.metrics.mfu.set(mfu)
         self.metrics.loss.set(mean_loss)
         self.metrics.tokens_per_second.set(self.tokens_per_second)
-        if self.board is not None:
+        if self._writes_board():
+            assert self.board is not None
             scalars = {
                 "train/loss": mean_loss,
                 "train/learning_rate": self._lr,
@@ -241,9 +242,15 @@ class Reporter:
             self.metrics.slowest_rank.set(self.slowest.rank)
             self.metrics.slowest_slowdown.set(self.slowest.slowdown)
 
+    def _writes_board(self) -> bool:
+        """The scalars go where the progress record goes: under live recovery, the writer
+        group's alone (every group computes the same loss; one curve, not one per group)."""
+        return self.board is not None and self.progress.enabled
+
     def eval(self, state: TrainState, loss: float) -> None:
         self.metrics.eval_loss.set(loss)
-        if self.board is not None:
+        if self._writes_board():
+            assert self.board is not None
             self.board.scalars(state.step, {"eval/loss": loss})
         log.info("step %d | eval loss %.4f", state.step, loss)
 

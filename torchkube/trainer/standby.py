@@ -23,12 +23,10 @@ the spec's whatever the number of groups).
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchkube.api.contract import Env
 from torchkube.elastic.store_link import StoreLink
 
 log = logging.getLogger("torchkube.trainer")
@@ -87,10 +85,6 @@ class QuorumBoard:
         self._posted_at = 0.0
         self._peak = 0
         self._short_since: float | None = None
-
-    @classmethod
-    def from_env(cls) -> "QuorumBoard":
-        return cls(os.environ.get(Env.RENDEZVOUS_ENDPOINT))
 
     def post(
         self, groups: int, target: int | None, step_seconds: float, finished: bool = False

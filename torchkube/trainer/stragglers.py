@@ -19,7 +19,6 @@ all-gather on the control group; rank 0 names the slowest rank against the media
 others (:func:`slowest`), with its pod and node (:func:`places`), in its progress report.
 """
 
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchkube.api.contract import Env, RankTiming
+from torchkube.api.contract import RankTiming
 
 
 class WaitProbe:
@@ -79,11 +78,6 @@ def places(group: dist.ProcessGroup, pod: str | None, node: str | None) -> list[
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine, group=group)
     return [tuple(item) for item in gathered]
-
-
-def here() -> tuple[str | None, str | None]:
-    """This process's pod and node, from the environment the operator sets."""
-    return os.environ.get(Env.POD_NAME), os.environ.get(Env.NODE_NAME)
 
 
 def slowest(compute: Sequence[float], where: Sequence[tuple[str, str]]) -> RankTiming | None:

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
-from torchkube.api.contract import Env, ExitCode, training_finished_message
+from torchkube.api.contract import ExitCode, training_finished_message
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, stragglers, tensorboard
@@ -45,6 +45,7 @@ from torchkube.trainer.parallel import (
     shards_parameters,
 )
 from torchkube.trainer.permanent_error import report_permanent_error
+from torchkube.trainer.recovery import recovery_for
 from torchkube.trainer.reporting import ProgressReporter, Reporter
 from torchkube.trainer.server import start_metrics_server
 from torchkube.trainer.tensorboard import EventWriter
@@ -68,6 +69,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
     )
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
     chaos = ChaosHold.from_env()
+    recovery = recovery_for(spec, run_env, info, progress, stop)
     board = open_board(spec, run_env, info)
     try:
         # --- setup: the same seed on every rank gives every rank the same initial weights;
@@ -87,29 +89,48 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         if on_meta:
             model.to_empty(device=info.device)  # uninitialised: a checkpoint or weights fill it
         probe = stragglers.attach(model)
-        where = stragglers.places(info.control_group, *stragglers.here())
+        where = stragglers.places(info.control_group, run_env.pod_name, run_env.node_name)
         optimizer = build_optimizer(model, spec, info)
         scheduler = LambdaLR(optimizer, lr_lambda(spec))
         state = TrainState()
         dataset = workload.train_dataset(spec)
         ckpt = CheckpointManager.for_run(
-            run_env, spec, info, model, optimizer, scheduler, state, metrics, dataset, hf_config
+            recovery.checkpoint_env(run_env),
+            spec,
+            info,
+            model,
+            optimizer,
+            scheduler,
+            state,
+            metrics,
+            dataset,
+            hf_config,
         )
+        stand_down = recovery.start(model, optimizer, scheduler, state)
+        if stand_down is not None:
+            if stand_down.message is not None:
+                _write_termination_message(run_env, stand_down.message)
+            return stand_down.code
 
         # --- resume: the newest loadable checkpoint (with its ranks' random streams), whatever
-        # world size wrote it
-        ckpt.claim()
-        if ckpt.load():
-            state.resumes = ckpt.count_resume(state.resumes)
-            if board is not None:
-                board.resumed(state.step)
-        elif workload.load_weights is not None:
-            load_weights(workload, model, spec, info)
-        elif on_meta:
-            assert workload.init_weights is not None
-            workload.init_weights(model, spec.seed)
-        layout = plan_layout(spec, info, state)
-        loader = StepLoader(dataset, spec.seed, layout, info.data_rank, info.device)
+        # world size wrote it; else the starting weights (or a live peer's state)
+        def restore() -> bool:
+            if ckpt.load():
+                state.resumes = ckpt.count_resume(state.resumes)
+                if board is not None:
+                    board.resumed(state.step)
+                return True
+            if workload.load_weights is not None:
+                load_weights(workload, model, spec, info)
+            elif on_meta:
+                assert workload.init_weights is not None
+                workload.init_weights(model, spec.seed)
+            return False
+
+        recovery.join(ckpt, restore)
+        here = recovery.place()
+        layout = plan_layout(spec, here.data_size, info, state)
+        loader = StepLoader(dataset, spec.seed, layout, here.data_rank, info.device)
         eval_data = workload.eval_dataset(spec) if spec.eval_interval_steps else None
         timer = step_timer(info.device)
         report = Reporter(
@@ -122,40 +143,56 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
         # --- loop
         heartbeat.training()
         while state.step < spec.steps:
-            agreement.start(save=info.is_main and ckpt.due(state.step + 1))
+            place = recovery.begin_step()
+            if place != here:  # live: the quorum of replica groups changed
+                here = place
+                layout = plan_layout(spec, here.data_size, info, state)
+                loader = StepLoader(dataset, spec.seed, layout, here.data_rank, info.device)
+                report.layout = layout
+            agreement.start(save=info.is_main and here.writer and ckpt.due(state.step + 1))
             timer.start()
-            loss, grad_norm, data_wait = train_step(
+            loss, data_wait = accumulate(
                 model,
-                optimizer,
-                scheduler,
                 loader.micro_batches(state.consumed_samples),
                 layout.grad_accum_steps,
                 spec,
                 workload.loss_fn,
             )
-            timer.stop()
-            state.step += 1
-            heartbeat.beat(state.step)
-            state.consumed_samples += layout.global_batch_size
+            recovery.reduce(model)
+            committed = recovery.commit()
             stop_now, save_now = agreement.result()
-            waited = probe.take() if probe is not None else None
-            report.step(state, data_wait, float(scheduler.get_last_lr()[0]), waited)
-            last = state.step == spec.steps
-            if state.step % spec.log_interval_steps == 0 or last or stop_now:
-                report.log(state, loss, grad_norm)
-            chaos.after(state.step)
-            if eval_data is not None and (state.step % spec.eval_interval_steps == 0 or last):
-                with heartbeat.pausing("evaluation"):
-                    report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
+            if not committed:  # live: a group was lost during it; the step is tried again
+                optimizer.zero_grad(set_to_none=True)
+                if not stop_now:
+                    continue
+            else:
+                grad_norm = apply_update(model, optimizer, scheduler, spec)
+                timer.stop()
+                state.step += 1
+                heartbeat.beat(state.step)
+                state.consumed_samples += layout.global_batch_size
+                recovery.committed(state)
+                waited = probe.take() if probe is not None else None
+                report.step(state, data_wait, float(scheduler.get_last_lr()[0]), waited)
+                at_log = state.step % spec.log_interval_steps == 0
+                if at_log or state.step == spec.steps or stop_now:
+                    report.log(state, loss, grad_norm)
+                    recovery.publish()
+                chaos.after(state.step)
+                at_eval = eval_data is not None and state.step % spec.eval_interval_steps == 0
+                if eval_data is not None and (at_eval or state.step == spec.steps):
+                    with heartbeat.pausing("evaluation"):
+                        report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
             ckpt.poll()
-            with heartbeat.pausing("checkpoint"):
-                if last:
-                    ckpt.save(state.step, blocking=True)
-                elif stop_now:
-                    ckpt.save_on_stop(state.step)
-                elif save_now:
-                    ckpt.save(state.step)
-            report.checkpointed()
+            if here.writer:  # live: the writer group alone
+                with heartbeat.pausing("checkpoint"):
+                    if state.step == spec.steps:
+                        ckpt.save(state.step, blocking=True)
+                    elif stop_now:
+                        ckpt.save_on_stop(state.step)
+                    elif save_now:
+                        ckpt.save(state.step)
+                report.checkpointed()
             if stop_now:
                 break
 
@@ -165,18 +202,20 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             log.warning(
                 "stopped at step %d after the emergency checkpoint (step-%s)",
                 state.step,
-                ckpt.last_step,
+                ckpt.last_step if here.writer else "written by the writer group",
             )
             return 128 + (stop.signum or signal.SIGTERM)
-        if spec.export_format == "hf" and info.is_main:
+        if spec.export_format == "hf" and info.is_main and here.writer:
             with heartbeat.pausing("export"):  # minutes for a large model: not a hang
                 export_final(spec, run_env, ckpt.last_step)
         report.finished(state)
+        recovery.finish(state)
         _write_termination_message(run_env, training_finished_message(state.step))
         return ExitCode.OK
     finally:
         stop.close()
         heartbeat.close()
+        recovery.close()
         if board is not None:
             board.close()
         if server is not None:
@@ -187,12 +226,7 @@ def run(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) ->
     """:func:`train` with the exit-code contract: errors become one line and a code."""
     code: int = ExitCode.FAILURE
     try:
-        if os.environ.get(Env.RECOVERY) == "live":
-            from torchkube.trainer.live import train_live  # torchft only where it is used
-
-            code = train_live(spec, run_env, workload)
-        else:
-            code = train(spec, run_env, workload)
+        code = train(spec, run_env, workload)
     except ConfigError as e:
         report_permanent_error(str(e), run_env)
         code = ExitCode.CONFIG_ERROR
@@ -250,10 +284,10 @@ def configure_determinism(spec: TrainerSpec) -> None:
         torch.set_float32_matmul_precision("high")
 
 
-def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
-    """Split the constant global batch over the current data-parallel ranks (the world, with
-    no tensor parallelism); say so when their number changed."""
-    ranks = info.data_size
+def plan_layout(spec: TrainerSpec, ranks: int, info: DistInfo, state: TrainState) -> Layout:
+    """Split the constant global batch over the step's ``ranks`` data-parallel ranks (the
+    world, with no tensor parallelism; live: every process of the quorum's groups); say so
+    when their number changed."""
     what = "world size" if info.tensor_size == 1 else "data-parallel size"
     layout = Layout(spec.global_batch_size, spec.micro_batch_size, ranks)
     accum = layout.grad_accum_steps
@@ -299,22 +333,6 @@ def plan_layout(spec: TrainerSpec, info: DistInfo, state: TrainState) -> Layout:
     state.world_size, state.grad_accum_steps = ranks, accum
     state.global_batch_size = spec.global_batch_size
     return layout
-
-
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LambdaLR,
-    batches: Iterator[tuple[Any, float]],
-    accum_steps: int,
-    spec: TrainerSpec,
-    loss_fn: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """One optimizer step over this rank's micro-batches: :func:`accumulate`, then
-    :func:`apply_update`. Returns this rank's weighted loss (its mean over ranks is the global
-    batch's mean loss), the gradient norm before clipping, and the data wait."""
-    total, data_wait = accumulate(model, batches, accum_steps, spec, loss_fn)
-    return total, apply_update(model, optimizer, scheduler, spec), data_wait
 
 
 def accumulate(

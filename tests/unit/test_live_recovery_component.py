@@ -1,0 +1,68 @@
+"""Live recovery: the checkpoint folder belongs to the writer group alone. Every group of a
+job that starts from the volume reads the newest checkpoint; if the group that does not
+write also claimed the folder while reading, it could do so after the writer (on a loaded
+machine it is a step behind), and the writer's own next save would be fenced off."""
+
+from types import SimpleNamespace
+from typing import Any
+
+from torchkube.api.contract import LiveProgress
+from torchkube.trainer.checkpoint import TrainState
+from torchkube.trainer.live import LiveRecovery, QuorumMembers
+from torchkube.trainer.recovery import Place
+
+
+class Folder:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def claim(self) -> None:
+        self.calls.append("claim")
+
+    def load(self) -> bool:
+        self.calls.append("read")
+        return False
+
+
+def recovery_at_start(rank: int) -> Any:
+    """A group at its first quorum (step 0, no peer ahead), its place in the quorum ``rank``."""
+    recovery: Any = LiveRecovery.__new__(LiveRecovery)
+    recovery.manager = SimpleNamespace(
+        start_quorum=lambda: None,
+        current_step=lambda: 0,
+        num_participants=lambda: 2,
+        participating_rank=lambda: rank,
+    )
+    recovery.live = SimpleNamespace(copied_step=None, state=TrainState())
+    recovery.spec = SimpleNamespace(global_batch_size=4, micro_batch_size=2)
+    recovery.info = SimpleNamespace(is_main=True, data_rank=0, data_size=1)
+    recovery.progress = SimpleNamespace(enabled=False, update=lambda **_: None)
+    recovery.live_env = SimpleNamespace(target=None)
+    recovery.replica_id, recovery.writer, recovery.split = f"job-{rank}", False, None
+    recovery.members = SimpleNamespace(slots=[0, 1])
+    recovery.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
+    recovery._quorum_taken, recovery._attempt_began = False, None
+    return recovery
+
+
+def test_only_the_writer_group_claims_the_folder_when_a_job_starts_from_the_volume() -> None:
+    for rank, calls in ((1, ["read"]), (0, ["read", "claim"])):
+        recovery, folder = recovery_at_start(rank), Folder()
+        recovery.join(folder, restore=folder.load)
+        assert folder.calls == calls, f"quorum rank {rank}"
+        assert recovery.place() == Place(data_rank=rank, data_size=2, writer=rank == 0)
+        assert recovery.begin_step() == recovery.place()  # the first step has its quorum
+        assert folder.calls == calls, f"quorum rank {rank}"
+
+
+def test_the_quorums_members_are_read_from_the_lighthouses_answer_by_slot() -> None:
+    """torchft keeps only the quorum's size; the progress record names its groups' slots, so
+    the operator can tell a standby spare (a running pod outside them) from a training group."""
+    answer = SimpleNamespace(replica_ids=["job-12:5f0c", "job-0:9a1b", "job-3:77de"])
+    client = SimpleNamespace(_quorum=lambda **_: answer, should_commit=lambda: True)
+    manager = SimpleNamespace(_client=client)
+    members = QuorumMembers.watch(manager)
+    assert manager._client is members and members.slots == []
+    assert manager._client._quorum(step=4) is answer
+    assert members.slots == [0, 3, 12]
+    assert manager._client.should_commit() is True  # everything else reaches torchft's client
