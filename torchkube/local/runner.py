@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
+from torchkube.api.standby import stands_by
 from torchkube.api.status import SlowestRank
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
@@ -376,11 +377,14 @@ class LocalRun:
     def _group_loss(self, found: policy.Failure) -> policy.Failure:
         """``found`` as the operator sees it under recovery live: the loss of its worker's
         replica group alone while other workers train on (``policy.live_group_losses``); one
-        that finished training trained on through it."""
+        that finished training trained on through it; a hot spare standing by outside the
+        quorum (``stands_by``) carries nothing."""
+        record = self.progress()
         running = [
             worker_name(i)
             for i, w in self.workers.items()
-            if w.done or w.proc.poll() in (None, 0)  # exited 0: it finished training
+            if (w.done or w.proc.poll() in (None, 0))  # exited 0: it finished training
+            and not stands_by(i, w.started, record)
         ]
         return policy.live_group_losses(self.job, [found], running)[0]
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torchkube.api.contract import ProgressReport
+from torchkube.api.podfields import created, slot
+from torchkube.api.standby import stands_by
 from torchkube.api.status import CheckpointRecord, ProgressRecord
 from torchkube.operator import (
     children,
@@ -70,7 +72,12 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
 
     loss = node_loss.NodeLoss.of(ctx)
     pods = sorting.sort(ctx, owned, loss)
-    training = [p.name(pod) for pod in pods.workers if p.state(pod) == "running"]
+    progress = ctx.observed.progress
+    training = [
+        p.name(pod)
+        for pod in pods.workers
+        if p.state(pod) == "running" and not stands_by(slot(pod), created(pod), progress)
+    ]
     if failure.record(ctx, failure.live_group_losses(ctx.job, pods.new_failures, training)) is STOP:
         return
     lifecycle.prune_failed(ctx, pods.failed)
