@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    termination.take_committed()  # a new launcher's workers have committed nothing yet
     folder = Path(tempfile.mkdtemp(prefix="torchkube-"))
     marker, hang_marker = folder / "permanent-error", folder / "hang"
     os.environ[Env.PERMANENT_ERROR_FILE] = str(marker)

@@ -75,7 +75,8 @@ def mark_committed(step: int) -> None:
 
 def take_committed() -> int | None:
     """The first step the workers committed since the pod's last failure (None: none), taken
-    out of the message: they are restarted in place, and the next round says its own."""
+    out of the message: they are restarted in place (or a launcher starts on a file an earlier
+    one wrote), and the next round says its own."""
     where = path()
     if where is None:
         return None
