@@ -261,7 +261,7 @@ def test_a_straggler_replacement_is_free() -> None:
     found = failure.straggler_failure(slowest, FailurePolicySpec(), None)
     assert found.reason == "Straggler" and found.infrastructure
     assert not found.counts(FailurePolicySpec())
-    assert found.counts(FailurePolicySpec(countInfrastructureFailures=True))
+    assert found.counts(FailurePolicySpec(count_infrastructure_failures=True))
 
 
 def test_a_worker_that_vanished_is_deleted_free_once_and_replaced() -> None:
