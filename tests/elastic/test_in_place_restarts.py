@@ -19,7 +19,11 @@ def test_a_worker_restarted_in_place_is_posted_for_the_operator(store: int, tmp_
     env = {"STEPS": str(STEPS), "STEP_SECONDS": "0.05", "CRASH_AT_STEP": "10"}
 
     def start(name: str) -> subprocess.Popen[bytes]:
-        return launch(rdzv_args(store, nnodes="2:2"), tmp_path, name, POD_NAME=f"pod-{name}", **env)
+        message = str(tmp_path / f"{name}.termination")
+        args = rdzv_args(store, nnodes="2:2")
+        return launch(
+            args, tmp_path, name, POD_NAME=f"pod-{name}", TORCHKUBE_TERMINATION_LOG=message, **env
+        )
 
     agents = {name: start(name) for name in ("a", "b")}
     try:
@@ -34,4 +38,5 @@ def test_a_worker_restarted_in_place_is_posted_for_the_operator(store: int, tmp_
     assert len(crashed) == 1, records
     assert crashed[0].restart == 1 and crashed[0].pod in ("pod-a", "pod-b"), crashed
     assert crashed[0].time, crashed
+    assert crashed[0].committed_step == 1, "the round that crashed had committed steps 1-10"
     assert all(r.pod in ("pod-a", "pod-b") for r in records), records

@@ -2,7 +2,9 @@
 spends (torchkube/operator/failure.py, through the planner where the pods decide)."""
 
 from datetime import timedelta
+from typing import Any
 
+import pytest
 from planner import (
     NOW,
     condition,
@@ -17,13 +19,14 @@ from planner import (
     kubelet_stopped as stopped,
 )
 
-from torchkube.api.contract import ExitCode, InPlaceRestart
+from torchkube.api.contract import ExitCode, InPlaceRestart, committed_step_line
 from torchkube.api.labels import RELEASED
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import format_time
 from torchkube.operator import failure
 from torchkube.operator.failure import Failure, Ledger, account, classify_exit
+from torchkube.operator.planner import Plan
 
 ELASTIC = {"min": 1, "max": 32}
 
@@ -258,7 +261,7 @@ def test_a_straggler_replacement_is_free() -> None:
     found = failure.straggler_failure(slowest, FailurePolicySpec(), None)
     assert found.reason == "Straggler" and found.infrastructure
     assert not found.counts(FailurePolicySpec())
-    assert found.counts(FailurePolicySpec(countInfrastructureFailures=True))
+    assert found.counts(FailurePolicySpec(count_infrastructure_failures=True))
 
 
 def test_a_worker_that_vanished_is_deleted_free_once_and_replaced() -> None:
@@ -301,16 +304,111 @@ def test_a_live_job_that_loses_one_replica_group_counts_a_group_loss_not_a_resta
     assert created_slots(result) == [1]
 
 
-def test_live_group_losses_never_spend_max_restarts_but_a_permanent_exit_still_ends_the_job() -> (
-    None
-):
+def test_a_live_group_loss_is_free_but_a_permanent_exit_still_ends_the_job() -> None:
     status = running_status(replicaGroupLosses=5)
     crashed = pod(1, phase="Failed", exit_code=1)
     again = run(make_job(status, **LIVE), [pod(0), crashed, store()])
     assert again.status.phase == "Running" and again.status.replica_group_losses == 6
+    assert again.status.restarts_count_towards_max == 0
     permanent = pod(1, phase="Failed", exit_code=3)
     ended = run(make_job(status, **LIVE), [pod(0), permanent, store()])
     assert condition(ended, "Failed")["reason"] == "PermanentFailure"
+
+
+BOOM = "workers failed with exit code 1: ValueError: bad shard"
+SECONDS_5 = timedelta(seconds=5)
+
+
+def crashed(step: int | None = None) -> dict[str, Any]:
+    """Slot 1's pod, failed with exit code 1; ``step``: the first step it had committed."""
+    said = BOOM if step is None else f"{BOOM}\n{committed_step_line(step)}\n"
+    return pod(1, phase="Failed", exit_code=1, message=said)
+
+
+def oom_killed() -> dict[str, Any]:
+    return pod(1, phase="Failed", exit_code=137, reason="OOMKilled")
+
+
+def hung() -> dict[str, Any]:
+    return pod(1, phase="Failed", exit_code=int(ExitCode.HUNG), message="torchkube: hang: …")
+
+
+def preempted() -> dict[str, Any]:
+    disruption = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    return pod(1, phase="Failed", exit_code=143, conditions=[disruption])
+
+
+def lose_slot_1(losses: list[dict[str, Any]], max_restarts: int = 5) -> list[Plan]:
+    """Slot 1's pods lost one after the other (each its predecessor's replacement) while slot
+    0 trains on: the plan after each loss."""
+    spec = {**LIVE, "failurePolicy": {"recovery": "live", "maxRestarts": max_restarts}}
+    status: Any = running_status()
+    plans = []
+    for k, lost in enumerate(losses):
+        result = run(make_job(status, **spec), [pod(0), lost, store()], now=NOW + k * SECONDS_5)
+        plans.append(result)
+        status = result.status
+    return plans
+
+
+@pytest.mark.parametrize(
+    ("losses", "counted"),
+    [
+        pytest.param([crashed(), crashed(), crashed()], [0, 1, 2], id="crashes-at-start"),
+        pytest.param([crashed(), crashed(7), crashed(90)], [0, 0, 0], id="trains-in-between"),
+        pytest.param([crashed(7), crashed()], [0, 1], id="trained-before-its-first-loss-only"),
+        pytest.param([crashed(), oom_killed()], [0, 1], id="oom-killed-before-a-step"),
+        pytest.param([crashed(), hung()], [0, 1], id="hung-before-a-step"),
+        pytest.param([preempted(), preempted()], [0, 0], id="the-clusters-doing"),
+        pytest.param([crashed(), preempted()], [0, 0], id="preempted-after-a-crash"),
+    ],
+)
+def test_a_live_group_lost_again_before_committing_a_step_spends_max_restarts(
+    losses: list[dict[str, Any]], counted: list[int]
+) -> None:
+    """recovery live: a replica group that fails again without committing a step since its
+    last failure (its termination message says the first step it committed) crash-loops: it
+    spends maxRestarts, so the job ends instead of replacing it for ever while the others
+    train. A group that committed steps in between, or a loss that is the cluster's doing,
+    stays free; none restarts the job."""
+    plans = lose_slot_1(losses)
+    seen = [plan.status.restarts_count_towards_max for plan in plans]
+    records = [(r.reason, r.counted) for r in plans[-1].status.failures]
+    assert seen == counted, records
+    assert all(plan.status.phase == "Running" for plan in plans), plans[-1].status
+    assert plans[-1].status.restarts == 0
+    assert plans[-1].status.replica_group_losses == len(losses)
+
+
+def test_a_crash_looping_live_group_ends_the_job_naming_its_slot_pod_and_exit() -> None:
+    """maxRestarts 1: the first loss is free, the second counts, the third is one too many."""
+    losses = [crashed(), crashed(), crashed()]
+    first, second, third = lose_slot_1(losses, max_restarts=1)
+    assert first.status.restarts_count_towards_max == 0
+    assert second.status.phase == "Running"
+    warning = next(e for e in second.events if e.reason == "ReplicaGroupLost")
+    assert "before committing a step" in warning.message, warning.message
+    assert "1/1 of maxRestarts" in warning.message, warning.message
+    ended = condition(third, "Failed")
+    assert ended["reason"] == "MaxRestartsExceeded", ended
+    name = losses[2]["metadata"]["name"]
+    for said in ("replica group of slot 1", name, "exited with code 1", "maxRestarts (1)"):
+        assert said in ended["message"], ended["message"]
+    assert third.status.restarts == 0 and third.status.replica_group_losses == 3
+
+
+def test_another_groups_loss_does_not_reset_a_crash_loop() -> None:
+    """Slot 1 lost, then slot 0 (while slot 1's replacement runs), then slot 1 again before
+    committing a step: slot 1 is the one that crash-loops, slot 0's first loss is free."""
+    spec = {**LIVE, "failurePolicy": {"recovery": "live", "maxRestarts": 5}}
+    first = run(make_job(running_status(), **spec), [pod(0), crashed(), store()])
+    other = pod(0, phase="Failed", exit_code=1, message=BOOM)
+    second = run(make_job(first.status, **spec), [other, pod(1), store()], now=NOW + SECONDS_5)
+    assert second.status.restarts_count_towards_max == 0
+    third = run(
+        make_job(second.status, **spec), [pod(0), crashed(), store()], now=NOW + 2 * SECONDS_5
+    )
+    assert third.status.restarts_count_towards_max == 1, third.status.failures
 
 
 def test_a_live_job_that_loses_every_group_restarts_from_its_checkpoint() -> None:

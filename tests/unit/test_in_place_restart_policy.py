@@ -5,6 +5,7 @@ incident free (torchkube/operator/failure.py, through the planner)."""
 
 from datetime import timedelta
 
+import pytest
 from planner import NOW, created_slots, make_job, pod, run, running_status, store
 
 from torchkube.api import labels as lbl
@@ -18,7 +19,9 @@ def progress(*restarts: InPlaceRestart) -> ProgressReport:
     )
 
 
-def restart(worker: dict, count: int, ago: float, code: int = 7) -> InPlaceRestart:
+def restart(
+    worker: dict, count: int, ago: float, code: int = 7, committed: int | None = None
+) -> InPlaceRestart:
     return InPlaceRestart(
         pod=worker["metadata"]["name"],
         node="n1",
@@ -26,6 +29,7 @@ def restart(worker: dict, count: int, ago: float, code: int = 7) -> InPlaceResta
         exit_code=code,
         message="ValueError: bad batch",
         time=format_time(NOW - timedelta(seconds=ago)),
+        committed_step=committed,
     )
 
 
@@ -94,3 +98,26 @@ def test_a_crash_loop_in_place_spends_max_restarts() -> None:
     assert result.status.phase == "Failed", result.status.conditions
     failed = next(c for c in result.status.conditions if c.type == "Failed")
     assert failed.reason == "MaxRestartsExceeded" and "in place" in failed.message
+
+
+LIVE = {"replicas": {"min": 2, "max": 2}, "failurePolicy": {"recovery": "live", "maxRestarts": 5}}
+
+
+@pytest.mark.parametrize(("committed", "counted"), [(None, 1), (12, 0)])
+def test_a_live_group_restarted_in_place_again_before_committing_a_step_counts(
+    committed: int | None, counted: int
+) -> None:
+    """recovery live: slot 1's workers restarted in place twice, the second round without a
+    committed step (the launcher's record says so): a crash loop, which spends maxRestarts;
+    a round that committed steps is lost free, like the first."""
+    workers = [pod(0), pod(1)]
+    result = run(
+        make_job(running_status(), **LIVE),
+        [*workers, store()],
+        progress=progress(
+            restart(workers[1], 1, ago=70), restart(workers[1], 2, ago=40, committed=committed)
+        ),
+    )
+    status = result.status
+    assert (status.replica_group_losses, status.restarts) == (2, 0), status.failures
+    assert status.restarts_count_towards_max == counted, status.failures

@@ -161,6 +161,35 @@ def finished_step(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+COMMITTED_STEP = "torchkube: committed step"
+"""The last line of a worker's termination message once its workers committed a step: the
+first step they committed since the pod's last failure (its start, or the last in-place
+restart of its workers). The worker's heartbeat writes it at that step, not at the end, so it
+is there whatever ends the pod (a SIGKILL, the OOM killer), and the launcher keeps it below its
+own report; an in-place restart takes it into its :class:`InPlaceRestart` record. A failed
+pod's message without it says that the pod committed no step since its last failure: under
+``failurePolicy.recovery: live`` a replica group lost again so spends ``maxRestarts``
+(``torchkube.elastic.termination``, ``operator/failure.py``)."""
+
+_COMMITTED_LINE = re.compile(r"^" + re.escape(COMMITTED_STEP) + r" (\d+)[ \t]*(?:\n|$)", re.M)
+
+
+def committed_step_line(step: int) -> str:
+    """The :data:`COMMITTED_STEP` line for ``step``."""
+    return f"{COMMITTED_STEP} {step}"
+
+
+def committed_step(message: str) -> int | None:
+    """The step of a :data:`COMMITTED_STEP` line in a termination message (None: none)."""
+    found = _COMMITTED_LINE.search(message)
+    return int(found.group(1)) if found else None
+
+
+def without_committed_step(message: str) -> str:
+    """A termination message less its :data:`COMMITTED_STEP` line: the pod's own words."""
+    return _COMMITTED_LINE.sub("", message)
+
+
 STANDBY_RELEASED = "torchkube: standby released"
 """What a hot spare's launcher writes to its termination message when it exits 0 without
 ever training: the job's rendezvous closed (training ended) while it stood by. Neither the
@@ -207,6 +236,12 @@ class InPlaceRestart(BaseModel):
     exit_code: int | None = Field(default=None, description="The first failed worker's code.")
     message: str = Field(default="", description="Its error, the last line or so.")
     time: str = Field(description="When the launcher restarted the workers (RFC 3339).")
+    committed_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The first step the restarted workers had committed since the pod's last "
+        "failure (:data:`COMMITTED_STEP`); None: they committed none.",
+    )
 
 
 LIVE_MIN_REPLICA_GROUPS = 1

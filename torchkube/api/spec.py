@@ -397,7 +397,9 @@ class FailurePolicySpec(ApiModel):
         default=10,
         ge=0,
         le=100000,
-        description="Worker replacements allowed before the job is marked Failed.",
+        description="Counted failures allowed before the job is marked Failed "
+        "(status.restartsCountTowardsMax): restarts of training, and under recovery live "
+        "the replica groups lost again without committing a step since their last failure.",
     )
     backoff: BackoffSpec = Field(
         default_factory=BackoffSpec,

@@ -49,7 +49,14 @@ class FailureRecord(ApiModel):
     replica_group_loss: bool | None = Field(
         default=None,
         description="failurePolicy.recovery live: the loss of this pod's replica group alone, "
-        "while the others trained on; no restart, no incident, nothing spent of maxRestarts.",
+        "while the others trained on; no restart, no incident, and nothing spent of "
+        "maxRestarts unless the group failed again without committing a step since its last "
+        "failure (counted).",
+    )
+    replica_index: int | None = Field(
+        default=None,
+        ge=0,
+        description="The failed worker's slot (its replica group under recovery live).",
     )
 
 
@@ -182,13 +189,16 @@ class TrainingJobStatus(ApiModel):
         default=0,
         ge=0,
         description="Incidents that count against failurePolicy.maxRestarts (infrastructure "
-        "failures only count when countInfrastructureFailures is set).",
+        "failures only count when countInfrastructureFailures is set), and under recovery "
+        "live the replica groups lost again without committing a step since their last "
+        "failure.",
     )
     replica_group_losses: int = Field(
         default=0,
         ge=0,
         description="failurePolicy.recovery live: replica groups lost while the others "
-        "trained on (each a pod's loss that restarted nothing); not in restarts.",
+        "trained on (each a pod's loss that restarted nothing); not in restarts. A group "
+        "lost again before committing a step counts in restartsCountTowardsMax too.",
     )
     last_failure: FailureRecord | None = Field(
         default=None, description="The most recent worker failure."

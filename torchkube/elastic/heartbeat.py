@@ -35,7 +35,14 @@ Any training script can use it (the built-in trainer does)::
         with heartbeat.pausing("checkpoint"):
             save()
 
-Without ``TORCHKUBE_HEARTBEAT_DIR`` (not under torchkube's launcher) it does nothing. No torch.
+Without ``TORCHKUBE_HEARTBEAT_DIR`` (not under torchkube's launcher) it writes no file and
+needs no thread.
+
+The first beat of local rank 0 also tells the operator that the pod's workers committed a
+step: the ``COMMITTED_STEP`` line of the pod's termination message
+(:func:`torchkube.elastic.termination.mark_committed`), whether or not the watchdog is on. A
+loop that calls :meth:`Heartbeat.beat` only for steps it committed (a live-recovery step whose
+commit vote failed is not one) says so at its first. No torch.
 """
 
 import contextlib
@@ -53,6 +60,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from torchkube.api.contract import Env
+from torchkube.elastic import termination
 
 BEAT_SECONDS = 1.0
 """How often the heartbeat thread writes the file."""
@@ -115,7 +123,7 @@ def python_threads() -> tuple[tuple[int, str], ...]:
 
 class Heartbeat:
     """The worker side: :meth:`beat` per step, a thread that writes, a stack dump on demand.
-    Without a folder it does nothing (no launcher asked for it)."""
+    Without a folder it writes no file (no launcher asked for it)."""
 
     def __init__(
         self,
@@ -123,10 +131,13 @@ class Heartbeat:
         rank: int = 0,
         local_rank: int = 0,
         collective_timeout_seconds: float | None = None,
+        says_committed: bool = False,
     ) -> None:
         self.folder = folder
         self.rank, self.local_rank = rank, local_rank
         self.collective_timeout_seconds = collective_timeout_seconds
+        self.says_committed = says_committed
+        """Whether the first beat goes into the pod's termination message (local rank 0)."""
         self._started = time.time()
         self._step: int | None = None
         self._stepped: float | None = None
@@ -148,13 +159,15 @@ class Heartbeat:
     @classmethod
     def from_env(cls, collective_timeout_seconds: float | None = None) -> "Heartbeat":
         """The heartbeat the launcher asked for (``TORCHKUBE_HEARTBEAT_DIR``); without it, one
-        that does nothing."""
+        that writes no file. Local rank 0's says the first step in the termination message."""
         folder = os.environ.get(Env.HEARTBEAT_DIR)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         return cls(
             Path(folder) if folder else None,
             int(os.environ.get("RANK", "0")),
-            int(os.environ.get("LOCAL_RANK", "0")),
+            local_rank,
             collective_timeout_seconds,
+            says_committed=local_rank == 0,
         )
 
     def training(self) -> None:
@@ -169,7 +182,8 @@ class Heartbeat:
         write at the first step: until the file shows a step, the watchdog takes the worker
         for one still starting, and a worker stopped before the thread's next write (a hang
         in its first second of training) was never judged. The first step's time (a compile,
-        a cold cache) is not a step time the hang timeout should follow."""
+        a cold cache) is not a step time the hang timeout should follow. Local rank 0's first
+        beat also writes the termination message's ``COMMITTED_STEP`` line (module docstring)."""
         now = time.time()
         first = self._step is None
         if not first and self._stepped is not None:
@@ -179,6 +193,8 @@ class Heartbeat:
             if self._paused == FIRST_STEP:
                 self._paused = None
             self._write()
+            if self.says_committed:
+                termination.mark_committed(step)
 
     @contextlib.contextmanager
     def pausing(self, what: str) -> Iterator[None]:

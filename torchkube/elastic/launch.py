@@ -42,7 +42,11 @@ adds:
 * **Every in-place restart reaches the operator.** When torchrun restarts the workers after
   a failure, the launcher posts an ``InPlaceRestart`` to the rendezvous store
   (``torchkube.elastic.restarts``); the trainers serve the job's in ``/progress`` and the
-  operator counts each like a pod failure.
+  operator counts each like a pod failure. The record says whether the failed round had
+  committed a step (the termination message's ``COMMITTED_STEP`` line, which it takes out
+  for the next round: ``torchkube.elastic.termination``), as the pod's own termination
+  message does when the pod fails: under live recovery a group lost again before committing
+  one spends ``maxRestarts``.
 * **Warm workers** (``torchkube.elastic.warm``): each round's workers are forked from a
   server that imported torch once, instead of starting fresh interpreters.
 * **Spares and stopped agents** (``torchkube.elastic.torchrun``): a spare released when
@@ -53,7 +57,6 @@ adds:
 Run: ``python -m torchkube.elastic.launch [torchrun arguments] script-or--m-module [args]``.
 """
 
-import contextlib
 import logging
 import os
 import signal
@@ -69,14 +72,13 @@ from typing import Any, NoReturn
 from torchkube.api.contract import (
     JOIN_TIMED_OUT,
     STANDBY_RELEASED,
-    TERMINATION_LOG,
     Env,
     ExitCode,
     InPlaceRestart,
 )
 from torchkube.api.hang import parse_configured
 from torchkube.api.times import rfc3339
-from torchkube.elastic import torchrun, warm
+from torchkube.elastic import termination, torchrun, warm
 from torchkube.elastic.restarts import RestartBoard, board_id
 from torchkube.elastic.watchdog import Board, Watchdog
 
@@ -259,12 +261,10 @@ def _log(message: str) -> None:
 
 def _report(message: str) -> None:
     """One line on stderr and the container's termination message (``torchkube run`` points
-    ``TORCHKUBE_TERMINATION_LOG`` at a file of its own)."""
+    ``TORCHKUBE_TERMINATION_LOG`` at a file of its own), above its committed-step line."""
     line = message if message.startswith("torchkube:") else f"torchkube: {message}"
     print(line, file=sys.stderr, flush=True)
-    path = Path(os.environ.get(Env.TERMINATION_LOG) or TERMINATION_LOG)
-    with contextlib.suppress(OSError):  # not in a pod: stderr is enough
-        path.write_text(message[-4096:])
+    termination.write(message)
 
 
 def _start_watchdog(folder: Path, args: list[str], hang_marker: Path) -> Watchdog | None:
@@ -298,6 +298,7 @@ def _report_in_place_restarts(args: list[str]) -> None:
         first = failures[min(failures)] if failures else None
         code = None if first is None else _signal_code(int(first.exitcode))
         message = "" if first is None else str(first.message or "")
+        committed = termination.take_committed()
         record = InPlaceRestart(
             pod=pod,
             node=os.environ.get(Env.NODE_NAME),
@@ -305,12 +306,14 @@ def _report_in_place_restarts(args: list[str]) -> None:
             exit_code=code,
             message=message[-MESSAGE_TAIL:],
             time=rfc3339(time.time()),
+            committed_step=committed,
         )
         posted = board.post(record)
+        since = "no step committed" if committed is None else f"committed from step {committed}"
         _log(
             f"a worker failed with exit code {code}: restarting the workers in place "
-            f"(restart {count}; {'reported to' if posted else 'store away, not reported to'} "
-            "the operator)"
+            f"(restart {count}, {since}; "
+            f"{'reported to' if posted else 'store away, not reported to'} the operator)"
         )
 
     torchrun.on_failure_restart(restarted)
@@ -346,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    termination.take_committed()  # a new launcher's workers have committed nothing yet
     folder = Path(tempfile.mkdtemp(prefix="torchkube-"))
     marker, hang_marker = folder / "permanent-error", folder / "hang"
     os.environ[Env.PERMANENT_ERROR_FILE] = str(marker)

@@ -67,10 +67,21 @@ class Summary:
     """Failure incidents, as the operator counts them (workers failing together are one)."""
     replica_group_losses: int = 0
     """recovery live: workers lost while the others trained on, which restarted nothing."""
+    replica_group_losses_counted: int = 0
+    """Those that counted towards maxRestarts: a worker lost again before committing a step."""
 
     @property
     def lost_seconds(self) -> float:
         return sum(f.lost_seconds or 0.0 for f in self.failures)
+
+    def _group_losses(self) -> str:
+        counted = self.replica_group_losses_counted
+        crash_loop = (
+            f"; {counted} counted towards maxRestarts: lost again before committing a step"
+            if counted
+            else ""
+        )
+        return f"{self.replica_group_losses} (recovery live: not restarts{crash_loop})"
 
     def render(self) -> str:
         status = "succeeded" if self.succeeded else "FAILED"
@@ -83,11 +94,7 @@ class Summary:
             f"  throughput       {speed}",
             f"  wall time        {self.wall_seconds:.1f}s",
             f"  restarts         {self.restarts}",
-            *(
-                [f"  groups lost      {self.replica_group_losses} (recovery live: not restarts)"]
-                if self.replica_group_losses
-                else []
-            ),
+            *([f"  groups lost      {self._group_losses()}"] if self.replica_group_losses else []),
             f"  time lost        {self.lost_seconds:.1f}s to failures "
             "(from each loss until training passed the step it stopped at)",
         ]

@@ -9,7 +9,10 @@ exactly as its pod would be — a permanent code or an exhausted ``maxRestarts``
 anything else starts it again after the policy's backoff — and the store is restarted in
 place when it dies, as its pod's ``restartPolicy: Always`` does (one free incident). Workers
 a launcher restarts in place are read from the store (``torchkube.elastic.restarts``) and
-accounted for as the operator does (``failure.in_place_due``).
+accounted for as the operator does (``failure.in_place_due``). The ledger is folded as the
+operator folds the job's status (``torchkube.api.ledger``), and each worker is its slot, so
+under recovery live a worker lost again before committing a step (its termination message
+says the first step it committed) spends ``maxRestarts`` as a pod would.
 
 SIGTERM or SIGINT to ``torchkube run`` (a CI job's timeout, a supervisor, Ctrl-C) stops the
 whole tree the way a pod deletion would: every agent gets SIGTERM, its workers write their
@@ -36,13 +39,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
+from torchkube.api.ledger import Ledger
 from torchkube.api.standby import stands_by
 from torchkube.api.status import SlowestRank
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
@@ -53,7 +57,6 @@ from torchkube.local.processes import children_of, descendants, kill_tree, stopp
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
 from torchkube.operator import stragglers
-from torchkube.operator.failure import Ledger
 
 POLL_SECONDS = 0.25
 FINISHED_EXIT_SECONDS = 30.0
@@ -164,6 +167,8 @@ class LocalRun:
         self.metrics_ports = [free_port() for _ in range(self.count)]
         self.failures: list[Failure] = []
         self.ledger = Ledger()
+        self._group_losses_counted = 0
+        """recovery live: workers lost again before committing a step (counted)."""
         self.store: subprocess.Popen[bytes] | None = None
         self.store_restarts = 0
         self.workers: dict[int, _Worker] = {}
@@ -391,15 +396,17 @@ class LocalRun:
     def _account(self, found: policy.Failure) -> tuple[bool, str] | None:
         """The operator's decision on one failure; (False, why) when the run must end."""
         now = datetime.now(UTC)
-        outcome = policy.account(self.ledger, [found], self.job.spec.failure_policy, now)
-        self.ledger = Ledger(
-            outcome.restarts,
-            outcome.counted,
-            (*self.ledger.history, *outcome.records)[-20:],
-            outcome.group_losses,
+        job_policy = self.job.spec.failure_policy
+        outcome = policy.account(self.ledger, [found], job_policy, now)
+        self.ledger = self.ledger.after(
+            outcome.restarts, outcome.counted, outcome.group_losses, outcome.records
         )
-        if found.survivors is not None:
-            self.out.write(f"\n{policy.group_loss_message(found, outcome.group_losses)}\n")
+        counted = found.survivors is not None and bool(outcome.records[-1].counted)
+        self._group_losses_counted += counted
+        if found.survivors is not None and outcome.fail_reason is None:
+            spent = (outcome.counted, job_policy.max_restarts) if counted else None
+            message = policy.group_loss_message(found, outcome.group_losses, spent)
+            self.out.write(f"\n{message}\n")
         if outcome.fail_reason is not None:
             return False, outcome.fail_message
         return None
@@ -417,6 +424,7 @@ class LocalRun:
             started,
             lambda pod, restart: (pod, restart) in self._in_place_counted,
             now,
+            {worker_name(i): i for i in self.workers},
         )
         for found in due:
             self._in_place_counted.add((found.pod, found.restart_count or 0))
@@ -476,15 +484,14 @@ class LocalRun:
                 if all(w.done for w in self.workers.values()) and not self.waiting:
                     return True, "training completed"
                 continue
-            found = self._group_loss(
-                policy.classify_exit(
-                    code,
-                    self._termination_message(worker.index),
-                    self.job.spec.failure_policy,
-                    f"worker {worker.index}",
-                    started=worker.started,
-                )
+            found = policy.classify_exit(
+                code,
+                self._termination_message(worker.index),
+                self.job.spec.failure_policy,
+                f"worker {worker.index}",
+                started=worker.started,
             )
+            found = self._group_loss(replace(found, slot=worker.index))
             hung = self._hung.pop(worker.index, None)
             if hung is not None:  # the stopped rank's last steps may have shown meanwhile
                 hung.recovered_at = None
@@ -581,6 +588,7 @@ class LocalRun:
                 f"worker {index} killed (chaos)",
                 f"worker {index}",
                 started=worker.started,
+                slot=index,
             )
         )
         failure = self._display_failure(index, "killed (chaos)", record, now, found.survivors)
@@ -714,4 +722,5 @@ class LocalRun:
             failures=self.failures,
             restarts=self.ledger.restarts,
             replica_group_losses=self.ledger.group_losses,
+            replica_group_losses_counted=self._group_losses_counted,
         )

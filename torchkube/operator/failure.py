@@ -18,10 +18,14 @@ that involve a failure the policy charges (infrastructure failures are free unle
 
 **Replica groups, under** ``failurePolicy.recovery: live``: a pod lost while enough other
 groups train on (:func:`live_group_losses`) restarted nothing — the others went on from their
-next step and the replacement copies the live state from them — so it opens no incident and
-spends nothing of ``maxRestarts``; ``replicaGroupLosses`` counts it. Its replacement still
-backs off like any, so a group that keeps crashing is retried ever more slowly while the
-others train; a permanent exit code ends the job as always.
+next step and the replacement copies the live state from them — so it opens no incident;
+``replicaGroupLosses`` counts it. It spends nothing of ``maxRestarts`` unless its group (its
+slot) crash-loops: lost again, for a reason the policy charges, without committing a step
+since the slot's last failure (the pod's termination message, or its launcher's in-place
+restart record, names the first step committed: ``COMMITTED_STEP``). Each such loss counts,
+and past ``maxRestarts`` the job fails naming the slot; a group that committed steps between
+its losses, and a first loss, stay free. Its replacement backs off like any; a permanent exit
+code ends the job as always.
 
 **What each failure costs** is in docs/operator.md.
 """
@@ -31,16 +35,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from torchkube.api import TrainingJob
+from torchkube.api import TrainingJob, podfields
 from torchkube.api import labels as lbl
-from torchkube.api.contract import LIVE_MIN_REPLICA_GROUPS, ExitCode, InPlaceRestart
-from torchkube.api.spec import FailurePolicySpec, FailureReason
-from torchkube.api.status import (
-    MAX_FAILURE_HISTORY,
-    FailureRecord,
-    SlowestRank,
-    TrainingJobStatus,
+from torchkube.api.contract import (
+    LIVE_MIN_REPLICA_GROUPS,
+    ExitCode,
+    InPlaceRestart,
+    committed_step,
+    without_committed_step,
 )
+from torchkube.api.ledger import Ledger
+from torchkube.api.spec import FailurePolicySpec, FailureReason
+from torchkube.api.status import FailureRecord, SlowestRank, TrainingJobStatus
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.worker_launch import live
 from torchkube.operator import pods as p
@@ -101,6 +107,11 @@ class Failure:
     survivors: int | None = None
     """recovery live: the replica groups that trained on without it. Set, this is the loss
     of one group, not a restart of the job (:func:`live_group_losses`)."""
+    slot: int | None = None
+    """The worker's slot (replica index; its replica group under recovery live)."""
+    committed: int | None = None
+    """The first step the worker's pod committed since its last failure, as its termination
+    message or its launcher's in-place restart record says (None: none)."""
 
     @property
     def infrastructure(self) -> bool:
@@ -125,7 +136,23 @@ def classify_exit(
     node: str | None = None,
     started: datetime | None = None,
 ) -> Failure:
-    """A worker that ended with ``exit_code``; ``detail`` is its termination message."""
+    """A worker that ended with ``exit_code``; ``detail`` is its termination message, whose
+    ``COMMITTED_STEP`` line (taken out of the message) says the first step it committed."""
+    found = _exit_failure(
+        exit_code, without_committed_step(detail), policy, subject, node=node, started=started
+    )
+    return replace(found, committed=committed_step(detail))
+
+
+def _exit_failure(
+    exit_code: int,
+    detail: str,
+    policy: FailurePolicySpec,
+    subject: str,
+    *,
+    node: str | None,
+    started: datetime | None,
+) -> Failure:
     lines = detail.strip().splitlines()
     tail = _tail(f": {lines[-1]}") if lines else ""
     if exit_code == 0:
@@ -188,8 +215,16 @@ def classify_pod(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool
     Disruption conditions come first: a preempted or evicted pod also ends with a non-zero
     exit code (143 once the kubelet has stopped it), but the cause is the cluster, not the
     training code. A pod deleted by someone else without a disruption condition
-    (``kubectl delete pod``) is ``Deleted``.
+    (``kubectl delete pod``) is ``Deleted``. The failure names the pod's slot and the first
+    step it committed (its termination message's ``COMMITTED_STEP`` line), if it did.
     """
+    found = _pod_failure(pod, policy, node_lost)
+    return replace(
+        found, slot=podfields.slot(pod), committed=committed_step(p.termination_message(pod))
+    )
+
+
+def _pod_failure(pod: dict[str, Any], policy: FailurePolicySpec, node_lost: bool) -> Failure:
     pod_name, node = p.name(pod), p.node_name(pod)
     where = f"pod {pod_name}" + (f" on node {node}" if node else "")
     started = p.created(pod)
@@ -250,13 +285,16 @@ def vanished_failure(pod: dict[str, Any]) -> Failure:
         None,
         True,
         p.created(pod),
+        slot=podfields.slot(pod),
     )
 
 
-def in_place_failure(record: InPlaceRestart, started: datetime | None) -> Failure:
+def in_place_failure(
+    record: InPlaceRestart, started: datetime | None, slot: int | None = None
+) -> Failure:
     """A pod's workers restarted in place by its launcher after a worker failed: counted
     like the pod's failure, unless it joins an incident another failure began (a peer's
-    failure makes every survivor's workers fail too)."""
+    failure makes every survivor's workers fail too). ``slot``: the pod's."""
     where = f"pod {record.pod}" + (f" on node {record.node}" if record.node else "")
     lines = record.message.strip().splitlines()
     detail = f": {lines[-1]}" if lines else ""
@@ -274,6 +312,8 @@ def in_place_failure(record: InPlaceRestart, started: datetime | None) -> Failur
         record.restart,
         parse_time(record.time),
         True,
+        slot=slot,
+        committed=record.committed_step,
     )
 
 
@@ -282,14 +322,15 @@ def in_place_due(
     started: Mapping[str, datetime | None],
     recorded: Callable[[str, int], bool],
     now: datetime,
+    slots: Mapping[str, int | None] | None = None,
 ) -> tuple[list[Failure], float | None]:
     """The in-place restarts to account now, oldest first, and the seconds until the next
     one is due (None: none waits).
 
-    Only restarts of live workers (``started``: their creation, by pod name) that are not
-    ``recorded`` yet: a pod gone since is counted by its own failure or its release. Each
-    waits ``INCIDENT_WINDOW`` after it happened, so that a pod failure that caused it, seen
-    sooner or later, is recorded first and it joins that incident free."""
+    Only restarts of live workers (``started``: their creation, by pod name; ``slots``: their
+    slots) that are not ``recorded`` yet: a pod gone since is counted by its own failure or
+    its release. Each waits ``INCIDENT_WINDOW`` after it happened, so that a pod failure that
+    caused it, seen sooner or later, is recorded first and it joins that incident free."""
     due: list[Failure] = []
     wait: float | None = None
     for record in records:
@@ -300,7 +341,8 @@ def in_place_due(
         if left > 0:
             wait = left if wait is None else min(wait, left)
         else:
-            due.append(in_place_failure(record, started[record.pod]))
+            slot = (slots or {}).get(record.pod)
+            due.append(in_place_failure(record, started[record.pod], slot))
     return sorted(due, key=lambda found: found.at or now), wait
 
 
@@ -320,6 +362,7 @@ def released_early(pod: dict[str, Any]) -> Failure:
         0,
         True,
         p.created(pod),
+        slot=podfields.slot(pod),
     )
 
 
@@ -450,25 +493,6 @@ def record_key(record: FailureRecord) -> tuple[str, int]:
     return record.pod or "", record.restart_count or 0
 
 
-@dataclass(frozen=True)
-class Ledger:
-    """What a job has spent so far, as its status records it."""
-
-    restarts: int = 0
-    counted: int = 0
-    history: Sequence[FailureRecord] = ()
-    group_losses: int = 0
-
-    @classmethod
-    def of(cls, status: TrainingJobStatus) -> "Ledger":
-        return cls(
-            status.restarts,
-            status.restarts_count_towards_max,
-            tuple(status.failures),
-            status.replica_group_losses,
-        )
-
-
 @dataclass
 class Outcome:
     """What a batch of new failures does to the job."""
@@ -507,7 +531,48 @@ def to_record(
         restart_count=failure.restart_count or None,
         step=failure.step,
         replica_group_loss=True if failure.survivors is not None else None,
+        replica_index=failure.slot,
     )
+
+
+def crash_loop(ledger: Ledger, failure: Failure, policy: FailurePolicySpec) -> FailureRecord | None:
+    """The previous failure of the slot of ``failure``, a replica group's loss, when the group
+    failed again without committing a step since it (``failure.committed`` None): it
+    crash-loops, and the loss counts. None when it committed one, when the slot has no
+    failure on record (a first loss), or when the policy charges nothing for this cause (a
+    lost node, a preemption: the cluster's doing)."""
+    if failure.slot is None or failure.committed is not None or not failure.counts(policy):
+        return None
+    return ledger.last_failure_of(failure.slot)
+
+
+def _group_loss(
+    ledger: Ledger, out: "Outcome", failure: Failure, policy: FailurePolicySpec, when: datetime
+) -> None:
+    """recovery live: one replica group lost while the others train on. Free, unless the
+    group crash-loops (:func:`crash_loop`): then it spends ``maxRestarts``, and past it the
+    job fails naming the slot."""
+    out.group_losses += 1
+    so_far = ledger.after(out.restarts, out.counted, out.group_losses, out.records)
+    previous = crash_loop(so_far, failure, policy)
+    if previous is None:
+        out.records.append(to_record(failure, when, None, False))
+        return
+    out.counted += 1
+    looping = replace(
+        failure,
+        message=f"{failure.message} (slot {failure.slot} lost again without "
+        f"committing a step since its last failure, {previous.reason} at {previous.time}: "
+        "counts under failurePolicy.maxRestarts)",
+    )
+    out.records.append(to_record(looping, when, None, True))
+    if out.counted > policy.max_restarts:
+        out.fail_reason = "MaxRestartsExceeded"
+        out.fail_message = (
+            f"replica group of slot {failure.slot} crash-loops: {out.counted} counted failures "
+            f"exceed failurePolicy.maxRestarts ({policy.max_restarts}); last failure: "
+            f"{looping.message}"
+        )
 
 
 def account(
@@ -524,8 +589,9 @@ def account(
             return out
         when = failure.at or now
         if failure.survivors is not None:
-            out.group_losses += 1
-            out.records.append(to_record(failure, when, None, False))
+            _group_loss(ledger, out, failure, policy, when)
+            if out.fail_reason is not None:
+                return out
             continue
         joins = (
             began is not None
@@ -558,21 +624,24 @@ def record(ctx: Context, new: list[Failure]) -> Step:
     before = Ledger.of(ctx.status)
     outcome = account(before, new, ctx.spec.failure_policy, ctx.now)
     ctx.plan.failures.extend(new)
-    history = [*before.history, *outcome.records]
-    ctx.status.failures = history[-MAX_FAILURE_HISTORY:]
+    after = before.after(outcome.restarts, outcome.counted, outcome.group_losses, outcome.records)
+    ctx.status.failures = list(after.history)
     ctx.status.last_failure = outcome.records[-1]
-    ctx.status.restarts = outcome.restarts
-    ctx.status.restarts_count_towards_max = outcome.counted
-    ctx.status.replica_group_losses = outcome.group_losses
+    ctx.status.restarts = after.restarts
+    ctx.status.restarts_count_towards_max = after.counted
+    ctx.status.replica_group_losses = after.group_losses
     for written in outcome.records:
         value = str(written.restart_count) if written.restart_count else "true"
         ctx.plan.mark_recorded[written.pod or ""] = value
     if outcome.fail_reason is not None:
         ctx.finish("Failed", outcome.fail_reason, outcome.fail_message)
         return STOP
-    for lost in (f for f in new if f.survivors is not None):
-        ctx.event("Warning", "ReplicaGroupLost", group_loss_message(lost, outcome.group_losses))
     max_restarts = ctx.spec.failure_policy.max_restarts
+    for lost, written in zip(new, outcome.records, strict=True):
+        if lost.survivors is not None:
+            spent = (outcome.counted, max_restarts) if written.counted else None
+            message = group_loss_message(lost, outcome.group_losses, spent)
+            ctx.event("Warning", "ReplicaGroupLost", message)
     for incident in range(before.restarts + 1, outcome.restarts + 1):
         members = [r for r in outcome.records if r.incident == incident]
         # A lost node names the incident whichever of its pods was seen first: it is the
@@ -591,15 +660,22 @@ def record(ctx: Context, new: list[Failure]) -> Step:
     return CONTINUE
 
 
-def group_loss_message(lost: Failure, losses: int) -> str:
-    """What the loss of one replica group did, for the user: the job did not restart."""
+def group_loss_message(lost: Failure, losses: int, spent: tuple[int, int] | None = None) -> str:
+    """What the loss of one replica group did, for the user: the job did not restart.
+    ``spent``: (counted, maxRestarts) when the loss counted, the group lost again before
+    committing a step (:func:`crash_loop`)."""
     others = lost.survivors or 0
     trains = "group trains" if others == 1 else "groups train"
+    cost = "nothing spent of maxRestarts"
+    if spent is not None:
+        cost = (
+            f"lost again before committing a step since its last failure, so it counts: "
+            f"{spent[0]}/{spent[1]} of maxRestarts"
+        )
     return (
         f"{lost.message}; its replica group is lost: the {others} other replica {trains} on "
         "from the next step, and its replacement copies the live state from them and joins "
-        f"(recovery live: no restart, nothing spent of maxRestarts; replica groups lost so "
-        f"far: {losses})"
+        f"(recovery live: no restart, {cost}; replica groups lost so far: {losses})"
     )
 
 

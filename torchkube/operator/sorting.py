@@ -128,6 +128,7 @@ class _Sorter:
             {name: p.created(pod) for name, pod in live.items()},
             lambda name, restart: self.recorded.holds(live[name], restart),
             self.ctx.now,
+            {name: p.slot(pod) for name, pod in live.items()},
         )
         if wait is not None:
             self.ctx.plan.requeue(wait)
