@@ -384,8 +384,10 @@ class LocalRun:
         ]
         return policy.live_group_losses(self.job, [found], running)[0]
 
-    def _account(self, found: policy.Failure) -> tuple[bool, str] | None:
-        """The operator's decision on one failure; (False, why) when the run must end."""
+    def _account(self, found: policy.Failure, say: bool = False) -> tuple[bool, str] | None:
+        """The operator's decision on one failure; (False, why) when the run must end.
+        ``say``: print it as accounted (an in-place restart that joins an incident is then
+        said to follow the incident's cause, ``policy.followed``)."""
         now = datetime.now(UTC)
         outcome = policy.account(self.ledger, [found], self.job.spec.failure_policy, now)
         self.ledger = Ledger(
@@ -394,6 +396,9 @@ class LocalRun:
             (*self.ledger.history, *outcome.records)[-20:],
             outcome.group_losses,
         )
+        if say:
+            for written in outcome.records:
+                self.out.write(f"\n{written.message}\n")
         if found.survivors is not None:
             self.out.write(f"\n{policy.group_loss_message(found, outcome.group_losses)}\n")
         if outcome.fail_reason is not None:
@@ -416,8 +421,7 @@ class LocalRun:
         )
         for found in due:
             self._in_place_counted.add((found.pod, found.restart_count or 0))
-            self.out.write(f"\n{found.message}\n")
-            verdict = self._account(self._group_loss(found))
+            verdict = self._account(self._group_loss(found), say=True)
             if verdict is not None:
                 return False, verdict[1]
         return None
