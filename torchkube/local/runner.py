@@ -179,6 +179,9 @@ class LocalRun:
         self._hung: dict[int, Failure] = {}
         """Workers chaos stopped, until their launcher ends them: one failure each."""
         self.restart_board = RestartBoard(f"127.0.0.1:{self.store_port}", self.job.uid)
+        earlier = self.progress()
+        self._first_step = (earlier.last_checkpoint_step or 0) if earlier else 0
+        """Where training starts: the checkpoint an earlier run in the work dir left."""
         self._in_place_counted: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ processes
@@ -330,7 +333,8 @@ class LocalRun:
             record = self.progress()
             step = record.step if record else 0
             self._note_recoveries(step, now)
-            show(progress_line(record, self.ledger.restarts, now - started))
+            window = self.job.spec.trainer.log_interval_steps
+            show(progress_line(record, self.ledger.restarts, now - started, window))
             if self._stop is not None:
                 name = signal.Signals(self._stop).name
                 return self._finish(
@@ -709,7 +713,8 @@ class LocalRun:
             steps=report.step,
             total_steps=report.total_steps or self.job.spec.trainer.steps,
             loss=report.loss,
-            tokens_per_second=report.tokens_per_second,
+            tokens_per_step=self.job.spec.trainer.tokens_per_step,
+            first_step=self._first_step,
             wall_seconds=time.monotonic() - started,
             failures=self.failures,
             restarts=self.ledger.restarts,
