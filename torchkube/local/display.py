@@ -1,5 +1,8 @@
-"""What ``torchkube run`` prints: a progress line while training, a summary at the end."""
+"""What ``torchkube run`` prints: a progress line while training, a summary at the end; and
+what it leaves of its failures in the run dir (``logs/failures.jsonl``), for ``torchkube
+plot`` to draw the same failures and time lost as the summary says."""
 
+import json
 from dataclasses import dataclass, field
 
 from torchkube.api.contract import ProgressReport
@@ -56,6 +59,27 @@ class Failure:
     @property
     def subject(self) -> str:
         return "rendezvous store" if self.worker < 0 else f"worker {self.worker}"
+
+    def to_line(self, epoch: float) -> str:
+        """One line of :data:`FAILURES_FILE`: times on the wall clock (``epoch``: the wall
+        clock's reading at this clock's 0), as the trainer's log lines are stamped."""
+        recovered = None if self.recovered_at is None else epoch + self.recovered_at
+        return json.dumps(
+            {
+                "subject": self.subject,
+                "reason": self.reason,
+                "step": self.step,
+                "checkpointStep": self.checkpoint_step,
+                "at": epoch + self.at,
+                "recoveredAt": recovered,
+                "live": self.live,
+            }
+        )
+
+
+FAILURES_FILE = "failures.jsonl"
+"""In a run's ``logs/``: every failure ``torchkube run`` summed into its time lost, one JSON
+line each (:meth:`Failure.to_line`), each run's appended as its logs are."""
 
 
 @dataclass

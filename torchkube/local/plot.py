@@ -5,14 +5,19 @@ line per log interval (loss, tokens/s, MFU, step time, data wait, world size), o
 committed checkpoint and one per resume; ranks log errors. Which worker holds rank 0 changes
 after a failure, so every ``<run>/logs/worker-*.log`` is read and the lines are merged by time.
 
-A failure shows in the logs as training going back to an earlier step (the resume from the
-newest checkpoint). It is drawn from the first error logged before that (or the last progress
-line, for a worker killed without a word) until training passes the step it had reached: the
-same "time lost" ``torchkube run`` prints. matplotlib is imported only when drawing.
+The failures drawn are those ``torchkube run`` summed into the "time lost" it printed, from
+when it saw each until training passed the step it had reached: it leaves them in
+``logs/failures.jsonl`` (``torchkube.local.display.FAILURES_FILE``), so the picture and the
+summary say the same. A run dir without that file (a run stopped by SIGKILL, logs copied from
+elsewhere) has its failures read off the logs: training going back to an earlier step (the
+resume from the newest checkpoint), drawn from the first error logged before that (or the
+last progress line, for a worker killed without a word) until training passes the step it had
+reached. matplotlib is imported only when drawing.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from torchkube.local.display import FAILURES_FILE
 
 _LINE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) torchkube(?: \[rank (\d+)\])?: (.*)$"
@@ -133,8 +140,33 @@ def read_run(run_dir: Path) -> Run:
             )
         elif match := _RESUMED.match(message):
             run.resumes.append((at, int(match.group(1))))
-    run.failures = find_failures(run)
+    recorded = run_dir / "logs" / FAILURES_FILE
+    if recorded.exists():
+        run.failures = recorded_failures(recorded, start.timestamp())
+    else:
+        run.failures = find_failures(run)
     return run
+
+
+def recorded_failures(path: Path, start: float) -> list[Failure]:
+    """The failures ``torchkube run`` recorded (``FAILURES_FILE``), in seconds since
+    ``start`` (the first log line, on the wall clock)."""
+    failures = []
+    for text in path.read_text().splitlines():
+        try:
+            line = json.loads(text)
+            at, recovered = float(line["at"]), line.get("recoveredAt")
+            failures.append(
+                Failure(
+                    at=at - start,
+                    step=int(line["step"]),
+                    resumed_step=None if line.get("live") else line.get("checkpointStep"),
+                    recovered_at=None if recovered is None else float(recovered) - start,
+                )
+            )
+        except (ValueError, KeyError, TypeError):  # a line cut short by a killed run
+            continue
+    return sorted(failures, key=lambda failure: failure.at)
 
 
 def find_failures(run: Run) -> list[Failure]:

@@ -47,7 +47,7 @@ from torchkube.api.status import SlowestRank
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
-from torchkube.local.display import Failure, Summary, progress_line
+from torchkube.local.display import FAILURES_FILE, Failure, Summary, progress_line
 from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
@@ -706,6 +706,9 @@ class LocalRun:
     ) -> Summary:
         self._check_in_place(settle=True)
         report = record or ProgressReport()
+        epoch = time.time() - time.monotonic()
+        with (self.log_dir / FAILURES_FILE).open("a") as lines:  # what `torchkube plot` draws
+            lines.writelines(f"{failure.to_line(epoch)}\n" for failure in self.failures)
         return Summary(
             name=self.job.name,
             succeeded=ok,
