@@ -1,6 +1,7 @@
 """``torchkube plot``: a synthetic run dir (the trainer's log format) drawn to a PNG."""
 
 import io
+import json
 import sys
 import time
 from datetime import datetime
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 from training_jobs import training_job
 
 from torchkube.api.contract import ProgressReport
-from torchkube.local.plot import plot_command, read_run
+from torchkube.local.plot import Run, plot_command, read_run
 from torchkube.local.runner import LocalRun
 
 STEP = (
@@ -148,3 +149,10 @@ def test_the_plot_of_a_torchkube_run_says_the_time_lost_its_summary_said(tmp_pat
     assert f"{summary.lost_seconds:.1f}" == f"{drawn.lost_seconds:.1f}" == "10.3", summary.render()
     [shaded] = drawn.failures
     assert (shaded.step, shaded.resumed_step) == (40, 40)
+
+
+def test_a_run_read_once_is_drawn_again_from_its_record(tmp_path: Path) -> None:
+    """``bench.quickstart`` keeps the run it recorded, and ``bench.report`` draws it later."""
+    run = read_run(synthetic_run(tmp_path))
+    again = Run.from_wire(json.loads(json.dumps(run.to_wire())))
+    assert again == run

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,23 @@ class Run:
     @property
     def lost_seconds(self) -> float:
         return sum((f.recovered_at or f.at) - f.at for f in self.failures)
+
+    def to_wire(self) -> dict[str, Any]:
+        """What the picture is drawn from, as JSON: a run recorded once and drawn again
+        later (``bench.quickstart``) without its run dir."""
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> Run:
+        return cls(
+            name=body["name"],
+            steps=[StepLine(**line) for line in body["steps"]],
+            evals=[(at, int(step), loss) for at, step, loss in body["evals"]],
+            checkpoints=[(at, int(step), s, b) for at, step, s, b in body["checkpoints"]],
+            resumes=[(at, int(step)) for at, step in body["resumes"]],
+            errors=list(body["errors"]),
+            failures=[Failure(**failure) for failure in body["failures"]],
+        )
 
 
 def _number(text: str) -> float | None:
@@ -239,7 +256,7 @@ def render(run: Run, output: Path, title: str | None = None) -> Path:
 
     speed.plot(times, values("tokens_per_second"), ".-", color="tab:orange")
     speed.set_ylabel("tokens / s")
-    speed.set_title("Throughput")
+    speed.set_title("Throughput (each log interval)")
     if any(s.mfu is not None for s in run.steps):
         twin = speed.twinx()
         twin.plot(times, values("mfu", 100), ":", color="grey")
@@ -274,7 +291,8 @@ def render(run: Run, output: Path, title: str | None = None) -> Path:
         axis.grid(alpha=0.3)
         if axis is not loss:
             axis.set_ylim(bottom=0)
-        axis.legend(loc="best", fontsize="small")
+        if axis.get_legend_handles_labels()[0]:  # a panel with nothing named has no legend
+            axis.legend(loc="best", fontsize="small")
     for axis in axes[1]:
         axis.set_xlabel("seconds since the first log line")
 
