@@ -5,15 +5,23 @@ Run: ``python -m bench.report`` after a benchmark. Only the text between the mar
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced, so the prose around the
 tables is written by hand and the numbers are never copied by hand. The same goes for the
 README's quick-start sample (``<!-- quickstart:begin -->``), the output ``bench.quickstart``
-recorded.
+recorded, and for its picture, ``docs/images/quickstart.png``, drawn from the run of the same
+record.
+
+``python -m bench.report --check`` writes nothing: it fails (exit 1), naming each, when a
+rendered block or the picture differs from what the records render.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import quickstart
 from bench.common import RESULTS_DIR, ROOT, markdown_of, markdown_table
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -86,14 +94,59 @@ def quickstart_sample(body: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
-    TARGET.write_text(splice(TARGET.read_text(), render()))
-    print(f"updated {TARGET.relative_to(ROOT)}")
-    recorded = RESULTS_DIR / "quickstart.json"
+def documents(results_dir: Path | None = None) -> dict[Path, str]:
+    """Each document the records are rendered into, as the records render it."""
+    results_dir = results_dir or RESULTS_DIR
+    out = {TARGET: splice(TARGET.read_text(), render(results_dir))}
+    recorded = results_dir / "quickstart.json"
     if recorded.exists():
         sample = quickstart_sample(json.loads(recorded.read_text()))
-        README.write_text(splice(README.read_text(), sample, *SAMPLE))
-        print(f"updated {README.relative_to(ROOT)}")
+        out[README] = splice(README.read_text(), sample, *SAMPLE)
+    return out
+
+
+def quickstart_picture(results_dir: Path | None = None) -> bytes | None:
+    """The README's picture as the quick start's record draws it (None: no recorded run)."""
+    recorded = (results_dir or RESULTS_DIR) / "quickstart.json"
+    body = json.loads(recorded.read_text()) if recorded.exists() else {}
+    if "run" not in body.get("extra", {}):
+        return None
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as scratch:
+        return quickstart.draw(body, Path(scratch) / "quickstart.png").read_bytes()
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when a rendered block or picture differs from its record",
+    )
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in documents().items():
+        if path.read_text() == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            path.write_text(text)
+            print(f"updated {_name(path)}")
+    image, picture = quickstart.IMAGE, quickstart_picture()
+    if picture is None:
+        print(f"{_name(image)}: the quickstart record holds no run to draw it from")
+        stale.append(image)
+    elif not image.exists() or image.read_bytes() != picture:
+        stale.append(image)
+        if not args.check:
+            image.write_bytes(picture)
+            print(f"drew {_name(image)}")
+    if args.check and stale:
+        names = ", ".join(_name(path) for path in stale)
+        sys.exit(f"not what bench/results/*.json render: {names} (python -m bench.report does)")
 
 
 if __name__ == "__main__":

@@ -477,3 +477,46 @@ def test_workload_watch_times_only_workloads_made_after_it_started() -> None:
     watch._handle("MODIFIED", workload("new", admitted=True))
     assert list(watch.admitted) == ["new"]
     assert watch.wait_admitted(1.0, "job") == watch.admitted["new"]
+
+
+def test_report_check_fails_while_a_rendered_block_or_the_picture_is_not_the_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench.report --check`` writes nothing and fails, naming what is stale; after
+    ``bench.report`` it passes, and a sample edited by hand fails it again."""
+    from bench import quickstart
+    from torchkube.local.plot import Run, StepLine
+
+    results = tmp_path / "results"
+    results.mkdir()
+    Results("demo", "python -m bench.demo").write(results)
+    recorded = Results("quickstart", quickstart.README_COMMAND)
+    run = Run("quickstart", [StepLine(1.0, 10, 20, 3.0), StepLine(2.0, 20, 20, 2.5)])
+    recorded.extra.update(output="quickstart: succeeded\n", run=run.to_wire())
+    recorded.write(results)
+    docs = {
+        "TARGET": tmp_path / "benchmarks.md",
+        "README": tmp_path / "README.md",
+    }
+    docs["TARGET"].write_text(f"a\n{report.BEGIN}\nold\n{report.END}\n")
+    docs["README"].write_text("a\n<!-- quickstart:begin -->\nold\n<!-- quickstart:end -->\n")
+    for name, path in docs.items():
+        monkeypatch.setattr(report, name, path)
+    monkeypatch.setattr(report, "RESULTS_DIR", results)
+    monkeypatch.setattr(quickstart, "IMAGE", tmp_path / "quickstart.png")
+
+    with pytest.raises(SystemExit) as failed:
+        report.main(["--check"])
+    for stale in ("benchmarks.md", "README.md", "quickstart.png"):
+        assert stale in str(failed.value)
+    assert not (tmp_path / "quickstart.png").exists() and "old" in docs["README"].read_text()
+
+    report.main([])
+    assert (tmp_path / "quickstart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report.main(["--check"])
+
+    readme = docs["README"].read_text()
+    docs["README"].write_text(readme.replace("succeeded", "succeeded, typed by hand"))
+    with pytest.raises(SystemExit) as failed:
+        report.main(["--check"])
+    assert "README.md" in str(failed.value) and "benchmarks.md" not in str(failed.value)

@@ -11,6 +11,7 @@ from planner import NOW, created_slots, make_job, pod, run, running_status, stor
 from torchkube.api import labels as lbl
 from torchkube.api.contract import InPlaceRestart, ProgressReport
 from torchkube.api.times import format_time
+from torchkube.operator import failure
 
 
 def progress(*restarts: InPlaceRestart) -> ProgressReport:
@@ -121,3 +122,42 @@ def test_a_live_group_restarted_in_place_again_before_committing_a_step_counts(
     status = result.status
     assert (status.replica_group_losses, status.restarts) == (2, 0), status.failures
     assert status.restarts_count_towards_max == counted, status.failures
+
+
+def test_a_restart_that_joins_a_pods_loss_names_that_loss_as_its_cause() -> None:
+    """A survivor's workers fail on their lost peer: the record of its restart names the
+    peer's loss, not torch's hint for a worker without an error file."""
+    workers = [pod(i) for i in range(4)]
+    lost = {
+        "reason": "NodeLost",
+        "message": "pod demo-worker-3-gone on node n2 was lost with its node",
+        "pod": "demo-worker-3-gone",
+        "time": format_time(NOW - timedelta(seconds=50)),
+        "incident": 1,
+        "counted": False,
+    }
+    job = make_job(running_status(restarts=1, failures=[lost], lastFailure=lost))
+    survivor = restart(workers[0], 1, ago=48, code=1).model_copy(
+        update={
+            "message": "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+        }
+    )
+    result = run(job, [*workers, store()], progress=progress(survivor))
+    record = result.status.failures[-1]
+    assert (record.reason, record.incident, record.counted) == ("InPlaceRestart", 1, False)
+    assert "To enable traceback" not in record.message, record.message
+    assert "demo-worker-3-gone" in record.message and "lost" in record.message, record.message
+
+
+def test_torchs_hint_for_a_worker_without_an_error_file_is_no_detail() -> None:
+    alone = failure.in_place_failure(
+        InPlaceRestart(
+            pod="demo-worker-0-a",
+            restart=1,
+            exit_code=1,
+            message="To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+            time=format_time(NOW),
+        ),
+        None,
+    )
+    assert alone.message.endswith("a worker exited with code 1"), alone.message

@@ -38,9 +38,10 @@ AGENT = textwrap.dedent(
 class StandInAgents(LocalRun):
     winding_down = (3.0, 3.0)
     """Seconds each stand-in agent takes to exit after the finished record."""
+    finished = ProgressReport(step=10, total_steps=10, finished=True)
 
     def _start_worker(self, index: int) -> None:
-        record = ProgressReport(step=10, total_steps=10, finished=True)
+        record = self.finished
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -77,3 +78,28 @@ def test_a_worker_that_does_not_exit_is_stopped_after_the_wait(
     assert summary.succeeded, summary.render()
     assert sorted(p.name for p in tmp_path.glob("sigterm-*")) == ["sigterm-1"]
     assert summary.wall_seconds < 60
+
+
+@pytest.mark.parametrize("resumed_from", [None, 4])
+def test_the_summary_says_the_runs_average_throughput_not_the_last_windows(
+    tmp_path: Path, resumed_from: int | None
+) -> None:
+    """The trainer's tokens/s is its last log window's (the quick start's ran at ~10 × its
+    average there, start-up and the recovery left behind): the summary divides the tokens of
+    the steps this run trained by its wall time instead, and says so."""
+    job = training_job(replicas={"min": 2, "max": 2})
+    if resumed_from is not None:  # an earlier run's report: training resumes from its checkpoint
+        (tmp_path / "checkpoints").mkdir()
+        earlier = ProgressReport(step=resumed_from + 1, last_checkpoint_step=resumed_from)
+        (tmp_path / "checkpoints" / PROGRESS_FILE).write_text(earlier.model_dump_json())
+    run = StandInAgents(job, tmp_path, out=io.StringIO())
+    run.winding_down = (0.5, 0.5)
+    run.finished = ProgressReport(step=10, total_steps=10, finished=True, tokens_per_second=43443)
+    summary = run.run()
+    shown = summary.render()
+    line = next(line for line in shown.splitlines() if "throughput" in line)
+    steps = 10 - (resumed_from or 0)
+    tokens = steps * job.spec.trainer.tokens_per_step
+    assert "43,443" not in line, shown
+    assert f"{tokens / summary.wall_seconds:,.0f} tokens/s" in line, shown
+    assert f"{tokens:,} tokens ({steps} steps" in line and "wall time" in line, shown

@@ -1,12 +1,19 @@
 """``torchkube plot``: a synthetic run dir (the trainer's log format) drawn to a PNG."""
 
+import io
+import json
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from training_jobs import training_job
 
-from torchkube.local.plot import plot_command, read_run
+from torchkube.api.contract import ProgressReport
+from torchkube.local.plot import Run, plot_command, read_run
+from torchkube.local.runner import LocalRun
 
 STEP = (
     "{t} INFO torchkube: step {s}/100 | loss {loss:.4f} | lr 3.00e-04 | grad norm 1.000 | "
@@ -110,3 +117,42 @@ def test_without_matplotlib_the_command_says_which_extra_to_install(
     assert result.exit_code == 1
     assert "pip install 'torchkube[plot]'" in result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, ImportError)
+
+
+def test_the_plot_of_a_torchkube_run_says_the_time_lost_its_summary_said(tmp_path: Path) -> None:
+    """The README shows the quick start's summary and its picture side by side: the picture
+    draws the failures ``torchkube run`` recorded in the run dir, so both say the same time
+    lost (each from its own reading, the summary's polls and the logs' stamps, they differed
+    by seconds)."""
+    run = LocalRun(training_job(replicas={"min": 2, "max": 2}), tmp_path / "run", out=io.StringIO())
+    run.log_dir.mkdir(parents=True)
+    run.restart_board.read = lambda: []  # type: ignore[method-assign]  # no store here
+    began, wall = time.monotonic(), time.time()  # the runner's clock; the logs' stamps
+
+    def at(seconds: float) -> str:
+        return datetime.fromtimestamp(wall + seconds).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+
+    lines = [STEP.format(t=at(s / 10), s=s, loss=3.0, mfu="n/a") for s in (10, 20, 30, 40)]
+    lines += [
+        f"{at(4.4)} ERROR torchkube [rank 1]: training failed",
+        f"{at(9.0)} INFO torchkube: resumed from /ckpt/step-40 (written at world size 2 "
+        "with ddp) in 1.00s",
+        *(STEP.format(t=at(9.0 + s / 10), s=s, loss=3.0, mfu="n/a") for s in (50, 60)),
+    ]
+    (run.log_dir / "worker-1.log").write_text("\n".join(lines) + "\n")
+    record = ProgressReport(step=40, total_steps=100, last_checkpoint_step=40)
+    failure = run._display_failure(0, "killed (chaos)", record, began + 4.0)
+    failure.recovered_at = began + 14.3
+    run.failures.append(failure)
+    summary = run._finish(True, "training completed", began - 1.0, record)
+    drawn = read_run(tmp_path / "run")
+    assert f"{summary.lost_seconds:.1f}" == f"{drawn.lost_seconds:.1f}" == "10.3", summary.render()
+    [shaded] = drawn.failures
+    assert (shaded.step, shaded.resumed_step) == (40, 40)
+
+
+def test_a_run_read_once_is_drawn_again_from_its_record(tmp_path: Path) -> None:
+    """``bench.quickstart`` keeps the run it recorded, and ``bench.report`` draws it later."""
+    run = read_run(synthetic_run(tmp_path))
+    again = Run.from_wire(json.loads(json.dumps(run.to_wire())))
+    assert again == run

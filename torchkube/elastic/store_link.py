@@ -7,6 +7,7 @@ call either answers or falls back, and a failed call drops the connection so tha
 one reconnects to the store's new incarnation.
 """
 
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -16,12 +17,18 @@ T = TypeVar("T")
 
 def store_client(endpoint: str, timeout: float) -> Any:
     """A client of the job's rendezvous store at ``host:port`` (an IPv6 host in brackets);
-    torch is imported only here, when a board first talks to the store."""
+    torch is imported only here, when a board first talks to the store.
+
+    OSError at once where nothing listens yet (a store still starting, or restarting): c10d's
+    client would retry for ``timeout`` and then print its timeout with a C++ stack trace on
+    stderr, which is the terminal of ``torchkube run``."""
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    socket.create_connection((host, int(port)), timeout=timeout).close()
     from torch.distributed import TCPStore
 
-    host, _, port = endpoint.rpartition(":")
     return TCPStore(
-        host.strip("[]"),
+        host,
         int(port),
         is_master=False,
         timeout=timedelta(seconds=timeout),

@@ -5,21 +5,28 @@ line per log interval (loss, tokens/s, MFU, step time, data wait, world size), o
 committed checkpoint and one per resume; ranks log errors. Which worker holds rank 0 changes
 after a failure, so every ``<run>/logs/worker-*.log`` is read and the lines are merged by time.
 
-A failure shows in the logs as training going back to an earlier step (the resume from the
-newest checkpoint). It is drawn from the first error logged before that (or the last progress
-line, for a worker killed without a word) until training passes the step it had reached: the
-same "time lost" ``torchkube run`` prints. matplotlib is imported only when drawing.
+The failures drawn are those ``torchkube run`` summed into the "time lost" it printed, from
+when it saw each until training passed the step it had reached: it leaves them in
+``logs/failures.jsonl`` (``torchkube.local.display.FAILURES_FILE``), so the picture and the
+summary say the same. A run dir without that file (a run stopped by SIGKILL, logs copied from
+elsewhere) has its failures read off the logs: training going back to an earlier step (the
+resume from the newest checkpoint), drawn from the first error logged before that (or the
+last progress line, for a worker killed without a word) until training passes the step it had
+reached. matplotlib is imported only when drawing.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
+
+from torchkube.local.display import FAILURES_FILE
 
 _LINE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) torchkube(?: \[rank (\d+)\])?: (.*)$"
@@ -71,6 +78,23 @@ class Run:
     @property
     def lost_seconds(self) -> float:
         return sum((f.recovered_at or f.at) - f.at for f in self.failures)
+
+    def to_wire(self) -> dict[str, Any]:
+        """What the picture is drawn from, as JSON: a run recorded once and drawn again
+        later (``bench.quickstart``) without its run dir."""
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> Run:
+        return cls(
+            name=body["name"],
+            steps=[StepLine(**line) for line in body["steps"]],
+            evals=[(at, int(step), loss) for at, step, loss in body["evals"]],
+            checkpoints=[(at, int(step), s, b) for at, step, s, b in body["checkpoints"]],
+            resumes=[(at, int(step)) for at, step in body["resumes"]],
+            errors=list(body["errors"]),
+            failures=[Failure(**failure) for failure in body["failures"]],
+        )
 
 
 def _number(text: str) -> float | None:
@@ -133,8 +157,33 @@ def read_run(run_dir: Path) -> Run:
             )
         elif match := _RESUMED.match(message):
             run.resumes.append((at, int(match.group(1))))
-    run.failures = find_failures(run)
+    recorded = run_dir / "logs" / FAILURES_FILE
+    if recorded.exists():
+        run.failures = recorded_failures(recorded, start.timestamp())
+    else:
+        run.failures = find_failures(run)
     return run
+
+
+def recorded_failures(path: Path, start: float) -> list[Failure]:
+    """The failures ``torchkube run`` recorded (``FAILURES_FILE``), in seconds since
+    ``start`` (the first log line, on the wall clock)."""
+    failures = []
+    for text in path.read_text().splitlines():
+        try:
+            line = json.loads(text)
+            at, recovered = float(line["at"]), line.get("recoveredAt")
+            failures.append(
+                Failure(
+                    at=at - start,
+                    step=int(line["step"]),
+                    resumed_step=None if line.get("live") else line.get("checkpointStep"),
+                    recovered_at=None if recovered is None else float(recovered) - start,
+                )
+            )
+        except (ValueError, KeyError, TypeError):  # a line cut short by a killed run
+            continue
+    return sorted(failures, key=lambda failure: failure.at)
 
 
 def find_failures(run: Run) -> list[Failure]:
@@ -207,7 +256,7 @@ def render(run: Run, output: Path, title: str | None = None) -> Path:
 
     speed.plot(times, values("tokens_per_second"), ".-", color="tab:orange")
     speed.set_ylabel("tokens / s")
-    speed.set_title("Throughput")
+    speed.set_title("Throughput (each log interval)")
     if any(s.mfu is not None for s in run.steps):
         twin = speed.twinx()
         twin.plot(times, values("mfu", 100), ":", color="grey")
@@ -242,7 +291,8 @@ def render(run: Run, output: Path, title: str | None = None) -> Path:
         axis.grid(alpha=0.3)
         if axis is not loss:
             axis.set_ylim(bottom=0)
-        axis.legend(loc="best", fontsize="small")
+        if axis.get_legend_handles_labels()[0]:  # a panel with nothing named has no legend
+            axis.legend(loc="best", fontsize="small")
     for axis in axes[1]:
         axis.set_xlabel("seconds since the first log line")
 

@@ -52,7 +52,7 @@ from torchkube.api.status import SlowestRank
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
-from torchkube.local.display import Failure, Summary, progress_line
+from torchkube.local.display import FAILURES_FILE, Failure, Summary, progress_line
 from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
@@ -185,6 +185,9 @@ class LocalRun:
         self._hung: dict[int, Failure] = {}
         """Workers chaos stopped, until their launcher ends them: one failure each."""
         self.restart_board = RestartBoard(f"127.0.0.1:{self.store_port}", self.job.uid)
+        earlier = self.progress()
+        self._first_step = (earlier.last_checkpoint_step or 0) if earlier else 0
+        """Where training starts: the checkpoint an earlier run in the work dir left."""
         self._in_place_counted: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ processes
@@ -336,7 +339,8 @@ class LocalRun:
             record = self.progress()
             step = record.step if record else 0
             self._note_recoveries(step, now)
-            show(progress_line(record, self.ledger.restarts, now - started))
+            window = self.job.spec.trainer.log_interval_steps
+            show(progress_line(record, self.ledger.restarts, now - started, window))
             if self._stop is not None:
                 name = signal.Signals(self._stop).name
                 return self._finish(
@@ -393,14 +397,19 @@ class LocalRun:
         ]
         return policy.live_group_losses(self.job, [found], running)[0]
 
-    def _account(self, found: policy.Failure) -> tuple[bool, str] | None:
-        """The operator's decision on one failure; (False, why) when the run must end."""
+    def _account(self, found: policy.Failure, say: bool = False) -> tuple[bool, str] | None:
+        """The operator's decision on one failure; (False, why) when the run must end.
+        ``say``: print it as accounted (an in-place restart that joins an incident is then
+        said to follow the incident's cause, ``policy.followed``)."""
         now = datetime.now(UTC)
         job_policy = self.job.spec.failure_policy
         outcome = policy.account(self.ledger, [found], job_policy, now)
         self.ledger = self.ledger.after(
             outcome.restarts, outcome.counted, outcome.group_losses, outcome.records
         )
+        if say:
+            for written in outcome.records:
+                self.out.write(f"\n{written.message}\n")
         counted = found.survivors is not None and bool(outcome.records[-1].counted)
         self._group_losses_counted += counted
         if found.survivors is not None and outcome.fail_reason is None:
@@ -428,8 +437,7 @@ class LocalRun:
         )
         for found in due:
             self._in_place_counted.add((found.pod, found.restart_count or 0))
-            self.out.write(f"\n{found.message}\n")
-            verdict = self._account(self._group_loss(found))
+            verdict = self._account(self._group_loss(found), say=True)
             if verdict is not None:
                 return False, verdict[1]
         return None
@@ -710,6 +718,9 @@ class LocalRun:
     ) -> Summary:
         self._check_in_place(settle=True)
         report = record or ProgressReport()
+        epoch = time.time() - time.monotonic()
+        with (self.log_dir / FAILURES_FILE).open("a") as lines:  # what `torchkube plot` draws
+            lines.writelines(f"{failure.to_line(epoch)}\n" for failure in self.failures)
         return Summary(
             name=self.job.name,
             succeeded=ok,
@@ -717,7 +728,8 @@ class LocalRun:
             steps=report.step,
             total_steps=report.total_steps or self.job.spec.trainer.steps,
             loss=report.loss,
-            tokens_per_second=report.tokens_per_second,
+            tokens_per_step=self.job.spec.trainer.tokens_per_step,
+            first_step=self._first_step,
             wall_seconds=time.monotonic() - started,
             failures=self.failures,
             restarts=self.ledger.restarts,

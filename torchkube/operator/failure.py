@@ -112,6 +112,9 @@ class Failure:
     committed: int | None = None
     """The first step the worker's pod committed since its last failure, as its termination
     message or its launcher's in-place restart record says (None: none)."""
+    detail: str = ""
+    """An in-place restart's own error, its last line (empty: none worth showing): said again
+    when it joins an incident, after the cause (:func:`followed`)."""
 
     @property
     def infrastructure(self) -> bool:
@@ -289,20 +292,30 @@ def vanished_failure(pod: dict[str, Any]) -> Failure:
     )
 
 
+TORCH_NO_ERROR_FILE = "To enable traceback see:"
+"""How torchrun's record of a failed worker begins when the worker wrote no error file (its
+traceback is in the log): a link to torch's docs, nothing about this failure."""
+
+PEER_LOSSES = frozenset({"NodeLost", "Preempted", "Evicted", "Deleted", "Straggler"})
+"""Reasons whose pod was taken away, not failed by itself: a survivor lost a peer."""
+
+
 def in_place_failure(
     record: InPlaceRestart, started: datetime | None, slot: int | None = None
 ) -> Failure:
     """A pod's workers restarted in place by its launcher after a worker failed: counted
     like the pod's failure, unless it joins an incident another failure began (a peer's
-    failure makes every survivor's workers fail too). ``slot``: the pod's."""
-    where = f"pod {record.pod}" + (f" on node {record.node}" if record.node else "")
+    failure makes every survivor's workers fail too; its message then names that failure,
+    :func:`followed`). ``slot``: the pod's."""
     lines = record.message.strip().splitlines()
-    detail = f": {lines[-1]}" if lines else ""
+    last = lines[-1].strip() if lines else ""
+    detail = "" if last.startswith(TORCH_NO_ERROR_FILE) else last
     return Failure(
         "InPlaceRestart",
         _tail(
-            f"{where} restarted its workers in place (restart {record.restart}): a worker "
-            f"exited with code {record.exit_code}{detail}"
+            f"{_where(record.pod, record.node)} restarted its workers in place (restart "
+            f"{record.restart}): a worker exited with code {record.exit_code}"
+            + (f": {detail}" if detail else "")
         ),
         record.pod,
         record.node,
@@ -314,7 +327,35 @@ def in_place_failure(
         True,
         slot=slot,
         committed=record.committed_step,
+        detail=detail,
     )
+
+
+def followed(failure: Failure, cause: FailureRecord) -> Failure:
+    """An in-place restart that joins an incident, said as the consequence it is: the
+    incident's first failure ended the round its workers trained in (a lost peer or store
+    breaks every survivor's collectives). Its own record cannot say so: torchrun keeps the
+    failed worker's exit code and, without an error file, a link to torch's docs."""
+    if cause.reason == "RendezvousStoreLost":
+        what = "the rendezvous store was lost"
+    elif cause.reason in PEER_LOSSES:
+        what = "a peer was lost"
+    else:
+        what = "a peer failed"
+    because = f" ({cause.message})" if cause.message else ""
+    detail = f": {failure.detail}" if failure.detail else ""
+    return replace(
+        failure,
+        message=_tail(
+            f"{_where(failure.pod, failure.node)} restarted its workers in place (restart "
+            f"{failure.restart_count}) because {what}{because}, which ended the round: its "
+            f"worker exited with code {failure.exit_code}{detail}"
+        ),
+    )
+
+
+def _where(pod: str, node: str | None) -> str:
+    return f"pod {pod}" + (f" on node {node}" if node else "")
 
 
 def in_place_due(
@@ -505,13 +546,15 @@ class Outcome:
     fail_message: str = ""
 
 
-def _current_incident(ledger: Ledger) -> tuple[datetime | None, bool]:
-    """(when the newest incident began, whether it already spends the budget)."""
+def _current_incident(ledger: Ledger) -> tuple[datetime | None, bool, FailureRecord | None]:
+    """(when the newest incident began, whether it already spends the budget, its first
+    failure)."""
     members = [r for r in ledger.history if r.incident == ledger.restarts]
     if not members or ledger.restarts == 0:
-        return None, False
-    began = min(parse_time(r.time) or datetime.max for r in members)
-    return began, any(r.counted is not False for r in members)
+        return None, False, None
+    first = min(members, key=lambda r: parse_time(r.time) or datetime.max)
+    began = parse_time(first.time) or datetime.max
+    return began, any(r.counted is not False for r in members), first
 
 
 def to_record(
@@ -579,7 +622,7 @@ def account(
     ledger: Ledger, failures: Iterable[Failure], policy: FailurePolicySpec, now: datetime
 ) -> Outcome:
     """Fold new failures into the job's ledger and say whether the job must fail."""
-    began, charged = _current_incident(ledger)
+    began, charged, cause = _current_incident(ledger)
     out = Outcome(ledger.restarts, ledger.counted, ledger.group_losses)
     for failure in failures:
         if not failure.retryable:
@@ -600,12 +643,15 @@ def account(
         )
         if not joins:
             out.restarts += 1
-            began, charged = when, False
+            began, charged, cause = when, False, None
+        elif failure.follows and cause is not None:
+            failure = followed(failure, cause)
         counts = failure.counts(policy) and not (failure.follows and joins)
         if counts and not charged:
             out.counted += 1
             charged = True
         out.records.append(to_record(failure, when, out.restarts, counts))
+        cause = cause or out.records[-1]
         if out.counted > policy.max_restarts:
             out.fail_reason = "MaxRestartsExceeded"
             out.fail_message = (
