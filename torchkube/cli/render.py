@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.api.status import FailureRecord, ProgressRecord, TrainingJobStatus
-from torchkube.api.times import parse_time
+from torchkube.api.times import human_duration, parse_time
 from torchkube.api.types import Condition
 from torchkube.cli import pods as p
 
@@ -23,36 +23,6 @@ GROUP_RESOURCE = "trainingjob.torchkube.io"
 
 
 # --- small cells -------------------------------------------------------------------------
-
-
-def human_duration(seconds: float) -> str:
-    """A duration the way kubectl prints ages (apimachinery's ``HumanDuration``)."""
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    days = hours // 24
-    if hours < 24 * 8:
-        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
-    if hours < 24 * 365 * 2:
-        return f"{days}d"
-    years = days // 365
-    if hours < 24 * 365 * 8:
-        return f"{years}y{days % 365}d" if days % 365 else f"{years}y"
-    return f"{years}y"
 
 
 def age(timestamp: Any, now: datetime) -> str:
