@@ -51,6 +51,23 @@ def throughput_cell(progress: ProgressRecord | None) -> str:
     return f"{rate:,.0f}" if rate is not None else NONE
 
 
+def remaining_cell(status: TrainingJobStatus, why: bool = False) -> str:
+    """``3h8m``: the operator's estimate of the time left at the recent step pace; with
+    ``why``, the pace it assumes, or why there is no estimate."""
+    progress = status.progress
+    left = progress.estimated_remaining_seconds if progress else None
+    if left is not None:
+        pace = progress.step_seconds if progress and left else None
+        text = human_duration(left)
+        return f"{text} at {pace:.3g} s/step (the recent pace)" if why and pace else text
+    if why and progress is not None and status.phase == "Running":
+        if not progress.total_steps:
+            return f"{NONE} (no total steps)"
+        if progress.step_seconds is None:
+            return f"{NONE} (measuring the pace)"
+    return NONE
+
+
 def checkpoint_cell(status: TrainingJobStatus, now: datetime) -> str:
     """``step 200 (3m ago)``: how much work a failure right now would cost."""
     checkpoint = status.latest_checkpoint
@@ -115,7 +132,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 
 # --- torchkube status --------------------------------------------------------------------
 
-STATUS_HEADERS = ["NAME", "PHASE", "WORKERS", "RESTARTS", "STEP", "LOSS", "CHECKPOINT"]
+STATUS_HEADERS = [
+    "NAME",
+    "PHASE",
+    "WORKERS",
+    "RESTARTS",
+    "STEP",
+    "REMAINING",
+    "LOSS",
+    "CHECKPOINT",
+]
 
 
 def status_table(
@@ -143,6 +169,7 @@ def status_table(
             status.workers if written else NONE,
             str(status.restarts),
             step_cell(progress),
+            remaining_cell(status),
             loss_cell(progress),
             checkpoint_cell(status, now),
         ]
@@ -383,6 +410,7 @@ def describe(
             if progress
             else NONE,
         ),
+        ("Time left", remaining_cell(status, why=True)),
         ("Checkpoint", checkpoint_cell(status, now)),
         ("Goodput", goodput_cell(status)),
     ]
