@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from planner import NOW, make_job, pod, run, running_status, store
+from prometheus_client import REGISTRY
 
 from torchkube.api.contract import ProgressReport
 from torchkube.api.status import PaceWindow, ProgressRecord, TrainingJobStatus
 from torchkube.api.times import format_time
+from torchkube.operator import metrics
 from torchkube.operator.pace import PACE_HORIZON_SECONDS, Pace, remaining_seconds, track
 
 T0 = NOW
@@ -340,3 +342,23 @@ def test_a_job_that_succeeded_has_nothing_left() -> None:
     assert finished.progress is not None
     assert finished.progress.estimated_remaining_seconds == 0
     assert finished.progress.remaining == "0s"
+
+
+def test_the_operator_exports_the_estimate_while_it_is_known() -> None:
+    def exported() -> float | None:
+        return REGISTRY.get_sample_value(
+            "torchkube_job_estimated_remaining_seconds", {"namespace": "ns", "job": "eta"}
+        )
+
+    metrics.job_seen("ns", "eta")
+    try:
+        assert exported() is None, "absent until known"
+        metrics.job_observed("ns", "eta", 0, None, remaining=975)
+        assert exported() == 975
+        metrics.job_observed("ns", "eta", 0, None, remaining=None)
+        assert exported() is None, "absent again while not known (restarting, suspended)"
+        metrics.job_observed("ns", "eta", 0, None, remaining=0)
+        assert exported() == 0, "a job that succeeded has nothing left"
+    finally:
+        metrics.job_gone("ns", "eta")
+    assert exported() is None
