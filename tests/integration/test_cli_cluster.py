@@ -159,6 +159,7 @@ def test_a_jobs_life_through_the_cli(
         "WORKERS",
         "RESTARTS",
         "STEP",
+        "REMAINING",
         "LOSS",
         "CHECKPOINT",
         "GOODPUT",

@@ -82,6 +82,9 @@ def running_status(**extra: Any) -> dict[str, Any]:
             "totalSteps": 20000,
             "loss": 3.14159,
             "tokensPerSecond": 51234.4,
+            "stepSeconds": 0.6,
+            "estimatedRemainingSeconds": 11280,
+            "remaining": "3h8m",
         },
         "latestCheckpoint": {"step": 1000, "time": ago(300)},
         **extra,
@@ -168,11 +171,11 @@ def test_status_table() -> None:
         job("fresh"),
     ]
     assert render.status_table(jobs, NOW).splitlines() == [
-        "NAME    PHASE     WORKERS   RESTARTS   STEP              LOS"
+        "NAME    PHASE     WORKERS   RESTARTS   STEP              REMAINING   LOS"
         "S     CHECKPOINT      GOODPUT   AGE",
-        "gpt     Running   4/4       2          1200/20000 (6%)   3.1"
+        "gpt     Running   4/4       2          1200/20000 (6%)   3h8m        3.1"
         "416   1000 (5m ago)   95.0%     60m",
-        "fresh   -         -         0          -                 -  "
+        "fresh   -         -         0          -                 -           -  "
         "      -               -         60m",
     ]
 
@@ -212,6 +215,7 @@ def test_status_table_all_namespaces_and_wide() -> None:
         "WORKERS",
         "RESTARTS",
         "STEP",
+        "REMAINING",
         "LOSS",
         "CHECKPOINT",
         "TOKENS/S",
@@ -288,6 +292,7 @@ def test_describe_has_every_section_in_order() -> None:
     assert "Name:       gpt" in lines
     assert "Restarts:   2 (1 of maxRestarts 10 used)" in lines
     assert "Progress:   step 1200/20000 (6%), loss 3.1416, 51,234 tokens/s" in lines
+    assert "Time left:  3h8m at 0.6 s/step (the recent pace)" in lines
     assert "Goodput:    -" in lines
     assert "  Replicas:       min 2, max 4, desired unset (max)" in lines
     assert "  Trainer:        model gpt2, strategy fsdp, steps 20000" in lines
@@ -317,6 +322,23 @@ def test_describe_has_every_section_in_order() -> None:
         "137",
         "yes",
     ]
+
+
+@pytest.mark.parametrize(
+    ("status", "text"),
+    [
+        ({"phase": "Running", "progress": {"step": 5, "totalSteps": 10}}, "- (measuring the pace)"),
+        ({"phase": "Running", "progress": {"step": 5, "stepSeconds": 0.5}}, "- (no total steps)"),
+        ({"phase": "Restarting", "progress": {"step": 5, "stepSeconds": 0.5}}, "-"),
+        ({"phase": "Succeeded", "progress": {"step": 10, "estimatedRemainingSeconds": 0}}, "0s"),
+        ({}, "-"),
+    ],
+)
+def test_time_left_says_why_it_is_not_known(status: dict[str, Any], text: str) -> None:
+    lines = render.describe(job(**status), [], [], NOW).splitlines()
+    assert f"Time left:  {text}" in lines, lines
+    row = render.status_table([job(**status)], NOW).splitlines()[1].split("   ")
+    assert [cell.strip() for cell in row if cell.strip()][5] == text.split(" ")[0]
 
 
 def test_describe_says_replica_groups_lost_apart_from_restarts() -> None:

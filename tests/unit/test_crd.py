@@ -73,7 +73,11 @@ def test_subresources_and_columns() -> None:
     assert version["subresources"]["status"] == {}
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas.desired"
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:4] == ["Phase", "Workers", "Restarts", "Step"] and columns[-1] == "Age"
+    assert columns[:5] == ["Phase", "Workers", "Restarts", "Step", "Remaining"]
+    assert columns[-1] == "Age"
+    remaining = version["additionalPrinterColumns"][4]
+    assert remaining["jsonPath"] == ".status.progress.remaining"
+    assert remaining["type"] == "string" and "priority" not in remaining
     assert crd()["spec"]["names"]["shortNames"] == ["tj"]
 
 

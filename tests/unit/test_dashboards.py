@@ -100,3 +100,20 @@ def test_job_dashboard_shows_the_device_mesh() -> None:
         if all(name in exprs for name in mesh):
             showing[panel["type"]] = panel["title"]
     assert set(showing) == {"stat", "timeseries"}, showing
+
+
+def test_job_dashboard_shows_the_time_left() -> None:
+    """The operator's estimate, in the overview row beside the step, as a duration."""
+    job = d.load_all()["job.json"]
+    shown = [
+        panel
+        for panel in d.panels(job)
+        if any(
+            "torchkube_job_estimated_remaining_seconds" in t.get("expr", "")
+            for t in panel.get("targets", [])
+        )
+    ]
+    assert [panel["type"] for panel in shown] == ["stat"], shown
+    assert shown[0]["fieldConfig"]["defaults"]["unit"] == "dtdurations"
+    step = next(panel for panel in job["panels"] if panel.get("title") == "Step")
+    assert shown[0]["gridPos"]["y"] == step["gridPos"]["y"]

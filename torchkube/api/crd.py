@@ -132,6 +132,12 @@ def printer_columns() -> list[dict[str, Any]]:
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
         {
+            "name": "Remaining",
+            "type": "string",
+            "jsonPath": ".status.progress.remaining",
+            "description": "Estimated time left at the recent step pace",
+        },
+        {
             "name": "Checkpoint",
             "type": "integer",
             "jsonPath": ".status.latestCheckpoint.step",

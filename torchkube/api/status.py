@@ -69,8 +69,15 @@ class CheckpointRecord(ApiModel):
     )
 
 
+class PaceWindow(ApiModel):
+    """Where the window now measuring the step pace began: a report's step and time."""
+
+    step: int = Field(ge=0, description="The step reported at the window's start.")
+    time: str = Field(description="When it was reported.", json_schema_extra=DATE_TIME)
+
+
 class ProgressRecord(ApiModel):
-    """Training progress as last reported by rank 0."""
+    """Training progress as last reported by rank 0, and the time left at its recent pace."""
 
     step: int = Field(default=0, ge=0, description="Optimizer steps done.")
     total_steps: int | None = Field(default=None, ge=0, description="Steps the run will take.")
@@ -78,6 +85,39 @@ class ProgressRecord(ApiModel):
     tokens_per_second: float | None = Field(default=None, ge=0, description="Throughput.")
     updated: str | None = Field(
         default=None, description="When rank 0 reported it.", json_schema_extra=DATE_TIME
+    )
+    resumes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Times the trainer resumed from a checkpoint, as it reported: a change "
+        "starts a new round, which no pace window spans.",
+    )
+    step_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Wall-clock seconds per step at the recent pace: time over steps in "
+        "windows of at least 20 s of reports, weighted towards the last five minutes; "
+        "start-up, restarts and suspensions left out, checkpoint saves and evaluations "
+        "within a window counted. Kept across a restart at the same world size, unset "
+        "when the world size changes, until measured again.",
+    )
+    pace_window: PaceWindow | None = Field(
+        default=None,
+        description="The operator's bookkeeping: where the window now measuring the pace "
+        "began; unset while the job does not train.",
+    )
+    estimated_remaining_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Time left until totalSteps at stepSeconds, as of the last report (the "
+        "Kubeflow Trainer field of that name): 0 once the job succeeded or every step is "
+        "done; unset while not known (no pace or total yet) and whenever the job is not "
+        "Running (pending, queued, suspended, restarting, failed).",
+    )
+    remaining: str | None = Field(
+        default=None,
+        description="estimatedRemainingSeconds as kubectl prints durations (3h5m), for "
+        "kubectl get.",
     )
 
 

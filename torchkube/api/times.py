@@ -1,5 +1,6 @@
 """Times as Kubernetes writes them (RFC 3339, UTC): one parser and one formatter for the
-operator, the CLI, the trainer's reports and the test harness."""
+operator, the CLI, the trainer's reports and the test harness; and durations as kubectl
+prints them."""
 
 from datetime import UTC, datetime
 from typing import Any
@@ -30,3 +31,33 @@ def rfc3339(timestamp: float) -> str:
 def now() -> str:
     """The current time as :func:`format_time` writes it."""
     return format_time(datetime.now(UTC))
+
+
+def human_duration(seconds: float) -> str:
+    """A duration the way kubectl prints ages (apimachinery's ``HumanDuration``)."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if hours < 24 * 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    years = days // 365
+    if hours < 24 * 365 * 8:
+        return f"{years}y{days % 365}d" if days % 365 else f"{years}y"
+    return f"{years}y"

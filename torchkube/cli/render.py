@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.api.status import FailureRecord, ProgressRecord, TrainingJobStatus
-from torchkube.api.times import parse_time
+from torchkube.api.times import human_duration, parse_time
 from torchkube.api.types import Condition
 from torchkube.cli import pods as p
 
@@ -23,36 +23,6 @@ GROUP_RESOURCE = "trainingjob.torchkube.io"
 
 
 # --- small cells -------------------------------------------------------------------------
-
-
-def human_duration(seconds: float) -> str:
-    """A duration the way kubectl prints ages (apimachinery's ``HumanDuration``)."""
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    days = hours // 24
-    if hours < 24 * 8:
-        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
-    if hours < 24 * 365 * 2:
-        return f"{days}d"
-    years = days // 365
-    if hours < 24 * 365 * 8:
-        return f"{years}y{days % 365}d" if days % 365 else f"{years}y"
-    return f"{years}y"
 
 
 def age(timestamp: Any, now: datetime) -> str:
@@ -79,6 +49,23 @@ def loss_cell(progress: ProgressRecord | None) -> str:
 def throughput_cell(progress: ProgressRecord | None) -> str:
     rate = progress.tokens_per_second if progress else None
     return f"{rate:,.0f}" if rate is not None else NONE
+
+
+def remaining_cell(status: TrainingJobStatus, why: bool = False) -> str:
+    """``3h8m``: the operator's estimate of the time left at the recent step pace; with
+    ``why``, the pace it assumes, or why there is no estimate."""
+    progress = status.progress
+    left = progress.estimated_remaining_seconds if progress else None
+    if left is not None:
+        pace = progress.step_seconds if progress and left else None
+        text = human_duration(left)
+        return f"{text} at {pace:.3g} s/step (the recent pace)" if why and pace else text
+    if why and progress is not None and status.phase == "Running":
+        if not progress.total_steps:
+            return f"{NONE} (no total steps)"
+        if progress.step_seconds is None:
+            return f"{NONE} (measuring the pace)"
+    return NONE
 
 
 def checkpoint_cell(status: TrainingJobStatus, now: datetime) -> str:
@@ -145,7 +132,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 
 # --- torchkube status --------------------------------------------------------------------
 
-STATUS_HEADERS = ["NAME", "PHASE", "WORKERS", "RESTARTS", "STEP", "LOSS", "CHECKPOINT"]
+STATUS_HEADERS = [
+    "NAME",
+    "PHASE",
+    "WORKERS",
+    "RESTARTS",
+    "STEP",
+    "REMAINING",
+    "LOSS",
+    "CHECKPOINT",
+]
 
 
 def status_table(
@@ -173,6 +169,7 @@ def status_table(
             status.workers if written else NONE,
             str(status.restarts),
             step_cell(progress),
+            remaining_cell(status),
             loss_cell(progress),
             checkpoint_cell(status, now),
         ]
@@ -413,6 +410,7 @@ def describe(
             if progress
             else NONE,
         ),
+        ("Time left", remaining_cell(status, why=True)),
         ("Checkpoint", checkpoint_cell(status, now)),
         ("Goodput", goodput_cell(status)),
     ]

@@ -673,9 +673,13 @@ class Controller:
             memory.startup_observed = bool(job.status and job.status.start_time)
         if memory.goodput is not None:
             metrics.GOODPUT.set(ns, job.name, memory.goodput)
-        slowest = decided.status.slowest_rank
+        slowest, progress = decided.status.slowest_rank, decided.status.progress
         metrics.job_observed(
-            ns, job.name, decided.status.spares, slowest.slowdown if slowest else None
+            ns,
+            job.name,
+            decided.status.spares,
+            slowest.slowdown if slowest else None,
+            remaining=progress.estimated_remaining_seconds if progress else None,
         )
         for failure in decided.failures:
             metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()

@@ -83,6 +83,13 @@ SLOWEST_SLOWDOWN = Gauge(
     "(status.slowestRank.slowdown); absent while not measured.",
     ["namespace", "job"],
 )
+REMAINING = Gauge(
+    "torchkube_job_estimated_remaining_seconds",
+    "Time left until the job's last step at its recent step pace "
+    "(status.progress.estimatedRemainingSeconds); 0 once it succeeded, absent while not known "
+    "or not Running.",
+    ["namespace", "job"],
+)
 RECONCILE = Histogram(
     "torchkube_reconcile_duration_seconds",
     "Time to reconcile one job, API calls included.",
@@ -184,14 +191,23 @@ def job_seen(namespace: str, job: str) -> None:
     SPARES.labels(namespace, job)
 
 
-def job_observed(namespace: str, job: str, spares: int, slowdown: float | None) -> None:
-    """The job's spares and slowest rank, as its status says."""
+def job_observed(
+    namespace: str,
+    job: str,
+    spares: int,
+    slowdown: float | None,
+    *,
+    remaining: float | None,
+) -> None:
+    """The job's spares, slowest rank and time left, as its status says (a value it does not
+    know leaves its series absent)."""
     SPARES.labels(namespace, job).set(spares)
-    if slowdown is None:
-        with contextlib.suppress(KeyError):
-            SLOWEST_SLOWDOWN.remove(namespace, job)
-    else:
-        SLOWEST_SLOWDOWN.labels(namespace, job).set(slowdown)
+    for gauge, value in ((SLOWEST_SLOWDOWN, slowdown), (REMAINING, remaining)):
+        if value is None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, job)
+        else:
+            gauge.labels(namespace, job).set(value)
 
 
 def job_gone(namespace: str, job: str) -> None:
@@ -199,7 +215,7 @@ def job_gone(namespace: str, job: str) -> None:
     for reason in FAILURE_REASONS:
         with contextlib.suppress(KeyError):
             RESTARTS.remove(namespace, job, reason)
-    for gauge in (SPARES, SLOWEST_SLOWDOWN):
+    for gauge in (SPARES, SLOWEST_SLOWDOWN, REMAINING):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, job)
     GOODPUT.remove(namespace, job)
@@ -218,6 +234,7 @@ def forget_jobs() -> None:
         RECOVERY,
         SPARES,
         SLOWEST_SLOWDOWN,
+        REMAINING,
     ):
         family.clear()
     GOODPUT.clear()

@@ -20,11 +20,13 @@ from torchkube.api.contract import ProgressReport
 from torchkube.api.podfields import created, slot
 from torchkube.api.standby import stands_by
 from torchkube.api.status import CheckpointRecord, ProgressRecord
+from torchkube.api.times import human_duration
 from torchkube.operator import (
     children,
     failure,
     lifecycle,
     node_loss,
+    pace,
     phase,
     preparation,
     queueing,
@@ -46,12 +48,12 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
     refusals.report_operator_trouble(ctx)
-    if lifecycle.is_being_deleted(ctx):
-        return ctx.done()
-    owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
-    _run_policies(ctx, owned)
-    if lifecycle.is_finished(ctx):
-        lifecycle.clean_up_finished(ctx, owned)
+    if not lifecycle.is_being_deleted(ctx):
+        owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
+        _run_policies(ctx, owned)
+        if lifecycle.is_finished(ctx):
+            lifecycle.clean_up_finished(ctx, owned)
+    _estimate_remaining(ctx)
     return ctx.done()
 
 
@@ -111,15 +113,21 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
 
 
 def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:
-    """Copy the trainer's last report (the contract's ProgressReport) into the status."""
+    """Copy the trainer's last report (the contract's ProgressReport) into the status, with
+    the step pace it brings (pace.track)."""
     if report is None:
         return
+    previous = ctx.status.progress
+    measured = pace.track(previous, ctx.status.world_size, report, ctx.now)
     ctx.status.progress = ProgressRecord(
         step=report.step,
         total_steps=report.total_steps,
         loss=_finite(report.loss),
         tokens_per_second=_finite(report.tokens_per_second),
         updated=report.updated,
+        resumes=report.resumes,
+        step_seconds=measured.step_seconds,
+        pace_window=measured.window,
     )
     if report.world_size:
         ctx.status.world_size = report.world_size
@@ -127,6 +135,23 @@ def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:
         ctx.status.latest_checkpoint = CheckpointRecord(
             step=report.last_checkpoint_step, time=report.last_checkpoint_time
         )
+
+
+def _estimate_remaining(ctx: Context) -> None:
+    """The time left at the recent pace, for the phase this pass decided (pace.py): only a
+    Running job has one, and only a Running job keeps a pace window open."""
+    progress = ctx.status.progress
+    if progress is None:
+        return
+    left = pace.remaining_seconds(ctx.status.phase, progress)
+    running = ctx.status.phase == "Running"
+    ctx.status.progress = progress.model_copy(
+        update={
+            "pace_window": progress.pace_window if running else None,
+            "estimated_remaining_seconds": left,
+            "remaining": None if left is None else human_duration(left),
+        }
+    )
 
 
 def _finite(value: float | None) -> float | None:
