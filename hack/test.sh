@@ -19,10 +19,11 @@ stamp "kubernetes components (built from source, cached by their pins)"
 TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh all | tail -n 1)
 export TORCHKUBE_BIN_DIR
 
-stamp "lint and types"
+stamp "lint, types and rendered figures"
 ruff check .
 ruff format --check .
 mypy
+python -m bench.report --check  # every rendered figure in README and docs matches its record
 
 stamp "tests"
 status=0
