@@ -285,56 +285,253 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str
 
 FIGURE_HEADERS = ("figure", "n", "median", "p95", "min – max", "load", "target", "", "reference")
 
+# ----------------------------------------------------------------------------- the rule
+MIN_TRIALS = 3
+"""No ratio and no verdict on fewer trials than this per contender: with two, the median is
+the mean of the two, and one outlier decides it."""
+LOAD_MARGIN = 0.5
+"""Contenders whose median trial loads differ by more than this many load-average units per
+core of the machine (1.0 on 2 cores) ran under different load, which is said beside the
+figure."""
 
-def figure_rows(figures: Sequence[dict[str, Any]]) -> list[list[str]]:
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def spread_of(figure: dict[str, Any]) -> str:
+    """``median [min – max]`` of a recorded figure (:meth:`Figure.to_json`)."""
+    if not figure["values"]:
+        return "not measured"
+    unit = figure["unit"]
+    return (
+        f"{fmt(figure['median'], unit)} [{fmt(figure['min'], unit)} – {fmt(figure['max'], unit)}]"
+    )
+
+
+def loads_of(figure: dict[str, Any]) -> str:
+    """The load average of each trial (the range once there are more than six)."""
+    loads = figure.get("load_average") or []
+    if len(loads) > 6:
+        return f"{min(loads):.1f}–{max(loads):.1f}"
+    return ", ".join(f"{load:.1f}" for load in loads)
+
+
+def ratio_of_medians(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> list[dict]:
+    """The two recorded figures whose medians a one-value ratio figure is (ours ÷ theirs or
+    theirs ÷ ours); empty when it is not such a ratio."""
+    if figure["unit"] != "x" or len(figure["values"]) != 1:
+        return []
+    value = figure["values"][0]
+    for top in figures:
+        for bottom in figures:
+            if top is bottom or not (top["values"] and bottom["values"]):
+                continue
+            if top["unit"] == "x" or top["unit"] != bottom["unit"] or bottom["median"] <= 0:
+                continue
+            if _same(top["median"] / bottom["median"], value):
+                return [bottom, top]
+    return []
+
+
+def is_ratio(figure: dict[str, Any]) -> bool:
+    """A figure that compares two things (a ratio, an overhead against a reference)."""
+    return figure["unit"] == "x" or "÷" in figure["name"] or "overhead" in figure["name"]
+
+
+def compared(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> list[dict]:
+    """The recorded figures a comparison stands on: a figure and the one its reference is the
+    median of (itself alone when the record holds no such figure); the two behind a ratio of
+    medians; a figure alone otherwise."""
+    if figure.get("reference_value") is not None:
+        theirs = [
+            f
+            for f in figures
+            if f is not figure
+            and f["values"]
+            and f["unit"] == figure["unit"]
+            and _same(f["median"], figure["reference_value"])
+        ]
+        return [figure, *theirs[:1]]
+    return ratio_of_medians(figure, figures) or [figure]
+
+
+def trials_text(behind: Sequence[dict[str, Any]]) -> str:
+    counts = [len(f["values"]) for f in behind]
+    return " and ".join(str(n) for n in counts) + (" trial" if counts == [1] else " trials")
+
+
+def short_of_trials(behind: Sequence[dict[str, Any]]) -> bool:
+    return min(len(f["values"]) for f in behind) < MIN_TRIALS
+
+
+def loads_differ(behind: Sequence[dict[str, Any]], cores: int) -> str:
+    """``loads differ: a vs b`` when the contenders' median trial loads lie further apart than
+    :data:`LOAD_MARGIN` per core; empty otherwise."""
+    medians = [median(f["load_average"]) for f in behind if f.get("load_average")]
+    if len(medians) < 2 or max(medians) - min(medians) <= LOAD_MARGIN * cores:
+        return ""
+    return "loads differ: " + " vs ".join(f"{m:.1f}" for m in medians)
+
+
+def ruled_verdict(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> str:
+    """The recorded verdict (judged on the median), unless fewer than :data:`MIN_TRIALS`
+    trials stand behind it."""
+    if "target" not in figure:
+        return ""
+    if not figure["values"]:
+        return "not measured"
+    behind = ratio_of_medians(figure, figures) or [figure]
+    if short_of_trials(behind):
+        return f"no verdict: {trials_text(behind)}"
+    return str(figure.get("verdict", ""))
+
+
+def ruled_reference(figure: dict[str, Any], figures: Sequence[dict[str, Any]], cores: int) -> str:
+    """The reference, and its ratio where both contenders have :data:`MIN_TRIALS` trials (said
+    otherwise), with a note when their loads differ."""
+    if "reference" not in figure:
+        return ""
+    behind = compared(figure, figures)
+    if len(behind) < 2:
+        return f"{figure['reference']} (no ratio: its trials are not in the record)"
+    if short_of_trials(behind):
+        return f"{figure['reference']} (no ratio: {trials_text(behind)})"
+    ratio = figure.get("ratio")
+    notes = [f"ratio {ratio:.2f}"] if ratio is not None else []
+    notes += [text] if (text := loads_differ(behind, cores)) else []
+    return figure["reference"] + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def figure_rows(figures: Sequence[dict[str, Any]], cores: int = 2) -> list[list[str]]:
     """The rows of a result file's figures (:meth:`Figure.to_json`): tables are rendered from
-    the recorded JSON alone, so a table can never say what the record does not."""
+    the recorded JSON alone, so a table can never say what the record does not. Ratios and
+    verdicts follow the rule (:data:`MIN_TRIALS`, :data:`LOAD_MARGIN`); a ratio of two
+    medians shows the trials of both and their loads."""
     rows = []
     for f in figures:
-        unit, verdict = f["unit"], f.get("verdict", "")
+        unit, verdict = f["unit"], ruled_verdict(f, figures)
+        name = f["name"] + (f" ({f['note']})" if f.get("note") else "")
         if not f["values"]:
-            rows.append([f["name"], "0", "not measured", "", "", "", "", verdict, ""])
+            rows.append([name, "0", "not measured", "", "", "", "", verdict, ""])
             continue
-        loads = f["load_average"]
-        load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else ""
-        ref = ""
-        if "reference" in f:
-            ratio = f.get("ratio")
-            ref = f["reference"] + (f" (ratio {ratio:.2f})" if ratio is not None else "")
+        pair = ratio_of_medians(f, figures)
+        if pair:
+            counts = ", ".join(str(len(p["values"])) for p in pair)
+            shown = (
+                f"no ratio: {trials_text(pair)}"
+                if short_of_trials(pair)
+                else fmt(f["median"], unit)
+            )
+            loads = "; ".join(loads_of(p) for p in pair)
+            differ = loads_differ(pair, cores)
+            rows.append(
+                [
+                    f"{name} (a ratio of medians)",
+                    counts,
+                    shown,
+                    "",
+                    "",
+                    loads + (f" ({differ})" if differ else ""),
+                    f.get("target", ""),
+                    verdict,
+                    "",
+                ]
+            )
+            continue
+        if is_ratio(f) and short_of_trials([f]):
+            withheld = f"no ratio: {trials_text([f])}"
+            rows.append([name, str(f["n"]), withheld, "", "", loads_of(f), f.get("target", "")])
+            rows[-1] += [verdict, ruled_reference(f, figures, cores)]
+            continue
         rows.append(
             [
-                f["name"] + (f" ({f['note']})" if f.get("note") else ""),
+                name,
                 str(f["n"]),
                 fmt(f["median"], unit),
                 fmt(f["p95"], unit),
                 f"{fmt(f['min'], unit)} – {fmt(f['max'], unit)}",
-                load,
+                loads_of(f),
                 f.get("target", ""),
                 verdict,
-                ref,
+                ruled_reference(f, figures, cores),
             ]
         )
     return rows
 
 
+def cells_of_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], figures: Sequence[dict[str, Any]]
+) -> list[list[str]]:
+    """A recorded table's rows with its ratio and target cells (a header with ``÷``, or
+    ``ratio``, or ``target``) withheld where a figure the row shows, by its ``median [min –
+    max]``, has fewer than :data:`MIN_TRIALS` trials, or where the row shows none."""
+    judged = [
+        i
+        for i, header in enumerate(headers)
+        if "÷" in header or "ratio" in header or header == "target"
+    ]
+    if not judged:
+        return [list(row) for row in rows]
+    by_spread: dict[str, list[dict[str, Any]]] = {}
+    for f in figures:
+        if f["values"]:
+            by_spread.setdefault(spread_of(f), []).append(f)
+    out = []
+    for row in rows:
+        shown = [f for i, c in enumerate(row) if i not in judged for f in by_spread.get(c, [])]
+        cells = list(row)
+        if not shown or short_of_trials(shown):
+            counts = sorted({len(f["values"]) for f in shown})
+            why = (
+                "no figure in the row"
+                if not shown
+                else f"{counts[0]} trial{'s' if counts[0] > 1 else ''} each"
+                if len(counts) == 1
+                else f"{counts[0]}–{counts[-1]} trials"
+            )
+            for i in judged:
+                if cells[i] not in ("", "–"):
+                    cells[i] = f"none: {why}"
+        out.append(cells)
+    return out
+
+
+def arguments(body: dict[str, Any]) -> str:
+    """The arguments a run used: its command where that names them, else the record's
+    configuration (a command recorded without its flags ran with these)."""
+    command, config = body["command"], body.get("config") or {}
+    if len(command.split()) > 3 or not config:
+        return f"`{command}`"
+
+    def value(v: Any) -> str:
+        return ",".join(str(x) for x in v) if isinstance(v, list) else str(v)
+
+    return f"`{command}` with {', '.join(f'{k}={value(v)}' for k, v in config.items())}"
+
+
 def markdown_of(body: dict[str, Any]) -> str:
-    """A result file (:meth:`Results.to_json`) as Markdown: its header line (command, date,
-    machine, load, revision), the figures, the extra tables and the notes."""
+    """A result file (:meth:`Results.to_json`) as Markdown: its header line (command and its
+    arguments, date, machine, load, revision), the figures, the extra tables and the notes;
+    ratios and verdicts by the rule (:func:`figure_rows`, :func:`cells_of_table`)."""
     m = body["machine"]
+    cores = int(m.get("nproc", 2))
     lines = [
         f"### {body['benchmark']}",
         "",
-        f"`{body['command']}` — {m['date']}, {m['nproc']} cores ({m['cpu']}), "
+        f"{arguments(body)} — {m['date']}, {m['nproc']} cores ({m['cpu']}), "
         f"{m['memory_gib']} GiB, kernel {m['kernel']}, load average at start "
         f"{' / '.join(str(x) for x in m['load_average_at_start'])}"
         + (f", torch {m['torch']}" if "torch" in m else "")
         + (f", revision {m['revision']}" if "revision" in m else ""),
         "",
     ]
-    if body["figures"]:
-        lines += [markdown_table(FIGURE_HEADERS, figure_rows(body["figures"])), ""]
+    figures = body["figures"]
+    if figures:
+        lines += [markdown_table(FIGURE_HEADERS, figure_rows(figures, cores)), ""]
     for title, table in body["tables"].items():
-        lines += [f"**{title}**", "", markdown_table(table["headers"], table["rows"]), ""]
+        rows = cells_of_table(table["headers"], table["rows"], figures)
+        lines += [f"**{title}**", "", markdown_table(table["headers"], rows), ""]
     lines += [f"- {note}" for note in body["notes"]]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import quickstart
-from bench.common import RESULTS_DIR, ROOT, markdown_of, markdown_table
+from bench.common import RESULTS_DIR, ROOT, figure_rows, markdown_of, markdown_table
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = [
@@ -44,21 +44,23 @@ SAMPLE = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
 
 
 def summary(results_dir: Path = RESULTS_DIR) -> str:
-    """Every figure that has a target, from every result file: one table of met/missed."""
+    """Every figure that has a target, from every result file: one table of verdicts, each on
+    the median with its range and every trial's load, and none on fewer than
+    :data:`~bench.common.MIN_TRIALS` trials (the rule)."""
     rows = []
     for name in ordered(results_dir):
         body = json.loads((results_dir / f"{name}.json").read_text())
-        for fig in body["figures"]:
+        cores = int(body["machine"].get("nproc", 2))
+        figures = body["figures"]
+        for fig, row in zip(figures, figure_rows(figures, cores), strict=True):
             if "target" not in fig:
                 continue
-            unit = fig["unit"]
-            value = fig.get("median")
-            shown = "not measured" if value is None else f"{value:.3g} {unit}"
-            ref = fig.get("reference", "")
-            if fig.get("ratio") is not None:
-                ref += f" (ratio {fig['ratio']:.2f})"
-            rows.append([name, fig["name"], shown, fig["target"], fig["verdict"], ref])
-    return markdown_table(["benchmark", "figure", "median", "target", "", "reference"], rows)
+            figure, n, shown, _, spread, loads, target, verdict, ref = row
+            if spread:
+                shown = f"{shown} [{spread}]"
+            rows.append([name, figure, n, shown, loads, target, verdict, ref])
+    headers = ["benchmark", "figure", "trials", "median [min – max]", "load per trial"]
+    return markdown_table([*headers, "target", "", "reference"], rows)
 
 
 def ordered(results_dir: Path) -> list[str]:

@@ -99,9 +99,10 @@ def test_results_are_recorded_as_json_and_rendered_from_it_alone(tmp_path: Path)
     assert fig["ratio"] == pytest.approx(10.08)
     rendered = report.render(tmp_path)
     assert (
-        "| apply → created | 2 | 5.00 s | 5.90 s | 4.00 s – 6.00 s | 2.0–3.0 | ≤ 5.00 s | "
-        "met (p95 missed) | Kubeflow 50.4 s (ratio 10.08) |" in rendered
-    )
+        "| apply → created | 2 | 5.00 s | 5.90 s | 4.00 s – 6.00 s | 2.0, 3.0 | ≤ 5.00 s | "
+        "no verdict: 2 trials | Kubeflow 50.4 s (no ratio: its trials are not in the record) |"
+        in rendered
+    ), "the record keeps its verdict and ratio; the rendering follows the rule (test_bench_rule)"
     assert "| never measured | 0 | not measured |  |  |  |  | not measured |  |" in rendered
     assert "#### demo" in rendered and "**per trial**" in rendered and "- a note" in rendered
     assert rendered.count("apply → created") == 2, "once in its table, once in the targets"

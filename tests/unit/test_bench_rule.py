@@ -1,0 +1,171 @@
+"""The rule every rendered figure follows (``bench.common``): no ratio and no verdict on fewer
+than three trials per contender, a verdict on the median beside its range, every trial's load
+shown, and contenders whose loads differ said so; a record's header carries the arguments its
+run used.
+
+Small records built here, nothing measured.
+"""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
+
+from bench.common import (
+    MIN_TRIALS,
+    Figure,
+    Reference,
+    Results,
+    Target,
+    arguments,
+    cells_of_table,
+    figure_rows,
+    loads_differ,
+    markdown_of,
+    spread,
+)
+
+
+def record(
+    ours: list[float],
+    theirs: list[float],
+    loads: tuple[float, float] = (1.0, 1.0),
+    command: str = "python -m bench.demo --trials 3",
+) -> dict[str, Any]:
+    """A two-contender record as a benchmark writes it: our figure with a target and the
+    peer's same-run median as its reference, the peer's figure, and the ratio of medians."""
+    results = Results("demo", command, config={"trials": len(ours)})
+    mine = results.figure("apply → Running, torchkube", "s", target=Target(5.0))
+    peer = results.figure("apply → Running, Kubeflow", "s")
+    for value in ours:
+        mine.add(value, load=loads[0])
+    for value in theirs:
+        peer.add(value, load=loads[1])
+    assert mine.stats and peer.stats
+    mine.reference = Reference(peer.stats.median, f"Kubeflow, same run: {peer.stats.median} s")
+    ratio = results.figure("Kubeflow ÷ torchkube, Running", "x", target=Target(2.0, "min"))
+    ratio.add(peer.stats.median / mine.stats.median, load=loads[0])
+    results.tables["side by side"] = (
+        ["torchkube", "Kubeflow", "Kubeflow ÷ torchkube"],
+        [[spread(mine), spread(peer), f"{peer.stats.median / mine.stats.median:.2f}×"]],
+    )
+    return results.to_json()
+
+
+def rows(body: dict[str, Any]) -> dict[str, list[str]]:
+    return {row[0]: row for row in figure_rows(body["figures"], body["machine"]["nproc"])}
+
+
+def test_three_trials_each_give_the_verdict_and_the_ratio() -> None:
+    body = record([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    ours = rows(body)["apply → Running, torchkube"]
+    assert ours[7] == "met"
+    assert ours[8] == "Kubeflow, same run: 5.0 s (ratio 2.50)"
+    ratio = rows(body)["Kubeflow ÷ torchkube, Running (a ratio of medians)"]
+    assert ratio[1:3] == ["3, 3", "2.50×"] and ratio[7] == "met"
+
+
+def test_fewer_than_three_trials_give_neither_verdict_nor_ratio() -> None:
+    """With two trials the median is their mean: one outlier decides it."""
+    assert MIN_TRIALS == 3
+    body = record([1.0, 2.0], [4.0, 50.0])
+    ours = rows(body)["apply → Running, torchkube"]
+    assert ours[2] == "1.50 s", "the median itself is shown"
+    assert ours[7] == "no verdict: 2 trials"
+    assert ours[8] == "Kubeflow, same run: 27.0 s (no ratio: 2 and 2 trials)"
+    ratio = rows(body)["Kubeflow ÷ torchkube, Running (a ratio of medians)"]
+    assert ratio[2] == "no ratio: 2 and 2 trials" and ratio[7] == "no verdict: 2 and 2 trials"
+    assert "18.00" not in "".join(ratio)
+
+
+def test_one_contender_short_of_trials_withholds_the_ratio() -> None:
+    body = record([1.0, 2.0, 3.0], [4.0])
+    assert rows(body)["apply → Running, torchkube"][7] == "met", "its own verdict stands"
+    assert "(no ratio: 3 and 1 trials)" in rows(body)["apply → Running, torchkube"][8]
+
+
+def test_a_reference_whose_trials_are_not_in_the_record_gives_no_ratio() -> None:
+    results = Results("demo", "python -m bench.demo --x")
+    mine = results.figure("created", "s", reference=Reference(50.4, "Kubeflow 50.4 s"))
+    for value in (4.0, 5.0, 6.0):
+        mine.add(value, load=1.0)
+    (row,) = figure_rows(results.to_json()["figures"])
+    assert row[8] == "Kubeflow 50.4 s (no ratio: its trials are not in the record)"
+
+
+def test_every_trials_load_is_shown_and_differing_loads_are_said() -> None:
+    body = record([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], loads=(1.5, 3.0))
+    ours = rows(body)["apply → Running, torchkube"]
+    assert ours[5] == "1.5, 1.5, 1.5"
+    assert ours[8] == "Kubeflow, same run: 5.0 s (ratio 2.50; loads differ: 1.5 vs 3.0)"
+    assert (
+        "loads differ: 1.5 vs 3.0"
+        in rows(body)["Kubeflow ÷ torchkube, Running (a ratio of medians)"][5]
+    )
+    close = record([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], loads=(1.5, 2.5))
+    assert "differ" not in rows(close)["apply → Running, torchkube"][8], "within 1.0 on 2 cores"
+    assert loads_differ(body["figures"][:2], cores=4) == "", "the margin grows with the cores"
+
+
+def test_more_than_six_trials_show_the_load_range() -> None:
+    figure = Figure("x", "s")
+    for i in range(7):
+        figure.add(1.0, load=float(i))
+    (row,) = figure_rows([figure.to_json()])
+    assert row[5] == "0.0–6.0"
+
+
+def test_a_single_trial_ratio_or_overhead_is_not_shown() -> None:
+    """A per-pair ratio and an overhead against a reference are comparisons too."""
+    results = Results("demo", "python -m bench.demo --x")
+    results.figure("trainer ÷ plain loop (CPU time)", "x", values=[1.19], loads=[0.7])
+    results.figure("trainer overhead (wall time)", "%", target=Target(3.0)).add(-20.3, 0.7)
+    results.figure("trainer MFU", "%").add(40.4, 0.7)
+    cpu, overhead, mfu = figure_rows(results.to_json()["figures"])
+    assert cpu[2] == "no ratio: 1 trial" and "1.19" not in "".join(cpu)
+    assert overhead[2] == "no ratio: 1 trial" and overhead[7] == "no verdict: 1 trial"
+    assert mfu[2] == "40.4 %", "a figure of its own is shown"
+
+
+def test_a_recorded_tables_ratio_cells_follow_the_rule() -> None:
+    two = record([1.0, 2.0], [4.0, 50.0])
+    (row,) = cells_of_table(*two["tables"]["side by side"].values(), two["figures"])
+    assert (
+        row[2] == "none: 2 trials each" and row[:2] == two["tables"]["side by side"]["rows"][0][:2]
+    )
+    three = record([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    (row,) = cells_of_table(*three["tables"]["side by side"].values(), three["figures"])
+    assert row[2] == "2.50×"
+    (row,) = cells_of_table(["a", "ratio"], [["no figure here", "3.00×"]], three["figures"])
+    assert row[1] == "none: no figure in the row"
+
+
+@pytest.mark.parametrize(
+    ("command", "config", "shown"),
+    [
+        (
+            "python -m bench.demo",
+            {"trials": 2, "sizes": [8, 64]},
+            "`python -m bench.demo` with trials=2, sizes=8,64",
+        ),
+        ("python -m bench.demo --trials 2", {"trials": 2}, "`python -m bench.demo --trials 2`"),
+        ("./hack/torchkube run x.yaml --fresh", {}, "`./hack/torchkube run x.yaml --fresh`"),
+    ],
+)
+def test_the_header_carries_the_arguments_the_run_used(
+    command: str, config: dict[str, Any], shown: str
+) -> None:
+    """A command recorded without its flags says the configuration it ran with (a header that
+    named the bare command claimed the default trial count)."""
+    body = {"command": command, "config": config}
+    assert arguments(body) == shown
+
+
+def test_the_rendered_record_applies_the_rule_throughout() -> None:
+    text = markdown_of(record([1.0, 2.0], [4.0, 50.0], command="python -m bench.demo"))
+    assert "`python -m bench.demo` with trials=2 —" in text
+    assert "no verdict: 2 trials" in text and "none: 2 trials each" in text
+    assert "| met |" not in text and "18.00" not in text and "ratio 18" not in text
