@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure, Results, Target, load_average, log, median
+from bench.common import Figure, Results, Target, command_line, load_average, log, median
 from torchkube.api.contract import Env
 
 TARGET_BLOCKING_RATIO = 10.0  # async blocking ≤ 10 % of a synchronous save
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     base = Path(tempfile.mkdtemp(prefix="torchkube-bench-ckpt-", dir=args.dir))
     results = Results(
         "checkpoint_cost",
-        "python -m bench.checkpoint_cost",
+        command_line("bench.checkpoint_cost", argv),
         config={**vars(args), "dir": str(args.dir) if args.dir else None},
     )
     results.machine["torch"] = torch.__version__

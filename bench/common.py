@@ -582,6 +582,12 @@ class Results:
         return json_path
 
 
+def command_line(module: str, argv: Sequence[str] | None = None) -> str:
+    """How a benchmark was started, with the arguments it was given (``sys.argv`` unless
+    ``argv``): a record's header then names the run's flags, never only the module."""
+    return " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
+
+
 def log(message: str) -> None:
     """Progress on stderr with a time stamp and the load, so a slow trial can be explained."""
     stamp = time.strftime("%H:%M:%S")

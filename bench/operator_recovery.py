@@ -37,7 +37,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
+from bench.common import (
+    Figure,
+    Reference,
+    Results,
+    Target,
+    command_line,
+    fmt,
+    load_average,
+    log,
+    spread,
+)
 from bench.contenders import PEER, Contender, Resilience, contenders
 from bench.kube import NodeWatch, PodTimes, PodWatch, Stack, stack
 from testbed import faults
@@ -347,7 +357,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.trials = args.node_trials = 1
     results = Results(
-        "operator_recovery", "python -m bench.operator_recovery", config=dict(vars(args))
+        "operator_recovery",
+        command_line("bench.operator_recovery", argv),
+        config=dict(vars(args)),
     )
     pools = [NodePool("fail", nodes=8, labels={GROUP_LABEL: "fail"})]
     with (

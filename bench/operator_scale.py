@@ -55,7 +55,17 @@ import time
 from pathlib import Path
 
 from bench import kubeflow
-from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
+from bench.common import (
+    Figure,
+    Reference,
+    Results,
+    Target,
+    command_line,
+    fmt,
+    load_average,
+    log,
+    spread,
+)
 from bench.contenders import PEER, Contender, contenders, settle
 from bench.kube import PodWatch, Stack, gpu_pools, stack
 from bench.load import CONDITIONS, cpu_load
@@ -514,42 +524,75 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    results = Results(
-        "operator_scale" if args.only is None else f"operator_scale_{args.only}",
-        "python -m bench.operator_scale",
-        config={k: v for k, v in vars(args).items()},
-    )
-    results.notes += [
-        "created/Running: from the job create request to the last worker pod seen by a watch "
-        "(created) and seen Running; node creation is not timed; one 8-worker warm-up job per "
-        "operator and cluster is not counted",
-        "both operators run at once on one cluster, jobs alternating; idle: nothing else "
-        "running; loaded: one busy process per core beside the cluster "
-        f"({', '.join(args.conditions)} measured)",
+def notes(args: argparse.Namespace) -> list[str]:
+    """What a reader needs to know about the scenarios this run measured (``--only``), and
+    nothing about the ones it did not: the fleet runs its operators one after the other, on
+    no warm-up job, idle only."""
+    single = args.only in (None, "single", "fast-scheduler")
+    fleet = args.only in (None, "fleet")
+    out = []
+    if single:
+        out += [
+            "created/Running: from the job create request to the last worker pod seen by a "
+            "watch (created) and seen Running; node creation is not timed; one 8-worker warm-up "
+            "job per operator and cluster is not counted",
+            "both operators run at once on one cluster, jobs alternating; idle: nothing else "
+            "running; loaded: one busy process per core beside the cluster "
+            f"({', '.join(args.conditions)} measured)",
+        ]
+    if fleet:
+        out.append(
+            f"fleet: {args.jobs} jobs × {args.per_job} workers on {args.fleet_nodes} nodes, "
+            "the operators one after the other (each restarted fresh before its trial, the "
+            "other one running idle beside it), every job created at once in a fresh "
+            "namespace, no warm-up job, idle only (nothing else running); created/Running: "
+            "from the first create request to the last worker pod seen by a watch (created) "
+            "and seen Running; then the steady state: reconciles and CPU per minute for "
+            f"{args.steady_minutes:g} minutes while nothing changes, and the last third's "
+            "reconcile rate ÷ the first third's"
+        )
+    out.append(
         f"{PEER}: training-operator {kubeflow.RELEASE} built from its Go module by "
         "hack/build-peers.sh, default flags (one controller thread, as its manifests deploy "
         "it), PyTorchJob with a Master and N-1 Workers whose pods carry what a torchkube "
         "worker of the same job does (the trainer's command and environment, the checkpoint "
-        "claim mounted; bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians",
-        f"peer client limits: {kubeflow.DEFAULT.describe()}"
-        + (
-            f"; {kubeflow.RAISED.describe()}; in the single-job scenario each Kubeflow "
-            "configuration watches one namespace of its own (--namespace: two would otherwise "
-            "both reconcile every PyTorchJob), reused job after job, where torchkube's jobs "
-            "each get a fresh one"
-            if args.raised_peer
-            else ""
-        ),
+        "claim mounted; bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians"
+    )
+    if single:
+        out.append(
+            f"peer client limits: {kubeflow.DEFAULT.describe()}"
+            + (
+                f"; {kubeflow.RAISED.describe()}; in the single-job scenario each Kubeflow "
+                "configuration watches one namespace of its own (--namespace: two would "
+                "otherwise both reconcile every PyTorchJob), reused job after job, where "
+                "torchkube's jobs each get a fresh one"
+                if args.raised_peer
+                else ""
+            )
+        )
+    out.append(
         "API requests: torchkube's writes (its reads come from watch caches); Kubeflow's "
-        "client-go requests of every verb",
-        "where the CPU went: CPU seconds of each process (/proc/<pid>/stat) from apply to all "
-        "Running; control plane = kube-apiserver, etcd, kube-scheduler, "
-        "kube-controller-manager; the other operators run too; floor = "
-        "all of it but the job's operator ÷ the cores they all got: no operator could bring "
-        "the workers to Running sooner at that share",
-    ]
+        "client-go requests of every verb"
+    )
+    if single:
+        out.append(
+            "where the CPU went: CPU seconds of each process (/proc/<pid>/stat) from apply to "
+            "all Running; control plane = kube-apiserver, etcd, kube-scheduler, "
+            "kube-controller-manager; the other operators run too; floor = all of it but the "
+            "job's operator ÷ the cores they all got: no operator could bring the workers to "
+            "Running sooner at that share"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    results = Results(
+        "operator_scale" if args.only is None else f"operator_scale_{args.only}",
+        command_line("bench.operator_scale", argv),
+        config={k: v for k, v in vars(args).items()},
+    )
+    results.notes += notes(args)
     with tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch:
         if args.only in (None, "single"):
             run_single(args, results, Path(scratch))

@@ -42,7 +42,7 @@ from typing import Any
 from kubernetes import client
 
 from bench import kubeflow
-from bench.common import Figure, Results, fmt, load_average, log, spread
+from bench.common import Figure, Results, command_line, fmt, load_average, log, spread
 from bench.contenders import PEER, Contender, contenders, settle
 from bench.kube import BENCH_LABEL, PodWatch, Stack, WorkloadWatch, gpu_pools, stack
 from bench.operator_scale import all_created, all_running
@@ -320,7 +320,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     results = Results(
-        "queued_start", "python -m bench.queued_start", config=dict(vars(args).items())
+        "queued_start", command_line("bench.queued_start", argv), config=dict(vars(args))
     )
     results.notes += [
         "admitted/created/Running: from the job create request to its Workload first seen "

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure, Reference, Results, Target, load_average, log
+from bench.common import Figure, Reference, Results, Target, command_line, load_average, log
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER_TAG = "torchkube/trainer:test"  # the tests' image: one archive, one import
@@ -326,7 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
-    results = Results("real_node_recovery", "python -m bench.real_node_recovery", config=vars(args))
+    results = Results(
+        "real_node_recovery", command_line("bench.real_node_recovery", argv), config=vars(args)
+    )
     labels = {
         "deleted": "worker pod deleted, no spare",
         "spare": "worker pod deleted, 1 spare",

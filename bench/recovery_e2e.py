@@ -61,7 +61,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure, Reference, Results, Target, fmt, load_average, log, spread
+from bench.common import (
+    Figure,
+    Reference,
+    Results,
+    Target,
+    command_line,
+    fmt,
+    load_average,
+    log,
+    spread,
+)
 from bench.plain_torchrun import PlainTorchrun
 
 TARGET_TOTAL = 20.0
@@ -378,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         args.trials, args.reference_trials = 1, 0
     cases = [c for c in args.cases.split(",") if c]
     references = list(REFERENCES) if args.reference_trials and "gone" in cases else []
-    results = Results("recovery_e2e", "python -m bench.recovery_e2e", config=vars(args))
+    results = Results("recovery_e2e", command_line("bench.recovery_e2e", argv), config=vars(args))
     labels = {
         "gone": "killed, never back (1:2)",
         "replaced": "killed, replaced (2:2)",

@@ -169,3 +169,34 @@ def test_the_rendered_record_applies_the_rule_throughout() -> None:
     assert "`python -m bench.demo` with trials=2 —" in text
     assert "no verdict: 2 trials" in text and "none: 2 trials each" in text
     assert "| met |" not in text and "18.00" not in text and "ratio 18" not in text
+
+
+def test_a_benchmark_records_the_arguments_it_was_started_with() -> None:
+    from bench.common import command_line
+
+    assert command_line("bench.demo", ["--only", "single", "--trials-small", "2"]) == (
+        "python -m bench.demo --only single --trials-small 2"
+    )
+    assert command_line("bench.demo", []) == "python -m bench.demo"
+
+
+def test_the_fleet_records_notes_describe_the_fleet() -> None:
+    """The fleet runs its operators one after the other, on no warm-up job, idle only: its
+    record said what the single-job scenario does (alternating jobs, a warm-up, loaded)."""
+    from bench.operator_scale import notes, parse_args
+
+    fleet = " ".join(notes(parse_args(["--only", "fleet"])))
+    assert "one after the other" in fleet and "no warm-up job" in fleet
+    assert "alternating" not in fleet and "loaded" not in fleet and "warm-up job per" not in fleet
+    single = " ".join(notes(parse_args(["--only", "single"])))
+    assert "jobs alternating" in single and "fleet" not in single
+    assert "fleet:" in " ".join(notes(parse_args([]))), "a run of every scenario says both"
+
+
+def test_the_recorded_fleet_says_what_ran() -> None:
+    import json
+
+    from bench.common import RESULTS_DIR
+
+    recorded = json.loads((RESULTS_DIR / "operator_scale_fleet.json").read_text())
+    assert not any("alternating" in note for note in recorded["notes"])
