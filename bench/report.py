@@ -5,8 +5,11 @@ Run: ``python -m bench.report`` after a benchmark. Only the text between the mar
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` is replaced, so the prose around the
 tables is written by hand and the numbers are never copied by hand. The same goes for the
 README's quick-start sample (``<!-- quickstart:begin -->``), the output ``bench.quickstart``
-recorded, and for its picture, ``docs/images/quickstart.png``, drawn from the run of the same
-record.
+recorded, for its picture, ``docs/images/quickstart.png``, drawn from the run of the same
+record, and for every block of :data:`bench.blocks.BLOCKS`: each measured figure README.md,
+docs/benchmarks.md, docs/operator.md and docs/queueing.md quote (``<!-- NAME:begin -->``).
+Ratios and verdicts follow the rule of :mod:`bench.common` (none on fewer than three trials
+per contender).
 
 ``python -m bench.report --check`` writes nothing: it fails (exit 1), naming each, when a
 rendered block or the picture differs from what the records render.
@@ -21,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import quickstart
+from bench import blocks, quickstart
 from bench.common import RESULTS_DIR, ROOT, figure_rows, markdown_of, markdown_table
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -40,6 +43,8 @@ ORDER = [
 ]
 TARGET = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
+OPERATOR = ROOT / "docs" / "operator.md"
+QUEUEING = ROOT / "docs" / "queueing.md"
 SAMPLE = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
 
 
@@ -97,13 +102,23 @@ def quickstart_sample(body: dict[str, Any]) -> str:
 
 
 def documents(results_dir: Path | None = None) -> dict[Path, str]:
-    """Each document the records are rendered into, as the records render it."""
+    """Each document the records are rendered into, as the records render it: the tables
+    here, the README's quick-start sample, and every block of :data:`bench.blocks.BLOCKS`
+    whose records are there."""
     results_dir = results_dir or RESULTS_DIR
     out = {TARGET: splice(TARGET.read_text(), render(results_dir))}
     recorded = results_dir / "quickstart.json"
     if recorded.exists():
         sample = quickstart_sample(json.loads(recorded.read_text()))
         out[README] = splice(README.read_text(), sample, *SAMPLE)
+    present = {p.stem for p in results_dir.glob("*.json")}
+    for block in blocks.BLOCKS:
+        if not set(block.records) <= present:
+            continue
+        records = {n: json.loads((results_dir / f"{n}.json").read_text()) for n in block.records}
+        path: Path = globals()[block.document]
+        text = out[path] if path in out else path.read_text()
+        out[path] = splice(text, block.render(records), *block.markers)
     return out
 
 

@@ -1,0 +1,584 @@
+"""The measured figures README.md and docs/*.md quote, each in a block rendered from the
+records (``bench/results/<name>.json``) by ``python -m bench.report``, so that no figure is
+typed by hand and ``--check`` fails when a block is not what its records say.
+
+A block lies between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in one document; the
+prose around it is written by hand and holds no measured figure. Every renderer follows the
+rule of :mod:`bench.common`: a median with its range, the trials behind it and each trial's
+load; no ratio and no verdict on fewer than :data:`~bench.common.MIN_TRIALS` trials per
+contender; contenders whose loads differ said so beside the figure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.common import (
+    fmt,
+    loads_differ,
+    loads_of,
+    markdown_table,
+    ruled_verdict,
+    short_of_trials,
+    spread_of,
+    trials_text,
+)
+
+Body = dict[str, Any]
+
+
+class Run:
+    """One record: its figures by name, and where and when it ran."""
+
+    def __init__(self, name: str, body: Body) -> None:
+        self.name, self.body = name, body
+        self.figures = {f["name"]: f for f in body["figures"]}
+        self.machine = body["machine"]
+        self.cores = int(self.machine.get("nproc", 2))
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return self.figures[name]
+
+    def stamp(self) -> str:
+        """``name`` at its revision and date, on its machine, and the load over its trials."""
+        m = self.machine
+        loads = [x for f in self.body["figures"] for x in f.get("load_average", [])]
+        load = f"; load {min(loads):.1f}–{max(loads):.1f} over its trials" if loads else ""
+        return (
+            f"`{self.name}` at revision {m.get('revision', '?')}, {m['date']}, "
+            f"{m['nproc']} cores ({m['cpu']}){load}"
+        )
+
+    def peer(self, contender: str) -> str:
+        """A Kubeflow contender's name with its release (from the record's notes) and its
+        client limits: v1.8.1 runs with its client's default throttle, which has no flag."""
+        notes = " ".join(self.body["notes"])
+        found = re.search(re.escape(contender) + r": training-operator (v[\d.]+)", notes)
+        release = found.group(1) if found else "?"
+        if contender == "Kubeflow":
+            return f"Kubeflow {release}, default client limits"
+        return f"Kubeflow {release}{contender.removeprefix('Kubeflow')}"
+
+
+def trials(figure: dict[str, Any]) -> str:
+    return str(len(figure["values"]))
+
+
+def shown(figure: dict[str, Any]) -> str:
+    """``median [min – max]``; a single trial's value alone."""
+    if len(figure["values"]) == 1:
+        return fmt(figure["values"][0], figure["unit"])
+    return spread_of(figure)
+
+
+def throttled(theirs: dict[str, Any], pods: int) -> str:
+    """What Kubeflow v1.8.1's client throttle alone takes of its median: at least the time
+    its limit (controller-runtime's default, which v1.8.1 cannot change) needs for the
+    ``pods`` creates; "mostly" where that is half its median or more."""
+    from bench import kubeflow
+
+    floor = throttle(pods, kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst)
+    if floor <= 0:
+        return ""
+    mostly = "mostly " if floor >= theirs["median"] / 2 else ""
+    median, creates = fmt(theirs["median"], "s"), f"{pods:,} pod creates"
+    return f"{mostly}its client's throttle: ≥ {fmt(floor, 's')} of {median} for {creates}"
+
+
+def versus(
+    ours: dict[str, Any], theirs: dict[str, Any], cores: int, pods: int | None = None
+) -> str:
+    """Theirs ÷ ours of the medians where both have enough trials, otherwise why not; and
+    whether their loads differ. ``pods``: theirs is Kubeflow v1.8.1 creating that many pods,
+    and the ratio says how much of its time its client's throttle takes."""
+    behind = [ours, theirs]
+    differ = loads_differ(behind, cores)
+    if short_of_trials(behind):
+        return f"none: {trials_text(behind)}" + (f"; {differ}" if differ else "")
+    notes = [note] if pods and (note := throttled(theirs, pods)) else []
+    notes += [differ] if differ else []
+    ratio = fmt(theirs["median"] / ours["median"], "x")
+    return ratio + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def verdict_line(run: Run, name: str) -> str:
+    """``figure: median [min – max] against its target: verdict`` (by the rule)."""
+    figure = run[name]
+    verdict = ruled_verdict(figure, run.body["figures"])
+    return f"{name}: {shown(figure)}, target {figure['target']}: {verdict}"
+
+
+def figure_table(run: Run, names: Sequence[str], label: Callable[[str], str] = str) -> str:
+    """The named figures: median [min – max], trials and each trial's load."""
+    rows = [[label(n), shown(run[n]), trials(run[n]), loads_of(run[n])] for n in names]
+    return markdown_table(["", "median [min – max]", "trials", "load per trial"], rows)
+
+
+def throttle(requests: int, qps: int, burst: int) -> float:
+    """Seconds a client limited to ``qps`` after a burst of ``burst`` needs for ``requests``."""
+    return max(0.0, (requests - burst) / qps)
+
+
+# ----------------------------------------------------------------------------- starting jobs
+SIZES = (8, 64, 512)
+CONDITIONS = ("idle", "loaded")
+
+
+def scale(records: dict[str, Body]) -> str:
+    """operator_scale's single jobs: every operator's all-Running time beside torchkube's."""
+    from bench import kubeflow
+
+    run = Run("operator_scale_single", records["operator_scale_single"])
+    names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
+    rows = []
+    for condition in CONDITIONS:
+        for n in SIZES:
+            key = f"{n} workers, {condition}: apply → all Running, "
+            ours = run[key + "torchkube"]
+            for name in names:
+                figure = run[key + name]
+                label = name if name == "torchkube" else run.peer(name)
+                ratio = (
+                    ""
+                    if name == "torchkube"
+                    else versus(ours, figure, run.cores, n if name == "Kubeflow" else None)
+                )
+                rows.append(
+                    [
+                        str(n),
+                        condition,
+                        label,
+                        shown(figure),
+                        trials(figure),
+                        loads_of(figure),
+                        ratio,
+                    ]
+                )
+    headers = ["workers", "", "job of", "apply → all Running", "trials", "load per trial"]
+    qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
+    floors = []
+    for n in SIZES:
+        key = f"{n} workers, {{}}: apply → all Running, Kubeflow"
+        each = "; ".join(
+            ", ".join(fmt(v, "s") for v in run[key.format(c)]["values"]) for c in CONDITIONS
+        )
+        pods, both = throttle(n, qps, burst), throttle(2 * n, qps, burst)
+        floors.append([str(n), fmt(pods, "s"), fmt(both, "s"), each])
+    targets = [
+        "8 workers, idle: apply → all Running, torchkube",
+        "512 workers, idle: apply → all created, torchkube",
+        "512 workers, loaded: apply → all created, torchkube",
+    ]
+    return "\n".join(
+        [
+            f"{run.stamp()}.",
+            "",
+            markdown_table([*headers, "÷ torchkube"], rows),
+            "",
+            f"{run.peer('Kubeflow')}: its client's throttle ({qps} requests/s after a burst "
+            f"of {burst}) alone needs (requests − {burst}) ÷ {qps} seconds:",
+            "",
+            markdown_table(
+                [
+                    "workers",
+                    "N pod creates",
+                    "N pods and N Services",
+                    "its trials (idle; loaded)",
+                ],
+                floors,
+            ),
+            "",
+            "Targets: " + "; ".join(verdict_line(run, name) for name in targets) + ".",
+            "",
+        ]
+    )
+
+
+def where_the_time_goes(records: dict[str, Body]) -> str:
+    """operator_scale's single jobs of 512 workers: where the CPU went until all Running."""
+    run = Run("operator_scale_single", records["operator_scale_single"])
+    (title,) = [t for t in run.body["tables"] if t.startswith("where the CPU went")]
+    table = run.body["tables"][title]
+    rows = [row for row in table["rows"] if row[1] == "512"]
+    cells = {(row[0], row[2]): row for row in rows}
+    lines = []
+    for condition in CONDITIONS:
+        mine = cells[(condition, "torchkube")]
+        running = run[f"512 workers, {condition}: apply → all Running, torchkube"]
+        lines.append(
+            f"{condition}: the control plane {mine[3]}, KWOK {mine[4]}, the operator {mine[5]}; "
+            f"all of them got {mine[7]} cores, at which everything but the operator needed "
+            f"{mine[8]}; all Running took {shown(running)}"
+        )
+    n = trials(run["512 workers, idle: apply → all Running, torchkube"])
+    return "\n".join(
+        [
+            f"{run.stamp()}; CPU seconds from apply to all Running, medians of {n} trials:",
+            "",
+            markdown_table(table["headers"], rows),
+            "",
+            "A 512-worker torchkube job, " + "; ".join(lines) + ".",
+            "",
+        ]
+    )
+
+
+def fast_scheduler(records: dict[str, Body]) -> str:
+    """operator_scale's 512 workers with kube-scheduler's client at 500 requests/s."""
+    from bench import kubeflow
+
+    run = Run("operator_scale_fast-scheduler", records["operator_scale_fast-scheduler"])
+    key = "512 workers, scheduler at 500 req/s, idle: apply → all {}, {}"
+    rows = []
+    for name in ("torchkube", "Kubeflow"):
+        label = name if name == "torchkube" else run.peer(name)
+        figures = [run[key.format(what, name)] for what in ("created", "bound", "Running")]
+        rows.append([label, *(shown(f) for f in figures)])
+        rows[-1] += [trials(figures[-1]), loads_of(figures[-1])]
+    ours, theirs = run[key.format("Running", "torchkube")], run[key.format("Running", "Kubeflow")]
+    qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
+    each = ", ".join(fmt(v, "s") for v in theirs["values"])
+    (title,) = [t for t in run.body["tables"] if t.startswith("where the CPU went")]
+    cpu = {row[2]: row for row in run.body["tables"][title]["rows"]}["torchkube"]
+    return "\n".join(
+        [
+            f"{run.stamp()}; idle:",
+            "",
+            markdown_table(
+                ["job of", "all created", "all bound", "all Running", "trials", "load per trial"],
+                rows,
+            ),
+            "",
+            f"{run.peer('Kubeflow')} ÷ torchkube, all Running: {versus(ours, theirs, run.cores)}"
+            f" — mostly that client's throttle: its trials took {each}, where {burst} requests "
+            f"pass at once and then {qps} a second: (512 − {burst}) ÷ {qps} = "
+            f"{fmt(throttle(512, qps, burst), 's')} for its pods, (1,024 − {burst}) ÷ {qps} = "
+            f"{fmt(throttle(1024, qps, burst), 's')} with a Service each. Where the CPU went "
+            f"in this run (medians): the control plane {cpu[3]}, KWOK {cpu[4]}, torchkube's "
+            f"operator {cpu[5]}; all of them got {cpu[7]} cores, at which everything but the "
+            f"operator needed {cpu[8]}.",
+            "",
+        ]
+    )
+
+
+def fleet(records: dict[str, Body]) -> str:
+    """operator_scale's fleet: 64 jobs × 64 workers, one operator after the other."""
+    run = Run("operator_scale_fleet", records["operator_scale_fleet"])
+    config = run.body["config"]
+    head = {
+        name: f"{config['jobs']} jobs × {config['per_job']} workers, {name}: "
+        for name in ("torchkube", "Kubeflow")
+    }
+    whats = [
+        f["name"].removeprefix(head["torchkube"])
+        for f in run.body["figures"]
+        if f["name"].startswith(head["torchkube"])
+    ]
+    rows = []
+    for what in whats:
+        ours, theirs = (run[head[name] + what] for name in ("torchkube", "Kubeflow"))
+        if "÷" in what:
+            rows.append(
+                [what, f"no ratio: {trials_text([ours])}", f"no ratio: {trials_text([theirs])}"]
+            )
+        else:
+            rows.append([what, shown(ours), shown(theirs)])
+    ours, theirs = run[head["torchkube"] + "all Running"], run[head["Kubeflow"] + "all Running"]
+    differ = loads_differ([ours, theirs], run.cores)
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            markdown_table(["", "torchkube", run.peer("Kubeflow")], rows),
+            "",
+            f"{trials_text([ours, theirs]).capitalize()}, one operator after the other, load "
+            f"{loads_of(ours)} at torchkube's start and {loads_of(theirs)} at Kubeflow's"
+            + ("; the loads differ" if differ else "")
+            + ": no ratio and no verdict.",
+            "",
+        ]
+    )
+
+
+# ----------------------------------------------------------------------------- through Kueue
+def queued(records: dict[str, Body]) -> str:
+    """queued_start: every contender through Kueue, admitted and all Running."""
+    run = Run("queued_start", records["queued_start"])
+    names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
+    rows = []
+    for n in SIZES:
+        key = f"{n} workers through Kueue: apply → {{}}, {{}}"
+        ours = run[key.format("all Running", "torchkube")]
+        for name in names:
+            admission, running = (
+                run[key.format(what, name)] for what in ("Workload admitted", "all Running")
+            )
+            label = name if name == "torchkube" else run.peer(name)
+            ratio = (
+                ""
+                if name == "torchkube"
+                else versus(ours, running, run.cores, n if name == "Kubeflow" else None)
+            )
+            rows.append([str(n), label, shown(admission), shown(running)])
+            rows[-1] += [trials(running), loads_of(running), ratio]
+    trial_rows = run.body["extra"]["trials"]
+    slowest = max(trial_rows, key=lambda t: t["admitted_s"])
+    admitted = [t["admitted_s"] for t in trial_rows]
+    kueue = [t["kueue_cpu_s"] for t in trial_rows if t["workers"] == 512]
+    label = (
+        slowest["operator"] if slowest["operator"] == "torchkube" else run.peer(slowest["operator"])
+    )
+    return "\n".join(
+        [
+            f"{run.stamp()} (each trial's load at its start):",
+            "",
+            markdown_table(
+                [
+                    "workers",
+                    "job of",
+                    "apply → Workload admitted",
+                    "apply → all Running",
+                    "trials",
+                    "load per trial",
+                    "÷ torchkube, all Running",
+                ],
+                rows,
+            ),
+            "",
+            f"Admitted {fmt(min(admitted), 's')} to {fmt(max(admitted), 's')} after the apply "
+            f"over all {len(admitted)} trials (the slowest: {label}, {slowest['workers']} "
+            f"workers); Kueue's process spent {fmt(min(kueue), 's')} to {fmt(max(kueue), 's')} "
+            "of CPU on a 512-worker start.",
+            "",
+        ]
+    )
+
+
+# ----------------------------------------------------------------------------- healing
+def operator_recovery(records: dict[str, Body]) -> str:
+    """operator_recovery: a worker's replacement, and a lost node's workers, both operators."""
+    run = Run("operator_recovery", records["operator_recovery"])
+    rows = []
+    for what in (
+        "worker Failed → replacement created",
+        "worker Failed → replacement Running",
+        "worker force-deleted → replacement created",
+        "worker force-deleted → replacement Running",
+    ):
+        ours, theirs = run[f"{what}, torchkube"], run[f"{what}, Kubeflow"]
+        rows.append([what, shown(ours), shown(theirs), trials_text([ours, theirs])])
+        rows[-1] += [f"{loads_of(ours)}; {loads_of(theirs)}", versus(ours, theirs, run.cores)]
+    node = "node loss: NotReady → all 5 workers Running on healthy nodes"
+    healthy = "node loss: workers Running on healthy nodes 125 s after NotReady"
+    ours, theirs = run[f"{node}, torchkube"], run[f"{healthy}, Kubeflow"]
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            markdown_table(
+                [
+                    "",
+                    "torchkube",
+                    run.peer("Kubeflow"),
+                    "trials",
+                    "load per trial",
+                    "Kubeflow ÷ torchkube",
+                ],
+                rows,
+            ),
+            "",
+            f"A lost node (grace {run.body['config']['grace']} s): "
+            f"{verdict_line(run, f'{node}, torchkube')} (load {loads_of(ours)}); Kubeflow had "
+            f"{theirs['median']:g} of 5 workers on healthy nodes 125 s after "
+            f"NotReady ({trials_text([theirs])}).",
+            "",
+        ]
+    )
+
+
+E2E_CASES = {
+    "killed, never back (1:2)": "torchkube: the worker never returns",
+    "killed, replaced (2:2)": "torchkube: the worker is replaced",
+    "trainer crashed, restarted in place (2:2)": "torchkube: only its trainer crashed",
+    "plain torchrun, default rendezvous settings (1:2)": "plain torchrun, its default settings",
+    "plain torchrun, torchkube's rendezvous settings (1:2)": "plain torchrun, torchkube's settings",
+}
+NEVER_BACK = "killed, never back (1:2)"
+
+
+def recovery_e2e(records: dict[str, Body], parts: bool = True) -> str:
+    """recovery_e2e: kill → training again, torchkube's three cases and plain torchrun."""
+    run = Run("recovery_e2e", records["recovery_e2e"])
+    ours = run[f"{NEVER_BACK}: kill → next step"]
+    what = ["kill → next step", *(("detection", "re-rendezvous", "worker start") if parts else ())]
+    rows = []
+    for case, label in E2E_CASES.items():
+        total = run[f"{case}: kill → next step"]
+        ratio = versus(ours, total, run.cores) if case.startswith("plain") else ""
+        rows.append([label, *(shown(run[f"{case}: {w}"]) for w in what)])
+        rows[-1] += [trials(total), loads_of(total), ratio]
+    store = run["plain torchrun, store's agent killed: trials where training went on"]
+    return "\n".join(
+        [
+            f"{run.stamp()}; a worker SIGKILLed at step {run.body['config']['kill_step']}:",
+            "",
+            markdown_table(
+                ["", *what, "trials", "load per trial", "÷ torchkube (never returns)"], rows
+            ),
+            "",
+            f"Plain torchrun with its store's agent killed: training went on in "
+            f"{fmt(store['median'], '')} of {trials_text([store])}.",
+            "",
+        ]
+    )
+
+
+def real_nodes(records: dict[str, Body]) -> str:
+    """real_node_recovery: a worker pod deleted or hung, with and without a spare."""
+    run = Run("real_node_recovery", records["real_node_recovery"])
+    rows = []
+    for fault in ("worker pod deleted", "worker SIGSTOPped"):
+        for spare in ("no spare", "1 spare"):
+            key = f"{fault}, {spare}: "
+            again = run[key + "training again"]
+            ended = run.figures.get(key + "pod ended (detection)")
+            hang = run.figures.get(key + "Hang in the status")
+            rows.append([fault, spare, shown(again)])
+            rows[-1] += [shown(ended) if ended else "", shown(hang) if hang else ""]
+            rows[-1] += [trials(again), loads_of(again)]
+    spare = "worker pod deleted, 1 spare: training again"
+    alone = run["worker pod deleted, no spare: training again"]
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            markdown_table(
+                [
+                    "fault",
+                    "",
+                    "training again",
+                    "pod ended",
+                    "Hang in the status",
+                    "trials",
+                    "load per trial",
+                ],
+                rows,
+            ),
+            "",
+            f"Targets: {verdict_line(run, spare)}; with a spare at most half the time without "
+            f"one: {versus(run[spare], alone, run.cores).replace('none', 'no verdict')}.",
+            "",
+        ]
+    )
+
+
+# ----------------------------------------------------------------------------- the trainer
+def trainer(records: dict[str, Body]) -> str:
+    """trainer_throughput on CPU: the trainer against a plain loop, pair by pair."""
+    run = Run("trainer_throughput", records["trainer_throughput"])
+    names = [f["name"] for f in run.body["figures"]]
+    ratio = next(n for n in names if "trainer ÷ plain loop (wall time)" in n)
+    overhead = next(n for n in names if "trainer overhead (wall time)" in n)
+    note = run[ratio].get("note", "")
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            figure_table(run, names),
+            "",
+            f"Targets: {verdict_line(run, ratio)}"
+            + (f" ({note})" if note else "")
+            + f"; {verdict_line(run, overhead)}.",
+            "",
+        ]
+    )
+
+
+def checkpoint(records: dict[str, Body]) -> str:
+    """checkpoint_cost: what a save blocks, an emergency save, loads and resumes."""
+    run = Run("checkpoint_cost", records["checkpoint_cost"])
+    names = [f["name"] for f in run.body["figures"]]
+    ratio = "async blocking ÷ sync blocking"
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            figure_table(run, names),
+            "",
+            f"Target: {verdict_line(run, ratio)}.",
+            "",
+        ]
+    )
+
+
+def memory(records: dict[str, Body]) -> str:
+    """trainer_memory: FSDP2's peak memory per rank with gradient accumulation."""
+    run = Run("trainer_memory", records["trainer_memory"])
+    now, before = (f["name"] for f in run.body["figures"])
+    behind = [run[now], run[before]]
+    if short_of_trials(behind):
+        difference = f"no difference given: {trials_text(behind)}"
+    else:
+        difference = fmt(run[before]["median"] - run[now]["median"], run[now]["unit"])
+        difference = f"{difference} less per rank now (medians)"
+    return "\n".join(
+        [f"{run.stamp()}:", "", figure_table(run, [now, before]), "", f"{difference}.", ""]
+    )
+
+
+def gpu(records: dict[str, Body]) -> str:
+    """trainer_throughput --gpu: tokens per second and MFU, trainer and plain loop."""
+    run = Run("trainer_throughput_gpu", records["trainer_throughput_gpu"])
+    shown = [
+        f["name"]
+        for f in run.body["figures"]
+        if f["name"].endswith(("trainer", "plain loop", "MFU"))
+    ]
+    pairs = {len(run[n]["values"]) for n in shown}
+    return "\n".join(
+        [
+            f"{run.stamp()}, {run.machine.get('gpu', 'GPU')}, torch {run.machine.get('torch')}:",
+            "",
+            figure_table(run, shown),
+            "",
+            f"{' or '.join(str(p) for p in sorted(pairs))} trial each: no ratio and no verdict.",
+            "",
+        ]
+    )
+
+
+# ----------------------------------------------------------------------------- the blocks
+@dataclass(frozen=True)
+class Block:
+    """A rendered block: the document it lies in (an attribute of :mod:`bench.report`), its
+    marker name, the records it needs (skipped while one is missing) and its renderer."""
+
+    document: str
+    name: str
+    records: tuple[str, ...]
+    render: Callable[[dict[str, Body]], str]
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return f"<!-- {self.name}:begin -->", f"<!-- {self.name}:end -->"
+
+
+SCALE = ("operator_scale_single",)
+BLOCKS = [
+    Block("TARGET", "scale", SCALE, scale),
+    Block("TARGET", "where-the-time-goes", SCALE, where_the_time_goes),
+    Block("TARGET", "fast-scheduler", ("operator_scale_fast-scheduler",), fast_scheduler),
+    Block("TARGET", "fleet", ("operator_scale_fleet",), fleet),
+    Block("TARGET", "queued", ("queued_start",), queued),
+    Block("TARGET", "operator-recovery", ("operator_recovery",), operator_recovery),
+    Block("TARGET", "recovery-e2e", ("recovery_e2e",), recovery_e2e),
+    Block("TARGET", "real-nodes", ("real_node_recovery",), real_nodes),
+    Block("TARGET", "trainer", ("trainer_throughput",), trainer),
+    Block("TARGET", "checkpoint", ("checkpoint_cost",), checkpoint),
+    Block("TARGET", "memory", ("trainer_memory",), memory),
+    Block("TARGET", "gpu", ("trainer_throughput_gpu",), gpu),
+]

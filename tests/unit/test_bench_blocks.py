@@ -1,0 +1,281 @@
+"""The blocks README.md and docs/*.md quote their measured figures from (``bench.blocks``),
+rendered from small records built here: each says what its record says, by the rule (no
+ratio or verdict on fewer than three trials per contender, every trial's load), and
+``bench.report --check`` fails while a block is not what the records render.
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
+
+from bench import blocks, report
+from bench.common import Reference, Results, Target
+
+PEERS = (
+    "peer client limits: Kubeflow: training-operator v1.8.1, client limit 20 requests/s, "
+    "bursts of 30 (no client-limit flags); Kubeflow, client 500/s: training-operator v1.9.3, "
+    "client limit 500 requests/s, bursts of 1000 (--kube-api-qps=500 --kube-api-burst=1000)"
+)
+FIGURES = dict[str, tuple[str, list[float], list[float]]]
+
+
+def record(name: str, figures: FIGURES, **parts: Any) -> dict[str, Any]:
+    """A record as a benchmark writes it: ``figures`` maps a name to (unit, values, loads)."""
+    results = Results(name, f"python -m bench.{name} --trials 3", config=parts.pop("config", {}))
+    results.notes.append(PEERS)
+    for figure_name, (unit, values, loads) in figures.items():
+        figure = results.figure(figure_name, unit)
+        for value, load in zip(values, loads, strict=True):
+            figure.add(value, load)
+    results.extra.update(parts.pop("extra", {}))
+    for title, table in parts.pop("tables", {}).items():
+        results.tables[title] = table
+    return results.to_json()
+
+
+def around(median: float, trials: int) -> list[float]:
+    """``trials`` values one apart whose median is ``median``."""
+    return [median + i - (trials - 1) / 2 for i in range(trials)]
+
+
+def e2e(trials: int, peer_load: float = 1.0) -> dict[str, Any]:
+    figures: FIGURES = {}
+    cases = {case: 10.0 * (i + 1) for i, case in enumerate(blocks.E2E_CASES)}
+    for case, total in cases.items():
+        loads = [peer_load if case.startswith("plain") else 1.0] * trials
+        for part, value in (("kill → next step", total), ("detection", 0.5)):
+            figures[f"{case}: {part}"] = ("s", around(value, trials), loads)
+        for part in ("re-rendezvous", "worker start"):
+            figures[f"{case}: {part}"] = ("s", [1.0] * trials, loads)
+    store = "plain torchrun, store's agent killed: trials where training went on"
+    figures[store] = ("trials", [0.0], [1.0])
+    return record("recovery_e2e", figures, config={"kill_step": 45})
+
+
+def test_recovery_e2e_gives_no_ratio_on_two_trials_and_one_on_three() -> None:
+    two = blocks.recovery_e2e({"recovery_e2e": e2e(2)})
+    assert "| plain torchrun, its default settings | 40.0 s [39.5 s – 40.5 s] |" in two
+    assert two.count("none: 2 and 2 trials") == 2 and "×" not in two
+    assert "a worker SIGKILLed at step 45" in two and "0 of 1 trial" in two
+    three = blocks.recovery_e2e({"recovery_e2e": e2e(3)})
+    assert "| 4.00× |" in three and "| 5.00× |" in three, "theirs ÷ ours of the medians"
+
+
+def test_contenders_under_different_load_are_said_so_beside_the_figure() -> None:
+    shown = blocks.recovery_e2e({"recovery_e2e": e2e(3, peer_load=3.5)})
+    assert "4.00× (loads differ: 1.0 vs 3.5)" in shown
+    withheld = blocks.recovery_e2e({"recovery_e2e": e2e(2, peer_load=3.5)})
+    assert "none: 2 and 2 trials; loads differ: 1.0 vs 3.5" in withheld
+
+
+def test_a_peer_is_named_by_its_release_and_its_client_limits() -> None:
+    run = blocks.Run("x", record("x", {}))
+    assert run.peer("Kubeflow") == "Kubeflow v1.8.1, default client limits"
+    assert run.peer("Kubeflow, client 500/s") == "Kubeflow v1.9.3, client 500/s"
+
+
+@pytest.mark.parametrize(
+    ("pods", "median", "said"),
+    [
+        (512, 24.2, "mostly its client's throttle: ≥ 24.1 s of 24.2 s for 512 pod creates"),
+        (64, 5.97, "its client's throttle: ≥ 1.70 s of 5.97 s for 64 pod creates"),
+        (8, 0.9, ""),
+    ],
+)
+def test_a_ratio_against_v181_says_how_much_of_it_is_the_throttle(
+    pods: int, median: float, said: str
+) -> None:
+    """(requests − 30) ÷ 20: v1.8.1's client lets 30 requests through at once, then 20 a
+    second, and has no flag to change that; 8 pods fit in the burst."""
+    assert blocks.throttled({"median": median}, pods) == said
+
+
+def single(trials: int) -> dict[str, Any]:
+    figures: FIGURES = {}
+    for condition in blocks.CONDITIONS:
+        for n in blocks.SIZES:
+            for name, scale in (
+                ("torchkube", 1.0),
+                ("Kubeflow", 2.0),
+                ("Kubeflow, client 500/s", 1.5),
+            ):
+                for what in ("all Running", "all created"):
+                    key = f"{n} workers, {condition}: apply → {what}, {name}"
+                    values = around(scale * n / 64, trials)
+                    figures[key] = ("s", values, [1.0] * trials)
+    body = record("operator_scale_single", figures)
+    for f in body["figures"]:
+        if f["name"] in blocks_targets():
+            f["target"], f["verdict"] = "≤ 5.00 s", "met"
+    cpu = ["load", "workers", "job of", "cp", "kwok", "op", "other", "cores", "floor"]
+    rows = [
+        [c, "512", name, "12.0 s", "2.52 s", "2.30 s", "0.025 s", "1.47", "10.7 s"]
+        for c in blocks.CONDITIONS
+        for name in ("torchkube", "Kubeflow")
+    ]
+    body["tables"]["where the CPU went, apply → all Running: CPU seconds, medians"] = {
+        "headers": cpu,
+        "rows": rows,
+    }
+    return body
+
+
+def blocks_targets() -> set[str]:
+    return {
+        "8 workers, idle: apply → all Running, torchkube",
+        "512 workers, idle: apply → all created, torchkube",
+        "512 workers, loaded: apply → all created, torchkube",
+    }
+
+
+def test_starting_jobs_gives_no_ratio_or_verdict_on_two_trials() -> None:
+    shown = blocks.scale({"operator_scale_single": single(2)})
+    assert (
+        "| 512 | idle | Kubeflow v1.8.1, default client limits | 16.0 s [15.5 s – 16.5 s] | 2 |"
+        in shown
+    )
+    assert "×" not in shown and "none: 2 and 2 trials" in shown
+    assert "target ≤ 5.00 s: no verdict: 2 trials" in shown and ": met" not in shown
+    assert "| 512 | 24.1 s | 49.7 s | 15.5 s, 16.5 s; 15.5 s, 16.5 s |" in shown
+    three = blocks.scale({"operator_scale_single": single(3)})
+    assert "2.00× (mostly its client's throttle: ≥ 24.1 s of 16.0 s" in three
+    assert "target ≤ 5.00 s: met" in three
+
+
+def test_where_the_time_goes_quotes_the_records_own_table() -> None:
+    """The paragraph once pointed at a table whose numbers had changed under it."""
+    shown = blocks.where_the_time_goes({"operator_scale_single": single(2)})
+    assert "idle: the control plane 12.0 s, KWOK 2.52 s, the operator 2.30 s" in shown
+    assert "everything but the operator needed 10.7 s" in shown and "medians of 2 trials" in shown
+
+
+def test_fast_scheduler_floors_come_from_its_own_run() -> None:
+    key = "512 workers, scheduler at 500 req/s, idle: apply → all {}, {}"
+    figures: FIGURES = {
+        key.format(what, name): ("s", values, [2.0, 3.0, 3.5])
+        for name, values in (("torchkube", [11.4, 12.3, 13.2]), ("Kubeflow", [49.7, 24.2, 24.2]))
+        for what in ("created", "bound", "Running")
+    }
+    table = (
+        ["load", "workers", "job of", "cp", "kwok", "op", "other", "cores", "floor"],
+        [["idle", "512", "torchkube", "16.6 s", "3.38 s", "2.83 s", "0.800 s", "1.91", "10.8 s"]],
+    )
+    body = record(
+        "operator_scale_fast-scheduler",
+        figures,
+        tables={"where the CPU went, apply → all Running, scheduler at 500 req/s": table},
+    )
+    shown = blocks.fast_scheduler({"operator_scale_fast-scheduler": body})
+    assert "÷ torchkube, all Running: 1.97× — mostly that client's throttle" in shown
+    assert "its trials took 49.7 s, 24.2 s, 24.2 s" in shown
+    assert "(512 − 30) ÷ 20 = 24.1 s" in shown and "(1,024 − 30) ÷ 20 = 49.7 s" in shown
+    assert "the control plane 16.6 s" in shown and "needed 10.8 s" in shown
+
+
+def test_the_fleet_on_one_trial_each_gives_no_ratio_and_says_the_loads_differ() -> None:
+    figures: FIGURES = {}
+    for name, load, scale in (("torchkube", 2.2, 1.0), ("Kubeflow", 4.7, 3.0)):
+        head = f"64 jobs × 64 workers, {name}: "
+        figures[head + "all Running"] = ("s", [139.5 * scale], [load])
+        figures[head + "steady state, reconcile rate last third ÷ first third"] = (
+            "x",
+            [0.7],
+            [load],
+        )
+    body = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64})
+    shown = blocks.fleet({"operator_scale_fleet": body})
+    assert "| all Running | 139.5 s | 418.5 s |" in shown
+    assert "| no ratio: 1 trial | no ratio: 1 trial |" in shown and "0.70" not in shown
+    assert "load 2.2 at torchkube's start and 4.7 at Kubeflow's; the loads differ" in shown
+
+
+def queued_record() -> dict[str, Any]:
+    figures: FIGURES = {}
+    trials = []
+    for n in blocks.SIZES:
+        count = 2 if n == 512 else 3
+        for name in ("torchkube", "Kubeflow", "Kubeflow, client 500/s"):
+            admitted = [0.1 + i / 100 for i in range(count)]
+            if n == 512 and name == "Kubeflow, client 500/s":
+                admitted[0] = 2.34
+            running = [n / 16 + i for i in range(count)]
+            key = f"{n} workers through Kueue: apply → {{}}, {name}"
+            figures[key.format("Workload admitted")] = ("s", admitted, [9.0] * count)
+            figures[key.format("all Running")] = ("s", running, [9.0] * count)
+            trials += [
+                {"operator": name, "workers": n, "admitted_s": a, "kueue_cpu_s": 0.8 + a / 10}
+                for a in admitted
+            ]
+    return record("queued_start", figures, extra={"trials": trials})
+
+
+def test_queued_names_the_slowest_admission_instead_of_a_range_that_missed_it() -> None:
+    """ "admitted in 0.06–0.46 s for every contender" while one took 2.34 s."""
+    shown = blocks.queued({"queued_start": queued_record()})
+    assert "Admitted 0.100 s to 2.34 s after the apply over all 24 trials" in shown
+    assert "(the slowest: Kubeflow v1.9.3, client 500/s, 512 workers)" in shown
+    assert "| 8 | Kubeflow v1.8.1, default client limits |" in shown and "| 1.00× |" in shown
+    rows_512 = [line for line in shown.splitlines() if line.startswith("| 512 | Kubeflow")]
+    assert all(line.endswith("| none: 2 and 2 trials |") for line in rows_512)
+
+
+def real_record() -> dict[str, Any]:
+    figures: FIGURES = {}
+    for fault, parts in (
+        ("worker pod deleted", ("training again",)),
+        ("worker SIGSTOPped", ("training again", "pod ended (detection)", "Hang in the status")),
+    ):
+        for spare, value in (("no spare", 35.9), ("1 spare", 1.91)):
+            for part in parts:
+                figures[f"{fault}, {spare}: {part}"] = ("s", [value], [8.0])
+    body = record("real_node_recovery", figures)
+    spare = next(f for f in body["figures"] if f["name"].startswith("worker pod deleted, 1"))
+    spare |= {"target": "≤ 10.0 s", "verdict": "met", "reference": "no spare 35.9 s"}
+    spare |= {"reference_value": 35.9, "ratio": 18.8}
+    return body
+
+
+def test_hot_spares_on_one_trial_each_get_no_verdict() -> None:
+    """The target was once "met" at 18.8× on one loaded trial each."""
+    shown = blocks.real_nodes({"real_node_recovery": real_record()})
+    assert "target ≤ 10.0 s: no verdict: 1 trial" in shown
+    assert "at most half the time without one: no verdict: 1 and 1 trials" in shown
+    assert "18.8" not in shown and ": met" not in shown
+
+
+def test_a_document_without_a_blocks_markers_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "real_node_recovery.json").write_text(json.dumps(real_record()))
+    target = tmp_path / "benchmarks.md"
+    target.write_text(f"{report.BEGIN}\n{report.END}\n")
+    monkeypatch.setattr(report, "TARGET", target)
+    monkeypatch.setattr(report, "OPERATOR", target)
+    with pytest.raises(ValueError, match="real-nodes:begin"):
+        report.documents(results)
+
+
+def test_every_block_renders_from_the_committed_records() -> None:
+    """What ``bench.report --check`` compares in CI: each block of each document, once."""
+    names = [(block.document, block.name) for block in blocks.BLOCKS]
+    assert len(names) == len(set(names))
+    rendered = report.documents()
+    for block in blocks.BLOCKS:
+        for marker in block.markers:
+            assert rendered[getattr(report, block.document)].count(marker) == 1, block.name
+
+
+def test_records_keep_their_verdicts_the_rendering_withholds_them() -> None:
+    """The record is what the run computed: a reference and a verdict stay in the JSON."""
+    results = Results("demo", "python -m bench.demo --x")
+    figure = results.figure("x", "s", target=Target(5.0), reference=Reference(9.0, "peer 9 s"))
+    figure.add(1.0, 1.0)
+    body = results.to_json()
+    assert body["figures"][0]["verdict"] == "met" and body["figures"][0]["ratio"] == 9.0
