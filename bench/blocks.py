@@ -581,4 +581,5 @@ BLOCKS = [
     Block("TARGET", "checkpoint", ("checkpoint_cost",), checkpoint),
     Block("TARGET", "memory", ("trainer_memory",), memory),
     Block("TARGET", "gpu", ("trainer_throughput_gpu",), gpu),
+    Block("QUEUEING", "queued", ("queued_start",), queued),
 ]
