@@ -437,6 +437,11 @@ def recovery_e2e(records: dict[str, Body], parts: bool = True) -> str:
     )
 
 
+def torchrun(records: dict[str, Body]) -> str:
+    """docs/operator.md: the same, without the split."""
+    return recovery_e2e(records, parts=False)
+
+
 def real_nodes(records: dict[str, Body]) -> str:
     """real_node_recovery: a worker pod deleted or hung, with and without a spare."""
     run = Run("real_node_recovery", records["real_node_recovery"])
@@ -471,6 +476,72 @@ def real_nodes(records: dict[str, Body]) -> str:
             "",
             f"Targets: {verdict_line(run, spare)}; with a spare at most half the time without "
             f"one: {versus(run[spare], alone, run.cores).replace('none', 'no verdict')}.",
+            "",
+        ]
+    )
+
+
+def spares(records: dict[str, Body]) -> str:
+    """docs/operator.md: a deleted worker's job, with and without a spare."""
+    run = Run("real_node_recovery", records["real_node_recovery"])
+    names = [f"worker pod deleted, {s}: training again" for s in ("no spare", "1 spare")]
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            figure_table(run, names),
+            "",
+            f"Without a spare ÷ with one: {versus(run[names[1]], run[names[0]], run.cores)}.",
+            "",
+        ]
+    )
+
+
+def measured(records: dict[str, Body]) -> str:
+    """docs/operator.md: the operator's own times, from operator_recovery and operator_scale."""
+    recovery = Run("operator_recovery", records["operator_recovery"])
+    scale_run = Run("operator_scale_single", records["operator_scale_single"])
+    grace = recovery.body["config"]["grace"]
+    rows = []
+    for run, name, label in (
+        (
+            scale_run,
+            "8 workers, idle: apply → all Running, torchkube",
+            "8-worker job created → all Running",
+        ),
+        (
+            scale_run,
+            "512 workers, idle: apply → all created, torchkube",
+            "512-worker job created → all created",
+        ),
+        (
+            recovery,
+            "worker Failed → replacement created, torchkube",
+            "worker Failed → replacement created",
+        ),
+        (
+            recovery,
+            "worker force-deleted → replacement created, torchkube",
+            "worker force-deleted → replacement created",
+        ),
+        (
+            recovery,
+            "node loss: heartbeats stop → nodes NotReady (cluster), torchkube",
+            "node stops heartbeating → NotReady (the cluster's controller-manager)",
+        ),
+        (
+            recovery,
+            "node loss: NotReady → all 5 workers Running on healthy nodes, torchkube",
+            f"node NotReady → all 5 workers Running elsewhere (`nodeLostGraceSeconds: {grace}`)",
+        ),
+    ):
+        figure = run[name]
+        rows.append([label, shown(figure), trials(figure), loads_of(figure), f"`{run.name}`"])
+    return "\n".join(
+        [
+            markdown_table(["", "median [min – max]", "trials", "load per trial", "record"], rows),
+            "",
+            f"{scale_run.stamp()}; {recovery.stamp()}.",
             "",
         ]
     )
@@ -582,4 +653,7 @@ BLOCKS = [
     Block("TARGET", "memory", ("trainer_memory",), memory),
     Block("TARGET", "gpu", ("trainer_throughput_gpu",), gpu),
     Block("QUEUEING", "queued", ("queued_start",), queued),
+    Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
+    Block("OPERATOR", "spares", ("real_node_recovery",), spares),
+    Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
 ]

@@ -246,6 +246,42 @@ def test_hot_spares_on_one_trial_each_get_no_verdict() -> None:
     assert "target ≤ 10.0 s: no verdict: 1 trial" in shown
     assert "at most half the time without one: no verdict: 1 and 1 trials" in shown
     assert "18.8" not in shown and ": met" not in shown
+    assert "Without a spare ÷ with one: none: 1 and 1 trials" in blocks.spares(
+        {"real_node_recovery": real_record()}
+    )
+
+
+def test_report_splices_every_block_whose_records_are_there_and_check_guards_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "real_node_recovery.json").write_text(json.dumps(real_record()))
+    docs = {name: tmp_path / f"{name}.md" for name in ("TARGET", "README", "OPERATOR", "QUEUEING")}
+    docs["TARGET"].write_text(
+        f"{report.BEGIN}\n{report.END}\n<!-- real-nodes:begin -->\nold\n<!-- real-nodes:end -->\n"
+    )
+    docs["OPERATOR"].write_text("a\n<!-- spares:begin -->\nold\n<!-- spares:end -->\nb\n")
+    docs["README"].write_text("no block needs this one: its records are not there\n")
+    for name, path in docs.items():
+        monkeypatch.setattr(report, name, path)
+    rendered = report.documents(results)
+    assert set(rendered) == {docs["TARGET"], docs["OPERATOR"]}
+    assert "| worker pod deleted | 1 spare | 1.91 s |" in rendered[docs["TARGET"]]
+    assert rendered[docs["OPERATOR"]].startswith(
+        "a\n<!-- spares:begin -->\n`real_node_recovery` at"
+    )
+    assert rendered[docs["OPERATOR"]].endswith("<!-- spares:end -->\nb\n")
+
+    monkeypatch.setattr(report, "RESULTS_DIR", results)
+    monkeypatch.setattr(report, "quickstart_picture", lambda: None)
+    for path, text in rendered.items():
+        path.write_text(text)
+    edited = docs["OPERATOR"].read_text().replace("1.91 s", "1.5 s")
+    docs["OPERATOR"].write_text(edited)
+    with pytest.raises(SystemExit) as failed:
+        report.main(["--check"])
+    assert "OPERATOR.md" in str(failed.value) and "TARGET.md" not in str(failed.value)
 
 
 def test_a_document_without_a_blocks_markers_is_refused(
