@@ -622,6 +622,110 @@ def gpu(records: dict[str, Body]) -> str:
     )
 
 
+# ----------------------------------------------------------------------------- README
+def readme(records: dict[str, Body]) -> str:
+    """README.md: the headline comparisons, each with its trials, loads and ratio (or none)."""
+    e2e = Run("recovery_e2e", records["recovery_e2e"])
+    single = Run("operator_scale_single", records["operator_scale_single"])
+    fast = Run("operator_scale_fast-scheduler", records["operator_scale_fast-scheduler"])
+    kueue = Run("queued_start", records["queued_start"])
+    flt = Run("operator_scale_fleet", records["operator_scale_fleet"])
+    real = Run("real_node_recovery", records["real_node_recovery"])
+    rows: list[list[str]] = []
+
+    def compare(what: str, run: Run, ours: str, theirs: str, peer: str, pods: int = 0) -> None:
+        """``peer`` is a contender of the record: Kubeflow's get their release and limits."""
+        mine, peers = run[ours], run[theirs]
+        label = run.peer(peer) if peer.startswith("Kubeflow") else peer
+        rows.append([what, shown(mine), f"{label}: {shown(peers)}", trials_text([mine, peers])])
+        ratio = versus(mine, peers, run.cores, pods if peer == "Kubeflow" else None)
+        rows[-1] += [f"{loads_of(mine)}; {loads_of(peers)}", ratio]
+
+    def alone(what: str, run: Run, ours: str) -> None:
+        mine = run[ours]
+        rows.append([what, shown(mine), "", trials_text([mine]), loads_of(mine), ""])
+
+    total = "kill → next step"
+    compare(
+        "a worker SIGKILLed, never back: training again",
+        e2e,
+        f"{NEVER_BACK}: {total}",
+        f"plain torchrun, default rendezvous settings (1:2): {total}",
+        "plain torchrun, its defaults",
+    )
+    compare(
+        "the same",
+        e2e,
+        f"{NEVER_BACK}: {total}",
+        f"plain torchrun, torchkube's rendezvous settings (1:2): {total}",
+        "plain torchrun, torchkube's settings",
+    )
+    alone("a worker SIGKILLed and replaced", e2e, f"killed, replaced (2:2): {total}")
+    alone("only its trainer crashed", e2e, f"trainer crashed, restarted in place (2:2): {total}")
+    for condition in CONDITIONS:
+        for peer in ("Kubeflow", "Kubeflow, client 500/s"):
+            key = f"512 workers, {condition}: apply → all Running, "
+            compare(
+                f"512 workers, {condition}: apply → all Running",
+                single,
+                key + "torchkube",
+                key + peer,
+                peer,
+                pods=512,
+            )
+    key = "512 workers, scheduler at 500 req/s, idle: apply → all Running, "
+    compare(
+        "the same, kube-scheduler at 500 requests/s",
+        fast,
+        key + "torchkube",
+        key + "Kubeflow",
+        "Kubeflow",
+        pods=512,
+    )
+    key = "512 workers through Kueue: apply → all Running, "
+    for peer in ("Kubeflow", "Kubeflow, client 500/s"):
+        compare(
+            "512 workers through Kueue: apply → all Running",
+            kueue,
+            key + "torchkube",
+            key + peer,
+            peer,
+            pods=512,
+        )
+    key = "64 jobs × 64 workers, {}: all Running"
+    compare(
+        "64 jobs × 64 workers, one operator after the other: all Running",
+        flt,
+        key.format("torchkube"),
+        key.format("Kubeflow"),
+        "Kubeflow",
+        pods=flt.body["config"]["jobs"] * flt.body["config"]["per_job"],
+    )
+    for case in ("no spare", "1 spare"):
+        alone(
+            f"real kubelet nodes, a worker pod deleted, {case}: training again",
+            real,
+            f"worker pod deleted, {case}: training again",
+        )
+        alone(
+            f"real kubelet nodes, a worker's trainer hung, {case}: training again",
+            real,
+            f"worker SIGSTOPped, {case}: training again",
+        )
+    runs = [e2e, single, fast, kueue, flt, real]
+    return "\n".join(
+        [
+            markdown_table(
+                ["", "torchkube", "peer, same run", "trials", "load per trial", "peer ÷ torchkube"],
+                rows,
+            ),
+            "",
+            "From " + "; ".join(run.stamp() for run in runs) + ".",
+            "",
+        ]
+    )
+
+
 # ----------------------------------------------------------------------------- the blocks
 @dataclass(frozen=True)
 class Block:
@@ -656,4 +760,17 @@ BLOCKS = [
     Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
+    Block(
+        "README",
+        "benchmarks",
+        (
+            "recovery_e2e",
+            *SCALE,
+            "operator_scale_fast-scheduler",
+            "queued_start",
+            "operator_scale_fleet",
+            "real_node_recovery",
+        ),
+        readme,
+    ),
 ]
