@@ -73,11 +73,23 @@ def ordered(results_dir: Path) -> list[str]:
     return [n for n in ORDER if n in present] + sorted(present - set(ORDER))
 
 
+RELABELED = {"goodput over the run": "steps × median step time ÷ wall time"}
+"""Recorded names that say more than their figure measures, rendered as what the figure is:
+live_recovery's "goodput over the run" is the steps times the run's median step time over the
+wall time (its record's notes), which slower steps raise — no goodput."""
+
+
+def relabeled(text: str) -> str:
+    for recorded, shown in RELABELED.items():
+        text = text.replace(recorded, shown)
+    return text
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
     parts = ["#### Targets", "", summary(results_dir), ""]
     for name in ordered(results_dir):
         body = json.loads((results_dir / f"{name}.json").read_text())
-        parts += [markdown_of(body).replace("### ", "#### ", 1), ""]
+        parts += [relabeled(markdown_of(body)).replace("### ", "#### ", 1), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -200,3 +200,20 @@ def test_the_recorded_fleet_says_what_ran() -> None:
 
     recorded = json.loads((RESULTS_DIR / "operator_scale_fleet.json").read_text())
     assert not any("alternating" in note for note in recorded["notes"])
+
+
+def test_a_figure_named_for_more_than_it_measures_is_rendered_as_what_it_is(
+    tmp_path: Path,
+) -> None:
+    """live_recovery's "goodput over the run" is steps × the median step time ÷ wall time,
+    which slower steps raise: it is rendered under that name, its record untouched."""
+    from bench import report
+
+    results = Results("demo", "python -m bench.demo --x")
+    results.figure("recovery: live: goodput over the run", "%").add(57.5, 2.0)
+    results.tables["runs"] = (["run", "goodput over the run"], [["live", "57.5 %"]])
+    results.write(tmp_path)
+    rendered = report.render(tmp_path)
+    assert "goodput" not in rendered
+    assert "| recovery: live: steps × median step time ÷ wall time | 1 | 57.5 % |" in rendered
+    assert "goodput over the run" in (tmp_path / "demo.json").read_text()
