@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     crash = args.crash
     if args.global_batch is None:
-        args.global_batch = job("restart", 1).spec.trainer.global_batch_size
+        args.global_batch = job("restart", args.steps).spec.trainer.global_batch_size
     if args.loss_steps is None:
         args.loss_steps = 400 if crash else 600
     if args.kill_at is None:
