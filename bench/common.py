@@ -254,6 +254,8 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.1f} %"
     if unit == "x":
         return f"{value:.2f}×"
+    if unit == "steps" and float(value).is_integer():  # a count
+        return f"{int(value):,} steps"
     if abs(value) >= 1000:
         return f"{value:,.0f} {unit}".strip()
     if abs(value) >= 10:

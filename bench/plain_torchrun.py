@@ -11,6 +11,11 @@ A kill takes a whole agent's process tree, as losing its node does: ``other`` is
 without the store, ``host`` the one with it (what losing rank 0's node means for torchrun).
 Or it takes the agent's training process alone, as a crash does (a CUDA error, the OOM
 killer): the agent lives on and restarts its worker in a new round (``--max-restarts``).
+A whole agent killed may be replaced: the same command started again that many seconds
+later, as a lost pod's replacement would be once scheduled and its image pulled. The victim's
+trainer may be told to hold still once the kill step is done (``torchkube run``'s
+``--chaos-at-step`` hook, :mod:`torchkube.trainer.chaos`: the same trainer runs here), so
+that the kill lands at that step whatever the load.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from pathlib import Path
 from typing import Literal
 
 from torchkube.api import TrainingJob
-from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport
+from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
 from torchkube.api.worker_launch import torchrun_args, trainer_env
 from torchkube.elastic.warm import workers_of
-from torchkube.local.processes import children_of, kill_tree
+from torchkube.local.processes import children_of, kill_tree, stopped
 from torchkube.local.runner import free_port
 from torchkube.local.threads import threads_per_process
 
@@ -59,6 +64,8 @@ class PlainResult:
     exit_codes: list[int | None]
     finished: bool
     """The trainer reported every step done."""
+    replaced_at: float | None = None
+    """Unix time the killed agent's replacement was started (None: none was)."""
 
 
 class PlainTorchrun:
@@ -100,7 +107,7 @@ class PlainTorchrun:
             flags.append(f"--rdzv-conf={is_host}")
         return [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "torchkube.trainer"]
 
-    def env(self, index: int) -> dict[str, str]:
+    def env(self, index: int, hold_at: int | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
         env |= trainer_env(self.job, index)
         cpus = len(os.sched_getaffinity(0))
@@ -112,7 +119,20 @@ class PlainTorchrun:
         }
         if not self.share_store:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if hold_at is not None:
+            env[Env.CHAOS_HOLD_AT_STEPS] = chaos_hold_steps_value([hold_at])
         return env
+
+    def _start(self, index: int, hold_at: int | None = None) -> subprocess.Popen[bytes]:
+        agent = subprocess.Popen(
+            self.command(host=index == 0),
+            env=self.env(index, hold_at),
+            stdout=(self.log_dir / f"worker-{index}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.agents.append(agent)
+        return agent
 
     def progress(self) -> ProgressReport | None:
         try:
@@ -129,41 +149,56 @@ class PlainTorchrun:
         timeout: float,
         target: Literal["agent", "trainer"] = "agent",
         watch: Callable[[ProgressReport | None], None] | None = None,
+        hold: bool = False,
+        replace_after: float | None = None,
     ) -> PlainResult:
         """Train; once past ``kill_step`` SIGKILL the ``victim`` agent's tree (``host`` or
         ``other``), or with ``target="trainer"`` its training process alone; wait for the
         survivor to end (or ``timeout`` seconds in all). ``watch`` sees each progress record
-        read (every 0.1 s)."""
+        read (every 0.1 s). ``hold``: the victim's trainer stops itself once ``kill_step`` is
+        done and the kill waits for that. ``replace_after``: the killed agent is started again
+        (without the hold) that many seconds after the kill."""
+        if replace_after is not None and target != "agent":
+            raise ValueError("only a whole agent killed is replaced")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         killed_at: float | None = None
         killed_step: int | None = None
+        replaced_at: float | None = None
+        doomed_index = 0 if victim == "host" else 1
         try:
             for index in range(AGENTS):
-                self.agents.append(
-                    subprocess.Popen(
-                        self.command(host=index == 0),
-                        env=self.env(index),
-                        stdout=(self.log_dir / f"worker-{index}.log").open("ab"),
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-            doomed = self.agents[0 if victim == "host" else 1]
-            survivor = self.agents[1 if victim == "host" else 0]
+                self._start(index, kill_step if hold and index == doomed_index else None)
+            doomed, survivor = self.agents[doomed_index], self.agents[1 - doomed_index]
             while time.monotonic() < deadline and survivor.poll() is None:
                 record = self.progress()
                 if watch is not None:
                     watch(record)
-                if killed_at is None and record and record.step >= kill_step:
-                    if target == "agent":
-                        killed_at, killed_step = time.time(), record.step
+                if killed_at is None:
+                    if hold:
+                        trainers = workers_of(doomed.pid, children_of())
+                        due = any(stopped(pid) for pid in trainers)
+                    else:
+                        due = bool(record and record.step >= kill_step)
+                        wanted = due and target == "trainer"
+                        trainers = workers_of(doomed.pid, children_of()) if wanted else []
+                    if due and target == "agent":
+                        killed_at = time.time()
+                        killed_step = kill_step if hold else record.step if record else None
                         kill_tree(doomed.pid)
                         doomed.wait()
-                    elif trainers := workers_of(doomed.pid, children_of()):
-                        killed_at, killed_step = time.time(), record.step
+                    elif due and trainers:
+                        killed_at = time.time()
+                        killed_step = kill_step if hold else record.step if record else None
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(trainers[0], signal.SIGKILL)
+                elif (
+                    replace_after is not None
+                    and replaced_at is None
+                    and time.time() >= killed_at + replace_after
+                ):
+                    replaced_at = time.time()
+                    self._start(doomed_index)
                 time.sleep(0.1)
         finally:
             for agent in self.agents:
@@ -178,4 +213,5 @@ class PlainTorchrun:
             self.log_dir,
             [agent.returncode for agent in self.agents],
             bool(record and record.finished),
+            replaced_at,
         )

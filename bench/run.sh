@@ -37,6 +37,8 @@ if [ "$name" = all ]; then
   # torchft's steady cost again at a step about 5× longer (more micro-batches per step)
   python -m bench.live_recovery --steady-only --global-batch 64 --trials 3 --steps 150 \
     --from-step 30
+  # a crash restarted in place: the cheapest loss for restart, where live saves nothing
+  python -m bench.live_recovery --crash
 else
   python -m "bench.$name" "$@"
 fi

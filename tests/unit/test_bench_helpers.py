@@ -323,22 +323,6 @@ def test_live_recovery_break_even_weighs_torchfts_share_against_each_loss() -> N
     assert break_even_per_hour(0.01, 2.0, 2.0) is None
 
 
-def test_live_recovery_reads_a_restarted_round_and_the_goodput_off_the_records() -> None:
-    """Records every 10 steps, 1 s apart; the kill at step 40 (t=4.5); the new round's start
-    record (step 0) at t=7, its first step record at t=8, past step 40 at t=12."""
-    from bench.live_recovery import after_kill, goodput
-
-    before = [(float(k), 10 * k) for k in range(5)]
-    restarted = [(7.0, 0), *((8.0 + k, 10 * (k + 1)) for k in range(5))]
-    found = after_kill([*before, *restarted], killed_at=4.5, killed_step=40)
-    assert found.new_round_step == 0 and found.new_round_started == 2.5
-    assert (found.new_round_first_record, found.back_past_kill_step) == (3.5, 7.5)
-    live = after_kill([*before, (6.0, 50), (7.0, 60)], killed_at=4.5, killed_step=40)
-    assert live.new_round_step is None and live.back_past_kill_step == 1.5
-    # 50 steps at the median pace of 0.1 s per step, in 12 s from launch (t=0)
-    assert goodput([*before, *restarted], began=0.0) == pytest.approx(50 * 0.1 / 12)
-
-
 def test_each_recovery_figure_is_timed_when_it_holds_not_after_the_others() -> None:
     """Training back at t=2 while the status shows the Hang only at t=5: 'training again' is 2
     (it was published as the status's time when it was polled only after the status)."""

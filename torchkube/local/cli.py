@@ -67,6 +67,14 @@ if TYPE_CHECKING:
     "rendezvous.joinTimeoutSeconds (a slow image pull, a node being provisioned).",
 )
 @click.option(
+    "--chaos-replace-after",
+    "chaos_replace_seconds",
+    type=float,
+    help="Start a worker killed by --chaos-at-step or --chaos-every again this many seconds "
+    "after the kill, not at once: a lost pod's replacement being scheduled and pulling its "
+    "image.",
+)
+@click.option(
     "--chaos-no-restart",
     is_flag=True,
     help="Leave killed workers dead, as a node that never comes back (an elastic job, "
@@ -85,6 +93,7 @@ def run_command(
     chaos_stop_steps: tuple[int, ...],
     chaos_crash_steps: tuple[int, ...],
     chaos_late_seconds: float | None,
+    chaos_replace_seconds: float | None,
     chaos_no_restart: bool,
 ) -> None:
     """Run JOB_FILE here: torchrun agents on loopback stand in for pods, a folder for the PVC.
@@ -119,6 +128,7 @@ def run_command(
         stop_at_steps=sorted(chaos_stop_steps),
         crash_at_steps=sorted(chaos_crash_steps),
         late_seconds=chaos_late_seconds,
+        replace_after_seconds=chaos_replace_seconds,
     )
     run = LocalRun(job, workdir, workers=workers, chaos=chaos, nproc=nproc)
     queue_note = _queue_note(job)

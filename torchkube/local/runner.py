@@ -19,11 +19,13 @@ whole tree the way a pod deletion would: every agent gets SIGTERM, its workers w
 emergency checkpoint within the job's ``terminationGracePeriodSeconds``, then whatever is left
 is killed. Nothing keeps running or writing into the work dir after the command returns.
 
-``chaos`` kills workers (or the store) with SIGKILL, as a node loss would, kills a worker's
-training process alone, as a crash would, or stops one with SIGSTOP, as a wedged GPU would
-leave it (the launcher's hang watchdog finds it), so recovery can be watched. A worker to be
-killed at a step is told the step and holds still once it is done (``torchkube.trainer.chaos``),
-so the kill lands at that step however late this loop's poll sees it.
+``chaos`` kills workers (or the store) with SIGKILL, as a node loss would (the replacement
+started at once or, with ``replace_after_seconds``, as late as a cluster would start the lost
+pod's), kills a worker's training process alone, as a crash would, or stops one with SIGSTOP,
+as a wedged GPU would leave it (the launcher's hang watchdog finds it), so recovery can be
+watched. A worker to be killed at a step is told the step and holds still once it is done
+(``torchkube.trainer.chaos``), so the kill lands at that step however late this loop's poll
+sees it.
 ``replicas.spares`` starts that many extra workers, which stand by in the rendezvous as a pod
 would; ``failurePolicy.replaceStragglers`` restarts the worker of a persistently slow rank,
 with the operator's straggler policy (``torchkube.operator.stragglers``).
@@ -89,6 +91,10 @@ class Chaos:
     restart: bool = True
     """Start a killed worker again, as the operator replaces a lost pod. False leaves it dead
     (a node that never comes back): an elastic job must carry on without it."""
+    replace_after_seconds: float | None = None
+    """Start a killed worker's replacement this many seconds after the kill, not at once: the
+    time a cluster takes to schedule a lost pod's replacement and pull its image. None (or 0):
+    at once."""
     store_at_steps: list[int] = field(default_factory=list)
     """Steps at which the rendezvous store is SIGKILLed (it is restarted like its pod)."""
     stop_at_steps: list[int] = field(default_factory=list)
@@ -603,7 +609,9 @@ class LocalRun:
         failure.step = step
         self.failures.append(failure)
         self._account(found)
-        if self.chaos.restart:
+        if self.chaos.restart and self.chaos.replace_after_seconds:
+            self.waiting[index] = now + self.chaos.replace_after_seconds
+        elif self.chaos.restart:
             self._start_worker(index)
 
     def _crash(self, record: ProgressReport, now: float) -> None:
