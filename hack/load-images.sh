@@ -12,8 +12,10 @@
 # IMAGE is a tag in the local Docker engine (DOCKER_HOST is honoured; DOCKER names another
 # client binary, CTR another ctr). For containerd, a node that already holds the same image ID
 # under that name is skipped (the ID is kept as a label on the image), and the image is saved
-# from Docker once and imported into the nodes in parallel; an older image under that name is
-# removed first, so a node keeps one version of each. Pods then use the image with
+# from Docker once and streamed into the nodes in parallel (no copy on disk); an older build
+# under that name is removed first with its layers, so a node keeps one build of each tag (a
+# node needs free space for the image twice: its layers and their unpacked copy). Pods then use
+# the image with
 # `imagePullPolicy: IfNotPresent` (or Never):
 #
 #   docker build --target operator -t torchkube/operator:dev .
@@ -29,7 +31,7 @@ readonly ID_LABEL=io.torchkube.docker-image-id
 
 log() { printf 'load-images: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 
 docker=${DOCKER:-docker}
 ctr=${CTR:-ctr}
@@ -79,24 +81,43 @@ containerd_ref() {
     echo "$ref"
 }
 
-has_image() { # SOCKET REF ID: the node holds REF with our ID label
-    "$ctr" --address "$1" --namespace k8s.io images list --quiet \
-        "name==$2,labels.\"$ID_LABEL\"==$3" 2>/dev/null | grep -qx "$2"
+nodes_ctr() { # SOCKET ARGS...: ctr against one node, in the CRI namespace
+    local socket=$1
+    shift
+    "$ctr" --address "$socket" --namespace k8s.io "$@"
 }
 
-import_into() { # SOCKET ARCHIVE REF ID
+has_image() { # SOCKET REF ID: the node holds REF with our ID label
+    nodes_ctr "$1" images list --quiet "name==$2,labels.\"$ID_LABEL\"==$3" 2>/dev/null |
+        grep -qx "$2"
+}
+
+remove_earlier_build() { # SOCKET REF
+    # containerd's CRI plugin gives every imported image a second name, its ID (sha256:...).
+    # Removing only REF would leave that name holding the earlier build's layers (6 GB per
+    # trainer rebuild and node), so its ID names go too, unless another tag still wants it.
+    local digest names=() others=()
+    digest=$(nodes_ctr "$1" images list "name==$2" 2>/dev/null | awk 'NR == 2 {print $3}')
+    [[ -n $digest ]] || return 0
+    mapfile -t names < <(nodes_ctr "$1" images list --quiet "target.digest==$digest")
+    mapfile -t others < <(printf '%s\n' "${names[@]}" | grep -v -x -e "$2" -e 'sha256:[0-9a-f]*')
+    if [[ ${#others[@]} -gt 0 ]]; then
+        names=("$2")
+    fi
+    # --sync waits for containerd's garbage collection, so the space is free on return.
+    nodes_ctr "$1" images rm --sync "${names[@]}" >/dev/null 2>&1 || true
+}
+
+import_into() { # SOCKET STREAM REF ID
     local started=$SECONDS
-    # An older build under the same name goes first, and its layers with it (--sync waits for
-    # containerd's garbage collection): a node keeps one version of each image, not every one
-    # ever loaded (a 6 GB trainer image per rebuild filled the disk).
-    "$ctr" --address "$1" --namespace k8s.io images rm --sync "$3" >/dev/null 2>&1 || true
-    "$ctr" --address "$1" --namespace k8s.io images import "$2" >/dev/null ||
-        die "ctr images import into $1 failed"
-    "$ctr" --address "$1" --namespace k8s.io images label "$3" "$ID_LABEL=$4" >/dev/null ||
-        die "ctr images label on $1 failed"
+    remove_earlier_build "$1" "$3"
+    nodes_ctr "$1" images import "$2" >/dev/null || die "ctr images import into $1 failed"
+    nodes_ctr "$1" images label "$3" "$ID_LABEL=$4" >/dev/null || die "ctr images label on $1 failed"
     echo "imported $3 $1 $((SECONDS - started))"
 }
 
+# The archive is streamed from `docker save` into every node at once (one pipe per node, fed by
+# tee): no copy of it on disk, which for the trainer image would be another 6 GB.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for image in "${images[@]}"; do
@@ -112,16 +133,19 @@ for image in "${images[@]}"; do
         fi
     done
     [[ ${#need[@]} -gt 0 ]] || continue
-    archive=$work/image.tar
-    log "docker save $image (${id:7:12}) for ${#need[@]} node(s)"
-    "$docker" save --output "$archive" "$image" || die "docker save $image failed"
+    log "docker save $image (${id:7:12}) into ${#need[@]} node(s)"
     pids=()
-    for socket in "${need[@]}"; do
-        import_into "$socket" "$archive" "$ref" "$id" &
+    pipes=()
+    for i in "${!need[@]}"; do
+        pipes+=("$work/node$i")
+        mkfifo "${pipes[$i]}"
+        import_into "${need[$i]}" "${pipes[$i]}" "$ref" "$id" &
         pids+=($!)
     done
+    "$docker" save "$image" | tee "${pipes[@]}" >/dev/null ||
+        die "docker save $image into the nodes failed (see above)"
     for pid in "${pids[@]}"; do
         wait "$pid" || die "loading $image failed (see above)"
     done
-    rm -f "$archive"
+    rm -f "${pipes[@]}"
 done

@@ -18,6 +18,8 @@ from pathlib import Path
 from testbed.host import CNI_BIN_DIR, run, tool
 
 PAUSE_REPOSITORY = "torchkube/pause"
+IMAGE_ID_LABEL = "io.torchkube.docker-image-id"
+"""What hack/load-images.sh (its ID_LABEL) labels an imported image with: its Docker ID."""
 PAUSE_SOURCE = r"""
 #include <signal.h>
 #include <unistd.h>
@@ -134,6 +136,20 @@ state = "{state}"
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{cni_conf_dir}"
 """
+
+
+def names_tag(name: str, tag: str) -> bool:
+    """Whether containerd's ``name`` is Docker's ``tag``: ``docker.io/[library/]`` before it
+    unless its first part is a registry host, and ``:latest`` when it has no version (the rule
+    hack/load-images.sh and the kubelet name images by)."""
+    first, _, rest = tag.partition("/")
+    if not rest:
+        tag = f"docker.io/library/{tag}"
+    elif "." not in first and ":" not in first and first != "localhost":
+        tag = f"docker.io/{tag}"
+    if ":" not in tag.rsplit("/", 1)[-1] and "@" not in tag:
+        tag += ":latest"
+    return name == tag
 
 
 def ctr(socket: Path, *args: str) -> list[str]:

@@ -57,6 +57,14 @@ Report = Callable[[str], None]
 
 
 # ------------------------------------------------------------------------------- one node
+def _mount_point(path: Path) -> Path:
+    """The mount point of the filesystem that holds ``path``."""
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
 class RealNode:
     """One kubelet + containerd pair with its own bridge, CNI network and cgroup root."""
 
@@ -532,6 +540,7 @@ class RealNodes:
 
         image_id = docker.check("image", "inspect", "--format", "{{.Id}}", tag).strip()
         size = docker.image_size(tag)
+        self._check_room(tag, image_id, size)
         argv = ["bash", str(repo_root() / "hack" / "load-images.sh")]
         for node in self.nodes:
             argv += ["--containerd", str(node.socket)]
@@ -558,6 +567,33 @@ class RealNodes:
             f" (imported into {', '.join(imported) or 'none: all had it'})"
         )
         return loaded
+
+    def _check_room(self, tag: str, image_id: str, size: int) -> None:
+        """Fail before the import, not halfway through it, when the disk cannot take the image.
+
+        A node that lacks it needs its size twice (the layers and their unpacked copy); one that
+        holds an earlier build of the tag frees about as much first (hack/load-images.sh)."""
+        label = f'labels."{containerd.IMAGE_ID_LABEL}"'
+        need: dict[Path, int] = {}
+        for node in self.nodes:
+            holding = node.ctr("images", "list", "--quiet", f"{label}=={image_id}")
+            if host.run(holding, node.name).strip():
+                continue
+            loaded = host.run(node.ctr("images", "list", "--quiet", label), node.name).split()
+            if any(containerd.names_tag(name, tag) for name in loaded):
+                continue
+            mount = _mount_point(node.root_dir)
+            need[mount] = need.get(mount, 0) + 2 * size
+        for mount, needed in need.items():
+            free = shutil.disk_usage(mount).free
+            if free < needed:
+                raise ClusterError(
+                    f"image {tag} on real nodes",
+                    f"needs about {needed / 1e9:.1f} GB free on {mount} (its layers and their "
+                    f"unpacked copy on each node that lacks it), {free / 1e9:.1f} GB is free; make "
+                    f"room there, e.g. `docker builder prune` against the test engine, or remove "
+                    f"{self.cache_dir} so the nodes' image stores start afresh",
+                )
 
     def kill_node(self, name: str) -> None:
         """Power loss of one node (see :meth:`RealNode.kill`)."""

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -260,6 +261,60 @@ def test_real_pod_runs_logs_and_resolves_headless_service(
     assert "hello from a real node" in logs
     resolved = [line.split()[0] for line in logs.splitlines() if "svc.cluster.local" in line]
     assert resolved == [pod_ip, pod_ip], logs
+
+
+def test_a_reloaded_image_leaves_no_earlier_build_on_the_nodes(
+    real_cluster: Cluster, docker: Docker, base_image: str, tmp_path: Path, say: Say
+) -> None:
+    """hack/load-images.sh keeps one build of a tag per node: the earlier build's manifest and
+    layers are collected, whatever names containerd's CRI plugin gave it (it adds the image ID
+    as a second name on import). Each trainer rebuild is 6 GB per node otherwise."""
+    nodes = real_cluster.real_nodes
+    assert nodes is not None
+    tag = "torchkube/reload-probe:test"
+    ref = f"docker.io/{tag}"
+    manifests: list[dict[str, str]] = []
+    for build in ("first", "second"):
+        context = tmp_path / build
+        context.mkdir()
+        (context / "build").write_text(f"{build} {secrets.token_hex(8)}\n")
+        (context / "Dockerfile").write_text(f"FROM {base_image}\nCOPY build /build\n")
+        docker.check("build", "--tag", tag, str(context), timeout=300)
+        nodes.load_image(docker, tag)
+        manifests.append({node.name: _manifest_digest(node.ctr, ref) for node in nodes.nodes})
+    try:
+        for node in nodes.nodes:
+            first, second = manifests[0][node.name], manifests[1][node.name]
+            assert first != second
+            names = _run_ctr(node.ctr, "images", "list", "--quiet", f"target.digest=={first}")
+            assert names == [], f"{node.name} still names the first build: {names}"
+            content = _run_ctr(node.ctr, "content", "list", "--quiet")
+            assert first not in content, f"{node.name} still holds the first build's manifest"
+            assert second in content
+    finally:
+        for node in nodes.nodes:
+            for build in manifests:
+                digest = f"target.digest=={build[node.name]}"
+                names = _run_ctr(node.ctr, "images", "list", "--quiet", digest)
+                if names:
+                    subprocess.run(node.ctr("images", "rm", "--sync", *names), capture_output=True)
+        docker.run("image", "rm", tag)
+
+
+def _run_ctr(ctr: Callable[..., list[str]], *args: str) -> list[str]:
+    proc = subprocess.run(ctr(*args), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, f"ctr {' '.join(args)}: {proc.stderr}"
+    return proc.stdout.split()
+
+
+def _manifest_digest(ctr: Callable[..., list[str]], ref: str) -> str:
+    """The manifest digest that ``ref`` names on a node (``ctr images list``'s third column)."""
+    proc = subprocess.run(
+        ctr("images", "list", f"name=={ref}"), capture_output=True, text=True, timeout=60
+    )
+    rows = [line.split() for line in proc.stdout.splitlines()[1:] if line.strip()]
+    assert len(rows) == 1, f"{ref}: {proc.stdout}{proc.stderr}"
+    return rows[0][2]
 
 
 def _progress(directory: Path) -> dict[str, Any]:
