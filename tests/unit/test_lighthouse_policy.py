@@ -1,5 +1,6 @@
 """recovery live: torchft's Lighthouse in a pod and Service of its own, created, watched and
-replaced like the rendezvous store (torchkube/operator/sorting.py, scaling.py, phase.py)."""
+replaced like the rendezvous store; and the store's loss, which the replica groups train on
+through, restarts nothing (torchkube/operator/sorting.py, scaling.py, phase.py, failure.py)."""
 
 from datetime import timedelta
 from typing import Any
@@ -160,3 +161,48 @@ def test_a_finished_live_job_lets_its_lighthouse_go() -> None:
     light = lighthouse()
     result = run(live_job(finished), [store(), light])
     assert light["metadata"]["name"] in [name for name, _ in result.delete_pods]
+
+
+def test_a_live_job_that_loses_its_store_trains_on_and_restarts_nothing() -> None:
+    """Each pod is a torchrun world of its own, which needs the store only to start: the
+    groups train on while a new store starts. Not an incident, nothing spent; the store is
+    replaced, the job stays Running, and StoreReady says what waits for the store."""
+    job = live_job(running_status(), failurePolicy={"recovery": "live", "maxRestarts": 0})
+    for lost in (store(phase="Failed", exit_code=137), store(deleting=True, deleted_ago=1)):
+        result = run(job, [pod(0), pod(1), lost, lighthouse()], children=own_children(True))
+        status = result.status
+        assert status.phase == "Running", status.conditions
+        assert (status.restarts, status.restarts_count_towards_max) == (0, 0)
+        assert status.replica_group_losses == 0, "the store is no replica group"
+        assert status.last_failure is not None
+        assert status.last_failure.reason == "RendezvousStoreLost"
+        assert status.last_failure.incident is None and status.last_failure.counted is False
+        assert "restarting from the latest checkpoint" not in " ".join(
+            e.message for e in result.events
+        )
+        assert len(created(result, lbl.ROLE_RENDEZVOUS)) == 1
+        assert created(result, lbl.ROLE_WORKER) == []
+        ready = condition(result, cond.STORE_READY)
+        assert ready["status"] == "False" and "train on" in ready["message"], ready
+    crashed = store(restarts=1)
+    crashed["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 1, "reason": "Error"}
+    }
+    in_place = run(job, [pod(0), pod(1), crashed, lighthouse()], children=own_children(True))
+    assert in_place.status.restarts == 0 and in_place.status.phase == "Running"
+    assert in_place.mark_recorded == {crashed["metadata"]["name"]: "1"}, "counted once"
+
+
+def test_a_live_job_whose_store_is_lost_with_every_group_restarts() -> None:
+    """No group trains on: the store's loss is part of the job's restart, as before."""
+    job = live_job(running_status())
+    both = [pod(i, phase="Failed", exit_code=137) for i in range(2)]
+    result = run(job, [*both, store(phase="Failed", exit_code=137), lighthouse()])
+    assert result.status.restarts == 1
+
+
+def test_a_live_job_whose_store_never_served_does_not_start() -> None:
+    """Before the start the workers need the store for their first rendezvous."""
+    result = run(live_job(), [pod(0), pod(1), store(phase="Pending"), lighthouse()])
+    assert result.status.phase == "Pending"
+    assert condition(result, cond.STORE_READY)["status"] == "False"

@@ -142,6 +142,11 @@ def _server_problem(pods: Sequence[dict[str, Any]], what: str) -> str | None:
     return f"the {what} pod {p.name(pod)} is not serving ({why})"
 
 
+STORE_NOT_NEEDED = (
+    "; recovery live: the replica groups train on without it (each pod's torchrun world needs "
+    "it only to start its workers: a group that restarts its workers, and a new pod, wait "
+    "for it)"
+)
 LIGHTHOUSE_NEEDED = (
     ". Every step of every replica group begins with a quorum it forms: the groups wait at "
     "their next quorum until a Lighthouse serves, and nothing restarts from a checkpoint. "
@@ -204,14 +209,18 @@ def derive(
     """``Running`` takes the workers that train (``replicas.min``; one replica group in
     live recovery, where survivors train on) *and* a serving store (and, in live recovery, a
     serving Lighthouse): a job whose store never runs has not started
-    (``startDeadlineSeconds`` applies), and one whose store (or Lighthouse) is lost after
-    the start is ``Restarting`` until one serves again."""
+    (``startDeadlineSeconds`` applies), and one whose store is lost after the start is
+    ``Restarting`` until a store serves again — but for a live job, whose groups train on
+    without the store once started, and wait at their next quorum without the Lighthouse."""
     running = [pod for pod in workers if p.state(pod) == "running"]
     minimum = fewest_training_workers(ctx.job)
     no_store = store_problem(stores)
+    trains_without_store = live(ctx.job) and bool(ctx.status.start_time)
     waits: tuple[str, str] | None = None
     if no_store is None:
         ctx.set(cond.STORE_READY, True, "Serving", "the rendezvous store serves")
+    elif trains_without_store:
+        ctx.set(cond.STORE_READY, False, "NotServing", no_store + STORE_NOT_NEEDED)
     else:
         ctx.set(cond.STORE_READY, False, "NotServing", no_store)
         waits = ("WaitingForStore", no_store)
