@@ -151,6 +151,9 @@ def test_a_lone_agent_trains_on_while_its_store_is_away(
     assert numbers == list(range(1, 101)), "a step was lost or repeated"
     log = (tmp_path / "a.log").read_text()
     assert "re-joining through a new connection to the store" not in log, log[-3000:]
+    # nobody reads a lone agent's keep-alives: without a store each one failed, with a trace,
+    # every keep_alive_interval for the rest of the run
+    assert "failed to send a keep-alive heartbeat" not in log, log[-3000:]
 
 
 def test_only_a_live_recovery_agent_of_one_node_is_lone(monkeypatch: pytest.MonkeyPatch) -> None:

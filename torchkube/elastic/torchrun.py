@@ -51,9 +51,11 @@ Around it, this module adds:
   evicted, its node lost) stop the workers of every pod at once: each replica group
   restarted from the checkpoint. Such an agent (:func:`lone`) answers it without the store;
   it needs the store again only to restart its workers, and the launcher waits for the
-  store then. Not in restart mode, even at one node: a spare may share the rendezvous, and
-  a participant that trained on while the spare re-joined through a new store would train
-  beside it.
+  store then. Nor does it send keep-alives, which nobody reads: without the store each
+  failed with a trace every ``keep_alive_interval``, and a new store, which does not hold
+  the rendezvous, failed them for the rest of the run. Not in restart mode, even at one
+  node: a spare may share the rendezvous, and a participant that trained on while the spare
+  re-joined through a new store would train beside it.
 * **Every in-place restart is told.** When a worker fails, torchrun restarts the pod's
   workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
   would stay invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
@@ -160,6 +162,13 @@ def track() -> None:
 
     handler_class.next_rendezvous = next_rendezvous
     handler_class._torchkube_tracked = True
+    keep_alive = handler_class._keep_alive
+
+    def keep_alive_unless_lone(self: Any) -> None:
+        if not lone(self._settings.max_nodes):  # see the module docstring
+            keep_alive(self)
+
+    handler_class._keep_alive = keep_alive_unless_lone
     _close_only_at_the_end(handler_class)
     _spare_when_full(handler_class)
     _poll_sooner()
