@@ -4,6 +4,7 @@ rendezvous store as a killable process, and the steps the workload logged."""
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,14 @@ class Store:
             stdout=(self.out / "store.log").open("ab"),
             stderr=subprocess.STDOUT,
         )
+
+    def listening(self) -> bool:
+        """Whether the store accepts connections (its start imports torch: seconds)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def kill(self) -> None:
         assert self.proc is not None

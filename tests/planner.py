@@ -110,7 +110,7 @@ def pod(
 
 
 def role_container(role: str) -> str:
-    return "store" if role == "rendezvous" else "trainer"
+    return {"rendezvous": "store", "lighthouse": "lighthouse"}.get(role, "trainer")
 
 
 def kubelet_stopped(slot: int, released: str | None = None, **kw: Any) -> dict[str, Any]:
@@ -134,6 +134,11 @@ def store(node: str = "n1", phase: str = "Running", **kw: Any) -> dict[str, Any]
     return pod(0, phase=phase, node=node, role="rendezvous", **kw)
 
 
+def lighthouse(node: str = "n1", phase: str = "Running", **kw: Any) -> dict[str, Any]:
+    """recovery live: the job's Lighthouse pod."""
+    return pod(0, phase=phase, node=node, role="lighthouse", **kw)
+
+
 def child(kind: str, name: str, owner: str | None = "u1", **meta: Any) -> dict[str, Any]:
     """A Service or claim as the operator's watch cache keeps it."""
     refs = [{"uid": owner, "controller": True}] if owner else []
@@ -147,8 +152,12 @@ def child(kind: str, name: str, owner: str | None = "u1", **meta: Any) -> dict[s
     return p.slim_child(body)
 
 
-def own_children() -> list[dict[str, Any]]:
-    return [child("Service", "demo"), child("PersistentVolumeClaim", "demo-checkpoints")]
+def own_children(live: bool = False) -> list[dict[str, Any]]:
+    """The job's Service and claim (``live``: and its Lighthouse's Service)."""
+    services = [child("Service", "demo")]
+    if live:
+        services.append(child("Service", "demo-lighthouse"))
+    return [*services, child("PersistentVolumeClaim", "demo-checkpoints")]
 
 
 def run(

@@ -841,15 +841,19 @@ def test_a_live_job_loses_a_pod_and_the_survivor_trains_on_while_it_rejoins_from
     real_cluster: Cluster,
     say: Say,
 ) -> None:
-    """failurePolicy.recovery live through the operator: the Lighthouse beside the store, one
-    torchft replica group per pod. Worker 1's container SIGKILLed: the survivor trains on
+    """failurePolicy.recovery live through the operator: the Lighthouse in a pod of its own,
+    one torchft replica group per pod. Worker 1's container SIGKILLed: the survivor trains on
     without a restart or a reload while the job stays Running; the replacement pod copies the
-    live state from it and joins; the run ends at its exact step count."""
-    steps, every = 900, 100
+    live state from it and joins. Then the rendezvous store's pod is deleted: each pod's
+    torchrun world needs it only to start, so both groups train on through it — no worker
+    restarted, none resumed from a checkpoint, no restart counted. The run ends at its exact
+    step count."""
+    steps, every = 1500, 100
     live = {"replicas": {"min": 2, "max": 2}, "failurePolicy": {"recovery": "live"}}
     with scenario.training("realnodes-live", "live", steps, every, **live) as job:
         victim = next(p for p in job.pods() if p.metadata.labels[lbl.REPLICA_INDEX] == "1")
         survivor = next(p for p in job.pods() if p.metadata.labels[lbl.REPLICA_INDEX] == "0")
+        [lighthouse] = job.pods(lbl.ROLE_LIGHTHOUSE)
         at_step = int(job.progress()["step"])
         say(f"SIGKILL the container of {victim.metadata.name} at step {at_step}")
         os.kill(_container_pid(victim, b"torchkube.elastic.launch"), signal.SIGKILL)
@@ -862,7 +866,7 @@ def test_a_live_job_loses_a_pod_and_the_survivor_trains_on_while_it_rejoins_from
 
         wait_for(survivor_alone, 120, what="the survivor alone", describe_last=job.describe)
 
-        def rejoined() -> str | None:
+        def rejoined() -> tuple[str, str] | None:
             phases.add(str(job.status().get("phase")))
             for pod in job.pods():
                 if (
@@ -872,20 +876,45 @@ def test_a_live_job_loses_a_pod_and_the_survivor_trains_on_while_it_rejoins_from
                     continue
                 logs = _logs(real_cluster, job.namespace, pod.metadata.name)
                 if "joined from a live peer" in logs:
-                    return logs
+                    return pod.metadata.name, logs
             return None
 
-        joined = wait_for(rejoined, 300, what="the replacement joined", describe_last=job.describe)
+        replacement, joined = wait_for(
+            rejoined, 300, what="the replacement joined", describe_last=job.describe
+        )
         say(next(line for line in joined.splitlines() if "joined from a live peer" in line))
-        assert phases == {"Running"}, f"the job left Running while its survivor trained: {phases}"
+
+        [store] = [p for p in job.pods(lbl.ROLE_RENDEZVOUS) if not p.metadata.deletion_timestamp]
+        at = int(job.progress()["step"])
+        say(f"kubectl delete pod {store.metadata.name} (the rendezvous store) at step {at}")
+        _kubectl(
+            real_cluster, "delete", "pod", "-n", job.namespace, store.metadata.name, "--wait=false"
+        )
+
+        def trained_on() -> bool:
+            phases.add(str(job.status().get("phase")))
+            return _past(job, at + every, world=2)()
+
+        wait_for(trained_on, 300, what="both groups training on", describe_last=job.describe)
+        assert phases == {"Running"}, f"the job left Running while its groups trained: {phases}"
         assert job.wait_finished() == "Succeeded", job.describe()
         report, status = job.progress(), job.status()
         assert report.get("finished") is True and report.get("step") == steps, report
-        assert status["lastFailure"]["pod"] == victim.metadata.name, status
-        assert status["lastFailure"].get("replicaGroupLoss") is True, status
         assert status.get("restarts", 0) == 0 and status.get("replicaGroupLosses") == 1, status
+        group_losses = [f for f in status["failures"] if f.get("replicaGroupLoss")]
+        assert [f["pod"] for f in group_losses] == [victim.metadata.name], status
+        store_losses = [f for f in status["failures"] if f["reason"] == "RendezvousStoreLost"]
+        assert [f["pod"] for f in store_losses] == [store.metadata.name], status
+        assert store_losses[0].get("incident") is None, store_losses
+        assert [p.metadata.name for p in job.pods(lbl.ROLE_LIGHTHOUSE)] == [
+            lighthouse.metadata.name
+        ], "the Lighthouse outlived the store's pod"
+        for pod in (survivor.metadata.name, replacement):
+            logs = _logs(real_cluster, job.namespace, pod)
+            assert "resumed from" not in logs, f"{pod}:\n{logs[-3000:]}"
+            assert "re-joining through a new connection" not in logs, f"{pod}:\n{logs[-3000:]}"
+            assert "restarting the workers" not in logs, f"{pod}:\n{logs[-3000:]}"
         survived = _logs(real_cluster, job.namespace, survivor.metadata.name)
-        assert "resumed from" not in survived and "restarting the workers" not in survived
         assert "quorum changed from 2 to 1 replica groups" in survived, survived[-3000:]
 
 

@@ -10,9 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
-from agents import Store, kill_agent, launch, rdzv_args, steps, trained_together, wait_for
+from agents import (
+    Store,
+    kill_agent,
+    launch,
+    rdzv_args,
+    steps,
+    trained_together,
+    wait_for,
+    worker_pids,
+)
 
 from torchkube.api.contract import ExitCode
+from torchkube.elastic import torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -108,3 +118,49 @@ def test_a_store_gone_for_a_whole_join_timeout_exits_75(
     store_process.kill()
     assert agent.wait(timeout=60) == ExitCode.RENDEZVOUS_LOST
     assert "giving up" in (tmp_path / "a.log").read_text()
+
+
+@pytest.mark.parametrize("comes_back", [True, False], ids=["store-replaced", "store-gone"])
+def test_a_lone_agent_trains_on_while_its_store_is_away(
+    store_process: Store, tmp_path: Path, comes_back: bool
+) -> None:
+    """recovery live: each pod is a torchrun world of its own (one agent, ``--nnodes=1``) and
+    torchft's quorum spans the pods. Such an agent has nobody to wait for, so it needs its store
+    only to start its workers: losing the store pod (deleted, evicted, its node lost) must not
+    stop them — every replica group would restart at once, from the checkpoint. The same
+    worker processes train on through the outage; a new, empty store in its place, or none at
+    all until the end, changes nothing."""
+    args = rdzv_args(store_process.port, nnodes="1")
+    agent = launch(args, tmp_path, "a", STEPS="100", TORCHKUBE_RECOVERY="live")
+    wait_for(lambda: len(steps(tmp_path)) >= 5, 120, "the agent training", tmp_path)
+    before = worker_pids(tmp_path, "a")
+    store_process.kill()
+    lost_at = len(steps(tmp_path))
+    wait_for(
+        lambda: len(steps(tmp_path)) >= lost_at + 20, 60, "training on without a store", tmp_path
+    )
+    assert worker_pids(tmp_path, "a") == before, "the workers were restarted"
+    if comes_back:
+        store_process.start()  # the operator's replacement: same name, no rendezvous in it
+        wait_for(store_process.listening, 120, "the new store", tmp_path)
+    try:
+        assert agent.wait(timeout=120) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    finally:
+        kill_agent(tmp_path, "a")
+    numbers = [s for s, _, _ in steps(tmp_path)]
+    assert numbers == list(range(1, 101)), "a step was lost or repeated"
+    log = (tmp_path / "a.log").read_text()
+    assert "re-joining through a new connection to the store" not in log, log[-3000:]
+    # nobody reads a lone agent's keep-alives: without a store each one failed, with a trace,
+    # every keep_alive_interval for the rest of the run
+    assert "failed to send a keep-alive heartbeat" not in log, log[-3000:]
+
+
+def test_only_a_live_recovery_agent_of_one_node_is_lone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In restart mode a one-node round may have a spare in its rendezvous: a participant
+    that trained on without the store while the spare re-joined through a new one would
+    train beside it. It re-joins with the others, as before."""
+    monkeypatch.setenv("TORCHKUBE_RECOVERY", "live")
+    assert torchrun.lone(1) and not torchrun.lone(2)
+    monkeypatch.setenv("TORCHKUBE_RECOVERY", "restart")
+    assert not torchrun.lone(1)

@@ -178,3 +178,32 @@ def test_a_hot_spare_stands_by_and_takes_a_lost_groups_place_at_next_quorum(
     assert len(stood_by) == 2, shown
     assert "joined from a live peer" not in stood_by[1], shown
     assert "live: replica group" not in stood_by[1] and "quorum changed" not in stood_by[1], shown
+
+
+def test_a_live_job_trains_on_through_the_loss_of_its_rendezvous_store(tmp_path: Path) -> None:
+    """The rendezvous store SIGKILLed at step 100 and started again at once on its port, as
+    the kubelet restarts its pod's container (or as a new pod answers under its name): each
+    pod is a torchrun world of its own, which needs the store only to start its workers, so
+    both replica groups train on through it — no worker stopped, none resumed from a
+    checkpoint, no restart counted. (Before, every launcher stopped its workers at the loss
+    and every group restarted from the newest checkpoint.)"""
+    cli = [sys.executable, "-m", "torchkube.cli", "run", str(EXAMPLE), "--workdir", str(tmp_path)]
+    result = subprocess.run(
+        [*cli, "--chaos-store-at-step", "100"], capture_output=True, text=True, timeout=600
+    )
+    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
+    shown = "\n".join(f"--- {name}\n{text[-3000:]}" for name, text in sorted(logs.items()))
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{shown}"
+    final = json.loads((tmp_path / "checkpoints" / "progress.json").read_text())
+    assert final["finished"] and final["step"] == 600, final
+    killed = re.search(r"rendezvous store killed \(chaos\) at step (\d+)", result.stdout)
+    assert killed and 100 <= int(killed[1]) < 600, result.stdout[-3000:]
+    assert re.search(r"restarts +0\n", result.stdout), result.stdout[-3000:]
+    assert "the replica groups train on without it" in result.stdout, result.stdout[-3000:]
+    for name in ("worker-0.log", "worker-1.log"):
+        log = logs[name]
+        assert "resumed from" not in log, shown
+        assert "re-joining through a new connection to the store" not in log, shown
+        assert "restarting the workers in place" not in log, shown
+    steps = [int(s) for s in re.findall(r"step (\d+)/600 \|", logs["worker-0.log"])]
+    assert steps == sorted(set(steps)) and steps[-1] == 600, steps

@@ -9,6 +9,7 @@ from planner import (
     NOW,
     condition,
     created_slots,
+    lighthouse,
     make_job,
     pod,
     run,
@@ -291,7 +292,7 @@ def test_a_live_job_that_loses_one_replica_group_counts_a_group_loss_not_a_resta
     restarted from a checkpoint, so ``restarts`` and maxRestarts stay untouched; the loss is
     recorded as one group's, said in a Warning event, and the slot refilled."""
     job = make_job(running_status(), **LIVE)
-    result = run(job, [pod(0), pod(1, phase="Failed", exit_code=137), store()])
+    result = run(job, [pod(0), pod(1, phase="Failed", exit_code=137), store(), lighthouse()])
     status = result.status
     assert status.phase == "Running"
     assert (status.restarts, status.restarts_count_towards_max) == (0, 0), status
@@ -307,11 +308,11 @@ def test_a_live_job_that_loses_one_replica_group_counts_a_group_loss_not_a_resta
 def test_a_live_group_loss_is_free_but_a_permanent_exit_still_ends_the_job() -> None:
     status = running_status(replicaGroupLosses=5)
     crashed = pod(1, phase="Failed", exit_code=1)
-    again = run(make_job(status, **LIVE), [pod(0), crashed, store()])
+    again = run(make_job(status, **LIVE), [pod(0), crashed, store(), lighthouse()])
     assert again.status.phase == "Running" and again.status.replica_group_losses == 6
     assert again.status.restarts_count_towards_max == 0
     permanent = pod(1, phase="Failed", exit_code=3)
-    ended = run(make_job(status, **LIVE), [pod(0), permanent, store()])
+    ended = run(make_job(status, **LIVE), [pod(0), permanent, store(), lighthouse()])
     assert condition(ended, "Failed")["reason"] == "PermanentFailure"
 
 
@@ -345,7 +346,9 @@ def lose_slot_1(losses: list[dict[str, Any]], max_restarts: int = 5) -> list[Pla
     status: Any = running_status()
     plans = []
     for k, lost in enumerate(losses):
-        result = run(make_job(status, **spec), [pod(0), lost, store()], now=NOW + k * SECONDS_5)
+        result = run(
+            make_job(status, **spec), [pod(0), lost, store(), lighthouse()], now=NOW + k * SECONDS_5
+        )
         plans.append(result)
         status = result.status
     return plans
@@ -416,13 +419,13 @@ def test_a_live_job_that_loses_every_group_restarts_from_its_checkpoint() -> Non
     has not started): the job restarts from the volume's checkpoint, one incident."""
     job = make_job(running_status(), **LIVE)
     both = [pod(i, phase="Failed", exit_code=137) for i in range(2)]
-    together = run(job, [*both, store()])
+    together = run(job, [*both, store(), lighthouse()])
     assert (together.status.restarts, together.status.replica_group_losses) == (1, 0)
-    first = run(job, [pod(0), pod(1, phase="Failed", exit_code=137), store()])
+    first = run(job, [pod(0), pod(1, phase="Failed", exit_code=137), store(), lighthouse()])
     pending = pod(1, phase="Pending", age=-2)
     survivor_lost = run(
         make_job(first.status, **LIVE),
-        [pod(0, phase="Failed", exit_code=137), pending, store()],
+        [pod(0, phase="Failed", exit_code=137), pending, store(), lighthouse()],
         now=NOW + timedelta(seconds=5),
     )
     assert survivor_lost.status.restarts == 1 and survivor_lost.status.replica_group_losses == 1
@@ -433,6 +436,6 @@ def test_a_restart_mode_job_that_loses_one_worker_restarts() -> None:
     restart = {**LIVE, "failurePolicy": {"recovery": "restart", "maxRestarts": 1}}
     result = run(
         make_job(running_status(), **restart),
-        [pod(0), pod(1, phase="Failed", exit_code=137), store()],
+        [pod(0), pod(1, phase="Failed", exit_code=137), store(), lighthouse()],
     )
     assert (result.status.restarts, result.status.replica_group_losses) == (1, 0)

@@ -302,20 +302,53 @@ def test_a_live_recovery_pod_is_a_rendezvous_of_its_own_each_incarnation() -> No
     assert env(builders.worker_pod(restart, 1, "a1"))[Env.RECOVERY] == "restart"
 
 
-def test_a_live_recovery_job_gets_a_lighthouse_beside_its_store() -> None:
-    """The Lighthouse shares the store pod (its placement, its Service name, its in-place
-    restarts), runs from the job's image (which has torchft), and the workers are told where."""
-    job = training_job(failurePolicy={"recovery": "live"}, rendezvous={"port": 29400})
-    pod = builders.rendezvous_pod(job, "s1")
-    lighthouse = next(c for c in pod["spec"]["containers"] if c["name"] == "lighthouse")
-    assert lighthouse["command"][-2:] == ["--port", "29401"]
-    assert lighthouse["image"] == job.spec.image
-    ports = {p["name"]: p["port"] for p in builders.headless_service(job)["spec"]["ports"]}
-    assert ports == {"rendezvous": 29400, "lighthouse": 29401}
-    worker = env(builders.worker_pod(job, 0, "a"))
-    assert worker[Env.LIGHTHOUSE] == "http://rendezvous.demo.ns.svc:29401"
-    restart = training_job()
-    assert [c["name"] for c in builders.rendezvous_pod(restart, "s1")["spec"]["containers"]] == [
-        "store"
+def test_a_live_recovery_job_gets_a_lighthouse_pod_and_service_of_its_own() -> None:
+    """The Lighthouse outlives the store's pod: a pod of its own (placed like the store:
+    rendezvous.store's placement and resources, never the workers' GPU nodeSelector), behind a
+    headless Service of its own that selects it alone; from the job's image (which has
+    torchft); the workers are told its Service's name. The store's pod and Service are the
+    store's alone."""
+    job = training_job(
+        failurePolicy={"recovery": "live"},
+        rendezvous={"port": 29400, "store": {"nodeSelector": {"pool": "cpu"}}},
+        scheduling={"nodeSelector": {"pool": "gpu"}},
+    )
+    store = builders.rendezvous_pod(job, "s1")
+    assert [c["name"] for c in store["spec"]["containers"]] == ["store"]
+    pod = builders.lighthouse_pod(job, "l1")
+    assert pod["metadata"]["name"] == "demo-lighthouse-l1"
+    assert pod["metadata"]["labels"][lbl.ROLE] == lbl.ROLE_LIGHTHOUSE
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == job.uid
+    (lighthouse,) = pod["spec"]["containers"]
+    assert lighthouse["command"] == [
+        "python",
+        "-m",
+        "torchkube.elastic.lighthouse",
+        "--port",
+        "29401",
     ]
+    assert lighthouse["image"] == job.spec.image
+    assert lighthouse["resources"] == store["spec"]["containers"][0]["resources"]
+    assert pod["spec"]["restartPolicy"] == "Always"
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}, "placed like the store"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    service = builders.lighthouse_service(job)
+    assert service["metadata"]["name"] == "demo-lighthouse"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    selected = service["spec"]["selector"].items()
+    assert selected <= pod["metadata"]["labels"].items()
+    assert not selected <= store["metadata"]["labels"].items()
+    assert not builders.headless_service(job)["spec"]["selector"].items() <= (
+        pod["metadata"]["labels"].items()
+    )
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports == {"lighthouse": 29401}
+    store_ports = {p["name"]: p["port"] for p in builders.headless_service(job)["spec"]["ports"]}
+    assert store_ports == {"rendezvous": 29400}
+    assert [s["metadata"]["name"] for s in builders.services(job)] == ["demo", "demo-lighthouse"]
+    worker = env(builders.worker_pod(job, 0, "a"))
+    assert worker[Env.LIGHTHOUSE] == "http://demo-lighthouse.ns.svc:29401"
+    restart = training_job()
+    assert [s["metadata"]["name"] for s in builders.services(restart)] == ["demo"]
     assert Env.LIGHTHOUSE not in env(builders.worker_pod(restart, 0, "a"))

@@ -4,6 +4,7 @@
 from planner import (
     child,
     condition,
+    lighthouse,
     make_job,
     own_children,
     pod,
@@ -70,7 +71,7 @@ def test_a_live_job_that_lost_a_replica_group_is_running_while_the_replacement_s
     one group), so the job is Running, not Restarting, and its goodput counts that time;
     WaitingForWorkers does not claim that training waits. A restart-mode job with the same
     pods is Restarting: its round needs replicas.min workers."""
-    pods = [pod(0), pod(1, phase="Pending"), store()]
+    pods = [pod(0), pod(1, phase="Pending"), store(), lighthouse()]
     for recovery, phase in (("live", "Running"), ("restart", "Restarting")):
         job = make_job(
             running_status(), replicas={"min": 2, "max": 2}, failurePolicy={"recovery": recovery}

@@ -157,6 +157,16 @@ def test_the_prepare_pod_has_a_pod_set_of_its_own() -> None:
     assert names == ["worker", "store", "prepare"]
 
 
+def test_a_live_job_s_lighthouse_has_a_pod_set_of_its_own() -> None:
+    """recovery live: the Lighthouse's pod is counted against the quota like the store's."""
+    job = queued_job(replicas={"min": 2, "max": 2}, failurePolicy={"recovery": "live"})
+    sets = {s["name"]: s for s in workloads.pod_sets(job)}
+    assert list(sets) == ["worker", "store", "lighthouse"]
+    (container,) = sets["lighthouse"]["template"]["spec"]["containers"]
+    assert sets["lighthouse"]["count"] == 1 and container["name"] == "lighthouse"
+    assert [c["name"] for c in sets["store"]["template"]["spec"]["containers"]] == ["store"]
+
+
 def test_prepared_data_gives_the_prepare_pods_quota_back_once() -> None:
     """The prepare pod runs once before the workers: once the data is Prepared its pod set
     is reported reclaimable, so Kueue can admit others into its quota for the rest of the

@@ -2,6 +2,7 @@
 and comes back on the same port (the store pod restarted behind its Service)."""
 
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -64,3 +65,25 @@ def test_a_store_not_listening_yet_is_fallen_back_from_without_a_word(
         port = probe.getsockname()[1]
     assert StoreLink(f"127.0.0.1:{port}", 0.5).call(write, False) is False
     assert capfd.readouterr().err == ""
+
+
+def test_after_a_failed_call_the_link_falls_back_at_once_for_a_while() -> None:
+    """recovery live: the writer group posts the quorum's size after its steps, and workers
+    train on while the store pod is replaced. Each call to a store that is away waited for
+    torch's client to give up on a refused connection (2 to 6 s for a 2 s timeout): every
+    step took that long more until the store was back. Now a refused connection fails at
+    once, and after a failed connect the link falls back at once for ``retry_after``
+    seconds, then tries again."""
+    server = serve()
+    port = server.port
+    del server
+    link = StoreLink(f"127.0.0.1:{port}", 2.0, retry_after=3.0)
+    began = time.monotonic()
+    assert link.call(write, False) is False
+    assert link.call(write, False) is False
+    assert time.monotonic() - began < 0.5, "waited for the absent store"
+    successor = serve(port)
+    assert link.call(write, False) is False, "tried again before retry_after"
+    time.sleep(3.0)
+    assert link.call(write, False) is True
+    assert successor.get("k") == b"v"

@@ -58,5 +58,5 @@ def test_the_environment_carries_the_checkpoint_settings_and_the_trainer_spec() 
     assert env[Env.REPLICA_INDEX] == "3" and env[Env.JOB_NAMESPACE] == "ns"
     assert (env[Env.CHECKPOINT_INTERVAL_STEPS], env[Env.CHECKPOINT_KEEP]) == ("50", "2")
     assert json.loads(env[Env.TRAINER_CONFIG])["steps"] == 700
-    assert env[Env.LIGHTHOUSE] == "http://rendezvous.demo.ns.svc:29401"
+    assert env[Env.LIGHTHOUSE] == "http://demo-lighthouse.ns.svc:29401"
     assert Env.LIGHTHOUSE not in trainer_env(training_job(), 0)

@@ -25,6 +25,8 @@ ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"
 ROLE_PREPARE = "prepare"
 """The pod that prepares spec.data onto the checkpoint volume before any worker starts."""
+ROLE_LIGHTHOUSE = "lighthouse"
+"""recovery live: torchft's Lighthouse, in a pod of its own (it outlives the store's)."""
 
 TRAINER_CONTAINER = "trainer"
 RENDEZVOUS_HOSTNAME = "rendezvous"

@@ -217,7 +217,9 @@ class RendezvousSpec(ApiModel):
     )
     store: StoreSpec = Field(
         default_factory=StoreSpec,
-        description="Image, resources and placement of the rendezvous store pod.",
+        description="Image, resources and placement of the rendezvous store pod; with "
+        "failurePolicy.recovery live the Lighthouse's pod takes its resources and placement "
+        "too (its image is the job's).",
     )
 
 

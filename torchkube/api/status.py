@@ -201,8 +201,8 @@ class TrainingJobStatus(ApiModel):
         default_factory=list,
         description="Latest observations, one per type (Created, DataReady, Queued, "
         "Running, Restarting, Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, "
-        "StoreReady, WaitingForWorkers, StragglerKept, NodesUnreachable, Invalid, "
-        "OperatorForbidden).",
+        "StoreReady, LighthouseReady, WaitingForWorkers, StragglerKept, NodesUnreachable, "
+        "Invalid, OperatorForbidden).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -33,14 +33,19 @@ def rendezvous_endpoint(job: TrainingJob) -> str:
 
 
 def lighthouse_port(job: TrainingJob) -> int:
-    """recovery live: the Lighthouse's port, beside the store's in the same pod."""
+    """recovery live: the Lighthouse's port, the one after the store's."""
     return job.spec.rendezvous.port + 1
 
 
+def lighthouse_service_name(job: TrainingJob) -> str:
+    """recovery live: the headless Service of the Lighthouse's own pod."""
+    return f"{job.name}-{lbl.ROLE_LIGHTHOUSE}"
+
+
 def lighthouse_endpoint(job: TrainingJob) -> str:
-    """recovery live: the torchft Lighthouse, through the store pod's Service name."""
-    host = f"{lbl.RENDEZVOUS_HOSTNAME}.{job.name}.{job.namespace}.svc"
-    return f"http://{host}:{lighthouse_port(job)}"
+    """recovery live: the torchft Lighthouse, through its own Service's name: a pod of its
+    own, so losing the store's pod costs it nothing, and a replacement answers there."""
+    return f"http://{lighthouse_service_name(job)}.{job.namespace}.svc:{lighthouse_port(job)}"
 
 
 def torchrun_max_restarts(job: TrainingJob) -> int:

@@ -44,6 +44,18 @@ Around it, this module adds:
   worker's failure is logged with its exception: the surviving agent would import it before
   it restarts the round, on every recovery. :func:`report_failures_lightly` renders the
   traceback into the message itself, with the standard formatter.
+* **A lone agent trains on without its store.** Under live recovery each pod is a torchrun
+  world of its own (``--nnodes=1``, a rendezvous id of its own): nobody can join its round,
+  so torch's question to the store after every check of healthy workers — how many agents
+  wait to join? — has one answer, 0, and asking it made the store's loss (its pod deleted,
+  evicted, its node lost) stop the workers of every pod at once: each replica group
+  restarted from the checkpoint. Such an agent (:func:`lone`) answers it without the store;
+  it needs the store again only to restart its workers, and the launcher waits for the
+  store then. Nor does it send keep-alives, which nobody reads: without the store each
+  failed with a trace every ``keep_alive_interval``, and a new store, which does not hold
+  the rendezvous, failed them for the rest of the run. Not in restart mode, even at one
+  node: a spare may share the rendezvous, and a participant that trained on while the spare
+  re-joined through a new store would train beside it.
 * **Every in-place restart is told.** When a worker fails, torchrun restarts the pod's
   workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
   would stay invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
@@ -54,11 +66,14 @@ Around it, this module adds:
 """
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from torchkube.api.contract import Env
 
 LEAVE_SECONDS = 5.0
 TORCH_POLL_SECONDS = 1
@@ -147,6 +162,13 @@ def track() -> None:
 
     handler_class.next_rendezvous = next_rendezvous
     handler_class._torchkube_tracked = True
+    keep_alive = handler_class._keep_alive
+
+    def keep_alive_unless_lone(self: Any) -> None:
+        if not lone(self._settings.max_nodes):  # see the module docstring
+            keep_alive(self)
+
+    handler_class._keep_alive = keep_alive_unless_lone
     _close_only_at_the_end(handler_class)
     _spare_when_full(handler_class)
     _poll_sooner()
@@ -262,12 +284,21 @@ def _spare_when_full(handler_class: Any) -> None:
     waiting = handler_class.num_nodes_waiting
 
     def num_nodes_waiting(self: Any) -> int:
+        if lone(self._settings.max_nodes):
+            return 0  # see the module docstring: a world of one agent, nobody can wait
         count: int = waiting(self)
         if count and round_is_full(self._state_holder.state, self._settings.max_nodes):
             return 0
         return count
 
     handler_class.num_nodes_waiting = num_nodes_waiting
+
+
+def lone(max_nodes: int) -> bool:
+    """Whether this agent's rendezvous (of at most ``max_nodes`` agents) is its own alone,
+    which nobody can wait to join: under live recovery each pod is a torchrun world of one
+    agent, under a rendezvous id of its own (``torchkube.api.worker_launch.torchrun_args``)."""
+    return max_nodes <= 1 and os.environ.get(Env.RECOVERY) == "live"
 
 
 def poll_seconds(max_nodes: int) -> float:

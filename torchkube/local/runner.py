@@ -416,12 +416,15 @@ class LocalRun:
         if say:
             for written in outcome.records:
                 self.out.write(f"\n{written.message}\n")
-        counted = found.survivors is not None and bool(outcome.records[-1].counted)
+        counted = found.group_loss and bool(outcome.records[-1].counted)
         self._group_losses_counted += counted
-        if found.survivors is not None and outcome.fail_reason is None:
-            spent = (outcome.counted, job_policy.max_restarts) if counted else None
-            message = policy.group_loss_message(found, outcome.group_losses, spent)
-            self.out.write(f"\n{message}\n")
+        if found.group_loss:
+            if outcome.fail_reason is None:
+                spent = (outcome.counted, job_policy.max_restarts) if counted else None
+                message = policy.group_loss_message(found, outcome.group_losses, spent)
+                self.out.write(f"\n{message}\n")
+        elif found.survivors is not None:
+            self.out.write(f"\n{policy.trained_through_message(found)}\n")
         if outcome.fail_reason is not None:
             return False, outcome.fail_message
         return None
@@ -451,7 +454,8 @@ class LocalRun:
     def _check_store(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         """A dead store is started again on its port, as the kubelet restarts its pod's
         container; its loss is one incident, free unless the run made no progress since the last
-        (``policy.store_loss``)."""
+        (``policy.store_loss``) — under recovery live none, while a worker trains on through it
+        (``policy.live_group_losses``)."""
         if self.store is None or self.store.poll() is None:
             return None
         self.store_restarts += 1
@@ -466,23 +470,20 @@ class LocalRun:
         self._start_store()
         if not any(f.worker == -1 and f.recovered_at is None for f in self.failures):
             self.failures.append(self._display_failure(-1, "store lost", record, now))
-        return self._account(found)
+        return self._account(self._group_loss(found))
 
     def _check_lighthouse(self) -> tuple[bool, str] | None:
-        """A dead Lighthouse is started again on its port, as the kubelet would restart its
-        container: the workers wait for it at their next quorum. One free incident."""
+        """A dead Lighthouse is started again on its port, as the operator replaces its pod:
+        the workers wait for it at their next quorum. Not a failure: nothing restarts."""
         if self.lighthouse is None or self.lighthouse.poll() is None:
             return None
         code = self.lighthouse.returncode
         self._start_lighthouse()
-        self.out.write(f"\nlighthouse exited with code {code}; restarted in place\n")
-        return self._account(
-            policy.Failure(
-                "RendezvousStoreLost",
-                f"torchft lighthouse exited with code {code}; restarted in place",
-                "lighthouse",
-            )
+        self.out.write(
+            f"\ntorchft lighthouse exited with code {code}; started again: the replica groups "
+            "wait for it at their next quorum (no restart)\n"
         )
+        return None
 
     def _check_workers(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         for worker in list(self.workers.values()):

@@ -10,6 +10,12 @@ default the store sits in whichever agent matches the endpoint host, so losing t
 including the one that was rank 0, can die: the survivors re-rendezvous through the store pod,
 elect a new rank 0 among themselves, and the replacement joins the next round. The store pod
 holds no training state, restarts in place on a crash, and is recreated on node loss.
+
+With ``failurePolicy.recovery: live`` torchft's Lighthouse, which forms every step's quorum of
+replica groups, runs in a pod and behind a Service of its own (``<job>-lighthouse``), placed
+like the store: losing the store's pod costs the groups nothing (each pod is a torchrun world
+of its own, which needs the store only to start), and losing the Lighthouse's pauses them at
+their next quorum until its replacement answers.
 """
 
 import json
@@ -20,7 +26,13 @@ from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
 from torchkube.api.contract import TERMINATION_LOG, Env
 from torchkube.api.trainingjob import API_VERSION, KIND
-from torchkube.api.worker_launch import lighthouse_port, live, torchrun_args, trainer_env
+from torchkube.api.worker_launch import (
+    lighthouse_port,
+    lighthouse_service_name,
+    live,
+    torchrun_args,
+    trainer_env,
+)
 
 DEFAULT_CLAIM_SIZE = "10Gi"
 CHECKPOINT_VOLUME = "checkpoints"
@@ -319,30 +331,13 @@ def prepare_pod(job: TrainingJob, attempt: int) -> dict[str, Any]:
     }
 
 
-def rendezvous_pod(
-    job: TrainingJob, suffix: str, avoid_nodes: Iterable[str] = ()
-) -> dict[str, Any]:
-    """The c10d store pod: tiny, restarted in place on a crash, reached as ``rendezvous.<job>``.
-
-    It has its own template (``rendezvous.store``): no GPU, no volume, its own placement, so
-    it can sit on a CPU node. It never takes the workers' nodeSelector or affinity (they
-    send workers to GPU nodes, where a CPU store could wait Pending for ever); unset
-    tolerations and priority class follow the workers' (tolerations only allow: a cluster
-    whose every node is tainted for the workers still has room for it)."""
-    spec = job.spec
-    store = spec.rendezvous.store
-    port = spec.rendezvous.port
-    labels = lbl.pod_labels(job.name, job.uid, lbl.ROLE_RENDEZVOUS)
-    container = {
-        "name": "store",
-        "image": store.image or spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": ["python", "-m", "torchkube.elastic.store", "--port", str(port)],
-        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
-        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
-        "resources": dict(store.resources),
-        "securityContext": container_security_context(),
-    }
+def _server_scheduling(job: TrainingJob, avoid_nodes: Iterable[str]) -> dict[str, Any]:
+    """Where the store and the Lighthouse go: ``rendezvous.store``'s placement, never the
+    workers' nodeSelector or affinity (they send workers to GPU nodes, where a CPU server
+    could wait Pending for ever); unset tolerations and priority class follow the workers'
+    (tolerations only allow: a cluster whose every node is tainted for the workers still has
+    room for it)."""
+    store = job.spec.rendezvous.store
     scheduling = _scheduling(job, ())
     scheduling.pop("nodeSelector", None)
     scheduling.pop("affinity", None)
@@ -357,11 +352,24 @@ def rendezvous_pod(
             scheduling["tolerations"] = [dict(t) for t in store.tolerations]
     if store.priority_class_name is not None:
         scheduling["priorityClassName"] = store.priority_class_name
-    containers = [container, lighthouse_container(job)] if live(job) else [container]
+    return scheduling
+
+
+def _server_pod(
+    job: TrainingJob,
+    name: str,
+    role: str,
+    hostname: str,
+    subdomain: str,
+    container: dict[str, Any],
+    avoid_nodes: Iterable[str],
+) -> dict[str, Any]:
+    """A small pod that serves the workers (the store, the Lighthouse): restarted in place on
+    a crash, reached by ``hostname.subdomain`` (and its Service's name)."""
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
-        "hostname": lbl.RENDEZVOUS_HOSTNAME,
-        "subdomain": job.name,
+        "hostname": hostname,
+        "subdomain": subdomain,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -370,24 +378,54 @@ def rendezvous_pod(
             if not key.startswith("fsGroup")
         },
         "terminationGracePeriodSeconds": 5,
-        "containers": containers,
-        **scheduling,
+        "containers": [container],
+        **_server_scheduling(job, avoid_nodes),
     }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, f"{job.name}-rendezvous-{suffix}", labels),
+        "metadata": _metadata(job, name, lbl.pod_labels(job.name, job.uid, role)),
         "spec": pod_spec,
     }
 
 
-def lighthouse_container(job: TrainingJob) -> dict[str, Any]:
-    """recovery live: torchft's Lighthouse beside the store, so it shares the store pod's
-    placement, name and in-place restarts. From the job's image: the trainer image has
-    torchft, a slim store image may not."""
+def rendezvous_pod(
+    job: TrainingJob, suffix: str, avoid_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The c10d store pod: tiny, restarted in place on a crash, reached as ``rendezvous.<job>``.
+
+    It has its own template (``rendezvous.store``): no GPU, no volume, its own placement, so
+    it can sit on a CPU node (:func:`_server_scheduling`)."""
+    spec = job.spec
+    store = spec.rendezvous.store
+    port = spec.rendezvous.port
+    container = {
+        "name": "store",
+        "image": store.image or spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python", "-m", "torchkube.elastic.store", "--port", str(port)],
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": dict(store.resources),
+        "securityContext": container_security_context(),
+    }
+    name = f"{job.name}-rendezvous-{suffix}"
+    return _server_pod(
+        job, name, lbl.ROLE_RENDEZVOUS, lbl.RENDEZVOUS_HOSTNAME, job.name, container, avoid_nodes
+    )
+
+
+def lighthouse_pod(
+    job: TrainingJob, suffix: str, avoid_nodes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """recovery live: torchft's Lighthouse in a pod of its own, reached through its own
+    Service (:func:`lighthouse_service`), so the store's loss leaves it running and its own
+    loss is replaced like the store's. Placed like the store (``rendezvous.store``'s
+    placement and resources); from the job's image: the trainer image has torchft, a slim
+    store image may not."""
     port = lighthouse_port(job)
-    return {
-        "name": "lighthouse",
+    container = {
+        "name": lbl.ROLE_LIGHTHOUSE,
         "image": job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
         "command": ["python", "-m", "torchkube.elastic.lighthouse", "--port", str(port)],
@@ -396,6 +434,11 @@ def lighthouse_container(job: TrainingJob) -> dict[str, Any]:
         "resources": dict(job.spec.rendezvous.store.resources),
         "securityContext": container_security_context(),
     }
+    name = f"{job.name}-{lbl.ROLE_LIGHTHOUSE}-{suffix}"
+    service = lighthouse_service_name(job)
+    return _server_pod(
+        job, name, lbl.ROLE_LIGHTHOUSE, lbl.ROLE_LIGHTHOUSE, service, container, avoid_nodes
+    )
 
 
 def headless_service(job: TrainingJob) -> dict[str, Any]:
@@ -409,26 +452,41 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
     work for kube-controller-manager and writes for the API server and every EndpointSlice
     watcher (CoreDNS) that grow with the job, while it starts."""
     ports = [{"name": RENDEZVOUS_PORT_NAME, "port": job.spec.rendezvous.port, "protocol": "TCP"}]
-    if live(job):
-        ports.append(
-            {"name": LIGHTHOUSE_PORT_NAME, "port": lighthouse_port(job), "protocol": "TCP"}
-        )
+    return _headless(job, job.name, lbl.ROLE_RENDEZVOUS, ports)
+
+
+def lighthouse_service(job: TrainingJob) -> dict[str, Any]:
+    """recovery live: stable DNS for the Lighthouse's pod (``<job>-lighthouse.<ns>.svc``),
+    its only endpoint; published while it starts, like the store's."""
+    ports = [{"name": LIGHTHOUSE_PORT_NAME, "port": lighthouse_port(job), "protocol": "TCP"}]
+    return _headless(job, lighthouse_service_name(job), lbl.ROLE_LIGHTHOUSE, ports)
+
+
+def services(job: TrainingJob) -> list[dict[str, Any]]:
+    """The job's Services: the store's, and with recovery live the Lighthouse's."""
+    return [headless_service(job), *([lighthouse_service(job)] if live(job) else [])]
+
+
+def _headless(
+    job: TrainingJob, name: str, role: str, ports: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(job, job.name, lbl.job_labels(job.name)),
+        "metadata": _metadata(job, name, lbl.job_labels(job.name)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": service_selector(job),
+            "selector": service_selector(job, role),
             "ports": ports,
         },
     }
 
 
-def service_selector(job: TrainingJob) -> dict[str, str]:
-    """This job's store only: a namesake's store still terminating is not its endpoint."""
-    selector = {lbl.JOB_NAME: job.name, lbl.ROLE: lbl.ROLE_RENDEZVOUS}
+def service_selector(job: TrainingJob, role: str = lbl.ROLE_RENDEZVOUS) -> dict[str, str]:
+    """This job's pod of ``role`` only (the store, the Lighthouse): a namesake's still
+    terminating is not its endpoint."""
+    selector = {lbl.JOB_NAME: job.name, lbl.ROLE: role}
     if job.uid:
         selector[lbl.JOB_UID] = job.uid
     return selector

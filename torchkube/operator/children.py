@@ -1,5 +1,5 @@
-"""Children policy: the job's headless Service and checkpoint claim exist, are the job's own,
-and are recreated when someone deletes them.
+"""Children policy: the job's headless Service (with recovery live, its Lighthouse's too) and
+checkpoint claim exist, are the job's own, and are recreated when someone deletes them.
 
 Ownership is decided by the controller ``ownerReference``'s UID, never by name or label: after
 ``kubectl delete tj x && kubectl apply -f x.yaml`` the old job's Service and claim may still be
@@ -42,7 +42,7 @@ def _problem(ctx: Context, found: dict[str, Any], kind: str, name: str) -> str |
 
 def ensure(ctx: Context, children: list[dict[str, Any]]) -> bool:
     """Plan the creation (or repair) of the job's children; True when pods may be created."""
-    wanted = [builders.headless_service(ctx.job)]
+    wanted = builders.services(ctx.job)
     if ctx.spec.checkpoint.creates_claim:
         wanted.append(builders.checkpoint_claim(ctx.job))
     problems: list[str] = []

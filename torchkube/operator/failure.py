@@ -25,7 +25,10 @@ since the slot's last failure (the pod's termination message, or its launcher's 
 restart record, names the first step committed: ``COMMITTED_STEP``). Each such loss counts,
 and past ``maxRestarts`` the job fails naming the slot; a group that committed steps between
 its losses, and a first loss, stay free. Its replacement backs off like any; a permanent exit
-code ends the job as always.
+code ends the job as always. The rendezvous store lost while groups train restarts nothing
+either (each pod's torchrun world needs it only to start): a record without an incident, not
+a group's loss; and the Lighthouse's loss is no failure at all (the groups wait for its
+replacement at their next quorum).
 
 **What each failure costs** is in docs/operator.md.
 """
@@ -106,7 +109,7 @@ class Failure:
     """Spends the budget whatever its cause (a store lost again before a step was trained)."""
     survivors: int | None = None
     """recovery live: the replica groups that trained on without it. Set, this is the loss
-    of one group, not a restart of the job (:func:`live_group_losses`)."""
+    of one group (or of the store), not a restart of the job (:func:`live_group_losses`)."""
     slot: int | None = None
     """The worker's slot (replica index; its replica group under recovery live)."""
     committed: int | None = None
@@ -119,6 +122,12 @@ class Failure:
     @property
     def infrastructure(self) -> bool:
         return self.reason in INFRASTRUCTURE_REASONS
+
+    @property
+    def group_loss(self) -> bool:
+        """recovery live: the loss of one replica group, which the others trained on through
+        (the store's, trained on through too, is no group's)."""
+        return self.survivors is not None and self.reason != "RendezvousStoreLost"
 
     def counts(self, policy: FailurePolicySpec) -> bool:
         """Whether this failure spends the job's ``maxRestarts`` budget."""
@@ -407,6 +416,14 @@ def released_early(pod: dict[str, Any]) -> Failure:
     )
 
 
+STORE_RESTARTS_THE_WORKERS = "; the workers re-rendezvous and resume from their checkpoint"
+STORE_TRAINED_THROUGH = (
+    "; recovery live: the replica groups train on without it (each pod's torchrun world needs "
+    "the store only to start its workers: a group that restarts its workers, or a new pod, "
+    "waits for the new store), nothing restarts from a checkpoint"
+)
+
+
 def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
     """The rendezvous store restarted in place or was lost with its node: always retryable,
     never the training code's fault. The workers re-rendezvous once (docs/operator.md)."""
@@ -420,7 +437,7 @@ def store_failure(pod: dict[str, Any], lost: bool) -> Failure:
         text = f"rendezvous store pod {pod_name} restarted{how}"
     return Failure(
         "RendezvousStoreLost",
-        text + "; the workers re-rendezvous and resume from their checkpoint",
+        text + STORE_RESTARTS_THE_WORKERS,
         pod_name,
         node,
         None,
@@ -472,16 +489,26 @@ def live_group_losses(
 ) -> list[Failure]:
     """``failures`` as the losses of their replica groups alone when the job recovers live and
     at least ``LIVE_MIN_REPLICA_GROUPS`` of its ``running`` workers (pod names) are not among
-    them: torchft's quorum goes on with those from their next step. Otherwise — restart mode,
-    no group left to train, or the store (with the Lighthouse) lost too — unchanged: the job
-    restarts from its checkpoint."""
-    if not live(job) or any(f.reason == "RendezvousStoreLost" for f in failures):
+    them: torchft's quorum goes on with those from their next step. A store lost meanwhile
+    is trained on through too (each group's torchrun world needs it only to start), unless
+    it crashed again with nothing trained since (:func:`store_loss` charges it). Otherwise —
+    restart mode, no group left to train, such a store — unchanged: the job restarts from
+    its checkpoint."""
+    if not live(job) or any(f.reason == "RendezvousStoreLost" and f.charged for f in failures):
         return list(failures)
     lost = {f.pod for f in failures}
     survivors = len([name for name in running if name not in lost])
     if survivors < LIVE_MIN_REPLICA_GROUPS:
         return list(failures)
-    return [replace(f, survivors=survivors) for f in failures]
+    return [_trained_through(f, survivors) for f in failures]
+
+
+def _trained_through(found: Failure, survivors: int) -> Failure:
+    """``found`` as a loss ``survivors`` replica groups trained on through."""
+    if found.reason != "RendezvousStoreLost":
+        return replace(found, survivors=survivors)
+    message = found.message.replace(STORE_RESTARTS_THE_WORKERS, "") + STORE_TRAINED_THROUGH
+    return replace(found, survivors=survivors, message=message)
 
 
 def straggler_failure(
@@ -573,7 +600,7 @@ def to_record(
         counted=counted,
         restart_count=failure.restart_count or None,
         step=failure.step,
-        replica_group_loss=True if failure.survivors is not None else None,
+        replica_group_loss=True if failure.group_loss else None,
         replica_index=failure.slot,
     )
 
@@ -631,10 +658,13 @@ def account(
             out.fail_message = f"{failure.message}; not retried"
             return out
         when = failure.at or now
-        if failure.survivors is not None:
+        if failure.group_loss:
             _group_loss(ledger, out, failure, policy, when)
             if out.fail_reason is not None:
                 return out
+            continue
+        if failure.survivors is not None:  # the store, trained on through: free, no incident
+            out.records.append(to_record(failure, when, None, False))
             continue
         joins = (
             began is not None
@@ -684,10 +714,12 @@ def record(ctx: Context, new: list[Failure]) -> Step:
         return STOP
     max_restarts = ctx.spec.failure_policy.max_restarts
     for lost, written in zip(new, outcome.records, strict=True):
-        if lost.survivors is not None:
+        if lost.group_loss:
             spent = (outcome.counted, max_restarts) if written.counted else None
             message = group_loss_message(lost, outcome.group_losses, spent)
             ctx.event("Warning", "ReplicaGroupLost", message)
+        elif lost.survivors is not None:
+            ctx.event("Warning", lost.reason, trained_through_message(lost))
     for incident in range(before.restarts + 1, outcome.restarts + 1):
         members = [r for r in outcome.records if r.incident == incident]
         # A lost node names the incident whichever of its pods was seen first: it is the
@@ -722,6 +754,15 @@ def group_loss_message(lost: Failure, losses: int, spent: tuple[int, int] | None
         f"{lost.message}; its replica group is lost: the {others} other replica {trains} on "
         "from the next step, and its replacement copies the live state from them and joins "
         f"(recovery live: no restart, {cost}; replica groups lost so far: {losses})"
+    )
+
+
+def trained_through_message(lost: Failure) -> str:
+    """What the loss of the store did to a live job, for the user: nothing restarted."""
+    others = lost.survivors or 0
+    groups = "replica group" if others == 1 else "replica groups"
+    return (
+        f"{lost.message} ({others} {groups} running; not a restart, nothing spent of maxRestarts)"
     )
 
 

@@ -37,15 +37,19 @@ def is_finished(ctx: Context) -> bool:
 
 
 def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
-    """After the end: delete pods per ``cleanPodPolicy`` (the store always), and the job
-    itself once ``ttlSecondsAfterFinished`` has passed."""
+    """After the end: delete pods per ``cleanPodPolicy`` (the store and the Lighthouse always),
+    and the job itself once ``ttlSecondsAfterFinished`` has passed."""
     policy = ctx.spec.run_policy.clean_pod_policy
     for pod in owned:
         state = p.state(pod)
         if state == "deleting":
             continue
-        is_store = p.role(pod) == lbl.ROLE_RENDEZVOUS
-        if policy == "All" or is_store or (policy == "Running" and state in ("pending", "running")):
+        is_server = p.role(pod) in (lbl.ROLE_RENDEZVOUS, lbl.ROLE_LIGHTHOUSE)
+        if (
+            policy == "All"
+            or is_server
+            or (policy == "Running" and state in ("pending", "running"))
+        ):
             ctx.plan.delete(pod, why=RELEASE_FINISHED)
     ttl = ctx.spec.run_policy.ttl_seconds_after_finished
     finished = parse_time(ctx.status.completion_time)

@@ -1,8 +1,9 @@
 """Phase policy: from the sorted pods to ``status.phase``, the replica counts, and the
-conditions that say why the workers or the rendezvous store are not running (unschedulable,
-blocked, a store that does not serve).
+conditions that say why the workers, the rendezvous store or (recovery live) the Lighthouse
+are not running (unschedulable, blocked, a server that does not serve).
 """
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,24 +35,38 @@ def _stuck(
 
 
 def report_unschedulable(
-    ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, Any]]
+    ctx: Context,
+    workers: list[dict[str, Any]],
+    stores: list[dict[str, Any]],
+    lighthouses: Sequence[dict[str, Any]] = (),
 ) -> None:
-    """``PodsUnschedulable``: workers, or the rendezvous store, that the scheduler could not
-    place for ``scheduling.pendingTimeoutSeconds``. The store comes first: without it no
-    worker trains, however many run."""
+    """``PodsUnschedulable``: workers, the rendezvous store or the Lighthouse, that the
+    scheduler could not place for ``scheduling.pendingTimeoutSeconds``. The servers come
+    first: without them no worker trains, however many run."""
     timeout = timedelta(seconds=ctx.spec.scheduling.pending_timeout_seconds)
     waited = int(timeout.total_seconds())
     stuck_workers = _stuck(ctx, workers, timeout)
     stuck_store = _stuck(ctx, stores, timeout)
+    stuck_lighthouse = _stuck(ctx, list(lighthouses), timeout)
+    placement = (
+        "give it a node with rendezvous.store.nodeSelector, .tolerations and .resources (it "
+        "takes none of the workers' nodeSelector or affinity)"
+    )
     if stuck_store and not any(p.serving(pod) for pod in stores):
         pod, message = stuck_store[0]
         text = (
             f"the rendezvous store pod {p.name(pod)} cannot be scheduled for {waited}s or "
-            f"more: {message.rstrip('. ')}. No worker trains until it runs: give it a node with "
-            "rendezvous.store.nodeSelector, .tolerations and .resources (it takes none of the "
-            "workers' nodeSelector or affinity)"
+            f"more: {message.rstrip('. ')}. No worker trains until it runs: {placement}"
         )
         ctx.warn_once(cond.PODS_UNSCHEDULABLE, "StoreUnschedulable", text)
+    elif stuck_lighthouse and not any(p.serving(pod) for pod in lighthouses):
+        pod, message = stuck_lighthouse[0]
+        text = (
+            f"the Lighthouse pod {p.name(pod)} cannot be scheduled for {waited}s or more: "
+            f"{message.rstrip('. ')}. No replica group trains until it runs (it forms every "
+            f"step's quorum): {placement}; it is placed like the store"
+        )
+        ctx.warn_once(cond.PODS_UNSCHEDULABLE, "LighthouseUnschedulable", text)
     elif stuck_workers:
         text = (
             f"{len(stuck_workers)} of {ctx.spec.replicas.target} workers cannot be scheduled "
@@ -69,29 +84,53 @@ def blocked_pods(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
         if blocked is None:
             continue
         reason, message = blocked
-        if p.role(pod) != lbl.ROLE_RENDEZVOUS:
+        role = p.role(pod)
+        if role not in SERVERS:
             return reason, f"worker pod {p.name(pod)}: {reason}: {message}".strip()
-        text = f"rendezvous store pod {p.name(pod)}: {reason}: {message}".strip()
+        what, needs = SERVERS[role]
+        text = f"{what} pod {p.name(pod)}: {reason}: {message}".strip()
         if reason == "CrashLoopBackOff":
             code = p.last_termination(pod).get("exitCode")
             exited = f"it exited with code {code}" if code is not None else "it keeps exiting"
-            text += (
-                f"; {exited}, see kubectl logs {p.name(pod)} --previous. Its image "
-                "(rendezvous.store.image, default the job's) must have torch and torchkube "
-                "installed: it runs python -m torchkube.elastic.store"
-            )
+            text += f"; {exited}, see kubectl logs {p.name(pod)} --previous. {needs}"
         return reason, text
     return None
+
+
+SERVERS = {
+    lbl.ROLE_RENDEZVOUS: (
+        "rendezvous store",
+        "Its image (rendezvous.store.image, default the job's) must have torch and torchkube "
+        "installed: it runs python -m torchkube.elastic.store",
+    ),
+    lbl.ROLE_LIGHTHOUSE: (
+        "Lighthouse",
+        "Its image (the job's) must have torchft and torchkube installed: it runs python -m "
+        "torchkube.elastic.lighthouse",
+    ),
+}
+"""What each server pod is called, and what its crash loop asks of its image."""
 
 
 def store_problem(stores: list[dict[str, Any]]) -> str | None:
     """Why no rendezvous store serves (None: one does). The workers' agents reach each other
     only through it: without it they wait, whatever their pods' phase."""
-    if any(p.serving(pod) for pod in stores):
-        return None
     if not stores:
         return "no rendezvous store pod exists yet; the operator creates one"
-    pod = stores[0]
+    return _server_problem(stores, "rendezvous store")
+
+
+def lighthouse_problem(lighthouses: Sequence[dict[str, Any]]) -> str | None:
+    """recovery live: why no Lighthouse serves (None: one does)."""
+    if not lighthouses:
+        return "no Lighthouse pod runs; the operator creates one"
+    return _server_problem(lighthouses, "Lighthouse")
+
+
+def _server_problem(pods: Sequence[dict[str, Any]], what: str) -> str | None:
+    if any(p.serving(pod) for pod in pods):
+        return None
+    pod = pods[0]
     blocked = p.blocked_reason(pod)
     unschedulable = p.unschedulable_message(pod)
     if blocked is not None:
@@ -100,7 +139,21 @@ def store_problem(stores: list[dict[str, Any]]) -> str | None:
         why = f"unschedulable: {unschedulable}"
     else:
         why = "Running, not Ready yet" if p.state(pod) == "running" else "Pending"
-    return f"the rendezvous store pod {p.name(pod)} is not serving ({why})"
+    return f"the {what} pod {p.name(pod)} is not serving ({why})"
+
+
+STORE_NOT_NEEDED = (
+    "; recovery live: the replica groups train on without it (each pod's torchrun world needs "
+    "it only to start its workers: a group that restarts its workers, and a new pod, wait "
+    "for it)"
+)
+LIGHTHOUSE_NEEDED = (
+    ". Every step of every replica group begins with a quorum it forms: the groups wait at "
+    "their next quorum until a Lighthouse serves, and nothing restarts from a checkpoint. "
+    "Unblocked by a Lighthouse running and Ready: the operator creates a missing one; an "
+    "unschedulable one needs a node (rendezvous.store's placement), a crash-looping one an "
+    "image with torchft"
+)
 
 
 NOT_STARTED_AFTER = timedelta(minutes=5)
@@ -147,23 +200,40 @@ def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
     ctx.warn_once(cond.PODS_BLOCKED, reason, message)
 
 
-def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, Any]]) -> None:
+def derive(
+    ctx: Context,
+    workers: list[dict[str, Any]],
+    stores: list[dict[str, Any]],
+    lighthouses: Sequence[dict[str, Any]] = (),
+) -> None:
     """``Running`` takes the workers that train (``replicas.min``; one replica group in
-    live recovery, where survivors train on) *and* a serving store: a job whose store never
-    runs has not started (``startDeadlineSeconds`` applies), and one whose store is lost after
-    the start is ``Restarting`` until a store serves again."""
+    live recovery, where survivors train on) *and* a serving store (and, in live recovery, a
+    serving Lighthouse): a job whose store never runs has not started
+    (``startDeadlineSeconds`` applies), and one whose store is lost after the start is
+    ``Restarting`` until a store serves again — but for a live job, whose groups train on
+    without the store once started, and wait at their next quorum without the Lighthouse."""
     running = [pod for pod in workers if p.state(pod) == "running"]
     minimum = fewest_training_workers(ctx.job)
     no_store = store_problem(stores)
+    trains_without_store = live(ctx.job) and bool(ctx.status.start_time)
+    waits: tuple[str, str] | None = None
     if no_store is None:
         ctx.set(cond.STORE_READY, True, "Serving", "the rendezvous store serves")
+    elif trains_without_store:
+        ctx.set(cond.STORE_READY, False, "NotServing", no_store + STORE_NOT_NEEDED)
     else:
         ctx.set(cond.STORE_READY, False, "NotServing", no_store)
+        waits = ("WaitingForStore", no_store)
+    if live(ctx.job):
+        no_lighthouse = _lighthouse_ready(ctx, lighthouses)
+        if waits is None and no_lighthouse is not None:
+            waits = ("WaitingForLighthouse", no_lighthouse)
     ctx.plan.all_running = len(running) == ctx.spec.replicas.pods
-    if len(running) >= minimum and no_store is not None:
+    if len(running) >= minimum and waits is not None:
         if ctx.status.start_time:
-            text = f"{len(running)} workers running, but {no_store}; they wait for it"
-            _restarting(ctx, "WaitingForStore", text)
+            reason, problem = waits
+            text = f"{len(running)} workers running, but {problem}; they wait for it"
+            _restarting(ctx, reason, text)
         else:
             ctx.status.phase = "Pending"
     elif len(running) >= minimum:
@@ -179,6 +249,20 @@ def derive(ctx: Context, workers: list[dict[str, Any]], stores: list[dict[str, A
         _restarting(ctx, "WaitingForWorkers", text)
     else:
         ctx.status.phase = "Pending"
+
+
+def _lighthouse_ready(ctx: Context, lighthouses: Sequence[dict[str, Any]]) -> str | None:
+    """``LighthouseReady``, and a Warning event when a Lighthouse that served is lost; why
+    none serves (None: one does)."""
+    problem = lighthouse_problem(lighthouses)
+    if problem is None:
+        text = "the Lighthouse serves: it forms every step's quorum of the replica groups"
+        ctx.set(cond.LIGHTHOUSE_READY, True, "Serving", text)
+        return None
+    if ctx.is_true(cond.LIGHTHOUSE_READY):
+        ctx.event("Warning", "LighthouseLost", problem + LIGHTHOUSE_NEEDED)
+    ctx.set(cond.LIGHTHOUSE_READY, False, "NotServing", problem + LIGHTHOUSE_NEEDED)
+    return problem
 
 
 def _running_message(ctx: Context, running: int) -> str:

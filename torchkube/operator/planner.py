@@ -95,20 +95,21 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
     may_create = children_ready and refusals.creates_allowed(ctx)
     missing = scaling.scale_workers(ctx, pods.live_workers, pods.released, may_create)
     scaling.keep_store(ctx, pods.live_stores, may_create)
-    workers, stores = pods.workers, pods.live_stores
+    scaling.keep_lighthouse(ctx, pods.live_lighthouses, may_create)
+    workers, stores, lighthouses = pods.workers, pods.live_stores, pods.live_lighthouses
     running = any(p.state(pod) == "running" for pod in workers)
-    phase.report_unschedulable(ctx, workers, stores)
+    phase.report_unschedulable(ctx, workers, stores, lighthouses)
     waiting.report(ctx, workers, len(missing))
     phase.report_blocked(
         ctx,
         refusals.problem(ctx)
-        or phase.blocked_pods([*workers, *stores])
+        or phase.blocked_pods([*workers, *stores, *lighthouses])
         or phase.not_started(ctx, workers)
         or children.claim_problem(ctx, ctx.observed.children, running),
     )
     if lifecycle.fail_unstartable(ctx, workers) is STOP:
         return
-    phase.derive(ctx, workers, stores)
+    phase.derive(ctx, workers, stores, lighthouses)
     phase.counts(ctx, workers)
 
 

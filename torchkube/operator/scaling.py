@@ -6,12 +6,14 @@ Each slot holds one pod; a replacement gets a new name, so it never waits for a 
 stuck ``Terminating`` on a dead node.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from torchkube.api import TrainingJob
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import parse_time
+from torchkube.api.worker_launch import live as live_recovery
 from torchkube.operator import builders
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
@@ -103,12 +105,29 @@ def scale_workers(
 def keep_store(ctx: Context, live: list[dict[str, Any]], may_create: bool) -> None:
     """One rendezvous store: of several, the running one (else the oldest) stays; none, a new
     one away from the nodes to avoid."""
-    stores = sorted(
+    _keep_one(ctx, live, may_create, builders.rendezvous_pod)
+
+
+def keep_lighthouse(ctx: Context, live: list[dict[str, Any]], may_create: bool) -> None:
+    """recovery live: one Lighthouse, kept like the store (a job in restart mode has none)."""
+    if live_recovery(ctx.job):
+        _keep_one(ctx, live, may_create, builders.lighthouse_pod)
+
+
+def _keep_one(
+    ctx: Context,
+    live: list[dict[str, Any]],
+    may_create: bool,
+    build: Callable[[TrainingJob, str, Iterable[str]], dict[str, Any]],
+) -> None:
+    """Of several pods of one server, the running one (else the oldest) stays; none, a new
+    one away from the nodes to avoid."""
+    kept = sorted(
         live,
         key=lambda pod: (p.state(pod) != "running", p.created(pod) or ctx.now),
     )
-    for pod in stores[1:]:
+    for pod in kept[1:]:
         ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
-    if not stores and may_create:
+    if not kept and may_create:
         avoid = avoided_nodes(ctx.status.failures, ctx.now)
-        ctx.plan.create_pods.append(builders.rendezvous_pod(ctx.job, ctx.new_suffix(), avoid))
+        ctx.plan.create_pods.append(build(ctx.job, ctx.new_suffix(), avoid))

@@ -35,6 +35,8 @@ class SortedPods:
 
     live_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     live_stores: list[dict[str, Any]] = field(default_factory=list)
+    live_lighthouses: list[dict[str, Any]] = field(default_factory=list)
+    """recovery live: the Lighthouse pods Pending or Running (one, but for a moment)."""
     succeeded: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     new_failures: list[Failure] = field(default_factory=list)
@@ -87,6 +89,8 @@ class _Sorter:
             lost = lost and not self._released_by_operator(pod)
             if p.role(pod) == lbl.ROLE_RENDEZVOUS:
                 self._store(out, pod, state, lost)
+            elif p.role(pod) == lbl.ROLE_LIGHTHOUSE:
+                self._lighthouse(out, pod, state, lost)
             elif p.role(pod) == lbl.ROLE_WORKER:
                 self._worker(out, pod, state, lost)
         for pod in out.deleting:
@@ -165,6 +169,16 @@ class _Sorter:
             found = self._store_failure(pod, lost=False) if p.restart_count(pod) else None
             if found is not None:
                 out.new_failures.append(found)
+
+    def _lighthouse(self, out: SortedPods, pod: dict[str, Any], state: str, lost: bool) -> None:
+        """The Lighthouse holds no training state and its loss restarts nothing (the groups
+        wait for a new one at their next quorum: ``phase`` says so): a failed one is deleted,
+        one lost with its node was force-deleted (``node_loss``), one being deleted is let
+        go, and a new one is created (``scaling.keep_lighthouse``); no failure is recorded."""
+        if state in ("failed", "succeeded") and not lost:
+            self.ctx.plan.delete(pod)
+        elif state in ("pending", "running") and not lost:
+            out.live_lighthouses.append(pod)
 
     def _running_job(self) -> bool:
         return not self.ctx.spec.run_policy.suspend and not lifecycle.is_finished(self.ctx)

@@ -20,6 +20,7 @@ from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
 from torchkube.api.times import format_time
 from torchkube.api.trainingjob import GROUP, KIND
+from torchkube.api.worker_launch import live
 from torchkube.operator import builders
 
 API_GROUP = "kueue.x-k8s.io"
@@ -34,9 +35,14 @@ REPLACEMENT_ANNOTATION = f"{API_GROUP}/workload-slice-replacement-for"
 SLICE_NAME_ANNOTATION = f"{API_GROUP}/workload-slice-name"
 FINALIZER = f"{API_GROUP}/resource-in-use"
 """Kueue puts it on a Workload that holds quota; the job's controller removes it."""
-WORKERS, STORE, PREPARE = "worker", "store", "prepare"
+WORKERS, STORE, PREPARE, LIGHTHOUSE = "worker", "store", "prepare", "lighthouse"
 """Pod-set names, one per kind of pod (DNS labels, like jobframework's replica types)."""
-POD_SET_OF_ROLE = {lbl.ROLE_WORKER: WORKERS, lbl.ROLE_RENDEZVOUS: STORE, lbl.ROLE_PREPARE: PREPARE}
+POD_SET_OF_ROLE = {
+    lbl.ROLE_WORKER: WORKERS,
+    lbl.ROLE_RENDEZVOUS: STORE,
+    lbl.ROLE_PREPARE: PREPARE,
+    lbl.ROLE_LIGHTHOUSE: LIGHTHOUSE,
+}
 NAME_LIMIT = 253
 HASH_LENGTH = 5
 
@@ -90,8 +96,9 @@ def _slim_template(pod: dict[str, Any]) -> dict[str, Any]:
 def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
     """Workers (``count`` replicas.max and the spares, for a job resized under quota its
     current target and spares; ``minCount`` replicas.min so Kueue's partial admission may
-    admit any size in the elastic range), the rendezvous store, and the data-preparation pod
-    when the job has ``spec.data``."""
+    admit any size in the elastic range), the rendezvous store, the Lighthouse under
+    ``failurePolicy.recovery: live``, and the data-preparation pod when the job has
+    ``spec.data``."""
     replicas = job.spec.replicas
     count = (replicas.target if elastic(job) else replicas.max) + replicas.spares
     workers: dict[str, Any] = {
@@ -109,6 +116,9 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
             "template": _slim_template(builders.rendezvous_pod(job, "podset", ())),
         },
     ]
+    if live(job):
+        template = _slim_template(builders.lighthouse_pod(job, "podset", ()))
+        sets.append({"name": LIGHTHOUSE, "count": 1, "template": template})
     if job.spec.data is not None:
         sets.append(
             {"name": PREPARE, "count": 1, "template": _slim_template(builders.prepare_pod(job, 1))}

@@ -85,7 +85,7 @@ whole cluster.
 
 {{/*
 The rules the operator needs in each namespace it watches: read and delete its jobs (a finished
-job's TTL), write their status, run their pods, create their Service, checkpoint claim and
+job's TTL), write their status, run their pods, create their Services, checkpoint claim and
 events. The jobs and pods are read through watches (kopf's and the operator's own pod watch);
 kopf never patches them (no finalizers).
 */}}
