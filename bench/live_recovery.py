@@ -24,8 +24,7 @@ the end of its run (the machine is shared):
   redo the steps since the last checkpoint, live trains on without it;
 * **a crash restarted in place** (``--crash``, to bench/results/live_recovery_crash.json):
   worker 1's training process alone SIGKILLed once the progress record shows ``--kill-at``;
-  its launcher lives on and starts it again at once. The cheapest loss for restart, where
-  live saves nothing.
+  its launcher lives on and starts it again at once. The cheapest loss for restart.
 
 The figures of a run with a loss are read from its workers' logs (:mod:`bench.timeline`:
 the lines each training process writes when it starts to train, every 10 steps, and, live,
@@ -38,9 +37,10 @@ at each step's commit) and its progress records, never from a pace or a constant
   progress record's ``live.longestStepSeconds``: detection, the attempt the loss broke and
   the next quorum); restart and torchrun, whose survivors stop and start again with the new
   round, the job's pause below;
-- *no step trained around the loss*: the last step any process finished before the kill →
-  the first time one began to train again after it (a new round's start, after its
-  checkpoint load; live, the survivor's first step in the smaller quorum);
+- *no step trained around the loss*: the first stretch after the kill in which no process
+  trained, from the end of the last step before it to the first time one began to train
+  again (a new round's start, after its checkpoint load; live, the survivor's first step in
+  the smaller quorum);
 - *steps computed twice*: for every step, the rounds that computed it less one, from the log
   lines (live included: a survivor's step counter never goes back, and a process that loads
   a checkpoint says ``resumed from``; both are recorded per run); live's attempts discarded
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{every}, log every 10): worker {VICTIM}'s training process SIGKILLed once the "
             f"progress record showed step {args.kill_at}; its launcher started it again at once "
             "(torchkube's, or torchrun's agent with --max-restarts): a crash, the cheapest "
-            "loss for restart, where live saves nothing."
+            "loss for restart, whose launcher starts the round again from warm processes."
         )
     else:
         setup = (
