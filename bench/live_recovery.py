@@ -521,7 +521,10 @@ def main(argv: list[str] | None = None) -> None:
         "live_recovery_crash.json, without the steady state",
     )
     parser.add_argument(
-        "--loss-steps", type=int, default=None, help="steps of a run with the loss (600; crash 400)"
+        "--loss-steps",
+        type=int,
+        default=None,
+        help="steps of a run with the loss (1500; crash 400)",
     )
     parser.add_argument("--kill-at", type=int, default=None, help="the loss's step (250; crash 60)")
     parser.add_argument(
@@ -555,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.global_batch is None:
         args.global_batch = job("restart", args.steps).spec.trainer.global_batch_size
     if args.loss_steps is None:
-        args.loss_steps = 400 if crash else 600
+        args.loss_steps = 400 if crash else 1500
     if args.kill_at is None:
         args.kill_at = 60 if crash else 250
     if args.checkpoint_interval is None and not crash:
