@@ -24,8 +24,7 @@ the end of its run (the machine is shared):
   redo the steps since the last checkpoint, live trains on without it;
 * **a crash restarted in place** (``--crash``, to bench/results/live_recovery_crash.json):
   worker 1's training process alone SIGKILLed once the progress record shows ``--kill-at``;
-  its launcher lives on and starts it again at once. The cheapest loss for restart, where
-  live saves nothing.
+  its launcher lives on and starts it again at once. The cheapest loss for restart.
 
 The figures of a run with a loss are read from its workers' logs (:mod:`bench.timeline`:
 the lines each training process writes when it starts to train, every 10 steps, and, live,
@@ -38,9 +37,10 @@ at each step's commit) and its progress records, never from a pace or a constant
   progress record's ``live.longestStepSeconds``: detection, the attempt the loss broke and
   the next quorum); restart and torchrun, whose survivors stop and start again with the new
   round, the job's pause below;
-- *no step trained around the loss*: the last step any process finished before the kill →
-  the first time one began to train again after it (a new round's start, after its
-  checkpoint load; live, the survivor's first step in the smaller quorum);
+- *no step trained around the loss*: the first stretch after the kill in which no process
+  trained, from the end of the last step before it to the first time one began to train
+  again (a new round's start, after its checkpoint load; live, the survivor's first step in
+  the smaller quorum);
 - *steps computed twice*: for every step, the rounds that computed it less one, from the log
   lines (live included: a survivor's step counter never goes back, and a process that loads
   a checkpoint says ``resumed from``; both are recorded per run); live's attempts discarded
@@ -521,7 +521,10 @@ def main(argv: list[str] | None = None) -> None:
         "live_recovery_crash.json, without the steady state",
     )
     parser.add_argument(
-        "--loss-steps", type=int, default=None, help="steps of a run with the loss (600; crash 400)"
+        "--loss-steps",
+        type=int,
+        default=None,
+        help="steps of a run with the loss (1500; crash 400)",
     )
     parser.add_argument("--kill-at", type=int, default=None, help="the loss's step (250; crash 60)")
     parser.add_argument(
@@ -555,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.global_batch is None:
         args.global_batch = job("restart", args.steps).spec.trainer.global_batch_size
     if args.loss_steps is None:
-        args.loss_steps = 400 if crash else 600
+        args.loss_steps = 400 if crash else 1500
     if args.kill_at is None:
         args.kill_at = 60 if crash else 250
     if args.checkpoint_interval is None and not crash:
@@ -592,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{every}, log every 10): worker {VICTIM}'s training process SIGKILLed once the "
             f"progress record showed step {args.kill_at}; its launcher started it again at once "
             "(torchkube's, or torchrun's agent with --max-restarts): a crash, the cheapest "
-            "loss for restart, where live saves nothing."
+            "loss for restart, whose launcher starts the round again from warm processes."
         )
     else:
         setup = (

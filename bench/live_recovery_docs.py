@@ -48,9 +48,10 @@ FIGURE_NOTES = [
     "(the progress record's live.longestStepSeconds: detection, the attempt the loss broke, "
     "the next quorum); restart and torchrun, whose survivors stop and start again with the "
     "new round: no step trained around the loss.",
-    "no step trained around the loss: the last step any process finished before the kill → "
-    "the first time one began to train again (a new round's start after its checkpoint load; "
-    "live, the survivor's first step in the smaller quorum), from the log lines.",
+    "no step trained around the loss: the first stretch after the kill in which no process "
+    "trained, from the end of the last step before it to the first time one began to train "
+    "again (a new round's start after its checkpoint load; live, the survivor's first step "
+    "in the smaller quorum), from the log lines.",
     "steps computed twice: for every step, the rounds that computed it less one, from the log "
     "lines (bench/timeline.py); 'rounds started after the loss' and 'resumed from' (a "
     "checkpoint loaded) in the last table are read from the same logs. Live's attempts "
@@ -218,6 +219,46 @@ def loss_head(body: dict[str, Any]) -> str:
     )
 
 
+def seen_in_the_logs(body: dict[str, Any]) -> str:
+    """Where each way started to train again after the loss, and what it loaded, in every
+    run; the runs that failed; a live replacement that never started."""
+    trials = body["extra"].get("loss_trials", [])
+    said = []
+    for way in WAYS:
+        mine = [t for t in trials if t.get("way") == way and "failed" not in t]
+        if not mine or not all("round_starts_after_loss" in t for t in mine):
+            continue
+        starts = sorted({s for t in mine for s in t["round_starts_after_loss"]})
+        loaded = sorted({r for t in mine for r in t.get("resumed_after_loss", [])})
+        what = f"a checkpoint loaded: {'; '.join(loaded)}" if loaded else "no checkpoint loaded"
+        steps = ", ".join(str(s) for s in starts) or "–"
+        said.append(f"{LABELS[way]} trained again from step {steps} ({what})")
+    out = [f"After the loss, in every run, the logs show: {'; '.join(said)}."] if said else []
+    config = body["config"]
+    interval = config.get("checkpoint_interval")
+    if interval and config["kill_at"] < interval:
+        out.append(
+            f"No checkpoint was written before the loss: the first comes at step {interval}."
+        )
+    failed = [t for t in trials if "failed" in t]
+    if failed:
+        out.append(
+            f"{len(failed)} run(s) failed and are in no figure: "
+            + "; ".join(f"{LABELS[t['way']]} #{t['trial']}: {t['failed']}" for t in failed)
+            + "."
+        )
+    live = [t for t in trials if t.get("way") == "live" and "failed" not in t]
+    joined = figure(body, _name("live", "replacement_trains_seconds"))
+    if not config.get("crash") and live and joined is None:
+        out.append(
+            "No live run logged its replacement's start before its last step: the survivor "
+            f"trained the {config['loss_steps'] - config['kill_at']} steps after the loss alone, "
+            "so the replacement's join (its copy of the state, and the survivor's pause for "
+            "it) is not in these figures."
+        )
+    return " ".join(out)
+
+
 def loss_part(body: dict[str, Any]) -> list[str]:
     """A record's loss: its heading, the three ways side by side, every run, where its time
     went."""
@@ -227,6 +268,8 @@ def loss_part(body: dict[str, Any]) -> list[str]:
     parts = [loss_head(body), ""]
     if body["extra"].get("setup"):
         parts += [body["extra"]["setup"], ""]
+    if seen := seen_in_the_logs(body):
+        parts += [seen, ""]
     for name, caption in (
         (f"{title}, three ways: median [min – max]", None),
         (

@@ -29,9 +29,10 @@ From these, for a run launched at ``launched`` (:func:`figures`):
   time from the launch to the end of the last window (the final step);
 * **steps computed twice**: over every step, the number of rounds that computed it, less one;
 * the wall time split into the start-up (launch → the first window), the time trained and
-  kept, the checkpoint saves' blocking time, the time redone, the pause around the loss (the
-  last window to end before it → the first to begin after it) and the rest outside the
-  windows (other pauses, e.g. a live replacement's join).
+  kept, the checkpoint saves' blocking time, the time redone, the pause of the loss (the first
+  stretch after it in no window: the end of the last window before that stretch → the start
+  of the next) and the rest outside the windows (other pauses, e.g. a live replacement's
+  join).
 
 Nothing here models a pace: every second is read off the log lines.
 """
@@ -263,7 +264,7 @@ class Figures:
     redone: float
     """Windows (their share of steps) a later round computed again."""
     loss_pause: float | None
-    """The last window to end before the loss → the first to begin after it."""
+    """The first stretch after the loss in no window (:func:`loss_pause`)."""
     other: float
     """The rest of the wall time: outside the windows, not the loss's pause."""
     steps_computed_twice: int
@@ -330,12 +331,17 @@ def figures(
 
 
 def loss_pause(windows: Sequence[Window], at: float) -> float | None:
-    """No window of any log at ``at``: the last to end before it → the first to begin after;
-    0.0 when one spans it (the job trained on through it)."""
-    if any(w.began < at < w.ended for w in windows):
-        return 0.0
-    before = [w.ended for w in windows if w.ended <= at]
-    after = [w.began for w in windows if w.began >= at]
-    if not before or not after:
-        return None
-    return min(after) - max(before)
+    """The first stretch in no window of any log that ends after ``at``: from the end of the
+    last window before it to the start of the next. A loss seen a moment before it struck
+    (a crash found by a poll) may fall in the window of a step still finished; 0.0 when the
+    job trained on without a pause, None when nothing trained after ``at``."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted((w.began, w.ended) for w in windows):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    for (_, ended), (began, _) in itertools.pairwise(merged):
+        if began > at:
+            return began - ended
+    return 0.0 if merged and merged[-1][1] > at else None

@@ -50,7 +50,8 @@ def main() -> None:
     lines = log_path.read_text().split() if log_path.exists() else []
     step = int(lines[-3]) if lines else 0
     heartbeat.training()
-    crash_at, crashed = int(os.environ.get("CRASH_AT_STEP", "0")), out / "crashed"
+    crash_at = int(os.environ["CRASH_AT_STEP"]) if "CRASH_AT_STEP" in os.environ else None
+    crashed = out / "crashed"
     while step < total:
         if step == crash_at and rank == 0 and not crashed.exists():
             crashed.touch()

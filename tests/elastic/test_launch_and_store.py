@@ -60,6 +60,7 @@ def test_killing_the_rank0_agent_leaves_the_survivor_training(store: int, tmp_pa
             kill_agent(tmp_path, name)
     numbers = [s for s, _, _ in steps(tmp_path)]
     assert numbers == list(range(1, len(numbers) + 1)), "a step was lost or repeated"
+    assert not (tmp_path / "crashed").exists(), "a worker exited without being asked to"
 
 
 def test_worker_exit_code_reaches_the_container(store: int, tmp_path: Path) -> None:

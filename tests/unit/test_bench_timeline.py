@@ -148,3 +148,20 @@ def test_commits_of_a_process_that_ended_without_a_report_are_not_numbered() -> 
 def test_no_window_no_figures(tmp_path: Path) -> None:
     (tmp_path / "worker-0.log").write_text(py(0.0, START))
     assert figures(Timeline.of([tmp_path / "worker-0.log"]), at(0.0)) is None
+
+
+def test_a_loss_seen_a_moment_before_it_struck_pauses_after_the_step_still_finished() -> None:
+    """A crash found by a poll: the kill time read at t=1.5 falls in a step (1 → 2) the
+    survivors still finish; their pause is the stretch in no window after it, 2 → 4."""
+    from bench.timeline import Window, loss_pause
+
+    windows = [
+        Window("worker-0.log", 0.0, 1.0, 0, 1),
+        Window("worker-0.log", 1.0, 2.0, 1, 2),
+        Window("worker-1.log", 0.1, 1.9, 0, 2),
+        Window("worker-0.log", 4.0, 5.0, 2, 3),
+    ]
+    assert loss_pause(windows, 1.5) == pytest.approx(2.0)
+    assert loss_pause(windows, 3.0) == pytest.approx(2.0), "the kill inside the pause"
+    assert loss_pause(windows[:2], 0.5) == 0.0, "trained on without a pause"
+    assert loss_pause(windows, 6.0) is None
