@@ -160,7 +160,8 @@ class Summary:
         for f in self.failures:
             redo = "" if f.checkpoint_step is None else f", resumed from step {f.checkpoint_step}"
             if f.live:
-                redo = ", the others trained on without a restart (recovery live)"
+                others = "the replica groups" if f.worker < 0 else "the others"
+                redo = f", {others} trained on without a restart (recovery live)"
             took = "not recovered" if f.lost_seconds is None else f"back in {f.lost_seconds:.1f}s"
             lines.append(f"    {f.subject} {f.reason} at step {f.step}{redo}: {took}")
         return "\n".join(lines)

@@ -467,10 +467,16 @@ class LocalRun:
             restart_count=self.store_restarts,
         )
         found = policy.store_loss(found, self.ledger.history, record.step if record else None)
+        found = self._group_loss(found)
         self._start_store()
-        if not any(f.worker == -1 and f.recovered_at is None for f in self.failures):
-            self.failures.append(self._display_failure(-1, "store lost", record, now))
-        return self._account(self._group_loss(found))
+        shown = next((f for f in self.failures if f.worker == -1 and f.recovered_at is None), None)
+        if shown is None:
+            self.failures.append(
+                self._display_failure(-1, "store lost", record, now, found.survivors)
+            )
+        else:  # a chaos kill, shown when done: whether the groups trained on is known now
+            shown.live = found.survivors is not None
+        return self._account(found)
 
     def _check_lighthouse(self) -> tuple[bool, str] | None:
         """A dead Lighthouse is started again on its port, as the operator replaces its pod:
