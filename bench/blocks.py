@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bench import live_recovery_docs
 from bench.common import (
     fmt,
     loads_differ,
@@ -742,6 +743,15 @@ class Block:
         return f"<!-- {self.name}:begin -->", f"<!-- {self.name}:end -->"
 
 
+LIVE_RECOVERY = ("live_recovery", "live_recovery_steady", "live_recovery_crash")
+
+
+def live_recovery(records: dict[str, Body]) -> str:
+    """docs/trainer.md's measurements of live recovery: the steady cost at two step lengths, a
+    worker lost for good and a crash restarted in place (:mod:`bench.live_recovery_docs`)."""
+    return live_recovery_docs.render(*(records[name] for name in LIVE_RECOVERY))
+
+
 SCALE = ("operator_scale_single",)
 BLOCKS = [
     Block("TARGET", "scale", SCALE, scale),
@@ -760,6 +770,7 @@ BLOCKS = [
     Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
+    Block("TRAINER", "live_recovery", LIVE_RECOVERY, live_recovery),
     Block(
         "README",
         "benchmarks",

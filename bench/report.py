@@ -7,7 +7,8 @@ tables is written by hand and the numbers are never copied by hand. The same goe
 README's quick-start sample (``<!-- quickstart:begin -->``), the output ``bench.quickstart``
 recorded, for its picture, ``docs/images/quickstart.png``, drawn from the run of the same
 record, and for every block of :data:`bench.blocks.BLOCKS`: each measured figure README.md,
-docs/benchmarks.md, docs/operator.md and docs/queueing.md quote (``<!-- NAME:begin -->``).
+docs/benchmarks.md, docs/operator.md, docs/queueing.md and docs/trainer.md quote
+(``<!-- NAME:begin -->``).
 Ratios and verdicts follow the rule of :mod:`bench.common` (none on fewer than three trials
 per contender).
 
@@ -45,6 +46,7 @@ TARGET = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
 OPERATOR = ROOT / "docs" / "operator.md"
 QUEUEING = ROOT / "docs" / "queueing.md"
+TRAINER = ROOT / "docs" / "trainer.md"
 SAMPLE = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
 
 

@@ -19,6 +19,18 @@ class BadSpec:
 
 
 BAD_SPECS = [
+    BadSpec(
+        "topology-level-not-a-label-key",
+        {"scheduling": {"topology": {"level": "the rack"}}},
+        "topology.level",
+        "should match",
+    ),
+    BadSpec(
+        "topology-mode-unknown",
+        {"scheduling": {"topology": {"level": "example.com/rack", "mode": "strict"}}},
+        "topology.mode",
+        "preferred",
+    ),
     BadSpec("min-above-max", {"replicas": {"min": 3, "max": 2}}, "replicas", "less than or equal"),
     BadSpec(
         "desired-outside-bounds",

@@ -14,7 +14,14 @@ from torchkube.api.base import ApiModel
 from torchkube.api.contract import PERMANENT_EXIT_CODES
 from torchkube.api.data import TRAIN_FILE, VAL_FILE, DataSpec
 from torchkube.api.trainer import TrainerSpec
-from torchkube.api.types import DNS_SUBDOMAIN, EnvVar, FreeForm, NprocPerNode, Quantity
+from torchkube.api.types import (
+    DNS_SUBDOMAIN,
+    LABEL_KEY,
+    EnvVar,
+    FreeForm,
+    NprocPerNode,
+    Quantity,
+)
 
 BUILTIN_TRAINER_COMMAND = ["-m", "torchkube.trainer"]
 DATA_OR_PATH = (
@@ -541,6 +548,28 @@ class PodTemplateOverride(ApiModel):
     )
 
 
+class TopologySpec(ApiModel):
+    """How close together the workers run: all on nodes that share one value of a node label.
+
+    A data-parallel all-reduce and FSDP's all-gathers cross the slowest link between any two
+    of the job's nodes, so a job spread over racks or NVLink domains trains slower than the
+    same job packed into one."""
+
+    level: str = Field(
+        min_length=1,
+        max_length=316,
+        pattern=LABEL_KEY,
+        description="The node label that names the domain, e.g. topology.kubernetes.io/zone or "
+        "a rack or block label: every worker runs on nodes with the same value of it.",
+    )
+    mode: Literal["required", "preferred"] = Field(
+        default="required",
+        description="required: a worker waits (Pending) rather than run outside the job's "
+        "domain; preferred: the scheduler packs the workers when it can and places them "
+        "elsewhere when it cannot.",
+    )
+
+
 class SchedulingSpec(ApiModel):
     """Where worker pods may run. Changes apply to pods created from then on."""
 
@@ -551,6 +580,12 @@ class SchedulingSpec(ApiModel):
         default_factory=list, max_length=64, description="core/v1 Tolerations for the workers."
     )
     affinity: FreeForm | None = Field(default=None, description="core/v1 Affinity.")
+    topology: TopologySpec | None = Field(
+        default=None,
+        description="Pack the workers into one topology domain (a rack, a block, an NVLink "
+        "domain): through the scheduler's pod affinity among the job's workers, added to "
+        "affinity. Replacements land in the domain the job's running workers occupy.",
+    )
     priority_class_name: str | None = Field(
         default=None, max_length=253, description="PriorityClass of the workers."
     )

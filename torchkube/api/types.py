@@ -83,6 +83,11 @@ NprocPerNode = Annotated[
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63 characters."""
 """An RFC 1123 subdomain: what Kubernetes allows as the name of most objects (claims too)."""
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 

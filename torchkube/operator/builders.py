@@ -33,6 +33,7 @@ from torchkube.api.worker_launch import (
     torchrun_args,
     trainer_env,
 )
+from torchkube.operator import topology
 
 DEFAULT_CLAIM_SIZE = "10Gi"
 CHECKPOINT_VOLUME = "checkpoints"
@@ -202,7 +203,7 @@ def _scheduling(job: TrainingJob, avoid_nodes: Sequence[str]) -> dict[str, Any]:
         out["nodeSelector"] = dict(sched.node_selector)
     if sched.tolerations:
         out["tolerations"] = [dict(t) for t in sched.tolerations]
-    affinity = _avoid_nodes(sched.affinity, avoid_nodes)
+    affinity = _avoid_nodes(topology.packed(job, sched.affinity), avoid_nodes)
     if affinity:
         out["affinity"] = affinity
     if sched.priority_class_name:

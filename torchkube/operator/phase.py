@@ -11,7 +11,7 @@ from torchkube.api import labels as lbl
 from torchkube.api.times import format_time
 from torchkube.api.worker_launch import fewest_training_workers, live
 from torchkube.operator import conditions as cond
-from torchkube.operator import lifecycle
+from torchkube.operator import lifecycle, topology
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
 
@@ -68,9 +68,10 @@ def report_unschedulable(
         )
         ctx.warn_once(cond.PODS_UNSCHEDULABLE, "LighthouseUnschedulable", text)
     elif stuck_workers:
+        why, hint = stuck_workers[0][1], topology.unschedulable_hint(ctx.job, workers)
         text = (
             f"{len(stuck_workers)} of {ctx.spec.replicas.target} workers cannot be scheduled "
-            f"for {waited}s or more: {stuck_workers[0][1]}"
+            f"for {waited}s or more: {why.rstrip('. ') + hint if hint else why}"
         )
         ctx.warn_once(cond.PODS_UNSCHEDULABLE, "Unschedulable", text)
     else:
