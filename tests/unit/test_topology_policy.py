@@ -69,8 +69,11 @@ def test_no_topology_no_pod_affinity() -> None:
 def test_only_workers_are_packed() -> None:
     scheduling = {"topology": {"level": RACK}}
     source = {"claim": {"name": "corpus", "path": "texts"}}
-    job = training_job(scheduling=scheduling, data={"source": source})
-    for made in (builders.rendezvous_pod(job, "s1"), builders.prepare_pod(job, 1)):
+    job = training_job(
+        scheduling=scheduling, data={"source": source}, failurePolicy={"recovery": "live"}
+    )
+    servers = (builders.rendezvous_pod(job, "s1"), builders.lighthouse_pod(job, "l1"))
+    for made in (*servers, builders.prepare_pod(job, 1)):
         assert "podAffinity" not in made["spec"].get("affinity", {}), made["metadata"]["name"]
 
 
