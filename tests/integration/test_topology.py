@@ -6,20 +6,26 @@ runs says what the scheduler was asked. Without the topology term the scheduler 
 three workers on three racks of four empty nodes share one rack by chance 6 % of the time.
 """
 
+import contextlib
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_jobs import Job
+from kube_jobs import Job, JobMaker, job_manifest
+from kubernetes import client
 
 from testbed import faults
-from testbed.kwok import NodePool
+from testbed.kueue import Kueue
+from testbed.kwok import NodePool, kwok_toleration
 from torchkube.api import labels as lbl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 RACK = "example.com/rack"
+TAS_GROUP = "example.com/tas-group"
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
 
 
 def rack_of(node: str, pools: list[NodePool]) -> str:
@@ -73,3 +79,99 @@ def test_a_full_rack_is_named_in_the_condition(
     assert f"the {RACK} domain of the nodes the job's workers run on" in message, message
     for worker in workers:
         assert worker.spec.node_name in message, message
+
+
+def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
+    make_job: JobMaker,
+    isolated_pool: Callable[..., NodePool],
+    api_client: Any,
+    namespace: str,
+    kueue: Kueue,
+) -> None:
+    """Through Kueue's topology-aware scheduling the rack is chosen for the whole job before a
+    pod is placed: of racks of one, one and three nodes, a job of three workers goes to the
+    third, where the plain path's first worker lands in a full rack 2 times in 5."""
+    group = f"tas-{secrets.token_hex(3)}"
+    pools = [
+        isolated_pool(nodes=n, labels={RACK: f"{group}-rack{i}", TAS_GROUP: group})
+        for i, n in enumerate((1, 1, 3))
+    ]
+    custom = client.CustomObjectsApi(api_client)
+    objects = tas_queue(group, workers=3)
+    try:
+        for plural, body in objects:
+            if plural == "localqueues":
+                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
+            else:
+                custom.create_cluster_custom_object(*KUEUE, plural, body)
+        body = job_manifest(
+            "tas", pools, replicas={"min": 3, "max": 3}, scheduling={"topology": {"level": RACK}}
+        )
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
+        body["spec"]["scheduling"].pop("affinity")
+        job = make_job.create(body)
+        workers = job.wait_running(3, timeout=90)
+        racks = {rack_of(w.spec.node_name, pools) for w in workers}
+        assert racks == {pools[2].name}, f"workers on {sorted(racks)}, not the 3-node rack"
+        for worker in workers:  # Kueue's TopologyUngater named each worker's node, the lowest level
+            selector = worker.spec.node_selector or {}
+            assert selector.get("kubernetes.io/hostname") == worker.spec.node_name, selector
+            assert not worker.spec.scheduling_gates
+    finally:
+        for plural, body in reversed(objects):
+            with contextlib.suppress(client.ApiException):
+                if plural == "localqueues":
+                    custom.delete_namespaced_custom_object(
+                        *KUEUE, namespace, plural, body["metadata"]["name"]
+                    )
+                else:
+                    custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
+
+
+def tas_queue(group: str, workers: int) -> list[tuple[str, dict[str, Any]]]:
+    """A Topology (rack, then node), a ResourceFlavor on the group's nodes that points at it, a
+    ClusterQueue with ``workers`` workers' worth of GPUs on it and a LocalQueue, all named
+    ``group``."""
+    meta = {"name": group}
+    levels = [{"nodeLabel": RACK}, {"nodeLabel": "kubernetes.io/hostname"}]
+    quota = [
+        {"name": "cpu", "nominalQuota": "100"},
+        {"name": "memory", "nominalQuota": "1Ti"},
+        {"name": "nvidia.com/gpu", "nominalQuota": str(workers * 8)},
+    ]
+    return [
+        ("topologies", {**kind("Topology"), "metadata": meta, "spec": {"levels": levels}}),
+        (
+            "resourceflavors",
+            {
+                **kind("ResourceFlavor"),
+                "metadata": meta,
+                "spec": {
+                    "nodeLabels": {TAS_GROUP: group},
+                    "tolerations": [kwok_toleration()],
+                    "topologyName": group,
+                },
+            },
+        ),
+        (
+            "clusterqueues",
+            {
+                **kind("ClusterQueue"),
+                "metadata": meta,
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [{"name": group, "resources": quota}],
+                        }
+                    ],
+                },
+            },
+        ),
+        ("localqueues", {**kind("LocalQueue"), "metadata": meta, "spec": {"clusterQueue": group}}),
+    ]
+
+
+def kind(name: str) -> dict[str, str]:
+    return {"apiVersion": "/".join(KUEUE), "kind": name}

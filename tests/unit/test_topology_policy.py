@@ -8,7 +8,8 @@ from planner import condition, make_job, pod, run, running_status, store
 from training_jobs import training_job
 
 from torchkube.api import labels as lbl
-from torchkube.operator import builders, topology
+from torchkube.operator import builders, queueing, topology, workloads
+from torchkube.operator.workloads import QUEUE_LABEL, QueueObservation
 
 RACK = "example.com/rack"
 TO_WORKERS = {
@@ -101,3 +102,54 @@ def test_no_hint_where_the_domain_cannot_be_why(mode: str | None) -> None:
 def test_no_domain_to_name_before_a_worker_is_placed() -> None:
     job = training_job(scheduling={"topology": {"level": RACK}})
     assert topology.unschedulable_hint(job, [pod(0, phase="Pending", node=None)]) == ""
+
+
+def test_a_queued_jobs_workers_ask_kueue_for_the_domain_numbered_by_slot() -> None:
+    job = training_job(scheduling={"topology": {"level": RACK}})
+    pod_sets = {s["name"]: s for s in workloads.pod_sets(job)}
+    request = pod_sets[workloads.WORKERS]["topologyRequest"]
+    assert request == {"required": RACK, "podIndexLabel": lbl.REPLICA_INDEX}
+    assert "topologyRequest" not in pod_sets[workloads.STORE]
+    plain = {s["name"]: s for s in workloads.pod_sets(training_job())}
+    assert "topologyRequest" not in plain[workloads.WORKERS]
+
+
+def kueue_placed(job_spec: dict[str, Any], assigned: bool) -> list[dict[str, Any]]:
+    """The pods a job admitted by Kueue creates, placed as the admission says."""
+    job = make_job(running_status(), replicas={"min": 2, "max": 2}, **job_spec)
+    job = job.model_copy(update={"metadata": {**job.metadata, "labels": {QUEUE_LABEL: "q"}}})
+    body = workloads.workload(job, workloads.Priority())
+    worker = {"name": "worker", "count": 2, "flavors": {"nvidia.com/gpu": "racks"}}
+    if assigned:
+        worker["topologyAssignment"] = {
+            "levels": [RACK],
+            "domains": [{"values": ["r1"], "count": 2}],
+        }
+    body["status"] = {
+        "conditions": [{"type": "Admitted", "status": "True"}],
+        "admission": {
+            "clusterQueue": "gpus",
+            "podSetAssignments": [worker, {"name": "store", "count": 1, "flavors": {}}],
+        },
+    }
+    queue = QueueObservation(workload=workloads.read(body))
+    workers = [builders.worker_pod(job, slot, f"s{slot}") for slot in (0, 1)]
+    store = builders.rendezvous_pod(job, "s9")
+    flavors = {"racks": {"spec": {"nodeLabels": {"pool": "gpus"}}}}
+    return queueing.placed([*workers, store], queue, flavors)
+
+
+def test_pods_kueue_placed_by_topology_wait_for_its_ungater() -> None:
+    worker, _, store = kueue_placed({"scheduling": {"topology": {"level": RACK}}}, True)
+    assert worker["spec"]["schedulingGates"] == [{"name": workloads.TOPOLOGY_GATE}]
+    assert worker["metadata"]["labels"][workloads.POD_SET_LABEL] == "worker"
+    annotations = worker["metadata"]["annotations"]
+    assert annotations[workloads.TOPOLOGY_ANNOTATIONS["required"]] == RACK
+    assert annotations[workloads.WORKLOAD_ANNOTATION].startswith("trainingjob-demo-")
+    assert worker["spec"]["nodeSelector"] == {"pool": "gpus"}
+    assert "schedulingGates" not in store["spec"]
+
+
+def test_without_a_topology_assignment_no_pod_is_gated() -> None:
+    pods = kueue_placed({"scheduling": {"topology": {"level": RACK}}}, False)
+    assert all("schedulingGates" not in pod["spec"] for pod in pods)

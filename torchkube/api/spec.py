@@ -557,10 +557,11 @@ class TopologySpec(ApiModel):
 
     level: str = Field(
         min_length=1,
-        max_length=316,
+        max_length=63,
         pattern=LABEL_KEY,
         description="The node label that names the domain, e.g. topology.kubernetes.io/zone or "
-        "a rack or block label: every worker runs on nodes with the same value of it.",
+        "a rack or block label: every worker runs on nodes with the same value of it (at most "
+        "63 characters, as Kueue takes a topology level).",
     )
     mode: Literal["required", "preferred"] = Field(
         default="required",

@@ -85,7 +85,8 @@ def placed(
     flavors: dict[str, dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """``pods`` with the node labels and tolerations of the ResourceFlavors Kueue assigned to
-    their pod set (jobframework's ``podset.Merge``): the nodes Kueue counted them against."""
+    their pod set (jobframework's ``podset.Merge``): the nodes Kueue counted them against; a pod
+    set Kueue placed by topology also gated until Kueue names each pod's domain."""
     state = observed.workload if observed else None
     if state is None or not state.admitted:
         return pods
@@ -102,7 +103,11 @@ def placed(
         if tolerations:
             present = spec.get("tolerations") or []
             spec["tolerations"] = [*present, *(t for t in tolerations if t not in present)]
-        out.append({**pod, "spec": spec})
+        pod = {**pod, "spec": spec}
+        if placement.topology is not None:
+            name = workloads.POD_SET_OF_ROLE[p.role(pod)]
+            pod = workloads.gated_for_topology(pod, state.name, name, placement.topology)
+        out.append(pod)
     return out
 
 

@@ -35,6 +35,16 @@ REPLACEMENT_ANNOTATION = f"{API_GROUP}/workload-slice-replacement-for"
 SLICE_NAME_ANNOTATION = f"{API_GROUP}/workload-slice-name"
 FINALIZER = f"{API_GROUP}/resource-in-use"
 """Kueue puts it on a Workload that holds quota; the job's controller removes it."""
+TOPOLOGY_GATE = f"{API_GROUP}/topology"
+"""Kueue's scheduling gate on a pod placed by topology: its TopologyUngater lifts it once it has
+added the node selector of the domain the pod was assigned."""
+POD_SET_LABEL = f"{API_GROUP}/podset"
+WORKLOAD_ANNOTATION = f"{API_GROUP}/workload"
+TOPOLOGY_ANNOTATIONS = {
+    "required": f"{API_GROUP}/podset-required-topology",
+    "preferred": f"{API_GROUP}/podset-preferred-topology",
+}
+"""What marks a pod as placed by Kueue's topology-aware scheduling (its ``IsTAS``)."""
 WORKERS, STORE, PREPARE, LIGHTHOUSE = "worker", "store", "prepare", "lighthouse"
 """Pod-set names, one per kind of pod (DNS labels, like jobframework's replica types)."""
 POD_SET_OF_ROLE = {
@@ -108,6 +118,9 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
     }
     if replicas.min < count:
         workers["minCount"] = replicas.min
+    request = topology_request(job)
+    if request is not None:
+        workers["topologyRequest"] = request
     sets = [
         workers,
         {
@@ -124,6 +137,36 @@ def pod_sets(job: TrainingJob) -> list[dict[str, Any]]:
             {"name": PREPARE, "count": 1, "template": _slim_template(builders.prepare_pod(job, 1))}
         )
     return sets
+
+
+def topology_request(job: TrainingJob) -> dict[str, str] | None:
+    """The workers' ``topologyRequest`` (jobframework's ``PodSetTopologyRequest``): the level
+    required or preferred, and the label that numbers the pods, so Kueue assigns the domains'
+    slots in slot order."""
+    topology = job.spec.scheduling.topology
+    if topology is None:
+        return None
+    return {topology.mode: topology.level, "podIndexLabel": lbl.REPLICA_INDEX}
+
+
+def gated_for_topology(
+    pod: dict[str, Any], workload: str, pod_set: str, request: dict[str, Any]
+) -> dict[str, Any]:
+    """``pod`` marked as Kueue's topology-aware scheduling marks its pods (jobframework's
+    ``podset.Merge`` with a topology assignment): its pod set, its Workload, the level it asked
+    for, and the gate Kueue's TopologyUngater lifts after adding the assigned domain's node
+    selector."""
+    metadata = dict(pod["metadata"])
+    metadata["labels"] = {**(metadata.get("labels") or {}), POD_SET_LABEL: pod_set}
+    marks = {WORKLOAD_ANNOTATION: workload}
+    marks |= {key: request[mode] for mode, key in TOPOLOGY_ANNOTATIONS.items() if mode in request}
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **marks}
+    spec = dict(pod["spec"])
+    gates = list(spec.get("schedulingGates") or [])
+    if {"name": TOPOLOGY_GATE} not in gates:
+        gates.append({"name": TOPOLOGY_GATE})
+    spec["schedulingGates"] = gates
+    return {**pod, "metadata": metadata, "spec": spec}
 
 
 PRIORITY_CLASS_LABEL = f"{API_GROUP}/priority-class"
@@ -203,6 +246,9 @@ class Placement:
 
     count: int
     flavors: tuple[str, ...] = ()
+    topology: dict[str, Any] | None = None
+    """The pod set's ``topologyRequest`` when Kueue placed it by topology (its admission holds
+    a ``topologyAssignment``): its pods wait for Kueue's TopologyUngater."""
 
 
 @dataclass(frozen=True)
@@ -364,7 +410,9 @@ def read(body: dict[str, Any]) -> WorkloadState:
     """A Workload as a :class:`WorkloadState`."""
     status = body.get("status") or {}
     admission = status.get("admission") or {}
-    spec_counts = {s["name"]: s.get("count", 1) for s in body.get("spec", {}).get("podSets", [])}
+    spec_sets = body.get("spec", {}).get("podSets", [])
+    spec_counts = {s["name"]: s.get("count", 1) for s in spec_sets}
+    requests = {s["name"]: s.get("topologyRequest") for s in spec_sets}
     # An elastic Workload scaled down in place asks for fewer than its admission still says.
     placements = {
         assignment["name"]: Placement(
@@ -373,6 +421,7 @@ def read(body: dict[str, Any]) -> WorkloadState:
                 int(spec_counts.get(assignment["name"], 1)),
             ),
             tuple(sorted(set((assignment.get("flavors") or {}).values()))),
+            requests.get(assignment["name"]) if assignment.get("topologyAssignment") else None,
         )
         for assignment in admission.get("podSetAssignments") or []
     }
