@@ -110,7 +110,7 @@ def quickstart_sample(body: dict[str, Any]) -> str:
     return (
         f"Recorded by `python -m bench.quickstart` on {m['date']}: {m['nproc']} cores "
         f"({m['cpu']}), 1-minute load average {m['load_average_at_start'][0]} at the start "
-        f"({m['nproc']}: every core busy), revision {m['revision']}:\n\n"
+        f"({m['nproc']} would keep every core busy), revision {m['revision']}:\n\n"
         f"```\n{body['extra']['output']}```\n"
     )
 
