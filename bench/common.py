@@ -30,6 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 
 
+def repo_path(path: Path) -> str:
+    """``path`` as a record or a message names it: relative to the repository when inside it,
+    so no record names a folder of the machine it ran on."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 # ----------------------------------------------------------------------------- statistics
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0–100) with linear interpolation between order statistics.

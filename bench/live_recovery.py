@@ -77,7 +77,18 @@ from typing import Any, Literal
 import yaml
 
 from bench import timeline
-from bench.common import RESULTS_DIR, ROOT, Figure, Results, Target, fmt, load_average, log, spread
+from bench.common import (
+    RESULTS_DIR,
+    ROOT,
+    Figure,
+    Results,
+    Target,
+    fmt,
+    load_average,
+    log,
+    repo_path,
+    spread,
+)
 from bench.live_recovery_docs import FIGURE_NOTES, LABELS, LOSS_TITLES, ROWS, SPLIT, STEADY, WAYS
 from bench.plain_torchrun import PlainTorchrun
 from torchkube.api import TrainingJob
@@ -571,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         else "live_recovery"
     )
     command = " ".join(["python -m bench.live_recovery", *(sys.argv[1:] if argv is None else argv)])
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    config = {k: repo_path(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results = Results(name, command.strip(), config=config)
     steady = None if crash else steady_state(results, args)
     if args.steady_only:

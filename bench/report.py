@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import blocks, quickstart
-from bench.common import RESULTS_DIR, ROOT, figure_rows, markdown_of, markdown_table
+from bench.common import RESULTS_DIR, ROOT, figure_rows, markdown_of, markdown_table, repo_path
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = [
@@ -146,10 +146,6 @@ def quickstart_picture(results_dir: Path | None = None) -> bytes | None:
         return quickstart.draw(body, Path(scratch) / "quickstart.png").read_bytes()
 
 
-def _name(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
     parser.add_argument(
@@ -165,18 +161,18 @@ def main(argv: list[str] | None = None) -> None:
         stale.append(path)
         if not args.check:
             path.write_text(text)
-            print(f"updated {_name(path)}")
+            print(f"updated {repo_path(path)}")
     image, picture = quickstart.IMAGE, quickstart_picture()
     if picture is None:
-        print(f"{_name(image)}: the quickstart record holds no run to draw it from")
+        print(f"{repo_path(image)}: the quickstart record holds no run to draw it from")
         stale.append(image)
     elif not image.exists() or image.read_bytes() != picture:
         stale.append(image)
         if not args.check:
             image.write_bytes(picture)
-            print(f"drew {_name(image)}")
+            print(f"drew {repo_path(image)}")
     if args.check and stale:
-        names = ", ".join(_name(path) for path in stale)
+        names = ", ".join(repo_path(path) for path in stale)
         sys.exit(f"not what bench/results/*.json render: {names} (python -m bench.report does)")
 
 
