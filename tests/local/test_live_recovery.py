@@ -207,3 +207,29 @@ def test_a_live_job_trains_on_through_the_loss_of_its_rendezvous_store(tmp_path:
         assert "restarting the workers in place" not in log, shown
     steps = [int(s) for s in re.findall(r"step (\d+)/600 \|", logs["worker-0.log"])]
     assert steps == sorted(set(steps)) and steps[-1] == 600, steps
+
+
+def test_a_live_job_waits_for_its_lost_lighthouse_and_restarts_nothing(tmp_path: Path) -> None:
+    """The Lighthouse SIGKILLed at step 100 and started again 8 s later, as the operator
+    replaces its pod: it holds no training state, so every replica group waits at its next
+    quorum until the new one answers and goes on at the same step — no worker stopped, none
+    resumed from a checkpoint, no restart counted. (Before, the quorum failed: each group's
+    torchft Manager waited out its whole quorum timeout, raised, and both groups restarted from
+    the newest checkpoint.)"""
+    cli = [sys.executable, "-m", "torchkube.cli", "run", str(EXAMPLE), "--workdir", str(tmp_path)]
+    away = ["--chaos-lighthouse-at-step", "100", "--chaos-replace-after", "8"]
+    result = subprocess.run([*cli, *away], capture_output=True, text=True, timeout=600)
+    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
+    shown = "\n".join(f"--- {name}\n{text[-3000:]}" for name, text in sorted(logs.items()))
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{shown}"
+    final = json.loads((tmp_path / "checkpoints" / "progress.json").read_text())
+    assert final["finished"] and final["step"] == 600, final
+    killed = re.search(r"torchft lighthouse killed \(chaos\) at step (\d+)", result.stdout)
+    assert killed and 100 <= int(killed[1]) < 600, result.stdout[-3000:]
+    assert re.search(r"restarts +0\n", result.stdout), result.stdout[-3000:]
+    for name in ("worker-0.log", "worker-1.log"):
+        log = logs[name]
+        assert "resumed from" not in log, shown
+        assert "restarting the workers in place" not in log, shown
+    steps = [int(s) for s in re.findall(r"step (\d+)/600 \|", logs["worker-0.log"])]
+    assert steps == sorted(set(steps)) and steps[-1] == 600, steps

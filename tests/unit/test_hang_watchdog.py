@@ -272,6 +272,25 @@ def test_the_loop_beginning_is_on_disk_and_the_first_step_is_no_step_time(
         heartbeat.close()
 
 
+def test_a_pause_inside_the_first_step_leaves_it_the_first_steps_allowance(
+    tmp_path: Path,
+) -> None:
+    """Live recovery's quorum comes before the first step's compute: once it is answered
+    the worker is still in its first step (a compile may take minutes), not in a plain one."""
+    heartbeat = Heartbeat(tmp_path, rank=0, local_rank=0)
+    try:
+        heartbeat.training()
+        with heartbeat.pausing("quorum"):
+            assert heartbeat.snapshot().paused == "quorum"
+        assert heartbeat.snapshot().paused == FIRST_STEP
+        heartbeat.beat(1)
+        with heartbeat.pausing("quorum"):
+            pass
+        assert heartbeat.snapshot().paused is None
+    finally:
+        heartbeat.close()
+
+
 def test_the_first_step_is_judged_like_a_pause_but_a_stopped_worker_is_a_hang() -> None:
     now = T0 + 500
     compiling = replace(

@@ -200,12 +200,13 @@ class Heartbeat:
     def pausing(self, what: str) -> Iterator[None]:
         """A phase between steps that may take longer than the hang timeout (``what``: an
         evaluation, a checkpoint): judged against the collective timeout instead. The time
-        since the last step starts again after it: the phase is not a slow step."""
-        self._paused = what
+        since the last step starts again after it: the phase is not a slow step. A pause
+        inside the first step (live recovery's quorum) leaves the first step's allowance on."""
+        before, self._paused = self._paused, what
         try:
             yield
         finally:
-            self._paused = None
+            self._paused = before
             if self._stepped is not None:
                 self._stepped = time.time()
 

@@ -44,6 +44,15 @@ if TYPE_CHECKING:
     "restarted in place, as its pod's container would be.",
 )
 @click.option(
+    "--chaos-lighthouse-at-step",
+    "chaos_lighthouse_steps",
+    type=int,
+    multiple=True,
+    help="recovery live: SIGKILL the torchft Lighthouse when training reaches this step "
+    "(repeatable); it is started again after --chaos-replace-after seconds, as its pod would be "
+    "replaced.",
+)
+@click.option(
     "--chaos-stop-at-step",
     "chaos_stop_steps",
     type=int,
@@ -70,9 +79,9 @@ if TYPE_CHECKING:
     "--chaos-replace-after",
     "chaos_replace_seconds",
     type=float,
-    help="Start a worker killed by --chaos-at-step or --chaos-every again this many seconds "
-    "after the kill, not at once: a lost pod's replacement being scheduled and pulling its "
-    "image.",
+    help="Start a worker killed by --chaos-at-step or --chaos-every, or the Lighthouse, again "
+    "this many seconds after the kill, not at once: a lost pod's replacement being scheduled "
+    "and pulling its image.",
 )
 @click.option(
     "--chaos-no-restart",
@@ -90,6 +99,7 @@ def run_command(
     chaos_every: float | None,
     chaos_worker: int | None,
     chaos_store_steps: tuple[int, ...],
+    chaos_lighthouse_steps: tuple[int, ...],
     chaos_stop_steps: tuple[int, ...],
     chaos_crash_steps: tuple[int, ...],
     chaos_late_seconds: float | None,
@@ -125,6 +135,7 @@ def run_command(
         chaos_worker,
         restart=not chaos_no_restart,
         store_at_steps=sorted(chaos_store_steps),
+        lighthouse_at_steps=sorted(chaos_lighthouse_steps),
         stop_at_steps=sorted(chaos_stop_steps),
         crash_at_steps=sorted(chaos_crash_steps),
         late_seconds=chaos_late_seconds,

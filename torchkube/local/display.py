@@ -37,13 +37,17 @@ def progress_line(
     return "  ".join(parts)
 
 
+STORE, LIGHTHOUSE = -1, -2
+"""The :attr:`Failure.worker` of the rendezvous store's loss and of the torchft Lighthouse's."""
+
+
 @dataclass
 class Failure:
-    """One worker (or store) loss and how long training took to get past the step it stopped
-    at."""
+    """One worker (or store, or Lighthouse) loss and how long training took to get past the
+    step it stopped at."""
 
     worker: int
-    """The worker's index; -1 for the rendezvous store."""
+    """The worker's index, or :data:`STORE` or :data:`LIGHTHOUSE`."""
     reason: str
     at: float
     step: int
@@ -58,7 +62,11 @@ class Failure:
 
     @property
     def subject(self) -> str:
-        return "rendezvous store" if self.worker < 0 else f"worker {self.worker}"
+        if self.worker == STORE:
+            return "rendezvous store"
+        if self.worker == LIGHTHOUSE:
+            return "torchft lighthouse"
+        return f"worker {self.worker}"
 
     def to_line(self, epoch: float) -> str:
         """One line of :data:`FAILURES_FILE`: times on the wall clock (``epoch``: the wall
@@ -159,8 +167,10 @@ class Summary:
         ]
         for f in self.failures:
             redo = "" if f.checkpoint_step is None else f", resumed from step {f.checkpoint_step}"
-            if f.live:
-                others = "the replica groups" if f.worker < 0 else "the others"
+            if f.live and f.worker == LIGHTHOUSE:
+                redo = ", the replica groups waited for it without a restart (recovery live)"
+            elif f.live:
+                others = "the replica groups" if f.worker == STORE else "the others"
                 redo = f", {others} trained on without a restart (recovery live)"
             took = "not recovered" if f.lost_seconds is None else f"back in {f.lost_seconds:.1f}s"
             lines.append(f"    {f.subject} {f.reason} at step {f.step}{redo}: {took}")

@@ -54,7 +54,14 @@ from torchkube.api.status import SlowestRank
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
-from torchkube.local.display import FAILURES_FILE, Failure, Summary, progress_line
+from torchkube.local.display import (
+    FAILURES_FILE,
+    LIGHTHOUSE,
+    STORE,
+    Failure,
+    Summary,
+    progress_line,
+)
 from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
 from torchkube.operator import failure as policy
@@ -97,6 +104,9 @@ class Chaos:
     at once."""
     store_at_steps: list[int] = field(default_factory=list)
     """Steps at which the rendezvous store is SIGKILLed (it is restarted like its pod)."""
+    lighthouse_at_steps: list[int] = field(default_factory=list)
+    """recovery live: steps at which the torchft Lighthouse is SIGKILLed; it is started again
+    ``replace_after_seconds`` later (at once without it), as the operator replaces its pod."""
     stop_at_steps: list[int] = field(default_factory=list)
     """Steps at which a worker's training process is SIGSTOPped: a hang."""
     crash_at_steps: list[int] = field(default_factory=list)
@@ -117,6 +127,9 @@ class Chaos:
 
     def store_due(self, step: int) -> bool:
         return _due(self.store_at_steps, step)
+
+    def lighthouse_due(self, step: int) -> bool:
+        return _due(self.lighthouse_at_steps, step)
 
     def stop_due(self, step: int) -> bool:
         return _due(self.stop_at_steps, step)
@@ -170,6 +183,9 @@ class LocalRun:
         self.live = live(job)
         self.lighthouse_port = free_port() if self.live else None
         self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.lighthouse_back_at: float | None = None
+        """When a Lighthouse chaos killed is started again (its replacement pod's start)."""
+        self._restarts_before_lighthouse_loss = 0
         self.metrics_ports = [free_port() for _ in range(self.count)]
         self.failures: list[Failure] = []
         self.ledger = Ledger()
@@ -361,6 +377,8 @@ class LocalRun:
                 return self._finish(True, "training completed", started, record)
             if record and self.chaos.store_due(step):
                 self._kill_store(record, now)
+            if record and self.chaos.lighthouse_due(step):
+                self._kill_lighthouse(record, now)
             if record and self.chaos.stop_due(step):
                 self._signal_trainer(record, now, signal.SIGSTOP)
             if record and self.chaos.crash_due(step):
@@ -377,7 +395,7 @@ class LocalRun:
                     )
             ended = (
                 self._check_store(record, now)
-                or self._check_lighthouse()
+                or self._check_lighthouse(now)
                 or self._check_workers(record, now)
                 or self._check_in_place()
             )
@@ -469,20 +487,25 @@ class LocalRun:
         found = policy.store_loss(found, self.ledger.history, record.step if record else None)
         found = self._group_loss(found)
         self._start_store()
-        shown = next((f for f in self.failures if f.worker == -1 and f.recovered_at is None), None)
+        lost = (f for f in self.failures if f.worker == STORE and f.recovered_at is None)
+        shown = next(lost, None)
         if shown is None:
             self.failures.append(
-                self._display_failure(-1, "store lost", record, now, found.survivors)
+                self._display_failure(STORE, "store lost", record, now, found.survivors)
             )
         else:  # a chaos kill, shown when done: whether the groups trained on is known now
             shown.live = found.survivors is not None
         return self._account(found)
 
-    def _check_lighthouse(self) -> tuple[bool, str] | None:
-        """A dead Lighthouse is started again on its port, as the operator replaces its pod:
-        the workers wait for it at their next quorum. Not a failure: nothing restarts."""
+    def _check_lighthouse(self, now: float) -> tuple[bool, str] | None:
+        """A dead Lighthouse is started again on its port, as the operator replaces its pod
+        (one chaos killed, once its replacement is due): the workers wait for it at their next
+        quorum. Not a failure: nothing restarts."""
         if self.lighthouse is None or self.lighthouse.poll() is None:
             return None
+        if self.lighthouse_back_at is not None and now < self.lighthouse_back_at:
+            return None
+        self.lighthouse_back_at = None
         code = self.lighthouse.returncode
         self._start_lighthouse()
         self.out.write(
@@ -693,14 +716,30 @@ class LocalRun:
         if self.store is None or self.store.poll() is not None:
             return
         self.out.write(f"\nchaos: SIGKILL the rendezvous store at step {record.step}\n")
-        self.failures.append(self._display_failure(-1, "killed (chaos)", record, now))
+        self.failures.append(self._display_failure(STORE, "killed (chaos)", record, now))
         self.store.kill()
         self.store.wait()
+
+    def _kill_lighthouse(self, record: ProgressReport, now: float) -> None:
+        if self.lighthouse is None or self.lighthouse.poll() is not None:
+            return
+        away = self.chaos.replace_after_seconds or 0.0
+        self.out.write(
+            f"\nchaos: SIGKILL the torchft lighthouse at step {record.step}, its replacement in "
+            f"{away:g} s\n"
+        )
+        self.failures.append(self._display_failure(LIGHTHOUSE, "killed (chaos)", record, now))
+        self._restarts_before_lighthouse_loss = self.ledger.restarts
+        self.lighthouse.kill()
+        self.lighthouse.wait()
+        self.lighthouse_back_at = now + away
 
     def _note_recoveries(self, step: int, now: float) -> None:
         for failure in self.failures:
             if failure.recovered_at is None and step > failure.step:
                 failure.recovered_at = now
+                if failure.worker == LIGHTHOUSE:  # the groups waited for it, or restarted
+                    failure.live = self.ledger.restarts == self._restarts_before_lighthouse_loss
 
     # ------------------------------------------------------------------ signals
     def _catch_signals(self) -> dict[int, Any]:

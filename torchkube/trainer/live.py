@@ -59,6 +59,7 @@ from torchft.manager import extract_trailing_digits
 
 from torchkube.api.contract import LIVE_MIN_REPLICA_GROUPS, STANDBY_RELEASED, ExitCode, LiveProgress
 from torchkube.api.trainer import TrainerSpec
+from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, standby
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout
@@ -74,7 +75,16 @@ LIVE_TIMEOUT = timedelta(seconds=30)
 up on the step. A SIGKILLed peer breaks gloo's connections at once; this bounds a hung one."""
 QUORUM_TIMEOUT = timedelta(seconds=120)
 """How long a group waits for a quorum: the Lighthouse forms one as soon as the groups that
-heartbeat have asked, so this only bounds a Lighthouse that is away."""
+heartbeat have asked, so this only bounds a Lighthouse that is away — its pod replaced (a pod
+start), or its node lost at the defaults (about 40 s to NotReady, ``nodeLostGraceSeconds``
+30 s, then a pod start). Past it the groups restart from the newest checkpoint."""
+LIGHTHOUSE_RETRY = timedelta(seconds=0.5)
+"""How often a group asks again for a quorum the Lighthouse could not answer (it is away)."""
+QUORUM_RETRIES = round(QUORUM_TIMEOUT / LIGHTHOUSE_RETRY) - 1
+"""torchft's Manager sleeps ``quorum_timeout / (quorum_retries + 1)`` after each failed request
+to the Lighthouse, so this many retries ask every :data:`LIGHTHOUSE_RETRY` for the whole quorum
+timeout. (Its default, 0, fails the quorum at the first refused request and every later one
+with it: the group's workers restart.)"""
 
 
 class LiveState:
@@ -255,6 +265,7 @@ class LiveRecovery:
         info: distributed.DistInfo,
         progress: ProgressReporter,
         stop: StopRequest,
+        heartbeat: Heartbeat,
     ) -> None:
         if run_env.live is None:
             raise ConfigError(
@@ -262,7 +273,7 @@ class LiveRecovery:
                 "Lighthouse): the operator and torchkube run set it for every live job"
             )
         self.spec, self.live_env, self.info = spec, run_env.live, info
-        self.progress, self.stop = progress, stop
+        self.progress, self.stop, self.heartbeat = progress, stop, heartbeat
         progress.enabled = False  # until this group is the quorum's writer (:meth:`_arrange`)
         self.replica_id = run_env.live.replica_id(run_env.job_name)
         self.incarnation = run_env.elastic_restart_count
@@ -328,6 +339,7 @@ class LiveRecovery:
             init_sync=False,  # a group with no peer ahead takes its starting state as all do
             timeout=LIVE_TIMEOUT,
             quorum_timeout=QUORUM_TIMEOUT,
+            quorum_retries=QUORUM_RETRIES,
             rank=self.info.rank,
             world_size=self.info.world_size,
             store_addr=self.store_host,
@@ -373,7 +385,8 @@ class LiveRecovery:
         began = time.monotonic()
         if self._attempt_began is None:
             self._attempt_began = began
-        self.manager.start_quorum()  # a group behind the quorum copies the state here
+        with self.heartbeat.pausing("quorum"):  # a Lighthouse away is waited for, not a hang
+            self.manager.start_quorum()  # a group behind the quorum copies the state here
         self._quorum = time.monotonic() - began
 
     def reduce(self, model: nn.Module) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchkube.api.trainer import TrainerSpec
+from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.distributed import DistInfo, StopRequest
 from torchkube.trainer.loader import RunEnv
@@ -158,10 +159,11 @@ def recovery_for(
     info: DistInfo,
     progress: ProgressReporter,
     stop: StopRequest,
+    heartbeat: Heartbeat,
 ) -> Recovery:
     """The recovery mode the pod's environment names."""
     if run_env.recovery == "live":
         from torchkube.trainer.live import LiveRecovery  # torchft only where it is used
 
-        return LiveRecovery(spec, run_env, info, progress, stop)
+        return LiveRecovery(spec, run_env, info, progress, stop, heartbeat)
     return RestartRecovery(info)

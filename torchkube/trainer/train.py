@@ -69,7 +69,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
     )
     heartbeat = Heartbeat.from_env(spec.collective_timeout_seconds)
     chaos = ChaosHold.from_env()
-    recovery = recovery_for(spec, run_env, info, progress, stop)
+    recovery = recovery_for(spec, run_env, info, progress, stop, heartbeat)
     board = open_board(spec, run_env, info)
     try:
         # --- setup: the same seed on every rank gives every rank the same initial weights;
