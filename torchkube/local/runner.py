@@ -33,7 +33,9 @@ with the operator's straggler policy (``torchkube.operator.stragglers``).
 
 import contextlib
 import json
+import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -112,18 +114,47 @@ class Chaos:
     crash_at_steps: list[int] = field(default_factory=list)
     """Steps at which a worker's training process is SIGKILLed and its launcher lives on: a
     crash (a CUDA error, the kernel's OOM killer), which torchrun restarts in place."""
+    poisson_seed: int | None = None
+    """With ``every_seconds``: the gaps between timed kills are drawn from an exponential
+    distribution of that mean (a Poisson process of losses), and each victim at random among
+    the workers alive and, with ``lighthouse_share``, the Lighthouse; seeded, so that a trial
+    can be run again."""
+    lighthouse_share: float = 0.0
+    """Poisson kills: the share that hits the torchft Lighthouse (recovery live)."""
+    compute_seconds: float | None = None
+    """Each training step lasts at least this long (its processes wait out the rest after
+    their micro-batches): a step standing for an accelerator's, so that kills land mid-step in
+    proportion and the step is as long against the failure detection as a GPU job's."""
     late_seconds: float | None = None
     """Start the last worker this much later than the others: a pod whose image pull or node
     takes longer than ``joinTimeoutSeconds``. The others time out waiting for it (a free
     ``JoinTimeout``), are started again, and train with it once it arrives."""
 
+    def __post_init__(self) -> None:
+        self._draws = random.Random(self.poisson_seed)
+        self._gap = self._next_gap()
+
+    def _next_gap(self) -> float:
+        if self.every_seconds is None:
+            return math.inf
+        if self.poisson_seed is None:
+            return self.every_seconds
+        return self._draws.expovariate(1 / self.every_seconds)
+
     def kill_due(self, step: int) -> bool:
         return _due(self.at_steps, step)
 
     def timed_kill_due(self, now: float, last_kill: float, started: float) -> bool:
-        if self.every_seconds is not None:
-            return now - max(last_kill, started) >= self.every_seconds
-        return False
+        if now - max(last_kill, started) < self._gap:
+            return False
+        self._gap = self._next_gap()
+        return True
+
+    def poisson_victim(self, alive: list[int], lighthouse: bool) -> int | None:
+        """A Poisson kill's victim: :data:`LIGHTHOUSE` or one of the ``alive`` workers."""
+        if lighthouse and self._draws.random() < self.lighthouse_share:
+            return LIGHTHOUSE
+        return self._draws.choice(alive) if alive else None
 
     def store_due(self, step: int) -> bool:
         return _due(self.store_at_steps, step)
@@ -228,6 +259,8 @@ class LocalRun:
             env[Env.LIGHTHOUSE] = f"http://127.0.0.1:{self.lighthouse_port}"
         cpus = len(os.sched_getaffinity(0))
         env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
+        if self.chaos.compute_seconds:
+            env[Env.CHAOS_COMPUTE_SECONDS] = str(self.chaos.compute_seconds)
         holds = self._hold_steps(index)
         if holds:
             env[Env.CHAOS_HOLD_AT_STEPS] = chaos_hold_steps_value(holds)
@@ -386,7 +419,10 @@ class LocalRun:
             if record:
                 self._replace_straggler(record, now)
             kill = self._kill_due(step, now, last_kill, started) if record else None
-            if record and kill is not None:
+            if record and kill is not None and kill[0] == LIGHTHOUSE:
+                last_kill = now
+                self._kill_lighthouse(record, now)
+            elif record and kill is not None:
                 last_kill = now
                 self._kill_one(*kill, record, now)
                 if not self.workers and not self.waiting:
@@ -608,8 +644,13 @@ class LocalRun:
                 self._step_kills += 1
                 return victim, seen
         if self.chaos.timed_kill_due(now, last_kill, started):
-            index = self.chaos.worker if self.chaos.worker is not None else self._kills % self.count
-            return index, step
+            if self.chaos.poisson_seed is None:
+                rotated = self._kills % self.count
+                return (self.chaos.worker if self.chaos.worker is not None else rotated), step
+            alive = [i for i, w in sorted(self.workers.items()) if w.proc.poll() is None]
+            serving = self.lighthouse is not None and self.lighthouse.poll() is None
+            drawn = self.chaos.poisson_victim(alive, serving)
+            return None if drawn is None else (drawn, step)
         return None
 
     def _kill_one(self, index: int, step: int, record: ProgressReport, now: float) -> None:

@@ -6,12 +6,20 @@ step to the worker it will kill (:attr:`Env.CHAOS_HOLD_AT_STEPS`); each of that 
 training processes stops itself once the step is done, the other workers wait for it in their
 next collective, and the runner's SIGKILL of the worker's whole tree (its pod) lands at that
 step whatever the load. The runner, not the worker, kills: it alone knows the moment of the
-loss it accounts for. The operator never sets the variable: nothing here acts in a cluster.
+loss it accounts for.
+
+A benchmark of sustained failures also stretches every step to :attr:`Env.CHAOS_COMPUTE_SECONDS`
+(:meth:`ChaosHold.computing`): a CPU step standing for an accelerator's, as long against the
+failure detection as a GPU job's step, so that a loss lands mid-step as often as it would there.
+The operator never sets either variable: nothing here acts in a cluster.
 """
 
+import contextlib
 import logging
 import os
 import signal
+import time
+from collections.abc import Iterator
 
 from torchkube.api.contract import Env, chaos_hold_steps
 
@@ -21,12 +29,24 @@ log = logging.getLogger("torchkube.trainer")
 class ChaosHold:
     """Stops this process after each step the runner will kill its worker at."""
 
-    def __init__(self, steps: frozenset[int]) -> None:
+    def __init__(self, steps: frozenset[int], compute_seconds: float = 0.0) -> None:
         self.steps = steps
+        self.compute_seconds = compute_seconds
 
     @classmethod
     def from_env(cls) -> "ChaosHold":
-        return cls(chaos_hold_steps(os.environ.get(Env.CHAOS_HOLD_AT_STEPS, "")))
+        steps = chaos_hold_steps(os.environ.get(Env.CHAOS_HOLD_AT_STEPS, ""))
+        return cls(steps, float(os.environ.get(Env.CHAOS_COMPUTE_SECONDS) or 0.0))
+
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """A step's micro-batches, lasting at least ``compute_seconds`` (0: as long as they
+        take)."""
+        began = time.monotonic()
+        yield
+        rest = began + self.compute_seconds - time.monotonic()
+        if rest > 0:
+            time.sleep(rest)
 
     def after(self, step: int) -> None:
         """Called once ``step`` is done (and reported): stop here if the kill is due at it."""

@@ -151,13 +151,14 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 report.layout = layout
             agreement.start(save=info.is_main and here.writer and ckpt.due(state.step + 1))
             timer.start()
-            loss, data_wait = accumulate(
-                model,
-                loader.micro_batches(state.consumed_samples),
-                layout.grad_accum_steps,
-                spec,
-                workload.loss_fn,
-            )
+            with chaos.computing():
+                loss, data_wait = accumulate(
+                    model,
+                    loader.micro_batches(state.consumed_samples),
+                    layout.grad_accum_steps,
+                    spec,
+                    workload.loss_fn,
+                )
             recovery.reduce(model)
             committed = recovery.commit()
             stop_now, save_now = agreement.result()

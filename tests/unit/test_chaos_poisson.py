@@ -1,0 +1,53 @@
+"""Sustained chaos for the live-recovery benchmark: Poisson kills and stretched steps."""
+
+import statistics
+import time
+
+from torchkube.local.display import LIGHTHOUSE
+from torchkube.local.runner import Chaos
+from torchkube.trainer.chaos import ChaosHold
+
+
+def kill_times(chaos: Chaos, until: float, tick: float = 0.05) -> list[float]:
+    kills, last, now = [], 0.0, 0.0
+    while now < until:
+        now += tick
+        if chaos.timed_kill_due(now, last, 0.0):
+            kills.append(now)
+            last = now
+    return kills
+
+
+def test_poisson_gaps_average_the_mean_and_vary_and_a_seed_repeats_them() -> None:
+    kills = kill_times(Chaos(every_seconds=2.0, poisson_seed=7), until=2000.0)
+    gaps = [b - a for a, b in zip([0.0, *kills], kills, strict=False)]
+    assert 1.8 < statistics.mean(gaps) < 2.2, statistics.mean(gaps)
+    assert statistics.stdev(gaps) > 1.5  # exponential: the deviation is the mean
+    assert kill_times(Chaos(every_seconds=2.0, poisson_seed=7), until=2000.0) == kills
+    assert kill_times(Chaos(every_seconds=2.0, poisson_seed=8), until=2000.0) != kills
+
+
+def test_without_a_seed_the_kills_keep_their_fixed_interval() -> None:
+    kills = kill_times(Chaos(every_seconds=2.0), until=10.0, tick=0.5)
+    assert kills == [2.0, 4.0, 6.0, 8.0, 10.0]
+
+
+def test_victims_are_drawn_among_the_alive_and_the_lighthouse_takes_its_share() -> None:
+    chaos = Chaos(every_seconds=1.0, poisson_seed=3, lighthouse_share=0.1)
+    drawn = [chaos.poisson_victim([0, 2, 3], lighthouse=True) for _ in range(5000)]
+    assert set(drawn) == {0, 2, 3, LIGHTHOUSE}
+    assert 0.08 < drawn.count(LIGHTHOUSE) / len(drawn) < 0.12
+    assert LIGHTHOUSE not in {chaos.poisson_victim([1], lighthouse=False) for _ in range(200)}
+    assert chaos.poisson_victim([], lighthouse=False) is None
+
+
+def test_a_stretched_step_lasts_the_compute_time_and_a_longer_one_is_not_stretched() -> None:
+    hold = ChaosHold(frozenset(), compute_seconds=0.2)
+    began = time.monotonic()
+    with hold.computing():
+        pass
+    assert 0.2 <= time.monotonic() - began < 0.5
+    began = time.monotonic()
+    with hold.computing():
+        time.sleep(0.3)
+    assert 0.3 <= time.monotonic() - began < 0.6
