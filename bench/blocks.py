@@ -18,6 +18,8 @@ from typing import Any
 
 from bench import live_recovery_docs
 from bench.common import (
+    FIGURE_HEADERS,
+    figure_rows,
     fmt,
     loads_differ,
     loads_of,
@@ -752,6 +754,31 @@ def live_recovery(records: dict[str, Body]) -> str:
     return live_recovery_docs.render(*(records[name] for name in LIVE_RECOVERY))
 
 
+def live_sustained(records: dict[str, Body]) -> str:
+    """docs/trainer.md's sustained failures: steps committed, efficiency and the outcome at
+    torchft's two rates, every run, and the faults by what their victim was doing."""
+    run = Run("live_sustained", records["live_sustained"])
+    body = run.body
+    faults = body["tables"]["the faults injected, by what their victim was doing"]
+    every = body["tables"]["every run, in the order run"]
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            *(f"- {note}" for note in body["notes"]),
+            "",
+            markdown_table(FIGURE_HEADERS, figure_rows(body["figures"], run.cores)),
+            "",
+            markdown_table(faults["headers"], faults["rows"]),
+            "",
+            "Every run, in the order run:",
+            "",
+            markdown_table(every["headers"], every["rows"]),
+            "",
+        ]
+    )
+
+
 SCALE = ("operator_scale_single",)
 BLOCKS = [
     Block("TARGET", "scale", SCALE, scale),
@@ -771,6 +798,7 @@ BLOCKS = [
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
     Block("TRAINER", "live_recovery", LIVE_RECOVERY, live_recovery),
+    Block("TRAINER", "live_sustained", ("live_sustained",), live_sustained),
     Block(
         "README",
         "benchmarks",

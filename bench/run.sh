@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
 #   NAME: operator_scale, queued_start, operator_recovery, recovery_e2e, real_node_recovery,
-#         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, quickstart, or all
+#         trainer_throughput, trainer_memory, checkpoint_cost, live_recovery, live_sustained,
+#         quickstart, or all
 #         (each of them, one after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
 # Then render bench/results/*.json into docs/benchmarks.md and README.md (python -m bench.report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,5p' "$0"
+  sed -n '2,6p' "$0"
   exit 2
 fi
 name=$1
@@ -31,7 +32,7 @@ case "$name" in
 esac
 if [ "$name" = all ]; then
   for one in operator_scale queued_start operator_recovery recovery_e2e real_node_recovery \
-    trainer_throughput trainer_memory checkpoint_cost live_recovery quickstart; do
+    trainer_throughput trainer_memory checkpoint_cost live_recovery live_sustained quickstart; do
     python -m "bench.$one"
   done
   # torchft's steady cost again at a step about 5× longer (more micro-batches per step)

@@ -505,3 +505,25 @@ def test_report_check_fails_while_a_rendered_block_or_the_picture_is_not_the_rec
     with pytest.raises(SystemExit) as failed:
         report.main(["--check"])
     assert "README.md" in str(failed.value) and "benchmarks.md" not in str(failed.value)
+
+
+def test_a_sustained_fault_is_classed_by_what_its_victim_had_done_since_it_last_started() -> None:
+    from bench.live_sustained import (
+        LIGHTHOUSE_FAULT,
+        STARTING_FAULT,
+        TRAINING_FAULT,
+        classify,
+    )
+    from bench.timeline import Event
+
+    events = [
+        Event(10.0, "commit", 1, "worker-0.log"),
+        Event(11.0, "commit", 1, "worker-1.log"),
+        Event(30.0, "commit", 5, "worker-1.log"),
+    ]
+    assert classify(12.0, None, events, since=0.0) == LIGHTHOUSE_FAULT
+    assert classify(12.0, "worker-0.log", events, since=0.0) == TRAINING_FAULT
+    # worker 0 was lost at 12 s and started again: no commit of its own since then
+    assert classify(20.0, "worker-0.log", events, since=12.0) == STARTING_FAULT
+    assert classify(31.0, "worker-1.log", events, since=20.0) == TRAINING_FAULT
+    assert classify(25.0, "worker-1.log", events, since=20.0) == STARTING_FAULT

@@ -86,9 +86,9 @@ class Env(StrEnum):
     their next collective, so the kill lands at the step asked for however late the runner's
     poll sees it on a busy machine."""
     CHAOS_COMPUTE_SECONDS = "TORCHKUBE_CHAOS_COMPUTE_SECONDS"
-    """Set by ``torchkube run``'s benchmarks, never by the operator: every training step lasts
-    at least this many seconds, its processes waiting out the rest after their micro-batches
-    (a step standing for an accelerator's on a CPU)."""
+    """Set by ``torchkube run``'s benchmarks, never by the operator: every micro-batch of a
+    training step lasts at least this many seconds, its processes waiting out the rest after
+    them (a step standing for an accelerator's on a CPU)."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here

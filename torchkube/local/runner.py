@@ -122,9 +122,10 @@ class Chaos:
     lighthouse_share: float = 0.0
     """Poisson kills: the share that hits the torchft Lighthouse (recovery live)."""
     compute_seconds: float | None = None
-    """Each training step lasts at least this long (its processes wait out the rest after
-    their micro-batches): a step standing for an accelerator's, so that kills land mid-step in
-    proportion and the step is as long against the failure detection as a GPU job's."""
+    """Each micro-batch of a training step lasts at least this long (its processes wait out
+    the rest after them): a step standing for an accelerator's, so that kills land mid-step in
+    proportion, the step is as long against the failure detection as a GPU job's, and longer
+    where fewer replica groups share the global batch."""
     late_seconds: float | None = None
     """Start the last worker this much later than the others: a pod whose image pull or node
     takes longer than ``joinTimeoutSeconds``. The others time out waiting for it (a free
@@ -199,6 +200,7 @@ class LocalRun:
         chaos: Chaos | None = None,
         out: TextIO = sys.stdout,
         nproc: int | str = 1,
+        heartbeat_timeout_ms: int | None = None,
     ) -> None:
         # The rendezvous id (a pod gets the job's uid) must be the same for every worker.
         uid = job.uid or f"local-{job.name}-{os.getpid()}"
@@ -214,6 +216,9 @@ class LocalRun:
         self.live = live(job)
         self.lighthouse_port = free_port() if self.live else None
         self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        """The Lighthouse's failure detection, where not its own default (a benchmark whose
+        steps stand for longer ones scales it with them)."""
         self.lighthouse_back_at: float | None = None
         """When a Lighthouse chaos killed is started again (its replacement pod's start)."""
         self._restarts_before_lighthouse_loss = 0
@@ -281,8 +286,13 @@ class LocalRun:
         """recovery live: torchft's Lighthouse, which forms every step's quorum of workers."""
         port = self.lighthouse_port
         assert port is not None
+        detection = (
+            ["--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
+            if self.heartbeat_timeout_ms is not None
+            else []
+        )
         self.lighthouse = subprocess.Popen(
-            [sys.executable, "-m", "torchkube.elastic.lighthouse", "--port", str(port)],
+            [sys.executable, "-m", "torchkube.elastic.lighthouse", "--port", str(port), *detection],
             stdout=(self.log_dir / "lighthouse.log").open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -8,9 +8,10 @@ next collective, and the runner's SIGKILL of the worker's whole tree (its pod) l
 step whatever the load. The runner, not the worker, kills: it alone knows the moment of the
 loss it accounts for.
 
-A benchmark of sustained failures also stretches every step to :attr:`Env.CHAOS_COMPUTE_SECONDS`
-(:meth:`ChaosHold.computing`): a CPU step standing for an accelerator's, as long against the
-failure detection as a GPU job's step, so that a loss lands mid-step as often as it would there.
+A benchmark of sustained failures also stretches every micro-batch to
+:attr:`Env.CHAOS_COMPUTE_SECONDS` (:meth:`ChaosHold.computing`): a CPU step standing for an
+accelerator's, as long against the failure detection as a GPU job's step, so that a loss lands
+mid-step as often as it would there, and longer where fewer replica groups share the batch.
 The operator never sets either variable: nothing here acts in a cluster.
 """
 
@@ -39,12 +40,12 @@ class ChaosHold:
         return cls(steps, float(os.environ.get(Env.CHAOS_COMPUTE_SECONDS) or 0.0))
 
     @contextlib.contextmanager
-    def computing(self) -> Iterator[None]:
-        """A step's micro-batches, lasting at least ``compute_seconds`` (0: as long as they
-        take)."""
+    def computing(self, micro_batches: int) -> Iterator[None]:
+        """A step's micro-batches, lasting at least ``compute_seconds`` each (0: as long as
+        they take)."""
         began = time.monotonic()
         yield
-        rest = began + self.compute_seconds - time.monotonic()
+        rest = began + self.compute_seconds * micro_batches - time.monotonic()
         if rest > 0:
             time.sleep(rest)
 

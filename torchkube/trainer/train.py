@@ -151,7 +151,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 report.layout = layout
             agreement.start(save=info.is_main and here.writer and ckpt.due(state.step + 1))
             timer.start()
-            with chaos.computing():
+            with chaos.computing(layout.grad_accum_steps):
                 loss, data_wait = accumulate(
                     model,
                     loader.micro_batches(state.consumed_samples),
