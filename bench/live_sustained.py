@@ -29,12 +29,13 @@ faults it injected, never from a pace:
 
 - *steps committed*: of every step attempt a group made (torchft's commit vote, ``true`` or
   ``false``, in each group's log), the share committed;
-- *training efficiency*: the undisturbed run's time from its first step to its last ÷ this
-  run's (same trial, same seed, same steps);
+- *training efficiency*: the undisturbed run's seconds per step (its first step to its last)
+  ÷ this run's (same trial, same seed);
 - *goodput*: the time spent training steps that were kept ÷ the wall time (start-up included);
 - *steps computed twice* and *whole-job restarts* (every group lost at once: the replacements
   find no live peer and resume from the newest checkpoint);
-- *unrecoverable*: a run that did not finish its steps;
+- *unrecoverable*: a run that failed; a run still short of its steps at ``--cap-minutes`` is
+  stopped there and counted apart (it was still training);
 - each fault by what its victim was doing: the Lighthouse, a group before its first committed
   step (starting, joining, copying the state), or a training group.
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import io
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -139,7 +141,12 @@ def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
         )
         launched = time.time()
         offset = launched - time.monotonic()
-        summary = run.run()
+        cap = threading.Timer(args.cap_minutes * 60, run.stop)
+        cap.start()
+        try:
+            summary = run.run()
+        finally:
+            cap.cancel()
         load = load_average()
         logs = sorted(run.log_dir.glob("worker-*.log"))
         seen = timeline.Timeline.of(logs)
@@ -159,6 +166,7 @@ def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
         "way": way,
         "seed": seed,
         "succeeded": summary.succeeded,
+        "capped": not summary.succeeded and run.stopped_by_caller,
         "message": summary.message,
         "steps": summary.steps,
         "faults": sum(faults.values()),
@@ -188,7 +196,7 @@ def measure(results: Results, args: argparse.Namespace) -> list[dict[str, Any]]:
             found |= {"trial": trial + 1, "position": position}
             log(
                 f"  {found['faults']} faults, committed {fmt_share(found['committed_share'])}, "
-                f"{'finished' if found['succeeded'] else 'NOT finished: ' + found['message']}"
+                f"{outcome(found)}"
             )
             trials.append(found)
     results.extra["trials"] = trials
@@ -199,11 +207,23 @@ def fmt_share(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
 
-def figures(results: Results, trials: list[dict[str, Any]]) -> None:
+def per_step(run: dict[str, Any]) -> float | None:
+    """Seconds from the first step to the last one reached, per step (a capped run's too)."""
+    took, steps = run["first_to_last_step_seconds"], run["steps"]
+    return took / steps if took and steps else None
+
+
+def outcome(run: dict[str, Any]) -> str:
+    if run["succeeded"]:
+        return "finished"
+    if run["capped"]:
+        return f"capped at step {run['steps']}"
+    return f"failed: {run['message']}"
+
+
+def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float) -> None:
     reference = {
-        t["trial"]: t["first_to_last_step_seconds"]
-        for t in trials
-        if t["way"] == UNDISTURBED and t["succeeded"]
+        t["trial"]: per_step(t) for t in trials if t["way"] == UNDISTURBED and t["succeeded"]
     }
     for way, rate in RATES.items():
         runs = [t for t in trials if t["way"] == way]
@@ -215,31 +235,34 @@ def figures(results: Results, trials: list[dict[str, Any]]) -> None:
                 efficiency_target = Target(efficiency, "min", f"> torchft's {efficiency} %")
         committed = results.figure(f"{way}: steps committed", "%", target=committed_target)
         efficient = results.figure(
-            f"{way}: training efficiency (undisturbed first → last step ÷ this run's)",
+            f"{way}: training efficiency (undisturbed seconds per step ÷ this run's)",
             "%",
             target=efficiency_target,
         )
         goodput = results.figure(f"{way}: goodput (kept training ÷ wall)", "%")
-        final = results.figure(f"{way}: final loss", "")
+        final = results.figure(f"{way}: final loss (finished runs)", "")
         for run in runs:
             if run["committed_share"] is not None:
                 committed.add(100 * run["committed_share"], run["load"])
-            base, took = reference.get(run["trial"]), run["first_to_last_step_seconds"]
+            base, took = reference.get(run["trial"]), per_step(run)
             if base and took:
                 efficient.add(100 * base / took, run["load"])
             if run["goodput"] is not None:
                 goodput.add(100 * run["goodput"], run["load"])
-            if run["final_loss"] is not None:
+            if run["final_loss"] is not None and run["succeeded"]:
                 final.add(run["final_loss"], run["load"])
         if rate is not None:
-            failed = sum(1 for run in runs if not run["succeeded"])
             injected = sum(run["faults"] for run in runs)
-            outcome = results.figure(
-                f"{way}: runs not finished (unrecoverable), of {len(runs)} with {injected} faults",
+            failed = results.figure(
+                f"{way}: runs failed (unrecoverable), of {len(runs)} with {injected} faults",
                 "",
                 target=Target(0, text="0"),
             )
-            outcome.add(failed)
+            failed.add(sum(1 for run in runs if not run["succeeded"] and not run["capped"]))
+            capped = results.figure(
+                f"{way}: runs short of their steps at the {cap_minutes:g}-minute cap", ""
+            )
+            capped.add(sum(1 for run in runs if run["capped"]))
 
 
 def tables(results: Results, trials: list[dict[str, Any]]) -> None:
@@ -256,7 +279,7 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
                 str(t["steps_computed_twice"]),
                 str(t["whole_job_restarts"]),
                 "–" if t["final_loss"] is None else f"{t['final_loss']:.4f}",
-                "yes" if t["succeeded"] else f"no: {t['message']}",
+                outcome(t),
                 fmt(t["wall_seconds"], "s"),
                 f"{t['load']:.1f}",
             ]
@@ -272,7 +295,7 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
             "steps computed twice",
             "whole-job restarts",
             "final loss",
-            "finished",
+            "outcome",
             "wall",
             "load",
         ],
@@ -283,14 +306,14 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
         by_victim.update(t["faults_by_victim"])
     total = sum(by_victim.values())
     results.tables["the faults injected, by what their victim was doing"] = (
-        ["victim", "faults", "runs not finished"],
+        ["victim", "faults"],
         [
-            [victim, str(by_victim[victim]), str(sum(1 for t in trials if not t["succeeded"]))]
+            [victim, str(by_victim[victim])]
             for victim in (LIGHTHOUSE_FAULT, STARTING_FAULT, TRAINING_FAULT)
         ]
-        + [["all", str(total), str(sum(1 for t in trials if not t["succeeded"]))]],
+        + [["all", str(total)]],
     )
-    losses = [t["final_loss"] for t in trials if t["way"] == UNDISTURBED and t["final_loss"]]
+    losses = [t["final_loss"] for t in trials if t["way"] == UNDISTURBED and t["succeeded"]]
     if losses:
         low, high = min(losses), max(losses)
         inside = [t for t in trials if t["way"] != UNDISTURBED and t["final_loss"] is not None]
@@ -305,7 +328,7 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.live_sustained", description=__doc__)
     parser.add_argument("--trials", type=int, default=3, help="runs per way, each its own seed")
-    parser.add_argument("--steps", type=int, default=70, help="steps of every run")
+    parser.add_argument("--steps", type=int, default=50, help="steps of every run")
     parser.add_argument("--groups", type=int, default=4, help="replica groups (pods)")
     parser.add_argument("--global-batch", type=int, default=48, help="sequences per step")
     parser.add_argument("--micro-batch", type=int, default=4, help="the example's micro-batch")
@@ -323,6 +346,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--checkpoint-interval", type=int, default=20)
     parser.add_argument("--lighthouse-share", type=float, default=0.1)
+    parser.add_argument(
+        "--cap-minutes",
+        type=float,
+        default=8.0,
+        help="a run still short of its steps then is stopped (SIGTERM, as a deletion) and "
+        "recorded as not finished within the cap, apart from a run that failed",
+    )
     parser.add_argument("--seed", type=int, default=1, help="the first trial's seed")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the record goes")
     args = parser.parse_args(argv)
@@ -331,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     config["step_seconds_all_groups"] = round(step, 3)
     results = Results("live_sustained", command_line("bench.live_sustained", argv), config=config)
     trials = measure(results, args)
-    figures(results, trials)
+    figures(results, trials, args.cap_minutes)
     tables(results, trials)
     results.notes[:0] = [
         f"{args.groups} replica groups of one process (tiny GPT, gloo), {args.steps} steps of "

@@ -117,8 +117,8 @@ class Chaos:
     poisson_seed: int | None = None
     """With ``every_seconds``: the gaps between timed kills are drawn from an exponential
     distribution of that mean (a Poisson process of losses), and each victim at random among
-    the workers alive and, with ``lighthouse_share``, the Lighthouse; seeded, so that a trial
-    can be run again."""
+    the workers training (recovery live: those of the last quorum) and, with
+    ``lighthouse_share``, the Lighthouse; seeded, so that a trial can be run again."""
     lighthouse_share: float = 0.0
     """Poisson kills: the share that hits the torchft Lighthouse (recovery live)."""
     compute_seconds: float | None = None
@@ -151,11 +151,11 @@ class Chaos:
         self._gap = self._next_gap()
         return True
 
-    def poisson_victim(self, alive: list[int], lighthouse: bool) -> int | None:
-        """A Poisson kill's victim: :data:`LIGHTHOUSE` or one of the ``alive`` workers."""
+    def poisson_victim(self, training: list[int], lighthouse: bool) -> int | None:
+        """A Poisson kill's victim: :data:`LIGHTHOUSE` or one of the ``training`` workers."""
         if lighthouse and self._draws.random() < self.lighthouse_share:
             return LIGHTHOUSE
-        return self._draws.choice(alive) if alive else None
+        return self._draws.choice(training) if training else None
 
     def store_due(self, step: int) -> bool:
         return _due(self.store_at_steps, step)
@@ -239,6 +239,7 @@ class LocalRun:
         """Times each worker was started: a live-recovery worker's own rendezvous is new each
         time (``torchrun_args``)."""
         self._stop: int | None = None
+        self.stopped_by_caller = False
         self.slowest: SlowestRank | None = None
         self._hung: dict[int, Failure] = {}
         """Workers chaos stopped, until their launcher ends them: one failure each."""
@@ -657,11 +658,25 @@ class LocalRun:
             if self.chaos.poisson_seed is None:
                 rotated = self._kills % self.count
                 return (self.chaos.worker if self.chaos.worker is not None else rotated), step
-            alive = [i for i, w in sorted(self.workers.items()) if w.proc.poll() is None]
-            serving = self.lighthouse is not None and self.lighthouse.poll() is None
-            drawn = self.chaos.poisson_victim(alive, serving)
+            drawn = self.chaos.poisson_victim(self._training(), self._serving())
             return None if drawn is None else (drawn, step)
         return None
+
+    def _training(self) -> list[int]:
+        """The workers alive in the last quorum (recovery live; else every worker alive): a
+        Poisson kill's candidates. A replacement still starting is not one — at torchft's rates
+        four groups would otherwise lose every replacement before it trains, which says
+        nothing but that kills outpace starts."""
+        record = self.progress()
+        slots = record.live.training_slots if record and record.live else None
+        return [
+            i
+            for i, w in sorted(self.workers.items())
+            if w.proc.poll() is None and (not slots or i in slots)
+        ]
+
+    def _serving(self) -> bool:
+        return self.lighthouse is not None and self.lighthouse.poll() is None
 
     def _kill_one(self, index: int, step: int, record: ProgressReport, now: float) -> None:
         self._kills += 1
@@ -791,6 +806,12 @@ class LocalRun:
                 failure.recovered_at = now
                 if failure.worker == LIGHTHOUSE:  # the groups waited for it, or restarted
                     failure.live = self.ledger.restarts == self._restarts_before_lighthouse_loss
+
+    def stop(self) -> None:
+        """Stop the run from another thread as SIGTERM would (a caller's deadline): every
+        worker gets SIGTERM and its grace, and :meth:`run` returns its summary."""
+        self.stopped_by_caller = True
+        self._stop = signal.SIGTERM
 
     # ------------------------------------------------------------------ signals
     def _catch_signals(self) -> dict[int, Any]:
