@@ -330,23 +330,6 @@ class CheckpointSpec(ApiModel):
         return self.claim_name is None
 
 
-FailureReason = Literal[
-    "ExitCode",
-    "OOMKilled",
-    "NodeLost",
-    "Preempted",
-    "Evicted",
-    "Deleted",
-    "RendezvousStoreLost",
-    "RendezvousFailed",
-    "JoinTimeout",
-    "InPlaceRestart",
-    "Hang",
-    "Straggler",
-    "Unknown",
-]
-
-
 class BackoffSpec(ApiModel):
     """Delay before a failed worker is replaced, doubling with each restart."""
 

@@ -7,7 +7,7 @@ from pydantic import Field, ValidationError
 from pydantic.config import JsonDict
 
 from torchkube.api.base import ApiModel
-from torchkube.api.spec import FailureReason
+from torchkube.api.reasons import FailureReason
 from torchkube.api.types import Condition
 
 Phase = Literal["Queued", "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]

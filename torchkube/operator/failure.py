@@ -48,7 +48,8 @@ from torchkube.api.contract import (
     without_committed_step,
 )
 from torchkube.api.ledger import Ledger
-from torchkube.api.spec import FailurePolicySpec, FailureReason
+from torchkube.api.reasons import INFRASTRUCTURE_REASONS, FailureReason
+from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord, SlowestRank, TrainingJobStatus
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.worker_launch import live
@@ -66,20 +67,6 @@ termination message alone may be 4 KiB, more than a status field may hold."""
 PREEMPTION_REASONS = frozenset({"PreemptionByScheduler"})
 EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
 NODE_LOSS_REASONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
-INFRASTRUCTURE_REASONS: frozenset[str] = frozenset(
-    {
-        "NodeLost",
-        "Preempted",
-        "Evicted",
-        "Deleted",
-        "RendezvousStoreLost",
-        "RendezvousFailed",
-        "JoinTimeout",
-        "Straggler",
-    }
-)
-"""Causes outside the training code: they restart training but are free by default. A hang
-is not among them: a deadlock in the training code hangs too, and must not loop for ever."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +292,9 @@ TORCH_NO_ERROR_FILE = "To enable traceback see:"
 """How torchrun's record of a failed worker begins when the worker wrote no error file (its
 traceback is in the log): a link to torch's docs, nothing about this failure."""
 
-PEER_LOSSES = frozenset({"NodeLost", "Preempted", "Evicted", "Deleted", "Straggler"})
+PEER_LOSSES: frozenset[FailureReason] = frozenset(
+    {"NodeLost", "Preempted", "Evicted", "Deleted", "Straggler"}
+)
 """Reasons whose pod was taken away, not failed by itself: a survivor lost a peer."""
 
 

@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from torchkube.api.spec import FailureReason
+from torchkube.api.reasons import FailureReason
 from torchkube.operator.goodput import CAUSES, Goodput
 
 FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
