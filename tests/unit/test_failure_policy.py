@@ -1,5 +1,6 @@
 """Failure policy: what counts as a failure, how failures group into incidents, and what a job
-spends (torchkube/operator/failure.py, through the planner where the pods decide)."""
+spends (torchkube/policy/, and torchkube/operator/failure.py through the planner where the pods
+decide)."""
 
 from datetime import timedelta
 from typing import Any
@@ -22,12 +23,15 @@ from planner import (
 
 from torchkube.api.contract import ExitCode, InPlaceRestart, committed_step_line
 from torchkube.api.labels import RELEASED
+from torchkube.api.ledger import Ledger
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import format_time
-from torchkube.operator import failure
-from torchkube.operator.failure import Failure, Ledger, account, classify_exit
 from torchkube.operator.planner import Plan
+from torchkube.policy import failures
+from torchkube.policy.accounting import account
+from torchkube.policy.backoff import backoff_remaining
+from torchkube.policy.failures import Failure, classify_exit
 
 ELASTIC = {"min": 1, "max": 32}
 
@@ -167,7 +171,7 @@ def test_long_termination_messages_are_cut_to_their_tail() -> None:
     failed = pod(0, phase="Failed", exit_code=1, message=message)
     result = run(make_job(running_status()), [failed, pod(1), pod(2), pod(3), store()])
     text = result.status.last_failure.message
-    assert len(text) <= failure.MESSAGE_LIMIT and text.endswith("RuntimeError: the real cause")
+    assert len(text) <= failures.MESSAGE_LIMIT and text.endswith("RuntimeError: the real cause")
 
 
 def _record(seconds_ago: float, incident: int) -> FailureRecord:
@@ -180,9 +184,9 @@ def test_backoff_doubles_within_a_streak_and_resets_after_a_healthy_period() -> 
         {"backoff": {"initialSeconds": 10, "maxSeconds": 1000, "resetAfterSeconds": 600}}
     )
     streak = Ledger(3, 3, (_record(300, 1), _record(200, 2), _record(1, 3)))
-    assert failure.backoff_remaining(streak, policy, NOW) == 40 - 1
+    assert backoff_remaining(streak, policy, NOW) == 40 - 1
     healed = Ledger(3, 3, (_record(5000, 1), _record(4000, 2), _record(1, 3)))
-    assert failure.backoff_remaining(healed, policy, NOW) == 10 - 1
+    assert backoff_remaining(healed, policy, NOW) == 10 - 1
 
 
 def test_account_is_what_the_local_runner_uses_too() -> None:
@@ -207,8 +211,10 @@ def test_a_store_crash_and_the_in_place_restarts_it_caused_are_one_incident_coun
     earlier = FailureRecord(
         reason="RendezvousStoreLost", time=format_time(NOW - timedelta(minutes=5)), step=40
     )
-    crash = failure.Failure("RendezvousStoreLost", "store restarted", "demo-rendezvous-x")
-    restarted = failure.in_place_failure(
+    crash = Failure(
+        reason="RendezvousStoreLost", message="store restarted", pod="demo-rendezvous-x"
+    )
+    restarted = failures.in_place_failure(
         InPlaceRestart(
             pod="demo-worker-0-a",
             restart=1,
@@ -218,7 +224,7 @@ def test_a_store_crash_and_the_in_place_restarts_it_caused_are_one_incident_coun
         NOW - timedelta(hours=1),
     )
     for step, counted in ((40, 1), (90, 0)):
-        lost = failure.store_loss(crash, [earlier], step)
+        lost = failures.store_loss(crash, [earlier], step)
         outcome = account(Ledger(1, 0, (earlier,)), [lost, restarted], policy, NOW)
         assert (outcome.restarts, outcome.counted) == (2, counted), step
         assert [r.counted for r in outcome.records] == [bool(counted), False], step
@@ -259,7 +265,7 @@ def test_a_straggler_replacement_is_free() -> None:
     from torchkube.api.status import SlowestRank
 
     slowest = SlowestRank(rank=2, pod="w-2", node="n2", slowdown=2.5)
-    found = failure.straggler_failure(slowest, FailurePolicySpec(), None)
+    found = failures.straggler_failure(slowest, FailurePolicySpec(), None)
     assert found.reason == "Straggler" and found.infrastructure
     assert not found.counts(FailurePolicySpec())
     assert found.counts(FailurePolicySpec(count_infrastructure_failures=True))

@@ -14,8 +14,8 @@ from torchkube.api.reasons import (
 )
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import FailureRecord
-from torchkube.operator.failure import Failure
 from torchkube.operator.metrics import FAILURE_REASONS
+from torchkube.policy.failures import Failure
 
 REASONS = get_args(FailureReason)
 

@@ -1,7 +1,7 @@
 """In-place restarts in the failure policy: torchrun restarting a pod's workers without the
 pod failing counts like a pod failure, once, under the same per-incident rule — a crash
 loop spends ``maxRestarts`` — and a restart caused by another pod's failure joins that
-incident free (torchkube/operator/failure.py, through the planner)."""
+incident free (torchkube/policy/, through the planner)."""
 
 from datetime import timedelta
 
@@ -11,7 +11,7 @@ from planner import NOW, created_slots, make_job, pod, run, running_status, stor
 from torchkube.api import labels as lbl
 from torchkube.api.contract import InPlaceRestart, ProgressReport
 from torchkube.api.times import format_time
-from torchkube.operator import failure
+from torchkube.policy.failures import in_place_failure
 
 
 def progress(*restarts: InPlaceRestart) -> ProgressReport:
@@ -150,7 +150,7 @@ def test_a_restart_that_joins_a_pods_loss_names_that_loss_as_its_cause() -> None
 
 
 def test_torchs_hint_for_a_worker_without_an_error_file_is_no_detail() -> None:
-    alone = failure.in_place_failure(
+    alone = in_place_failure(
         InPlaceRestart(
             pod="demo-worker-0-a",
             restart=1,

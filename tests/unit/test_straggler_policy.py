@@ -1,5 +1,6 @@
 """Straggler policy: the slowest rank in status, since when it straggles, and its pod
-replaced when it stays one (torchkube/operator/stragglers.py, through the planner)."""
+replaced when it stays one (torchkube/policy/stragglers.py, and torchkube/operator/stragglers.py
+through the planner)."""
 
 from datetime import timedelta
 from typing import Any
@@ -11,7 +12,7 @@ from torchkube.api.contract import ProgressReport
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import SlowestRank
 from torchkube.api.times import format_time
-from torchkube.operator import stragglers
+from torchkube.policy import stragglers
 
 REPLACE = {"replaceStragglers": True, "stragglerSeconds": 120}
 

@@ -173,7 +173,7 @@ is there whatever ends the pod (a SIGKILL, the OOM killer), and the launcher kee
 own report; an in-place restart takes it into its :class:`InPlaceRestart` record. A failed
 pod's message without it says that the pod committed no step since its last failure: under
 ``failurePolicy.recovery: live`` a replica group lost again so spends ``maxRestarts``
-(``torchkube.elastic.termination``, ``operator/failure.py``)."""
+(``torchkube.elastic.termination``, ``policy/accounting.py``)."""
 
 _COMMITTED_LINE = re.compile(r"^" + re.escape(COMMITTED_STEP) + r" (\d+)[ \t]*(?:\n|$)", re.M)
 

@@ -1,10 +1,11 @@
 """What a job has spent of its failure budget, as its status records it.
 
 The operator keeps the ledger in the job's status; ``torchkube run`` keeps one in memory. Both
-fold a batch of new failure records into it here (:meth:`Ledger.after`), so the history they
-decide on — how much of it is kept, what a replica group's previous failure was
-(:meth:`Ledger.last_failure_of`) — is the same on a laptop and in a cluster. The decisions
-themselves are the failure policy's (``torchkube/operator/failure.py``). No Kubernetes here.
+take the ledger the failure policy folded a batch of new failures into
+(``torchkube.policy.accounting.Outcome.ledger``, through :meth:`Ledger.after`), so the history
+they decide on — how much of it is kept, what a replica group's previous failure was
+(:meth:`Ledger.last_failure_of`) — is the same on a laptop and in a cluster. No Kubernetes
+here.
 """
 
 from collections.abc import Sequence

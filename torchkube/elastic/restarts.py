@@ -5,7 +5,7 @@ neither fails nor restarts, so nothing in Kubernetes shows it, and a crash loop 
 unnoticed until torchrun's budget ran out. Each launcher appends an :class:`InPlaceRestart`
 per restart to one key of the job's rendezvous store; every trainer's metrics server reads
 that key and serves it in ``/progress`` (one poll of any pod shows every pod's), and the
-operator counts each restart like a pod failure (``operator/failure.py``).
+operator counts each restart like a pod failure (``policy/accounting.py``).
 
 Best effort both ways: a store that is away stores and answers nothing (a restarted store
 has forgotten the older records; the pods they name were counted by then, or failed since).

@@ -4,13 +4,13 @@ Each local "worker" is what a pod runs: ``torchkube.elastic.launch`` (torchrun) 
 rendezvous against a separate store process, ``is_host=false``, the trainer's environment from
 the same builder the operator uses, and a local folder standing in for the checkpoint volume.
 The supervisor loop plays the operator and the kubelet, with the operator's own failure
-policy (``torchkube.operator.failure``): a worker that exits is classified and accounted for
+policy (``torchkube.policy``): a worker that exits is classified and accounted for
 exactly as its pod would be — a permanent code or an exhausted ``maxRestarts`` ends the run,
 anything else starts it again after the policy's backoff — and the store is restarted in
 place when it dies, as its pod's ``restartPolicy: Always`` does (one free incident). Workers
 a launcher restarts in place are read from the store (``torchkube.elastic.restarts``) and
-accounted for as the operator does (``failure.in_place_due``). The ledger is folded as the
-operator folds the job's status (``torchkube.api.ledger``), and each worker is its slot, so
+accounted for as the operator does (``accounting.in_place_due``). The ledger is folded as the
+operator folds the job's status (``accounting.Outcome.ledger``), and each worker is its slot, so
 under recovery live a worker lost again before committing a step (its termination message
 says the first step it committed) spends ``maxRestarts`` as a pod would.
 
@@ -28,7 +28,7 @@ watched. A worker to be killed at a step is told the step and holds still once i
 sees it.
 ``replicas.spares`` starts that many extra workers, which stand by in the rendezvous as a pod
 would; ``failurePolicy.replaceStragglers`` restarts the worker of a persistently slow rank,
-with the operator's straggler policy (``torchkube.operator.stragglers``).
+with the straggler policy the operator follows (``torchkube.policy.stragglers``).
 """
 
 import contextlib
@@ -66,8 +66,7 @@ from torchkube.local.display import (
 )
 from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
-from torchkube.operator import failure as policy
-from torchkube.operator import stragglers
+from torchkube.policy import accounting, backoff, failures, stragglers
 
 POLL_SECONDS = 0.25
 FINISHED_EXIT_SECONDS = 30.0
@@ -454,9 +453,9 @@ class LocalRun:
                     del self.waiting[index]
                     self._start_worker(index)
 
-    def _group_loss(self, found: policy.Failure) -> policy.Failure:
+    def _group_loss(self, found: failures.Failure) -> failures.Failure:
         """``found`` as the operator sees it under recovery live: the loss of its worker's
-        replica group alone while other workers train on (``policy.live_group_losses``); one
+        replica group alone while other workers train on (``failures.live_group_losses``); one
         that finished training trained on through it; a hot spare standing by outside the
         quorum (``stands_by``) carries nothing."""
         record = self.progress()
@@ -466,18 +465,16 @@ class LocalRun:
             if (w.done or w.proc.poll() in (None, 0))  # exited 0: it finished training
             and not stands_by(i, w.started, record)
         ]
-        return policy.live_group_losses(self.job, [found], running)[0]
+        return failures.live_group_losses(self.job, [found], running)[0]
 
-    def _account(self, found: policy.Failure, say: bool = False) -> tuple[bool, str] | None:
+    def _account(self, found: failures.Failure, say: bool = False) -> tuple[bool, str] | None:
         """The operator's decision on one failure; (False, why) when the run must end.
         ``say``: print it as accounted (an in-place restart that joins an incident is then
-        said to follow the incident's cause, ``policy.followed``)."""
+        said to follow the incident's cause, ``failures.followed``)."""
         now = datetime.now(UTC)
         job_policy = self.job.spec.failure_policy
-        outcome = policy.account(self.ledger, [found], job_policy, now)
-        self.ledger = self.ledger.after(
-            outcome.restarts, outcome.counted, outcome.group_losses, outcome.records
-        )
+        outcome = accounting.account(self.ledger, [found], job_policy, now)
+        self.ledger = outcome.ledger
         if say:
             for written in outcome.records:
                 self.out.write(f"\n{written.message}\n")
@@ -486,23 +483,23 @@ class LocalRun:
         if found.group_loss:
             if outcome.fail_reason is None:
                 spent = (outcome.counted, job_policy.max_restarts) if counted else None
-                message = policy.group_loss_message(found, outcome.group_losses, spent)
+                message = accounting.group_loss_message(found, outcome.group_losses, spent)
                 self.out.write(f"\n{message}\n")
         elif found.survivors is not None:
-            self.out.write(f"\n{policy.trained_through_message(found)}\n")
+            self.out.write(f"\n{accounting.trained_through_message(found)}\n")
         if outcome.fail_reason is not None:
             return False, outcome.fail_message
         return None
 
     def _check_in_place(self, settle: bool = False) -> tuple[bool, str] | None:
         """Workers a launcher restarted in place, each accounted for once, as the operator
-        does it (``failure.in_place_due``); ``settle``: the run ended, so none waits longer
+        does it (``accounting.in_place_due``); ``settle``: the run ended, so none waits longer
         for the failure that may have caused it."""
         started = {
             worker_name(i): w.started for i, w in self.workers.items() if settle or not w.done
         }
-        now = datetime.now(UTC) + (policy.INCIDENT_WINDOW if settle else timedelta())
-        due, _ = policy.in_place_due(
+        now = datetime.now(UTC) + (accounting.INCIDENT_WINDOW if settle else timedelta())
+        due, _ = accounting.in_place_due(
             self.restart_board.read(),
             started,
             lambda pod, restart: (pod, restart) in self._in_place_counted,
@@ -519,19 +516,19 @@ class LocalRun:
     def _check_store(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         """A dead store is started again on its port, as the kubelet restarts its pod's
         container; its loss is one incident, free unless the run made no progress since the last
-        (``policy.store_loss``) — under recovery live none, while a worker trains on through it
-        (``policy.live_group_losses``)."""
+        (``failures.store_loss``) — under recovery live none, while a worker trains on through it
+        (``failures.live_group_losses``)."""
         if self.store is None or self.store.poll() is None:
             return None
         self.store_restarts += 1
         code = self.store.returncode
-        found = policy.Failure(
-            "RendezvousStoreLost",
-            f"rendezvous store exited with code {code}; restarted in place",
-            "store",
+        found = failures.Failure(
+            reason="RendezvousStoreLost",
+            message=f"rendezvous store exited with code {code}; restarted in place",
+            pod="store",
             restart_count=self.store_restarts,
         )
-        found = policy.store_loss(found, self.ledger.history, record.step if record else None)
+        found = failures.store_loss(found, self.ledger.history, record.step if record else None)
         found = self._group_loss(found)
         self._start_store()
         lost = (f for f in self.failures if f.worker == STORE and f.recovered_at is None)
@@ -575,7 +572,7 @@ class LocalRun:
                 if all(w.done for w in self.workers.values()) and not self.waiting:
                     return True, "training completed"
                 continue
-            found = policy.classify_exit(
+            found = failures.classify_exit(
                 code,
                 self._termination_message(worker.index),
                 self.job.spec.failure_policy,
@@ -598,7 +595,7 @@ class LocalRun:
             if verdict is not None:
                 return False, f"{verdict[1]}; see {worker.log}"
             del self.workers[worker.index]
-            wait = policy.backoff_remaining(
+            wait = backoff.backoff_remaining(
                 self.ledger, self.job.spec.failure_policy, datetime.now(UTC)
             )
             self.waiting[worker.index] = now + max(0.0, wait)
@@ -693,10 +690,10 @@ class LocalRun:
         worker.proc.wait()
         del self.workers[index]
         found = self._group_loss(
-            policy.Failure(
-                "NodeLost",
-                f"worker {index} killed (chaos)",
-                f"worker {index}",
+            failures.Failure(
+                reason="NodeLost",
+                message=f"worker {index} killed (chaos)",
+                pod=f"worker {index}",
                 started=worker.started,
                 slot=index,
             )
@@ -748,7 +745,9 @@ class LocalRun:
         )
         hung = sig == signal.SIGSTOP
         what = "stopped (chaos: hung)" if hung else "crashed (chaos)"
-        affected = self._group_loss(policy.Failure("Unknown", what, worker_name(index)))
+        affected = self._group_loss(
+            failures.Failure(reason="Unknown", message=what, pod=worker_name(index))
+        )
         failure = self._display_failure(index, what, record, now, affected.survivors)
         self.failures.append(failure)
         if hung:
@@ -773,7 +772,7 @@ class LocalRun:
             return
         self.out.write(f"\nstraggler: replacing worker {index} (rank {self.slowest.rank})\n")
         self.failures.append(self._display_failure(index, "replaced (straggler)", record, now))
-        self._account(policy.straggler_failure(self.slowest, job_policy, worker.started))
+        self._account(failures.straggler_failure(self.slowest, job_policy, worker.started))
         worker.released = True
         self.slowest = self.slowest.model_copy(update={"straggling_since": None})
         worker.proc.send_signal(signal.SIGTERM)

@@ -40,7 +40,7 @@ NODES_UNREACHABLE = "NodesUnreachable"
 STORE_READY = "StoreReady"
 """The rendezvous store serves (True), or why it does not (False): the workers meet only
 through it. When it last turned True also tells whether a store lost again served between
-the two losses (``failure.store_loss``)."""
+the two losses (``torchkube.policy.failures.store_loss``)."""
 LIGHTHOUSE_READY = "LighthouseReady"
 """recovery live: torchft's Lighthouse serves (True), or why it does not (False): every step of
 every replica group begins with a quorum it forms, so without it the groups wait."""

@@ -6,9 +6,9 @@ state the policies share while deciding (:class:`Context`), and what a step tell
 One style for every policy: a planning step takes the Context, writes what it decides into
 it (status, conditions, events, the plan) and, where it can settle the pass, returns
 ``CONTINUE`` or ``STOP``. Beneath the steps, the decisions themselves are pure functions that
-return values (``failure.account``, ``stragglers.track``, ``scaling.surplus_and_missing``,
-``node_loss.NodeLoss.deadline``...): those are what the unit tests and the local runner
-(``torchkube run``) call, so both follow the same rules.
+return values (``scaling.surplus_and_missing``, ``node_loss.NodeLoss.deadline``...), and
+those the local runner (``torchkube run``) follows too live in ``torchkube.policy``
+(``accounting.account``, ``stragglers.track``...), so both follow the same rules.
 """
 
 import enum
@@ -28,7 +28,7 @@ from torchkube.operator import pods as p
 from torchkube.operator.workloads import QueueObservation
 
 if TYPE_CHECKING:  # the failure policy records into a Context
-    from torchkube.operator.failure import Failure
+    from torchkube.policy.failures import Failure
 
 
 def random_suffix() -> str:

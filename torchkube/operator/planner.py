@@ -38,6 +38,7 @@ from torchkube.operator import (
 )
 from torchkube.operator import pods as p
 from torchkube.operator.decision import STOP, Context, Observed, Plan, random_suffix
+from torchkube.policy.failures import live_group_losses
 
 __all__ = ["Observed", "Plan", "plan", "random_suffix"]
 
@@ -80,7 +81,7 @@ def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
         for pod in pods.workers
         if p.state(pod) == "running" and not stands_by(slot(pod), created(pod), progress)
     ]
-    if failure.record(ctx, failure.live_group_losses(ctx.job, pods.new_failures, training)) is STOP:
+    if failure.record(ctx, live_group_losses(ctx.job, pods.new_failures, training)) is STOP:
         return
     lifecycle.prune_failed(ctx, pods.failed)
     node_loss.report_partition(ctx, loss)

@@ -11,13 +11,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from torchkube.api import TrainingJob
+from torchkube.api.ledger import Ledger
 from torchkube.api.status import FailureRecord
 from torchkube.api.times import parse_time
 from torchkube.api.worker_launch import live as live_recovery
 from torchkube.operator import builders
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
-from torchkube.operator.failure import Ledger, backoff_remaining
+from torchkube.policy.backoff import backoff_remaining
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
 """How long replacements prefer other nodes than one that lost a worker, had a hung one or

@@ -21,8 +21,9 @@ from torchkube.operator import conditions as cond
 from torchkube.operator import failure, lifecycle
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context
-from torchkube.operator.failure import Failure
 from torchkube.operator.node_loss import NodeLoss
+from torchkube.policy.accounting import in_place_due
+from torchkube.policy.failures import Failure, store_loss
 
 RELEASE_CONFIRM = timedelta(seconds=60)
 """How long a worker that left as a released spare keeps its slot without a sign that
@@ -76,7 +77,7 @@ class _Sorter:
         since = None
         if served is not None and served.status == "True":
             since = parse_time(served.last_transition_time)
-        return failure.store_loss(found, self.ctx.status.failures, step, since, crashed=not lost)
+        return store_loss(found, self.ctx.status.failures, step, since, crashed=not lost)
 
     def sort(self, owned: list[dict[str, Any]]) -> SortedPods:
         out = SortedPods()
@@ -127,7 +128,7 @@ class _Sorter:
         if report is None:
             return []
         live = {p.name(pod): pod for pod in out.workers}
-        due, wait = failure.in_place_due(
+        due, wait = in_place_due(
             report.in_place_restarts,
             {name: p.created(pod) for name, pod in live.items()},
             lambda name, restart: self.recorded.holds(live[name], restart),
