@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from bench import kubeflow
 from bench.kube import PodTimes, Stack, job_body, metric_delta, parse_metrics
 from torchkube.api import labels as lbl
-from torchkube.operator.workloads import QUEUE_LABEL
+from torchkube.policy.queue import QUEUE_LABEL
 
 PEER = "Kubeflow"
 

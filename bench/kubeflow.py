@@ -46,7 +46,7 @@ from testbed.wait import wait_for
 from torchkube.api import TrainingJob
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.worker_launch import trainer_env
-from torchkube.operator.workloads import QUEUE_LABEL
+from torchkube.policy.queue import QUEUE_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "kubeflow"

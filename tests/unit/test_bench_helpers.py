@@ -397,7 +397,7 @@ def test_kubeflow_v181_runs_with_its_fixed_client_limits_and_the_raised_peer_wit
 
 
 def test_a_queued_pytorchjob_carries_kueues_queue_label_and_an_unqueued_one_none() -> None:
-    from torchkube.operator.workloads import QUEUE_LABEL
+    from torchkube.policy.queue import QUEUE_LABEL
 
     queued = kubeflow.pytorchjob_body("j", 8, queue="q")
     assert queued["apiVersion"] == "kubeflow.org/v1"

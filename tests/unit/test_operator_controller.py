@@ -19,7 +19,8 @@ from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller, _Memory
 from torchkube.operator.decision import Event, Plan, Refusal
-from torchkube.operator.workloads import QUEUE_LABEL, QueueObservation
+from torchkube.operator.workloads import QueueObservation
+from torchkube.policy.queue import QUEUE_LABEL
 
 KEY = ("ns", "demo")
 

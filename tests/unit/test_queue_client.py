@@ -17,6 +17,7 @@ from torchkube.api import TrainingJob
 from torchkube.operator import workloads
 from torchkube.operator.queue_client import QueueClient
 from torchkube.operator.workloads import Priority, QueuePosition
+from torchkube.policy.queue import QUEUE_LABEL
 
 NAMESPACE, QUEUE = "ns", "team-a"
 WORKLOADS = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/workloads"
@@ -62,7 +63,7 @@ def queue_client(url: str) -> QueueClient:
 
 def queued(**spec: Any) -> TrainingJob:
     job = training_job(**spec)
-    labels = {workloads.QUEUE_LABEL: QUEUE, **(job.metadata.get("labels") or {})}
+    labels = {QUEUE_LABEL: QUEUE, **(job.metadata.get("labels") or {})}
     return job.model_copy(update={"metadata": {**job.metadata, "labels": labels}})
 
 

@@ -12,13 +12,14 @@ from torchkube.api import labels as lbl
 from torchkube.api.times import format_time
 from torchkube.operator import queueing, workloads
 from torchkube.operator.workloads import QueueObservation
+from torchkube.policy.queue import QUEUE_LABEL, label_ignored, queue_name
 
 QUEUE = "team-a"
 
 
 def queued_job(status: dict[str, Any] | None = None, **spec: Any) -> TrainingJob:
     job = make_job(status, **spec)
-    metadata = {**job.metadata, "labels": {workloads.QUEUE_LABEL: QUEUE}}
+    metadata = {**job.metadata, "labels": {QUEUE_LABEL: QUEUE}}
     return job.model_copy(update={"metadata": metadata})
 
 
@@ -107,7 +108,7 @@ def test_where_kueue_is_not_installed_the_job_waits_saying_so_and_looks_again() 
     assert (queued["status"], queued["reason"]) == ("True", "KueueNotInstalled")
     for words in ("not served", "TrainingJob.v1alpha1.torchkube.io", "externalFrameworks"):
         assert words in queued["message"]
-    assert f"{workloads.QUEUE_LABEL}={QUEUE}" in queued["message"]  # or drop the label
+    assert f"{QUEUE_LABEL}={QUEUE}" in queued["message"]  # or drop the label
     warnings = [(e.type, e.reason) for e in result.events if e.reason == "KueueNotInstalled"]
     assert warnings == [("Warning", "KueueNotInstalled")]
     assert result.requeue_after is not None
@@ -147,7 +148,7 @@ def test_torchkube_run_says_it_ignores_the_queue_label_as_a_kueue_less_operator_
 
     note = _queue_note(queued_job())
     assert note is not None
-    assert queueing.label_ignored(QUEUE, "torchkube run has no Kueue to admit it") in note
+    assert label_ignored(QUEUE, "torchkube run has no Kueue to admit it") in note
     assert _queue_note(make_job()) is None
 
 
@@ -269,7 +270,7 @@ def test_a_waiting_job_moved_to_another_queue_moves_its_workload() -> None:
 def test_a_job_whose_queue_label_is_removed_stays_under_kueue() -> None:
     waiting = run(queued_job(), [], queue=observed(None)).status
     unlabelled = make_job(waiting.to_wire())
-    assert workloads.queue_name(unlabelled) == QUEUE
+    assert queue_name(unlabelled) == QUEUE
     result = run(unlabelled, [], queue=observed(workload_body(unlabelled)))
     assert result.create_pods == [] and result.status.phase == "Queued"
 

@@ -9,7 +9,8 @@ from training_jobs import training_job
 
 from torchkube.api import labels as lbl
 from torchkube.operator import builders, queueing, topology, workloads
-from torchkube.operator.workloads import QUEUE_LABEL, QueueObservation
+from torchkube.operator.workloads import QueueObservation
+from torchkube.policy.queue import QUEUE_LABEL
 
 RACK = "example.com/rack"
 TO_WORKERS = {

@@ -162,14 +162,14 @@ def run_command(
 def _queue_note(job: "TrainingJob") -> str | None:
     """A job labelled for a Kueue queue runs here at once, as under an operator with
     kueue.enabled=false: said, so that nobody takes the local run for a test of the queue."""
-    from torchkube.operator import queueing, workloads
+    from torchkube.policy.queue import label_ignored, queue_name
 
-    queue = workloads.queue_name(job)
+    queue = queue_name(job)
     if queue is None:
         return None
     because = "torchkube run has no Kueue to admit it"
     return (
-        f"note: {queueing.label_ignored(queue, because)}; on a cluster with Kueue, "
+        f"note: {label_ignored(queue, because)}; on a cluster with Kueue, "
         "torchkube submit queues it (docs/queueing.md)"
     )
 

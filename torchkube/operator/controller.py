@@ -31,7 +31,7 @@ from torchkube.api.errors import describe
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
-from torchkube.operator import goodput, metrics, progress, queueing, refusals, workloads
+from torchkube.operator import goodput, metrics, progress, queueing, refusals
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
@@ -42,6 +42,7 @@ from torchkube.operator.leader import LeaderElection, LostLeadership
 from torchkube.operator.planner import Observed, Plan, plan
 from torchkube.operator.queue_client import QueueClient
 from torchkube.operator.workloads import QueueObservation
+from torchkube.policy.queue import queue_name
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -440,7 +441,7 @@ class Controller:
             self.enqueue(key, delay=delay)
 
     async def _observe_queue(self, job: TrainingJob) -> QueueObservation | None:
-        if workloads.queue_name(job) is None:
+        if queue_name(job) is None:
             return None
         if self.queues is None:
             return QueueObservation(kueue="disabled")

@@ -38,6 +38,7 @@ from torchkube.operator import pods as p
 from torchkube.operator import workloads
 from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 from torchkube.operator.workloads import QueueObservation, WorkloadState
+from torchkube.policy.queue import QUEUE_LABEL, label_ignored, queue_name
 
 RELEASE_QUEUED = "queued"
 RELEASE_EVICTED = "evicted"
@@ -53,7 +54,7 @@ def admitted_view(job: TrainingJob, observed: QueueObservation | None) -> Traini
     """The job as the planner should run it: at the worker count Kueue admitted, which
     partial admission may have cut below the target (spares first, then workers)."""
     state = observed.workload if observed else None
-    if workloads.queue_name(job) is None or state is None or not state.admitted:
+    if queue_name(job) is None or state is None or not state.admitted:
         return job
     placement = state.placements.get(workloads.WORKERS)
     if placement is None:
@@ -114,7 +115,7 @@ def placed(
 def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     """STOP while the job must not run (it waits for Kueue); CONTINUE for a job without a
     queue or one Kueue admitted, which the other policies then run."""
-    queue = workloads.queue_name(ctx.job)
+    queue = queue_name(ctx.job)
     if queue is None:
         return CONTINUE
     observed = ctx.observed.queue or QueueObservation()
@@ -160,17 +161,8 @@ def _not_installed(queue: str) -> str:
         f"({workloads.API_GROUP}/{workloads.API_VERSION}) is not served in this cluster "
         f"(Kueue is not installed, or too old): install Kueue "
         f'with "TrainingJob.v1alpha1.torchkube.io" in integrations.externalFrameworks '
-        f"(docs/queueing.md), or remove the label {workloads.QUEUE_LABEL}={queue} to run the "
+        f"(docs/queueing.md), or remove the label {QUEUE_LABEL}={queue} to run the "
         f"job without a queue; it starts queueing by itself once Kueue is installed"
-    )
-
-
-def label_ignored(queue: str, because: str) -> str:
-    """What a queue-name label means where nothing admits through Kueue: said alike by an
-    operator with the integration off and by ``torchkube run``, which both run the job now."""
-    return (
-        f"the label {workloads.QUEUE_LABEL}={queue} is ignored: {because}, so the job runs "
-        f"without waiting for Kueue"
     )
 
 
@@ -354,7 +346,7 @@ def _admitted(ctx: Context, queue: str, state: WorkloadState) -> None:
 def finish(ctx: Context) -> None:
     """A finished job's Workload is marked Finished (once): Kueue releases its quota."""
     state = ctx.observed.queue.workload if ctx.observed.queue else None
-    if workloads.queue_name(ctx.job) is None or state is None or state.is_true("Finished"):
+    if queue_name(ctx.job) is None or state is None or state.is_true("Finished"):
         return
     if state.being_deleted:
         return

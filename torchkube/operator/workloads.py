@@ -22,11 +22,11 @@ from torchkube.api.times import format_time
 from torchkube.api.trainingjob import GROUP, KIND
 from torchkube.api.worker_launch import live
 from torchkube.operator import builders
+from torchkube.policy.queue import queue_name
 
 API_GROUP = "kueue.x-k8s.io"
 API_VERSION = "v1beta2"
 PLURAL = "workloads"
-QUEUE_LABEL = f"{API_GROUP}/queue-name"
 JOB_UID_LABEL = f"{API_GROUP}/job-uid"
 ELASTIC_ANNOTATION = f"{API_GROUP}/elastic-job"
 """``"true"`` on a job (and its Workloads): resized under quota by Kueue's workload slices."""
@@ -55,16 +55,6 @@ POD_SET_OF_ROLE = {
 }
 NAME_LIMIT = 253
 HASH_LENGTH = 5
-
-
-def queue_name(job: TrainingJob) -> str | None:
-    """The LocalQueue the job waits in, or None for a job Kueue does not admit. A job once
-    under Kueue stays there (in its last queue) when its label is removed: dropping the
-    label must not start it past the quota. Moving it is changing the label."""
-    labelled = job.metadata.get("labels", {}).get(QUEUE_LABEL)
-    if labelled:
-        return str(labelled)
-    return job.status.queue.name if job.status and job.status.queue else None
 
 
 def elastic(job: TrainingJob) -> bool:
