@@ -1,6 +1,6 @@
 """The two faults the KWOK chaos soak cannot play, with real launcher processes: a worker that
 starts after ``joinTimeoutSeconds`` and a trainer that crash-loops. ``torchkube run`` decides
-with the operator's policy modules (failure.account, failure.in_place_due), so the outcome
+with the operator's policy (accounting.account, accounting.in_place_due), so the outcome
 invariants are the soak's: every incident is what was injected and nothing else, the budget
 ends a job exactly when its counted incidents exceed it, and the steps are exact.
 """

@@ -1,7 +1,8 @@
 """``torchkube run`` with ``failurePolicy.recovery: live`` and a worker that crashes at every
-start while the other trains: the runner's accounting is the operator's (failure.account on
-the same ledger fold), so the crash loop spends ``maxRestarts`` and ends the run naming the
-worker, while a worker whose every run committed steps is lost free however often.
+start while the other trains: the runner's accounting is the operator's (accounting.account
+and its one ledger fold, torchkube/policy/), so the crash loop spends ``maxRestarts`` and
+ends the run naming the worker, while a worker whose every run committed steps is lost free
+however often.
 
 The workers are stand-ins (a few lines of Python, no torch): worker 0 "trains" and writes the
 finished record after a while; worker 1 exits 1 soon after each start, having written the
