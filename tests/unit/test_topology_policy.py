@@ -1,17 +1,18 @@
 """scheduling.topology: the workers' pod affinity toward each other on the domain's node label,
 what the PodsUnschedulable condition says when the domain is full, and where the workers are
-(status.topology, the TopologySpread condition)."""
+(status.topology, the TopologySpread condition, the metrics)."""
 
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from planner import condition, make_job, pod, run, running_status, store
+from prometheus_client import REGISTRY, generate_latest
 from training_jobs import NOW, training_job
 
 from torchkube.api import labels as lbl
-from torchkube.api.status import MAX_TOPOLOGY_DOMAINS, UNLABELLED_DOMAIN
-from torchkube.operator import builders, queueing, topology, workloads
+from torchkube.api.status import MAX_TOPOLOGY_DOMAINS, UNLABELLED_DOMAIN, TopologyStatus
+from torchkube.operator import builders, metrics, queueing, topology, workloads
 from torchkube.operator.planner import Plan
 from torchkube.operator.pods import NodeHealth, node_health, slim
 from torchkube.operator.workloads import QUEUE_LABEL, QueueObservation
@@ -323,3 +324,18 @@ def test_the_node_cache_keeps_each_nodes_labels() -> None:
     }
     assert node_health(body).labels == {RACK: "rack-a"}
     assert node_health({"metadata": {"name": "bare"}}).labels == {}
+
+
+def test_the_metrics_follow_the_status() -> None:
+    shown = TopologyStatus(level=RACK, domains=["rack-a", "rack-b"], domain_count=2)
+    metrics.TOPOLOGY.set("ns", "spread", shown)
+    try:
+        text = generate_latest(REGISTRY).decode()
+        assert 'torchkube_job_topology_domains{job="spread",namespace="ns"} 2.0' in text
+        for rack in ("rack-a", "rack-b"):
+            labels = f'domain="{rack}",job="spread",level="{RACK}",namespace="ns"'
+            assert f"torchkube_job_topology_domain_info{{{labels}}} 1.0" in text, text
+        metrics.TOPOLOGY.set("ns", "spread", None)
+        assert 'job="spread"' not in generate_latest(REGISTRY).decode()
+    finally:
+        metrics.job_gone("ns", "spread")
