@@ -216,6 +216,8 @@ def kwok_job(api: Any, namespace: str, pool: NodePool, volume_dir: Path) -> None
             "scheduling": {
                 "tolerations": [kwok_toleration()],
                 "nodeSelector": {POOL_LABEL: pool.name},
+                # One domain, the pool: the dashboard's placement panels have data.
+                "topology": {"level": POOL_LABEL, "mode": "preferred"},
             },
         },
     }

@@ -1,5 +1,6 @@
 """scheduling.topology without Kueue, against the real scheduler and KWOK nodes labelled by
-rack: the workers land in one rack, a replacement lands beside them, and a full rack is named.
+rack: the workers land in one rack, a replacement lands beside them, a full rack is named, and
+the status names the rack a job occupies, or the racks of a job spread over two.
 
 Each rack is a node pool of its own; a worker takes a whole node (8 GPUs), so where each one
 runs says what the scheduler was asked. Without the topology term the scheduler spreads them:
@@ -9,6 +10,7 @@ three workers on three racks of four empty nodes share one rack by chance 6 % of
 import contextlib
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +81,66 @@ def test_a_full_rack_is_named_in_the_condition(
     assert f"the {RACK} domain of the nodes the job's workers run on" in message, message
     for worker in workers:
         assert worker.spec.node_name in message, message
+
+
+def rack_label(node: str, pools: list[NodePool]) -> str:
+    """The rack label's value on ``node``: what status.topology names."""
+    return next(pool.labels[RACK] for pool in pools if node in pool.node_names())
+
+
+def topology_condition(job: Job) -> dict[str, Any] | None:
+    return next(
+        (c for c in job.status().get("conditions", []) if c["type"] == "TopologySpread"), None
+    )
+
+
+def test_the_status_names_the_rack_a_packed_job_occupies(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool]
+) -> None:
+    pools = [isolated_pool(nodes=2, labels={RACK: f"rack-{i}"}) for i in range(2)]
+    job = make_job(
+        "placed", pools, replicas={"min": 2, "max": 2}, scheduling={"topology": {"level": RACK}}
+    )
+    workers = job.wait_running(2)
+    racks = sorted({rack_label(w.spec.node_name, pools) for w in workers})
+    assert len(racks) == 1, f"workers spread over racks: {racks}"
+    expected = {"level": RACK, "domains": racks, "domainCount": 1}
+    job.wait(lambda: job.status().get("topology") == expected, 15, f"status.topology {expected}")
+    spread = topology_condition(job)
+    assert spread is None or spread["status"] == "False", spread
+
+
+def test_a_preferred_job_too_big_for_a_rack_is_spread_and_says_so(
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool]
+) -> None:
+    """Three workers of a whole node each, two racks of two nodes: two share a rack, the third
+    runs in the other, and the status says where and what is missing."""
+    pools = [isolated_pool(nodes=2, labels={RACK: f"rack-{i}"}) for i in range(2)]
+    job = make_job(
+        "spread",
+        pools,
+        replicas={"min": 3, "max": 3},
+        scheduling={"topology": {"level": RACK, "mode": "preferred"}},
+    )
+    workers = job.wait_running(3)
+    per_rack = Counter(rack_label(w.spec.node_name, pools) for w in workers)
+    assert sorted(per_rack.values()) == [1, 2], per_rack
+    [home] = [rack for rack, n in per_rack.items() if n == 2]
+    [other] = [rack for rack, n in per_rack.items() if n == 1]
+    expected = {"level": RACK, "domains": sorted(per_rack), "domainCount": 2}
+    job.wait(lambda: job.status().get("topology") == expected, 15, f"status.topology {expected}")
+
+    def reported() -> dict[str, Any] | None:
+        found = topology_condition(job)
+        return found if found and found["status"] == "True" else None
+
+    condition = job.wait(reported, 15, "TopologySpread=True")
+    assert condition["reason"] == "SpreadOverDomains", condition
+    message = condition["message"]
+    assert f"run in 2 {RACK} domains: {home} (2 workers), {other} (1 worker)" in message, message
+    assert f"Missing: room in {home} for 1 more worker" in message, message
+    assert "scheduling.topology.mode required" in message, message
+    job.wait_event("SpreadOverDomains", containing=home)
 
 
 def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(

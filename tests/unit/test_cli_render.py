@@ -351,6 +351,34 @@ def test_describe_says_replica_groups_lost_apart_from_restarts() -> None:
     ), lines
 
 
+@pytest.mark.parametrize(
+    ("topology", "line"),
+    [
+        (
+            {"level": "example.com/rack", "domains": ["rack-3"], "domainCount": 1},
+            "example.com/rack rack-3",
+        ),
+        (
+            {"level": "example.com/rack", "domains": ["<none>", "rack-1"], "domainCount": 2},
+            "example.com/rack: spread over 2 domains: <none>, rack-1",
+        ),
+        (
+            {"level": "h", "domains": ["a", "b"], "domainCount": 5},
+            "h: spread over 5 domains: a, b and 3 more",
+        ),
+        ({"level": "example.com/rack"}, "example.com/rack: no worker on a node"),
+    ],
+)
+def test_describe_shows_the_domains_the_workers_occupy(topology: dict[str, Any], line: str) -> None:
+    lines = render.describe(job(**running_status(topology=topology)), [], [], NOW).splitlines()
+    assert f"Topology:   {line}" in lines, lines
+
+
+def test_describe_has_no_topology_line_without_one() -> None:
+    text = render.describe(job(**running_status()), [], [], NOW)
+    assert "Topology:" not in text
+
+
 def test_describe_of_a_job_without_status() -> None:
     text = render.describe(job(), [], [], NOW)
     assert "Phase:      -" in text

@@ -117,3 +117,21 @@ def test_job_dashboard_shows_the_time_left() -> None:
     assert shown[0]["fieldConfig"]["defaults"]["unit"] == "dtdurations"
     step = next(panel for panel in job["panels"] if panel.get("title") == "Step")
     assert shown[0]["gridPos"]["y"] == step["gridPos"]["y"]
+
+
+def test_job_dashboard_shows_the_topology_domains() -> None:
+    """How many domains the workers occupy (orange from two: spread) and which, by level."""
+    job = d.load_all()["job.json"]
+    by_metric = {
+        name: panel
+        for panel in d.panels(job)
+        for name in ("torchkube_job_topology_domains", "torchkube_job_topology_domain_info")
+        if any(f"{name}{{" in t.get("expr", "") for t in panel.get("targets", []))
+    }
+    count = by_metric["torchkube_job_topology_domains"]
+    assert count["type"] == "stat"
+    steps = count["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [(s["color"], s["value"]) for s in steps] == [("green", None), ("orange", 2)]
+    listed = by_metric["torchkube_job_topology_domain_info"]
+    assert listed["type"] == "table"
+    assert "by (level, domain)" in listed["targets"][0]["expr"]

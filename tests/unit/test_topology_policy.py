@@ -1,14 +1,20 @@
-"""scheduling.topology without Kueue: the workers' pod affinity toward each other on the
-domain's node label, and what the PodsUnschedulable condition says when the domain is full."""
+"""scheduling.topology: the workers' pod affinity toward each other on the domain's node label,
+what the PodsUnschedulable condition says when the domain is full, and where the workers are
+(status.topology, the TopologySpread condition, the metrics)."""
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from planner import condition, make_job, pod, run, running_status, store
-from training_jobs import training_job
+from prometheus_client import REGISTRY, generate_latest
+from training_jobs import NOW, training_job
 
 from torchkube.api import labels as lbl
-from torchkube.operator import builders, queueing, topology, workloads
+from torchkube.api.status import MAX_TOPOLOGY_DOMAINS, UNLABELLED_DOMAIN, TopologyStatus
+from torchkube.operator import builders, metrics, queueing, topology, workloads
+from torchkube.operator.planner import Plan
+from torchkube.operator.pods import NodeHealth, node_health, slim
 from torchkube.operator.workloads import QueueObservation
 from torchkube.policy.queue import QUEUE_LABEL
 
@@ -102,7 +108,7 @@ def test_no_hint_where_the_domain_cannot_be_why(mode: str | None) -> None:
 
 def test_no_domain_to_name_before_a_worker_is_placed() -> None:
     job = training_job(scheduling={"topology": {"level": RACK}})
-    assert topology.unschedulable_hint(job, [pod(0, phase="Pending", node=None)]) == ""
+    assert topology.unschedulable_hint(job, [pod(0, phase="Pending", node=None)], {}) == ""
 
 
 def test_a_queued_jobs_workers_ask_kueue_for_the_domain_numbered_by_slot() -> None:
@@ -154,3 +160,183 @@ def test_pods_kueue_placed_by_topology_wait_for_its_ungater() -> None:
 def test_without_a_topology_assignment_no_pod_is_gated() -> None:
     pods = kueue_placed({"scheduling": {"topology": {"level": RACK}}}, False)
     assert all("schedulingGates" not in pod["spec"] for pod in pods)
+
+
+# --- where the workers are: status.topology and TopologySpread -----------------------------
+
+
+def node(rack: str | None) -> NodeHealth:
+    """A Ready node in ``rack`` (None: a node without the rack label)."""
+    return NodeHealth(True, NOW - timedelta(hours=1), {RACK: rack} if rack else {})
+
+
+NODES = {"a1": node("rack-a"), "a2": node("rack-a"), "b1": node("rack-b"), "x1": node(None)}
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        ([pod(0, node="a1"), pod(1, node="a2")], {"rack-a": 2}),
+        ([pod(0, node="a1"), pod(1, node="b1")], {"rack-a": 1, "rack-b": 1}),
+        # A Pending worker bound to a node holds its place there; one not placed yet, none.
+        ([pod(0, phase="Pending", node="b1"), pod(1, phase="Pending", node=None)], {"rack-b": 1}),
+        ([pod(0, node="a1"), pod(1, node="x1")], {"rack-a": 1, UNLABELLED_DOMAIN: 1}),
+        # Gone from the node cache: lost with its node, not placed elsewhere.
+        ([pod(0, node="a1"), pod(1, node="gone")], {"rack-a": 1}),
+        # On its way out, or ended: no longer there.
+        ([pod(0, node="a1"), pod(1, node="b1", deleting=True)], {"rack-a": 1}),
+        ([pod(0, node="a1"), pod(1, phase="Failed", node="b1", exit_code=1)], {"rack-a": 1}),
+    ],
+)
+def test_workers_are_counted_in_their_nodes_domains(
+    workers: list[dict[str, Any]], expected: dict[str, int]
+) -> None:
+    slimmed = [slim(worker) for worker in workers]
+    assert topology.occupied(slimmed, NODES, RACK) == expected
+
+
+def placed(mode: str, *nodes: str, **status: Any) -> Plan:
+    """A running job of ``len(nodes)`` workers, one on each of ``nodes``, planned."""
+    job = make_job(
+        running_status(**status),
+        replicas={"min": len(nodes), "max": len(nodes)},
+        scheduling={"topology": {"level": RACK, "mode": mode}},
+    )
+    workers = [pod(slot, node=where) for slot, where in enumerate(nodes)]
+    return run(job, [*workers, store(node="a1")], nodes=NODES)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "domains"),
+    [
+        (("a1", "a2"), ["rack-a"]),
+        (("a1", "b1", "a2"), ["rack-a", "rack-b"]),
+        (("x1", "b1"), [UNLABELLED_DOMAIN, "rack-b"]),
+    ],
+)
+def test_the_status_lists_the_domains_sorted_once_each(
+    nodes: tuple[str, ...], domains: list[str]
+) -> None:
+    result = placed("required", *nodes)
+    assert result.status.to_wire()["topology"] == {
+        "level": RACK,
+        "domains": domains,
+        "domainCount": len(domains),
+    }
+
+
+def test_a_packed_job_has_no_spread_condition() -> None:
+    result = placed("preferred", "a1", "a2")
+    assert all(c.type != "TopologySpread" for c in result.status.conditions)
+    assert not [e for e in result.events if e.reason == topology.SPREAD]
+
+
+def test_a_spread_job_says_where_and_what_would_pack_it_again() -> None:
+    result = placed("preferred", "a1", "b1", "a2")
+    spread = condition(result, "TopologySpread")
+    assert (spread["status"], spread["reason"]) == ("True", "SpreadOverDomains")
+    message = spread["message"]
+    assert f"3 workers on nodes run in 2 {RACK} domains: rack-a (2 workers), rack-b (1 worker)" in (
+        message
+    ), message
+    assert "Missing: room in rack-a for 1 more worker" in message, message
+    assert "scheduling.topology.mode required" in message, message
+    [event] = [e for e in result.events if e.reason == topology.SPREAD]
+    assert event.type == "Warning" and event.message == message
+    again = placed("preferred", "a1", "b1", "a2", conditions=result.status.to_wire()["conditions"])
+    assert not [e for e in again.events if e.reason == topology.SPREAD], "warned twice"
+
+
+def test_a_required_job_spread_is_not_told_to_require() -> None:
+    message = condition(placed("required", "a1", "b1"), "TopologySpread")["message"]
+    assert "Missing: room in rack-a for 1 more worker" in message, message
+    assert "mode required" not in message, message
+
+
+def test_workers_on_unlabelled_nodes_are_outside_the_domain() -> None:
+    message = condition(placed("preferred", "x1", "x1", "b1"), "TopologySpread")["message"]
+    assert f"{UNLABELLED_DOMAIN} (2 workers on nodes without {RACK}), rack-b (1 worker)" in (
+        message
+    ), message
+    assert "room in rack-b for 2 more workers" in message, message
+
+
+def test_packed_again_the_condition_turns_false() -> None:
+    spread = placed("preferred", "a1", "b1")
+    packed = placed("preferred", "a1", "a2", conditions=spread.status.to_wire()["conditions"])
+    after = condition(packed, "TopologySpread")
+    assert (after["status"], after["reason"]) == ("False", "OneDomain")
+    assert after["message"] == f"the workers run in one {RACK} domain: rack-a"
+
+
+def test_a_wide_spread_is_listed_up_to_the_cap_and_counted() -> None:
+    hosts = {f"h{i:02d}": NodeHealth(True, None, {RACK: f"r{i:02d}"}) for i in range(40)}
+    job = make_job(
+        running_status(),
+        replicas={"min": 40, "max": 40},
+        scheduling={"topology": {"level": RACK, "mode": "preferred"}},
+    )
+    workers = [pod(slot, node=f"h{slot:02d}") for slot in range(40)]
+    result = run(job, [*workers, store(node="h00")], nodes=hosts)
+    shown = result.status.topology
+    assert shown is not None and shown.domain_count == 40
+    assert shown.domains == [f"r{i:02d}" for i in range(MAX_TOPOLOGY_DOMAINS)]
+    assert "and 32 more;" in condition(result, "TopologySpread")["message"]
+
+
+def test_without_topology_no_status_and_a_removed_one_clears_both() -> None:
+    plain = make_job(running_status())
+    assert run(plain, [pod(i, node="a1") for i in range(4)], nodes=NODES).status.topology is None
+    spread = placed("preferred", "a1", "b1")
+    wire = spread.status.to_wire()
+    job = make_job(wire, replicas={"min": 2, "max": 2})
+    result = run(job, [pod(0, node="a1"), pod(1, node="b1"), store(node="a1")], nodes=NODES)
+    assert result.status.topology is None
+    assert condition(result, "TopologySpread")["status"] == "False"
+
+
+def test_an_ended_job_keeps_where_it_last_ran() -> None:
+    last = {"level": RACK, "domains": ["rack-a"], "domainCount": 1}
+    job = make_job(
+        {**running_status(topology=last), "phase": "Succeeded"},
+        scheduling={"topology": {"level": RACK}},
+    )
+    result = run(job, [pod(0, phase="Succeeded", node="b1", exit_code=0)], nodes=NODES)
+    assert result.status.to_wire()["topology"] == last
+
+
+def test_a_full_domain_is_named_by_its_label_value() -> None:
+    job = make_job(
+        running_status(), replicas={"min": 2, "max": 3}, scheduling={"topology": {"level": RACK}}
+    )
+    stuck = pod(2, phase="Pending", node=None, conditions=[STUCK], age=90)
+    result = run(job, [pod(0, node="a1"), pod(1, node="a2"), stuck, store()], nodes=NODES)
+    message = condition(result, "PodsUnschedulable")["message"]
+    assert f"the {RACK} domain of the nodes the job's workers run on (a1, a2), rack-a:" in (
+        message
+    ), message
+    assert "free a node in rack-a, lower replicas" in message, message
+
+
+def test_the_node_cache_keeps_each_nodes_labels() -> None:
+    body = {
+        "metadata": {"name": "a1", "labels": {RACK: "rack-a"}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert node_health(body).labels == {RACK: "rack-a"}
+    assert node_health({"metadata": {"name": "bare"}}).labels == {}
+
+
+def test_the_metrics_follow_the_status() -> None:
+    shown = TopologyStatus(level=RACK, domains=["rack-a", "rack-b"], domain_count=2)
+    metrics.TOPOLOGY.set("ns", "spread", shown)
+    try:
+        text = generate_latest(REGISTRY).decode()
+        assert 'torchkube_job_topology_domains{job="spread",namespace="ns"} 2.0' in text
+        for rack in ("rack-a", "rack-b"):
+            labels = f'domain="{rack}",job="spread",level="{RACK}",namespace="ns"'
+            assert f"torchkube_job_topology_domain_info{{{labels}}} 1.0" in text, text
+        metrics.TOPOLOGY.set("ns", "spread", None)
+        assert 'job="spread"' not in generate_latest(REGISTRY).decode()
+    finally:
+        metrics.job_gone("ns", "spread")

@@ -13,6 +13,12 @@ from torchkube.api.types import Condition
 Phase = Literal["Queued", "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 MAX_FAILURE_HISTORY = 20
+MAX_TOPOLOGY_DOMAINS = 32
+"""status.topology.domains lists at most this many (a job spread over more is the exception,
+and its domainCount says how many)."""
+UNLABELLED_DOMAIN = "<none>"
+"""The domain of a worker whose node lacks the topology label: never a label value, which
+cannot contain ``<``."""
 
 DATE_TIME: JsonDict = {"format": "date-time"}
 
@@ -193,6 +199,29 @@ class DataStatus(ApiModel):
     message: str = Field(default="", max_length=4096, description="What happened, in a sentence.")
 
 
+class TopologyStatus(ApiModel):
+    """The topology domains the job's workers occupy, for ``spec.scheduling.topology``."""
+
+    level: str = Field(
+        max_length=63,
+        description="The node label that names the domains (spec.scheduling.topology.level).",
+    )
+    domains: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_TOPOLOGY_DOMAINS,
+        description="The level's values on the nodes of the job's workers (Pending on a node "
+        f"or Running), sorted, each once; {UNLABELLED_DOMAIN} for a worker on a node without "
+        f"the label. At most {MAX_TOPOLOGY_DOMAINS}, the first in that order; empty while no "
+        "worker is on a node. Kept as last seen once the job ended.",
+    )
+    domain_count: int = Field(
+        default=0,
+        ge=0,
+        description="How many domains the workers occupy: more than one is a job spread over "
+        "domains (the TopologySpread condition says where and what would pack it again).",
+    )
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob."""
 
@@ -202,7 +231,7 @@ class TrainingJobStatus(ApiModel):
         description="Latest observations, one per type (Created, DataReady, Queued, "
         "Running, Restarting, Suspended, Succeeded, Failed, PodsUnschedulable, PodsBlocked, "
         "StoreReady, LighthouseReady, WaitingForWorkers, StragglerKept, NodesUnreachable, "
-        "Invalid, OperatorForbidden).",
+        "TopologySpread, Invalid, OperatorForbidden).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -270,6 +299,11 @@ class TrainingJobStatus(ApiModel):
         default=None,
         description="The slowest rank of the last progress report (compute time per step "
         "against the other ranks' median): where a straggler is, and for how long.",
+    )
+    topology: TopologyStatus | None = Field(
+        default=None,
+        description="The topology domains the workers occupy, when spec.scheduling.topology "
+        "is set.",
     )
     spares: int = Field(
         default=0,

@@ -114,6 +114,23 @@ def queue_line(status: TrainingJobStatus) -> str:
     )
 
 
+def topology_line(status: TrainingJobStatus) -> str:
+    """The domains the workers occupy, for ``describe``: ``example.com/rack rack-3``, and for a
+    job spread over several, how many and that it is (the TopologySpread condition says
+    what would pack it again)."""
+    topology = status.topology
+    if topology is None:
+        return NONE
+    if not topology.domains:
+        return f"{topology.level}: no worker on a node"
+    named = ", ".join(topology.domains)
+    if topology.domain_count > len(topology.domains):
+        named += f" and {topology.domain_count - len(topology.domains)} more"
+    if topology.domain_count == 1:
+        return f"{topology.level} {named}"
+    return f"{topology.level}: spread over {topology.domain_count} domains: {named}"
+
+
 def status_of(job: dict[str, Any]) -> TrainingJobStatus:
     return TrainingJobStatus.lenient(job.get("status"))
 
@@ -378,7 +395,8 @@ def describe(
     events: Sequence[dict[str, Any]],
     now: datetime,
 ) -> str:
-    """``torchkube describe``: identity, state, spec, conditions, failures, pods, events."""
+    """``torchkube describe``: identity, state (with the topology domains the workers
+    occupy), spec, conditions, failures, pods, events."""
     meta, status = job.get("metadata", {}), status_of(job)
     written = job.get("status") is not None
     spec = job.get("spec") or {}
@@ -416,6 +434,8 @@ def describe(
     ]
     if status.queue is not None:
         state.append(("Queue", queue_line(status)))
+    if status.topology is not None:
+        state.append(("Topology", topology_line(status)))
     if status.start_time:
         state.append(("Started", status.start_time))
     if status.completion_time:

@@ -37,6 +37,11 @@ OPERATOR_FORBIDDEN = "OperatorForbidden"
 right. The job cannot advance until the right is granted."""
 NODES_UNREACHABLE = "NodesUnreachable"
 """Most nodes went NotReady at once (a partition): workers there are kept, not replaced."""
+TOPOLOGY_SPREAD = "TopologySpread"
+"""With ``scheduling.topology``: the workers run in more than one domain of its level (a
+``preferred`` job that found no room in one, a replacement placed elsewhere), so the job's
+collectives cross the slower links between domains. Names the domains, the workers in each,
+and the room that would pack the job again."""
 STORE_READY = "StoreReady"
 """The rendezvous store serves (True), or why it does not (False): the workers meet only
 through it. When it last turned True also tells whether a store lost again served between

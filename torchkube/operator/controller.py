@@ -682,6 +682,7 @@ class Controller:
             slowest.slowdown if slowest else None,
             remaining=progress.estimated_remaining_seconds if progress else None,
         )
+        metrics.TOPOLOGY.set(ns, job.name, decided.status.topology)
         for failure in decided.failures:
             metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()
             if failure.reason == "NodeLost":

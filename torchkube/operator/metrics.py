@@ -7,11 +7,13 @@ stops leading removes its job series at once (:func:`forget_jobs`) instead of le
 at their last values beside the new leader's.
 
 Labels stay low-cardinality: namespace, job, phase, reason, cause, verb, resource — never a
-pod, a node or a step. Per-job and per-namespace series are created at zero when the operator
-first sees the job, so ``increase()`` sees the first failure too (a series born at 1 shows no
-increase), and per-job ones are removed when the job is deleted. The start-up histogram has no
-namespace label for the same reason: its one observation per job comes right after the job is
-first seen, before Prometheus could have scraped a new zero series.
+pod, a node or a step — and a job's topology level and domains, at most
+``MAX_TOPOLOGY_DOMAINS`` per job (a job spread wider is counted, not listed). Per-job and
+per-namespace series are created at zero when the operator first sees the job, so
+``increase()`` sees the first failure too (a series born at 1 shows no increase), and per-job
+ones are removed when the job is deleted. The start-up histogram has no namespace label for the
+same reason: its one observation per job comes right after the job is first seen, before
+Prometheus could have scraped a new zero series.
 
 The ``namespace`` and ``job`` labels name the TrainingJob, not the scrape target: scrape the
 operator with ``honor_labels: true`` (a ServiceMonitor's/PodMonitor's ``honorLabels``), as for
@@ -28,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchkube.api.reasons import FailureReason
+from torchkube.api.status import TopologyStatus
 from torchkube.operator.goodput import CAUSES, Goodput
 
 FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
@@ -179,6 +182,55 @@ GOODPUT = GoodputCollector()
 REGISTRY.register(GOODPUT)
 
 
+class TopologyCollector(Collector):
+    """Exports each job's ``status.topology`` at scrape time: how many domains its workers
+    occupy, and one series per domain listed. A collector, so a domain the job leaves goes
+    away with the status that no longer lists it, with no record of past label values."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], TopologyStatus] = {}
+        self._lock = threading.Lock()
+
+    def set(self, namespace: str, job: str, topology: TopologyStatus | None) -> None:
+        with self._lock:
+            if topology is None:
+                self._jobs.pop((namespace, job), None)
+            else:
+                self._jobs[(namespace, job)] = topology
+
+    def clear(self) -> None:
+        with self._lock:
+            self._jobs.clear()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            jobs = sorted(self._jobs.items())
+        count = GaugeMetricFamily(
+            "torchkube_job_topology_domains",
+            "Topology domains the job's workers occupy (status.topology.domainCount); more "
+            "than one: spread over them.",
+            labels=["namespace", "job"],
+        )
+        listed = GaugeMetricFamily(
+            "torchkube_job_topology_domain_info",
+            "1 for each topology domain the job's workers occupy (status.topology.domains).",
+            labels=["namespace", "job", "level", "domain"],
+        )
+        for (namespace, job), topology in jobs:
+            count.add_metric([namespace, job], topology.domain_count)
+            for domain in topology.domains:
+                listed.add_metric([namespace, job, topology.level, domain], 1)
+        yield count
+        yield listed
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+TOPOLOGY = TopologyCollector()
+REGISTRY.register(TOPOLOGY)
+
+
 def job_seen(namespace: str, job: str) -> None:
     """Create the job's and its namespace's counters at zero (idempotent)."""
     for reason in FAILURE_REASONS:
@@ -219,6 +271,7 @@ def job_gone(namespace: str, job: str) -> None:
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, job)
     GOODPUT.remove(namespace, job)
+    TOPOLOGY.set(namespace, job, None)
 
 
 def forget_jobs() -> None:
@@ -238,3 +291,4 @@ def forget_jobs() -> None:
     ):
         family.clear()
     GOODPUT.clear()
+    TOPOLOGY.clear()

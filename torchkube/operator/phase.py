@@ -68,7 +68,7 @@ def report_unschedulable(
         )
         ctx.warn_once(cond.PODS_UNSCHEDULABLE, "LighthouseUnschedulable", text)
     elif stuck_workers:
-        why, hint = stuck_workers[0][1], topology.unschedulable_hint(ctx.job, workers)
+        why, hint = stuck_workers[0][1], topology.unschedulable_hint(ctx.job, workers, ctx.nodes)
         text = (
             f"{len(stuck_workers)} of {ctx.spec.replicas.target} workers cannot be scheduled "
             f"for {waited}s or more: {why.rstrip('. ') + hint if hint else why}"

@@ -34,6 +34,7 @@ from torchkube.operator import (
     scaling,
     sorting,
     stragglers,
+    topology,
     waiting,
 )
 from torchkube.operator import pods as p
@@ -44,7 +45,11 @@ __all__ = ["Observed", "Plan", "plan", "random_suffix"]
 
 
 def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> Plan:
-    """Decide what to do about one TrainingJob now."""
+    """Decide what to do about one TrainingJob now.
+
+    Where the workers are (``topology.report``) is read after the steps, whichever one settled
+    the pass, so a job suspended or held by Kueue shows its workers gone; a job that ended
+    keeps the placement it last had."""
     ctx = Context(observed, new_suffix)
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
@@ -54,6 +59,8 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
         _run_policies(ctx, owned)
         if lifecycle.is_finished(ctx):
             lifecycle.clean_up_finished(ctx, owned)
+        else:
+            topology.report(ctx, owned)
     _estimate_remaining(ctx)
     return ctx.done()
 

@@ -5,8 +5,9 @@ dictionary digging in one place so the policies read as policy.
 """
 
 import copy
+import sys
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -289,17 +290,27 @@ def vanished(
 
 @dataclass(frozen=True)
 class NodeHealth:
-    """Whether a node can run pods, and since when it could not."""
+    """Whether a node can run pods, since when it could not, and its labels: the topology
+    domains it is in (``scheduling.topology.level`` is one of their keys, any job's)."""
 
     ready: bool
     since: datetime | None
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 def node_health(node: dict[str, Any]) -> NodeHealth:
+    """What the node cache keeps of a node, built once per node event and shared by every
+    reconcile that reads it. Label keys and values are interned: a 4,000-node fleet shares
+    one copy of each key and of each rack or zone name instead of holding one per node."""
+    labels = {
+        sys.intern(key): sys.intern(value)
+        for key, value in ((node.get("metadata") or {}).get("labels") or {}).items()
+    }
     for entry in node.get("status", {}).get("conditions", []) or []:
         if entry.get("type") == "Ready":
             return NodeHealth(
                 entry.get("status") == "True",
                 parse_time(entry.get("lastTransitionTime")),
+                labels,
             )
-    return NodeHealth(False, None)
+    return NodeHealth(False, None, labels)
