@@ -1,7 +1,9 @@
 """Sustained failures under live recovery, as torchft's own published test measures them.
 
-torchft's test (pytorch/torchft, "Fault Tolerance Scaling" in its README and its blog post of
-2025-06: 300 L40S GPUs in 30 replica groups, about 11 s a step) killed a replica group every 60 s
+torchft's test (the PyTorch blog post "Fault Tolerant Llama: training with 2000 synthetic
+failures every ~15 seconds and no checkpoints on Crusoe L40S", June 2025,
+https://pytorch.org/blog/fault-tolerant-llama-training-with-2000-synthetic-failures-every-15-seconds-and-no-checkpoints-on-crusoe-l40s/:
+300 L40S GPUs in 30 replica groups, about 11 s a step) killed a replica group every 60 s
 (one loss per ≈ 5.5 steps: 82.3 % of steps committed, 81.2 % training efficiency) and every 15 s
 (one per ≈ 1.4 steps: 30.2 %). Here, on this machine's CPU, ``torchkube run`` of
 examples/live-recovery.yaml with ``--groups`` replica groups (pods), three ways per trial, in
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import tempfile
 import threading
 import time
@@ -221,7 +224,7 @@ def outcome(run: dict[str, Any]) -> str:
     return f"failed: {run['message']}"
 
 
-def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float) -> None:
+def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float, steps: int) -> None:
     reference = {
         t["trial"]: per_step(t) for t in trials if t["way"] == UNDISTURBED and t["succeeded"]
     }
@@ -233,7 +236,11 @@ def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float) 
             committed_target = Target(share, "min", f"> torchft's {share} %")
             if efficiency is not None:
                 efficiency_target = Target(efficiency, "min", f"> torchft's {efficiency} %")
-        committed = results.figure(f"{way}: steps committed", "%", target=committed_target)
+        committed = results.figure(
+            f"{way}: steps committed (commit votes, runs that finished)",
+            "%",
+            target=committed_target,
+        )
         efficient = results.figure(
             f"{way}: training efficiency (undisturbed seconds per step ÷ this run's)",
             "%",
@@ -242,7 +249,8 @@ def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float) 
         goodput = results.figure(f"{way}: goodput (kept training ÷ wall)", "%")
         final = results.figure(f"{way}: final loss (finished runs)", "")
         for run in runs:
-            if run["committed_share"] is not None:
+            # a run stopped at the cap voted on the few attempts its groups lived to finish
+            if run["committed_share"] is not None and run["succeeded"]:
                 committed.add(100 * run["committed_share"], run["load"])
             base, took = reference.get(run["trial"]), per_step(run)
             if base and took:
@@ -258,11 +266,17 @@ def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float) 
                 "",
                 target=Target(0, text="0"),
             )
-            failed.add(sum(1 for run in runs if not run["succeeded"] and not run["capped"]))
+            heaviest = max((run["load"] for run in runs), default=0.0)  # of the runs counted
+            failed.add(
+                sum(1 for run in runs if not run["succeeded"] and not run["capped"]), heaviest
+            )
             capped = results.figure(
                 f"{way}: runs short of their steps at the {cap_minutes:g}-minute cap", ""
             )
-            capped.add(sum(1 for run in runs if run["capped"]))
+            capped.add(sum(1 for run in runs if run["capped"]), heaviest)
+            reached = results.figure(f"{way}: steps reached, of {steps}", "")
+            for run in runs:
+                reached.add(run["steps"], run["load"])
 
 
 def tables(results: Results, trials: list[dict[str, Any]]) -> None:
@@ -355,13 +369,43 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=1, help="the first trial's seed")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the record goes")
+    parser.add_argument(
+        "--from-record",
+        type=Path,
+        default=None,
+        help="run nothing: sum the runs of this record again (its settings, machine and runs "
+        "kept) into its figures, tables and notes",
+    )
     args = parser.parse_args(argv)
+    if args.from_record is not None:
+        rederive(args.from_record, args.out)
+        return
     config = {k: repo_path(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    step = args.micro_batch_seconds * args.global_batch / (args.groups * args.micro_batch)
-    config["step_seconds_all_groups"] = round(step, 3)
     results = Results("live_sustained", command_line("bench.live_sustained", argv), config=config)
-    trials = measure(results, args)
-    figures(results, trials, args.cap_minutes)
+    summarise(results, measure(results, args), args)
+    results.write(args.out)
+
+
+def rederive(record: Path, out: Path) -> None:
+    """The figures, tables and notes summed again from the runs a record holds (its command,
+    settings, machine and runs kept): how they are summed may change, the runs may not."""
+    body = json.loads(record.read_text())
+    settings = argparse.Namespace(**body["config"])
+    results = Results(body["benchmark"], body["command"], config=body["config"])
+    results.machine = body["machine"]
+    summarise(results, body["extra"]["trials"], settings)
+    results.notes.append(
+        "summed again from the runs above by `python -m bench.live_sustained --from-record` "
+        "(the machine's load average at the end is that moment's, each run's is its own)."
+    )
+    results.write(out)
+
+
+def summarise(results: Results, trials: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    step = args.micro_batch_seconds * args.global_batch / (args.groups * args.micro_batch)
+    results.config["step_seconds_all_groups"] = round(step, 3)
+    results.extra["trials"] = trials
+    figures(results, trials, args.cap_minutes, args.steps)
     tables(results, trials)
     results.notes[:0] = [
         f"{args.groups} replica groups of one process (tiny GPT, gloo), {args.steps} steps of "
@@ -377,7 +421,6 @@ def main(argv: list[str] | None = None) -> None:
         "replacement has started (torch imported on a 2-core machine, about 10 s) — a 30th "
         "there.",
     ]
-    results.write(args.out)
 
 
 if __name__ == "__main__":
