@@ -754,6 +754,48 @@ def live_recovery(records: dict[str, Body]) -> str:
     return live_recovery_docs.render(*(records[name] for name in LIVE_RECOVERY))
 
 
+def sustained_outcomes(run: Run) -> list[str]:
+    """Per rate, from the runs themselves: how many finished, where the others stood at the
+    cap, how many failed, and the medians beside torchft's figures."""
+    from bench.live_sustained import RATES, TORCHFT, UNDISTURBED
+
+    trials = run.body["extra"]["trials"]
+    steps, cap = run.body["config"]["steps"], run.body["config"]["cap_minutes"]
+    lines = []
+    for way, rate in RATES.items():
+        if rate is None:
+            continue
+        runs = [t for t in trials if t["way"] == way]
+        done = [t for t in runs if t["succeeded"]]
+        capped = [t["steps"] for t in runs if t["capped"]]
+        failed = len(runs) - len(done) - len(capped)
+        committed = next(f for n, f in run.figures.items() if n.startswith(f"{way}: steps commit"))
+        efficient = next(f for n, f in run.figures.items() if n.startswith(f"{way}: training eff"))
+        share, efficiency = TORCHFT[rate]
+        text = (
+            f"**{way}**: {sum(t['faults'] for t in runs)} faults over {len(runs)} runs; "
+            f"{len(done)} finished their {steps} steps"
+        )
+        if capped:
+            text += (
+                f", {len(capped)} were still short of them at the {cap:g}-minute cap (at step "
+                f"{', '.join(map(str, capped))})"
+            )
+        text += f"; {failed} failed"
+        if committed.get("median") is not None:
+            text += f"; steps committed {fmt(committed['median'], '%')} (torchft {share} %)"
+        if efficient.get("median") is not None:
+            theirs = f" (torchft {efficiency} %)" if efficiency is not None else ""
+            text += f", training efficiency {fmt(efficient['median'], '%')}{theirs}"
+        lines.append(text + ".")
+    undisturbed = [t for t in trials if t["way"] == UNDISTURBED]
+    lines.append(
+        f"**{UNDISTURBED}**: {sum(1 for t in undisturbed if t['succeeded'])} of "
+        f"{len(undisturbed)} runs finished, the reference of each trial's efficiency."
+    )
+    return lines
+
+
 def live_sustained(records: dict[str, Body]) -> str:
     """docs/trainer.md's sustained failures: steps committed, efficiency and the outcome at
     torchft's two rates, every run, and the faults by what their victim was doing."""
@@ -764,6 +806,8 @@ def live_sustained(records: dict[str, Body]) -> str:
     return "\n".join(
         [
             f"{run.stamp()}:",
+            "",
+            *(f"- {line}" for line in sustained_outcomes(run)),
             "",
             *(f"- {note}" for note in body["notes"]),
             "",
