@@ -34,8 +34,11 @@ faults it injected, never from a pace:
 - *training efficiency*: the undisturbed run's seconds per step (its first step to its last)
   ÷ this run's (same trial, same seed);
 - *goodput*: the time spent training steps that were kept ÷ the wall time (start-up included);
-- *steps computed twice* and *whole-job restarts* (every group lost at once: the replacements
-  find no live peer and resume from the newest checkpoint);
+- *steps computed twice*, and *starts from a checkpoint*: the groups that began from the
+  newest checkpoint because no live peer was ahead (``live: no live peer ahead; resumed from``
+  in their logs) — every group lost at once, or, as each undisturbed run here shows once, a
+  group whose first quorum held no group past step 0 while a checkpoint already existed (not
+  traced further);
 - *unrecoverable*: a run that failed; a run still short of its steps at ``--cap-minutes`` is
   stopped there and counted apart (it was still training);
 - each fault by what its victim was doing: the Lighthouse, a group before its first committed
@@ -307,7 +310,7 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
             "steps committed",
             "goodput",
             "steps computed twice",
-            "whole-job restarts",
+            "starts from a checkpoint",
             "final loss",
             "outcome",
             "wall",

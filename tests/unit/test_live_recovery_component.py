@@ -8,6 +8,7 @@ from typing import Any
 
 from torchkube.api.contract import LiveProgress
 from torchkube.trainer.checkpoint import TrainState
+from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer.live import LiveRecovery, QuorumMembers
 from torchkube.trainer.recovery import Place
 
@@ -42,6 +43,7 @@ def recovery_at_start(rank: int) -> Any:
     recovery.members = SimpleNamespace(slots=[0, 1])
     recovery.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
     recovery._quorum_taken, recovery._attempt_began = False, None
+    recovery.heartbeat = Heartbeat(None)  # no launcher: a pause is a no-op
     return recovery
 
 
