@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from torchkube.api.contract import LiveProgress
-from torchkube.trainer.checkpoint import TrainState
 from torchkube.elastic.heartbeat import Heartbeat
+from torchkube.trainer.checkpoint import TrainState
 from torchkube.trainer.live import LiveRecovery, QuorumMembers
 from torchkube.trainer.recovery import Place
 
