@@ -75,6 +75,12 @@ class Stats:
 
 
 # ----------------------------------------------------------------------------- the machine
+def rotated(ways: Sequence[str], trial: int) -> list[str]:
+    """Each trial starts with the next way, so none always runs first (or after another)."""
+    k = trial % len(ways)
+    return [*ways[k:], *ways[:k]]
+
+
 def load_average() -> float:
     """The 1-minute load average: how busy the shared machine was (2 cores: 2.0 is full)."""
     return round(os.getloadavg()[0], 2)

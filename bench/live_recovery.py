@@ -87,6 +87,7 @@ from bench.common import (
     load_average,
     log,
     repo_path,
+    rotated,
     spread,
 )
 from bench.live_recovery_docs import FIGURE_NOTES, LABELS, LOSS_TITLES, ROWS, SPLIT, STEADY, WAYS
@@ -305,12 +306,6 @@ def describe_break_even(other: str, share: float, lost_other: float, lost_live: 
 
 
 # ----------------------------------------------------------------------------- the bench
-def rotated(ways: Sequence[str], trial: int) -> list[str]:
-    """Each trial starts with the next way, so none always runs first (or after another)."""
-    k = trial % len(ways)
-    return [*ways[k:], *ways[:k]]
-
-
 @dataclass
 class Steady:
     """The steady-state figures: each way's pace, and torchft's isolated cost."""

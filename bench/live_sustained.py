@@ -73,6 +73,7 @@ from bench.common import (
     load_average,
     log,
     repo_path,
+    rotated,
 )
 from torchkube.api import TrainingJob
 from torchkube.local.display import LIGHTHOUSE
@@ -104,11 +105,6 @@ def job(args: argparse.Namespace, seed: int) -> TrainingJob:
     trainer |= {"steps": args.steps, "seed": seed, "logIntervalSteps": 1}
     trainer |= {"globalBatchSize": args.global_batch, "warmupSteps": 5}
     return TrainingJob.model_validate(manifest)
-
-
-def rotated(ways: Sequence[str], trial: int) -> list[str]:
-    k = trial % len(ways)
-    return [*ways[k:], *ways[:k]]
 
 
 def classify(
