@@ -120,9 +120,14 @@ def classify(
     return TRAINING_FAULT if committed else STARTING_FAULT
 
 
+def step_seconds(args: argparse.Namespace) -> float:
+    """A step's stretched length with every group: its micro-batches per group times each."""
+    return args.micro_batch_seconds * args.global_batch / (args.groups * args.micro_batch)
+
+
 def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
     rate = RATES[way]
-    step = args.micro_batch_seconds * args.global_batch / (args.groups * args.micro_batch)
+    step = step_seconds(args)
     chaos = (
         Chaos()
         if rate is None
@@ -401,7 +406,7 @@ def rederive(record: Path, out: Path) -> None:
 
 
 def summarise(results: Results, trials: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    step = args.micro_batch_seconds * args.global_batch / (args.groups * args.micro_batch)
+    step = step_seconds(args)
     results.config["step_seconds_all_groups"] = round(step, 3)
     results.extra["trials"] = trials
     figures(results, trials, args.cap_minutes, args.steps)

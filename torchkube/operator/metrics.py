@@ -23,7 +23,7 @@ kube-state-metrics, or Prometheus renames them ``exported_namespace`` / ``export
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import get_args
+from typing import Generic, TypeVar, get_args
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,6 +32,8 @@ from prometheus_client.registry import Collector
 from torchkube.api.reasons import FailureReason
 from torchkube.api.status import TopologyStatus
 from torchkube.operator.goodput import CAUSES, Goodput
+
+State = TypeVar("State")
 
 FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
 JOB_FAILURE_REASONS = (
@@ -121,32 +123,43 @@ API_REQUESTS = Counter(
 )
 
 
-class GoodputCollector(Collector):
+class PerJobCollector(Collector, Generic[State]):
+    """What the operator last knew of each job, exported at scrape time: a job's series go
+    away with its entry (deleted, or its state set to None), with no record of past labels."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], State] = {}
+        self._lock = threading.Lock()
+
+    def set(self, namespace: str, job: str, state: State | None) -> None:
+        with self._lock:
+            if state is None:
+                self._jobs.pop((namespace, job), None)
+            else:
+                self._jobs[(namespace, job)] = state
+
+    def remove(self, namespace: str, job: str) -> None:
+        self.set(namespace, job, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._jobs.clear()
+
+    def jobs(self) -> list[tuple[tuple[str, str], State]]:
+        """((namespace, job), state) of every job, sorted: a copy taken under the lock."""
+        with self._lock:
+            return sorted(self._jobs.items(), key=lambda item: item[0])
+
+
+class GoodputCollector(PerJobCollector[Goodput]):
     """Exports the operator's per-job goodput accumulators at scrape time.
 
     A collector rather than counters incremented by deltas: the accumulators already hold
     the totals, and a deleted job's series go away with its accumulator.
     """
 
-    def __init__(self) -> None:
-        self._jobs: dict[tuple[str, str], Goodput] = {}
-        self._lock = threading.Lock()
-
-    def set(self, namespace: str, job: str, state: Goodput) -> None:
-        with self._lock:
-            self._jobs[(namespace, job)] = state
-
-    def remove(self, namespace: str, job: str) -> None:
-        with self._lock:
-            self._jobs.pop((namespace, job), None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._jobs.clear()
-
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            jobs = sorted(self._jobs.items())
+        jobs = self.jobs()
         ratio = GaugeMetricFamily(
             "torchkube_job_goodput_ratio",
             "Share of the job's wall time spent on training progress it kept (status.goodput).",
@@ -182,29 +195,13 @@ GOODPUT = GoodputCollector()
 REGISTRY.register(GOODPUT)
 
 
-class TopologyCollector(Collector):
+class TopologyCollector(PerJobCollector[TopologyStatus]):
     """Exports each job's ``status.topology`` at scrape time: how many domains its workers
     occupy, and one series per domain listed. A collector, so a domain the job leaves goes
     away with the status that no longer lists it, with no record of past label values."""
 
-    def __init__(self) -> None:
-        self._jobs: dict[tuple[str, str], TopologyStatus] = {}
-        self._lock = threading.Lock()
-
-    def set(self, namespace: str, job: str, topology: TopologyStatus | None) -> None:
-        with self._lock:
-            if topology is None:
-                self._jobs.pop((namespace, job), None)
-            else:
-                self._jobs[(namespace, job)] = topology
-
-    def clear(self) -> None:
-        with self._lock:
-            self._jobs.clear()
-
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            jobs = sorted(self._jobs.items())
+        jobs = self.jobs()
         count = GaugeMetricFamily(
             "torchkube_job_topology_domains",
             "Topology domains the job's workers occupy (status.topology.domainCount); more "

@@ -120,53 +120,40 @@ def _exit_failure(
 ) -> Failure:
     lines = detail.strip().splitlines()
     tail = clip_message(f": {lines[-1]}") if lines else ""
-    if exit_code == 0:
+
+    def ended(reason: FailureReason, message: str, retryable: bool = True) -> Failure:
         return Failure(
-            reason="Unknown",
-            message=f"{subject} exited 0 before the trainer reported the end of training",
+            reason=reason,
+            message=message,
             pod=subject,
             node=node,
-            exit_code=0,
+            exit_code=exit_code,
+            retryable=retryable,
             started=started,
+        )
+
+    if exit_code == 0:
+        return ended(
+            "Unknown", f"{subject} exited 0 before the trainer reported the end of training"
         )
     if exit_code == ExitCode.HUNG:
-        return Failure(
-            reason="Hang",
-            message=f"{subject} hung (exit code {exit_code}){tail}",
-            pod=subject,
-            node=node,
-            exit_code=exit_code,
-            started=started,
-        )
+        return ended("Hang", f"{subject} hung (exit code {exit_code}){tail}")
     if exit_code == ExitCode.JOIN_TIMEOUT:
-        return Failure(
-            reason="JoinTimeout",
-            message=f"{subject} gave up waiting for the other workers to start (exit code "
+        return ended(
+            "JoinTimeout",
+            f"{subject} gave up waiting for the other workers to start (exit code "
             f"{exit_code}){tail}",
-            pod=subject,
-            node=node,
-            exit_code=exit_code,
-            started=started,
         )
     if exit_code == ExitCode.RENDEZVOUS_LOST:
-        return Failure(
-            reason="RendezvousFailed",
-            message=f"{subject} lost its rendezvous (exit code {exit_code}){tail}",
-            pod=subject,
-            node=node,
-            exit_code=exit_code,
-            started=started,
+        return ended(
+            "RendezvousFailed", f"{subject} lost its rendezvous (exit code {exit_code}){tail}"
         )
     permanent = policy.is_permanent_exit(exit_code)
     kind = "permanent" if permanent else "retryable"
-    return Failure(
-        reason="ExitCode",
-        message=f"{subject} exited with code {exit_code} ({kind}){tail}",
-        pod=subject,
-        node=node,
-        exit_code=exit_code,
+    return ended(
+        "ExitCode",
+        f"{subject} exited with code {exit_code} ({kind}){tail}",
         retryable=not permanent,
-        started=started,
     )
 
 
