@@ -2,6 +2,7 @@
 
 import statistics
 import time
+from pathlib import Path
 
 from torchkube.local.display import LIGHTHOUSE
 from torchkube.local.runner import Chaos
@@ -51,3 +52,18 @@ def test_a_stretched_step_lasts_its_micro_batches_compute_and_a_longer_one_is_ke
     with hold.computing(micro_batches=2):
         time.sleep(0.3)
     assert 0.3 <= time.monotonic() - began < 0.6
+
+
+def test_killing_the_lighthouse_of_a_restart_mode_job_is_refused_by_name(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from torchkube.local.cli import run_command
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "trainingjob.yaml"
+    result = CliRunner().invoke(
+        run_command,
+        [str(example), "--workdir", str(tmp_path), "--chaos-lighthouse-at-step", "5"],
+    )
+    assert result.exit_code != 0
+    assert "--chaos-lighthouse-at-step needs failurePolicy.recovery: live" in result.output
+    assert not (tmp_path / "logs").exists()  # refused before anything started

@@ -126,6 +126,11 @@ def run_command(
         ) from None
     except yaml.YAMLError as error:
         raise click.ClickException(f"{job_file} is not valid YAML: {error}") from None
+    if chaos_lighthouse_steps and job.spec.failure_policy.recovery != "live":
+        raise click.ClickException(
+            "--chaos-lighthouse-at-step needs failurePolicy.recovery: live (only a live job has "
+            f"a torchft Lighthouse); {job_file} has recovery {job.spec.failure_policy.recovery}"
+        )
     workdir = workdir or Path("torchkube-runs") / job.name
     if fresh and workdir.exists():
         shutil.rmtree(workdir)
