@@ -1225,6 +1225,9 @@ USER_PATH_UNEXERCISED = (
     # had no data (the KWOK observability test has them); only checked to be valid here.
     "torchkube_job_startup_seconds_bucket",
     "torchkube_recovery_seconds_bucket",
+    # The user's job sets no scheduling.topology, so the Placement row has nothing to show
+    # (tests/integration/test_observability.py places its job by topology and checks it).
+    "torchkube_job_topology_",
 )
 RELEASE, OPERATOR_NS = "torchkube", "torchkube-system"
 USER_STEPS = 400
