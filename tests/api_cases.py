@@ -20,6 +20,12 @@ class BadSpec:
 
 BAD_SPECS = [
     BadSpec(
+        "managed-by-another-controller",
+        {"managedBy": "example.com/our-own-controller"},
+        "managedBy",
+        "kueue.x-k8s.io/multikueue",
+    ),
+    BadSpec(
         "topology-level-not-a-label-key",
         {"scheduling": {"topology": {"level": "the rack"}}},
         "topology.level",

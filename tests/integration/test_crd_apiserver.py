@@ -102,6 +102,22 @@ def test_immutable_fields_are_refused_and_replicas_are_not(custom: Any, namespac
     assert patched["spec"]["replicas"]["desired"] == 2
 
 
+def test_who_runs_a_job_is_chosen_once(custom: Any, namespace: str) -> None:
+    """spec.managedBy is neither changed, set, nor removed after creation: a job MultiKueue
+    dispatched must not start a second time here, nor one running here be sent away."""
+    create(custom, namespace, manifest("here", {}))
+    dispatched = {"managedBy": "kueue.x-k8s.io/multikueue"}
+    create(custom, namespace, manifest("sent", dispatched))
+    for name, change in (
+        ("here", {"spec": dispatched}),
+        ("sent", {"spec": {"managedBy": None}}),
+        ("sent", {"spec": {"managedBy": "torchkube.io/trainingjob-controller"}}),
+    ):
+        with pytest.raises(ApiException) as raised:
+            custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, change)
+        assert "spec.managedBy is immutable" in raised.value.body, (name, change)
+
+
 def test_scale_subresource_moves_desired_within_bounds(custom: Any, namespace: str) -> None:
     create(custom, namespace, manifest("scl", {"replicas": {"min": 1, "max": 4}}))
     custom.patch_namespaced_custom_object_scale(

@@ -379,6 +379,26 @@ def test_describe_has_no_topology_line_without_one() -> None:
     assert "Topology:" not in text
 
 
+def dispatched_job(**status: Any) -> dict[str, Any]:
+    body = job(**status)
+    body["spec"] = {**body["spec"], "managedBy": "kueue.x-k8s.io/multikueue"}
+    return body
+
+
+def test_status_shows_the_worker_cluster_a_dispatched_job_runs_on() -> None:
+    jobs = [dispatched_job(**running_status()), job("local", **running_status())]
+    rows = render.status_table(jobs, NOW, dispatched={"u-1": "worker-1"}).splitlines()
+    assert rows[1].split()[:3] == ["gpt", "Running", "(on"] and "worker-1)" in rows[1]
+
+
+def test_describe_says_where_a_dispatched_job_runs_or_that_it_waits_to_be_sent() -> None:
+    sent = render.describe(dispatched_job(**running_status()), [], [], NOW, "worker-1")
+    assert "Runs on:    worker cluster worker-1, dispatched by MultiKueue" in sent
+    waiting = render.describe(dispatched_job(phase="Queued"), [], [], NOW)
+    assert "Runs on:    not dispatched yet" in waiting
+    assert "Runs on:" not in render.describe(job(**running_status()), [], [], NOW)
+
+
 def test_describe_of_a_job_without_status() -> None:
     text = render.describe(job(), [], [], NOW)
     assert "Phase:      -" in text

@@ -37,6 +37,17 @@ LIVE_SUPPORTS = (
 HSDP_RANGE = (
     "trainer.hsdpShardSize must divide the data-parallel size at every size in the elastic range"
 )
+MANAGED_BY_TORCHKUBE = "torchkube.io/trainingjob-controller"
+"""``spec.managedBy`` of a job torchkube's operator runs where it is (the default)."""
+MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+"""``spec.managedBy`` of a job Kueue's MultiKueue dispatches to a worker cluster: on this
+(the manager) cluster torchkube only makes its Workload; Kueue copies the job to the worker
+chosen, without this field, and copies the worker's status back."""
+MANAGED_BY_FIXED = (
+    "spec.managedBy is immutable: who runs the job is chosen once; delete the TrainingJob "
+    "and create it again to change it"
+)
+
 DEFAULT_IMAGE = "ghcr.io/torchkube/torchkube-trainer:0.1.0"
 """The trainer image .github/workflows/release.yml publishes for this version (docs/images.md)."""
 
@@ -636,6 +647,7 @@ class TrainingJobSpec(ApiModel):
             "self.trainer.parallelism.tensor == 1 && self.rendezvous.port < 65535)",
             LIVE_SUPPORTS,
         ),
+        ("has(self.managedBy) == has(oldSelf.managedBy)", MANAGED_BY_FIXED),
         (
             "!has(self.trainer.hsdpShardSize) || self.trainer.strategy != 'hsdp' || "
             "(type(self.nprocPerNode) != int && "
@@ -649,6 +661,19 @@ class TrainingJobSpec(ApiModel):
         ),
     )
 
+    managed_by: (
+        Literal["torchkube.io/trainingjob-controller", "kueue.x-k8s.io/multikueue"] | None
+    ) = Field(
+        default=None,
+        description="Who runs the job. Unset or torchkube.io/trainingjob-controller: "
+        "torchkube's operator, in this cluster. kueue.x-k8s.io/multikueue: Kueue's "
+        "MultiKueue sends it to a worker cluster with quota (the job needs the label "
+        "kueue.x-k8s.io/queue-name); this cluster gets its Workload and, from the worker, "
+        "its status (docs/queueing.md, MultiKueue). Immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": MANAGED_BY_FIXED}]
+        },
+    )
     image: str = Field(
         default=DEFAULT_IMAGE,
         min_length=1,

@@ -207,7 +207,15 @@ def status(
         where = "any namespace" if all_namespaces else f'namespace "{jobs.namespace}"'
         _note(f"No TrainingJobs in {where}.")
         return
-    click.echo(status_table(found, _now(), all_namespaces=all_namespaces, wide=output == "wide"))
+    click.echo(
+        status_table(
+            found,
+            _now(),
+            all_namespaces=all_namespaces,
+            wide=output == "wide",
+            dispatched=jobs.dispatched(found),
+        )
+    )
 
 
 # --- describe ------------------------------------------------------------------------------
@@ -223,7 +231,8 @@ def describe(name: str, kubeconfig: str | None, context: str | None, namespace: 
 
     jobs = _jobs(kubeconfig, context, namespace)
     job = jobs.get(name)
-    click.echo(render(job, jobs.pods(name), jobs.events(job), _now()))
+    cluster = jobs.dispatched([job]).get(job["metadata"].get("uid", ""))
+    click.echo(render(job, jobs.pods(name), jobs.events(job), _now(), dispatched_to=cluster))
 
 
 # --- logs ----------------------------------------------------------------------------------

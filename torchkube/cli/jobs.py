@@ -214,6 +214,38 @@ class Jobs:
         items.sort(key=lambda j: (j["metadata"].get("namespace", ""), j["metadata"]["name"]))
         return items
 
+    def dispatched(self, jobs: list[dict[str, Any]]) -> dict[str, str]:
+        """The worker cluster each of ``jobs`` that MultiKueue dispatches runs on, by job uid
+        (its Workload's ``status.clusterName`` here on the manager); a job not yet sent, or
+        Workloads one may not read, give none."""
+        from kubernetes.client.exceptions import ApiException
+
+        from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
+        from torchkube.operator.workloads import API_GROUP, API_VERSION, JOB_UID_LABEL, PLURAL
+
+        by_namespace: dict[str, list[str]] = {}
+        for job in jobs:
+            if (job.get("spec") or {}).get("managedBy") == MANAGED_BY_MULTIKUEUE:
+                metadata = job["metadata"]
+                by_namespace.setdefault(metadata["namespace"], []).append(metadata["uid"])
+        clusters: dict[str, str] = {}
+        for namespace, uids in sorted(by_namespace.items()):
+            try:
+                found = self.custom.list_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, PLURAL,
+                    label_selector=f"{JOB_UID_LABEL} in ({','.join(sorted(uids))})",
+                    _request_timeout=REQUEST_TIMEOUT,
+                )  # fmt: skip
+            except ApiException as error:
+                if error.status in (403, 404):
+                    continue
+                raise
+            for workload in found.get("items") or []:
+                cluster = (workload.get("status") or {}).get("clusterName")
+                if cluster:
+                    clusters[workload["metadata"]["labels"][JOB_UID_LABEL]] = str(cluster)
+        return clusters
+
     def delete(self, name: str) -> None:
         with translate(self._job_action("delete", name), self.target):
             self.custom.delete_namespaced_custom_object(

@@ -9,10 +9,11 @@ output. A field the operator has not written yet (no status, no progress, no goo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
 from torchkube.api.status import FailureRecord, ProgressRecord, TrainingJobStatus
 from torchkube.api.times import human_duration, parse_time
 from torchkube.api.types import Condition
@@ -96,6 +97,19 @@ def _ahead(position: int) -> str:
     return "next" if position == 0 else f"{position} ahead"
 
 
+def dispatch_line(cluster: str | None) -> str:
+    """Where MultiKueue sent a job, for ``describe`` on the manager cluster."""
+    if cluster is None:
+        return (
+            "not dispatched yet: MultiKueue sends it to a worker cluster that admits it "
+            "(see Conditions)"
+        )
+    return (
+        f"worker cluster {cluster}, dispatched by MultiKueue: the status is the worker's; its "
+        "pods, logs and events are there (use that cluster's kubeconfig)"
+    )
+
+
 def queue_line(status: TrainingJobStatus) -> str:
     """Where the job stands with Kueue, for ``describe``."""
     queue = status.queue
@@ -167,8 +181,10 @@ def status_table(
     *,
     all_namespaces: bool = False,
     wide: bool = False,
+    dispatched: Mapping[str, str] | None = None,
 ) -> str:
-    """The ``torchkube status`` table: one row per job."""
+    """The ``torchkube status`` table: one row per job; a job MultiKueue dispatched shows
+    the worker cluster it runs on (``dispatched``: job uid → cluster) beside its phase."""
     headers = list(STATUS_HEADERS)
     if wide:
         headers += ["TOKENS/S", "WORLD"]
@@ -180,9 +196,11 @@ def status_table(
         meta, status = job.get("metadata", {}), status_of(job)
         written = job.get("status") is not None
         progress = status.progress
+        phase = phase_cell(status) if written else NONE
+        cluster = (dispatched or {}).get(str(meta.get("uid", "")))
         row = [
             str(meta.get("name", "")),
-            phase_cell(status) if written else NONE,
+            f"{phase} (on {cluster})" if cluster else phase,
             status.workers if written else NONE,
             str(status.restarts),
             step_cell(progress),
@@ -394,9 +412,11 @@ def describe(
     pods: Sequence[dict[str, Any]],
     events: Sequence[dict[str, Any]],
     now: datetime,
+    dispatched_to: str | None = None,
 ) -> str:
     """``torchkube describe``: identity, state (with the topology domains the workers
-    occupy), spec, conditions, failures, pods, events."""
+    occupy, and for a job MultiKueue dispatches the worker cluster ``dispatched_to``), spec,
+    conditions, failures, pods, events."""
     meta, status = job.get("metadata", {}), status_of(job)
     written = job.get("status") is not None
     spec = job.get("spec") or {}
@@ -434,6 +454,8 @@ def describe(
     ]
     if status.queue is not None:
         state.append(("Queue", queue_line(status)))
+    if spec.get("managedBy") == MANAGED_BY_MULTIKUEUE:
+        state.append(("Runs on", dispatch_line(dispatched_to)))
     if status.topology is not None:
         state.append(("Topology", topology_line(status)))
     if status.start_time:

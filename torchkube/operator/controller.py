@@ -448,9 +448,11 @@ class Controller:
         return await asyncio.to_thread(self.queues.observe, job)
 
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
-        """Running jobs are revisited every progress interval so their status stays fresh."""
+        """Running jobs are revisited every progress interval so their status stays fresh
+        (not one whose status is copied from where it runs)."""
         return bool(
             self.settings.progress_url
+            and not decided.keep_status
             and job.spec.metrics.enabled
             and decided.status.phase in ("Running", "Restarting")
         )
@@ -571,7 +573,7 @@ class Controller:
             self.queues.write(namespace, decided.workload_writes)
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
-        status_patch = st.merge_patch(body.get("status"), planned)
+        status_patch = {} if decided.keep_status else st.merge_patch(body.get("status"), planned)
         version = body.get("metadata", {}).get("resourceVersion")
         creates_only = _status_may_go_beside(decided)
         children_first = decided.create_children

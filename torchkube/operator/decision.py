@@ -115,6 +115,9 @@ class Plan:
     status, ("spec", ...) of the rest."""
     all_running: bool = False
     """Every desired worker is Running (start-up and recovery are timed to this moment)."""
+    keep_status: bool = False
+    """The job's status is someone else's to write now (Kueue's copy from the worker cluster
+    MultiKueue dispatched it to): the plan's status is not written."""
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.05)

@@ -18,11 +18,13 @@ from typing import Any
 
 from torchkube.api.contract import ProgressReport
 from torchkube.api.podfields import created, slot
+from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
 from torchkube.api.standby import stands_by
 from torchkube.api.status import CheckpointRecord, ProgressRecord
 from torchkube.api.times import human_duration
 from torchkube.operator import (
     children,
+    dispatch,
     failure,
     lifecycle,
     node_loss,
@@ -54,6 +56,10 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
     refusals.report_operator_trouble(ctx)
+    if ctx.spec.managed_by == MANAGED_BY_MULTIKUEUE:
+        if not lifecycle.is_being_deleted(ctx):
+            dispatch.follow(ctx)
+        return ctx.done()
     if not lifecycle.is_being_deleted(ctx):
         owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
         _run_policies(ctx, owned)

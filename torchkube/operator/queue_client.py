@@ -61,12 +61,16 @@ class QueueClient:
         """The job's Workloads (the slices of an elastic one) as Kueue left them; the
         priority while there is none to create one from; where the followed one waits, its
         place. A list answered 404 means the apiserver does not serve the Workload API at all
-        (a namespace without Workloads lists none): Kueue is not installed."""
+        (a namespace without Workloads lists none): Kueue is not installed. A job labelled
+        with a prebuilt Workload (a MultiKueue worker's copy) follows that one, by name."""
+        prebuilt = workloads.prebuilt_name(job)
+        by_name = f"metadata.name={prebuilt}" if prebuilt else None
+        by_job = None if prebuilt else f"{workloads.JOB_UID_LABEL}={job.uid}"
         metrics.API_REQUESTS.labels("list", "workload").inc()
         try:
             listed: Any = self.custom.list_namespaced_custom_object(
                 API_GROUP, API_VERSION, job.namespace, PLURAL,
-                label_selector=f"{workloads.JOB_UID_LABEL}={job.uid}",
+                field_selector=by_name, label_selector=by_job,
                 _request_timeout=REQUEST_TIMEOUT,
             )  # fmt: skip
         except ApiException as error:

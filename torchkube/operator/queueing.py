@@ -127,6 +127,9 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
         ctx.plan.requeue(KUEUE_RECHECK_SECONDS)
         return STOP
     state = observed.workload
+    prebuilt = workloads.prebuilt_name(ctx.job)
+    if prebuilt is not None and _prebuilt_missing(ctx, owned, observed, queue, prebuilt, state):
+        return STOP
     if state is None:
         ctx.plan.workload_writes.append(("create", workloads.workload(ctx.job, observed.priority)))
         _wait(
@@ -149,10 +152,39 @@ def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     if state.queue != queue and not state.reserved:
         ctx.plan.workload_writes.append(("spec", workloads.move(state, queue)))
     why = state.message("QuotaReserved") or "Kueue has not considered it yet"
+    if state.reserved and state.checks_message():
+        why = f"quota reserved; waiting for its admission checks ({state.checks_message()})"
     message = f"waiting in LocalQueue {queue} for admission: {why}"
     _wait(ctx, owned, observed, queue, "Queued", message)
     _reclaim(ctx, observed)
     return STOP
+
+
+def _prebuilt_missing(
+    ctx: Context,
+    owned: list[dict[str, Any]],
+    observed: QueueObservation,
+    queue: str,
+    name: str,
+    state: WorkloadState | None,
+) -> bool:
+    """A job that comes with its Workload made (MultiKueue's copy on a worker cluster) runs
+    under that one and never makes its own: while it is missing, or another job's, the job
+    waits and says so; found unowned, the job adopts it (jobframework's prebuilt
+    workloads). True while the job must wait for it."""
+    if state is not None and state.controller_uid in ("", ctx.job.uid):
+        if not state.controller_uid:
+            ctx.plan.workload_writes.append(("spec", workloads.adopt(state, ctx.job)))
+        return False
+    label = f"{workloads.PREBUILT_LABEL}={name}"
+    whose = "does not exist" if state is None else "belongs to another job"
+    message = (
+        f"waiting for its Workload {name} ({label}), which {whose}: the job runs under that "
+        "Workload only (MultiKueue makes it before it sends the job here); it goes on once "
+        "the Workload is there, or remove the label to let the job make its own"
+    )
+    _wait(ctx, owned, observed, queue, "WaitingForWorkload", message)
+    return True
 
 
 def _not_installed(queue: str) -> str:

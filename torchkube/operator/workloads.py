@@ -33,6 +33,11 @@ ELASTIC_ANNOTATION = f"{API_GROUP}/elastic-job"
 REPLACEMENT_ANNOTATION = f"{API_GROUP}/workload-slice-replacement-for"
 """On a scale-up's new slice: the ``namespace/name`` of the admitted slice it replaces."""
 SLICE_NAME_ANNOTATION = f"{API_GROUP}/workload-slice-name"
+PREBUILT_LABEL = f"{API_GROUP}/prebuilt-workload-name"
+"""On a job whose Workload someone else made: the Workload's name. MultiKueue labels so the
+copy of a job it sends to a worker cluster, after making the Workload there."""
+MULTIKUEUE_CHECK = f"{API_GROUP}/multikueue"
+"""The controller name of MultiKueue's admission check (it dispatches to worker clusters)."""
 FINALIZER = f"{API_GROUP}/resource-in-use"
 """Kueue puts it on a Workload that holds quota; the job's controller removes it."""
 TOPOLOGY_GATE = f"{API_GROUP}/topology"
@@ -260,6 +265,12 @@ class WorkloadState:
     reclaimable: tuple[tuple[str, int], ...] = ()
     """``status.reclaimablePods``: pods of a pod set whose quota the job no longer needs."""
     priority: Priority = Priority()
+    controller_uid: str = ""
+    """The uid of the Workload's controller (its job); empty for a prebuilt one not adopted."""
+    cluster: str = ""
+    """``status.clusterName``: the worker cluster MultiKueue dispatched it to (manager side)."""
+    checks: tuple[tuple[str, str, str], ...] = ()
+    """``status.admissionChecks`` as (name, state, message)."""
 
     def _pod_set(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.pod_sets if s.get("name") == name), None)
@@ -292,6 +303,11 @@ class WorkloadState:
     def message(self, kind: str) -> str:
         found = self.condition(kind)
         return str(found.get("message", "")) if found else ""
+
+    def checks_message(self) -> str:
+        """What the admission checks not yet Ready say (MultiKueue: where it looks for room)."""
+        waiting = [(name, state, text) for name, state, text in self.checks if state != "Ready"]
+        return "; ".join(f"{name}: {text or state}" for name, state, text in waiting)
 
 
 @dataclass(frozen=True)
@@ -434,6 +450,19 @@ def read(body: dict[str, Any]) -> WorkloadState:
             for r in status.get("reclaimablePods") or []
         ),
         priority=Priority.of(body.get("spec") or {}),
+        controller_uid=next(
+            (
+                str(owner.get("uid", ""))
+                for owner in metadata.get("ownerReferences") or []
+                if owner.get("controller")
+            ),
+            "",
+        ),
+        cluster=str(status.get("clusterName") or ""),
+        checks=tuple(
+            (str(c.get("name", "")), str(c.get("state", "")), str(c.get("message", "")))
+            for c in status.get("admissionChecks") or []
+        ),
     )
 
 
@@ -511,6 +540,22 @@ def reclaim_prepare(state: WorkloadState) -> dict[str, Any] | None:
         return None
     kept = [{"name": name, "count": n} for name, n in state.reclaimable if name != PREPARE]
     return _patch(state, status={"reclaimablePods": [*kept, {"name": PREPARE, "count": 1}]})
+
+
+def prebuilt_name(job: TrainingJob) -> str | None:
+    """The Workload made for the job by someone else (MultiKueue, on a worker cluster), named
+    by its label; None for a job that makes its own."""
+    name = job.metadata.get("labels", {}).get(PREBUILT_LABEL)
+    return str(name) if name else None
+
+
+def adopt(state: WorkloadState, job: TrainingJob) -> dict[str, Any]:
+    """The patch that makes the job its prebuilt Workload's controller, as jobframework's
+    ``EnsurePrebuiltWorkloadOwnership`` does: deleting the job deletes the Workload, and the
+    Workload's changes reach the job's controller."""
+    patch = _patch(state)
+    patch["metadata"]["ownerReferences"] = [builders.owner_reference(job)]
+    return patch
 
 
 def move(state: WorkloadState, queue: str) -> dict[str, Any]:

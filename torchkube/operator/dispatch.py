@@ -1,0 +1,73 @@
+"""A job Kueue's MultiKueue dispatches (``spec.managedBy: kueue.x-k8s.io/multikueue``), as the
+manager cluster's operator follows it.
+
+MultiKueue runs such a job on a worker cluster: once the job's Workload here holds quota, it
+copies the Workload to the worker clusters, and to the first that admits it a copy of the job
+(without ``managedBy``, labelled with the Workload's name), then copies that copy's whole
+status back here, and finishes the Workload here when the worker's finishes. So on the manager
+torchkube makes the Workload and nothing else — no pod, no store, no claim: the job's pods run
+on the worker, under the worker's operator.
+
+The status has one writer at a time: this operator while the job waits to be dispatched (it
+says why, in Kueue's words), Kueue's copy from the worker once the Workload names its worker
+cluster (``status.clusterName``), or has finished. A worker cluster lost for longer than
+MultiKueue's ``workerLostTimeout`` puts the Workload back in line without a cluster: the job
+says so again here until it is dispatched anew.
+"""
+
+from torchkube.operator import conditions as cond
+from torchkube.operator import queueing, workloads
+from torchkube.operator.decision import CONTINUE, Context
+from torchkube.policy.queue import QUEUE_LABEL, queue_name
+
+WAITING = "WaitingForDispatch"
+NO_QUEUE = "NoQueue"
+NOT_ELASTIC = "ElasticNotDispatched"
+
+
+def follow(ctx: Context) -> None:
+    """Make the Workload and say why the job waits, until MultiKueue dispatches it; then
+    leave the status to Kueue's copy from the worker."""
+    observed = ctx.observed.queue
+    state = observed.workload if observed else None
+    if state is not None and (state.cluster or state.is_true("Finished")):
+        ctx.plan.keep_status = True
+        return
+    queue = queue_name(ctx.job)
+    if queue is None:
+        _wait(
+            ctx,
+            NO_QUEUE,
+            f"spec.managedBy is {ctx.spec.managed_by}, but MultiKueue dispatches only a job "
+            f"in a queue: label it {QUEUE_LABEL}=<a LocalQueue whose ClusterQueue has a "
+            "MultiKueue admission check> (kubectl label), and it is queued at once",
+        )
+        return
+    if workloads.elastic(ctx.job):
+        _wait(
+            ctx,
+            NOT_ELASTIC,
+            f"annotated {workloads.ELASTIC_ANNOTATION}=true, but MultiKueue does not dispatch "
+            "Kueue's workload slices: remove the annotation (the job then runs at the size "
+            "its worker cluster admits), or create the job again without spec.managedBy to "
+            "run it resizable in this cluster",
+        )
+        return
+    if queueing.hold(ctx, []) is CONTINUE:
+        assert state is not None  # admitted: hold saw its Workload
+        _wait(
+            ctx,
+            WAITING,
+            f"admitted in LocalQueue {queue}; MultiKueue is sending it to a worker cluster"
+            + (f" ({state.checks_message()})" if state.checks_message() else ""),
+        )
+
+
+def _wait(ctx: Context, reason: str, message: str) -> None:
+    """Queued, with the reason; an event when the reason is new."""
+    queued = ctx.condition(cond.QUEUED)
+    if queued is None or queued.status != "True" or queued.reason != reason:
+        ctx.event("Warning" if reason != WAITING else "Normal", reason, message)
+    ctx.status.phase = "Queued"
+    ctx.set(cond.QUEUED, True, reason, message)
+    ctx.clear(cond.RUNNING, reason, message)
