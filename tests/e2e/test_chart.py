@@ -265,6 +265,31 @@ def test_without_kueue_render_grants_nothing_of_kueues_and_says_so_to_the_operat
         ]
 
 
+def test_multikueue_subjects_are_granted_what_kueue_does_with_trainingjobs(helm: Helm) -> None:
+    """MultiKueue's generic adapter reads a dispatched job and writes its status back (on the
+    manager), and creates and deletes its copy (on a worker): nobody gets that by default."""
+    assert not find(helm.render(), "ClusterRole", "torchkube-multikueue")
+    objects = helm.render(
+        "--set",
+        "kueue.multiKueueSubjects[0].kind=ServiceAccount,"
+        "kueue.multiKueueSubjects[0].name=kueue-controller-manager,"
+        "kueue.multiKueueSubjects[0].namespace=kueue-system,"
+        "kueue.multiKueueSubjects[1].kind=User,kueue.multiKueueSubjects[1].name=multikueue",
+    )
+    (role,) = find(objects, "ClusterRole", "torchkube-multikueue")
+    jobs = ("get", "list", "watch", "create", "delete")
+    assert rules_of(role) == {
+        *(("torchkube.io", "trainingjobs", verb) for verb in jobs),
+        *(("torchkube.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
+    }
+    (binding,) = find(objects, "ClusterRoleBinding", "torchkube-multikueue")
+    assert binding["roleRef"]["name"] == "torchkube-multikueue"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"},
+        {"kind": "User", "name": "multikueue", "apiGroup": "rbac.authorization.k8s.io"},
+    ]
+
+
 def test_ha_render_turns_leader_election_on(helm: Helm) -> None:
     objects = helm.render("-f", str(CHART / "ci" / "ha-values.yaml"))
     (deployment,) = find(objects, "Deployment")
