@@ -144,3 +144,18 @@ def test_on_a_worker_a_finished_job_finishes_the_prebuilt_workload() -> None:
     assert verb == "status" and patch["metadata"]["name"] == MANAGER_WORKLOAD
     finished = [c for c in patch["status"]["conditions"] if c["type"] == "Finished"]
     assert finished[0]["status"] == "True"
+
+
+def test_back_in_line_after_running_on_a_lost_worker_it_says_what_it_resumes_from() -> None:
+    copied = {
+        "phase": "Running",
+        "progress": {"step": 1200, "totalSteps": 5000},
+        "latestCheckpoint": {"step": 1000},
+    }
+    job = dispatched_job(copied)
+    result = run(job, [], queue=observed(workload_body(job, condition_of("Requeued", "True"))))
+    queued = condition(result, "Queued")
+    assert (queued["status"], queued["reason"]) == ("True", dispatch.REDISPATCH)
+    for words in ("step 1200", "checkpoint of step 1000", "checkpoint.claimName", "step 0"):
+        assert words in queued["message"], queued["message"]
+    assert result.status.phase == "Queued" and not result.keep_status

@@ -23,6 +23,7 @@ from torchkube.policy.queue import QUEUE_LABEL, queue_name
 WAITING = "WaitingForDispatch"
 NO_QUEUE = "NoQueue"
 NOT_ELASTIC = "ElasticNotDispatched"
+REDISPATCH = "WaitingForRedispatch"
 
 
 def follow(ctx: Context) -> None:
@@ -53,6 +54,7 @@ def follow(ctx: Context) -> None:
             "run it resizable in this cluster",
         )
         return
+    progress, checkpoint = ctx.status.progress, ctx.status.latest_checkpoint
     if queueing.hold(ctx, []) is CONTINUE:
         assert state is not None  # admitted: hold saw its Workload
         _wait(
@@ -61,6 +63,25 @@ def follow(ctx: Context) -> None:
             f"admitted in LocalQueue {queue}; MultiKueue is sending it to a worker cluster"
             + (f" ({state.checks_message()})" if state.checks_message() else ""),
         )
+    if progress is not None and state is not None:
+        _ran_before(ctx, progress.step, checkpoint.step if checkpoint else None)
+
+
+def _ran_before(ctx: Context, step: int, checkpoint: int | None) -> None:
+    """A job back in line after it ran on a worker cluster (the worker was lost past
+    MultiKueue's ``workerLostTimeout``, or evicted it): where it got to, and what the next
+    dispatch resumes from, instead of a silent start over."""
+    queued = ctx.condition(cond.QUEUED)
+    why = queued.message if queued else ""
+    saved = f"its newest checkpoint of step {checkpoint}" if checkpoint else "no checkpoint"
+    _wait(
+        ctx,
+        REDISPATCH,
+        f"{why}; it ran on a worker cluster before (step {step} there, {saved}): dispatched "
+        "again, it resumes from that checkpoint only if the next worker cluster reaches the "
+        "same store (checkpoint.claimName on storage the clusters share), else it starts "
+        "over at step 0 there",
+    )
 
 
 def _wait(ctx: Context, reason: str, message: str) -> None:
