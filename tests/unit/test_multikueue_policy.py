@@ -10,6 +10,7 @@ from test_queueing_policy import ADMITTED, QUEUE, condition_of, observed, queued
 from torchkube.api import TrainingJob
 from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
 from torchkube.operator import dispatch, workloads
+from torchkube.operator.workloads import QueueObservation
 from torchkube.policy.queue import QUEUE_LABEL
 
 MANAGER_WORKLOAD = "trainingjob-demo-abcde"
@@ -159,3 +160,11 @@ def test_back_in_line_after_running_on_a_lost_worker_it_says_what_it_resumes_fro
     for words in ("step 1200", "checkpoint of step 1000", "checkpoint.claimName", "step 0"):
         assert words in queued["message"], queued["message"]
     assert result.status.phase == "Queued" and not result.keep_status
+
+
+def test_under_an_operator_without_kueue_the_job_says_it_cannot_be_dispatched() -> None:
+    result = run(dispatched_job(), [], queue=QueueObservation(kueue="disabled"))
+    assert result.workload_writes == [] and result.create_pods == []
+    queued = condition(result, "Queued")
+    assert (queued["status"], queued["reason"]) == ("True", dispatch.NO_KUEUE)
+    assert "kueue.enabled=true" in queued["message"]

@@ -22,6 +22,7 @@ from torchkube.policy.queue import QUEUE_LABEL, queue_name
 
 WAITING = "WaitingForDispatch"
 NO_QUEUE = "NoQueue"
+NO_KUEUE = "QueueingDisabled"
 NOT_ELASTIC = "ElasticNotDispatched"
 REDISPATCH = "WaitingForRedispatch"
 
@@ -52,6 +53,15 @@ def follow(ctx: Context) -> None:
             "Kueue's workload slices: remove the annotation (the job then runs at the size "
             "its worker cluster admits), or create the job again without spec.managedBy to "
             "run it resizable in this cluster",
+        )
+        return
+    if observed is not None and observed.kueue == "disabled":
+        _wait(
+            ctx,
+            NO_KUEUE,
+            f"spec.managedBy is {ctx.spec.managed_by}, but this operator runs with "
+            "kueue.enabled=false (TORCHKUBE_KUEUE_ENABLED) and makes no Workload for "
+            "MultiKueue to dispatch: install the chart with kueue.enabled=true",
         )
         return
     progress, checkpoint = ctx.status.progress, ctx.status.latest_checkpoint
