@@ -14,6 +14,7 @@ import pytest
 from kube_jobs import Job
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from training_jobs import manifest
 
 from testbed.cluster import Cluster
 from testbed.operator import OperatorProcess
@@ -180,6 +181,60 @@ def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespac
         for pod in client.CoreV1Api(api_client).list_namespaced_pod(namespace).items
     }
     assert names == {"before"}, "the stale leader created a pod after the Lease changed hands"
+
+
+def _take_lease(api_client: Any, namespace: str, name: str) -> None:
+    """Another identity takes the Lease, as a standby does once the old leader's lease ran
+    out, while the old leader's own election loop has not noticed."""
+    leases = client.CoordinationV1Api(api_client)
+    lease = leases.read_namespaced_lease(name, namespace)
+    lease.spec.holder_identity = "another-replica_1"
+    lease.spec.lease_transitions += 1
+    lease.spec.acquire_time = lease.spec.renew_time = datetime.now(UTC)
+    leases.replace_namespaced_lease(name, namespace, lease)
+
+
+def test_a_leader_whose_lease_was_taken_writes_nothing_that_lands(
+    api_client: Any, crd: dict[str, Any], namespace: str
+) -> None:
+    """Not only pods: the stale leader's status patch, its children (the store's Service)
+    and its patches of them are fenced too. Each would land otherwise: the job exists, the
+    status patch carries its current resourceVersion."""
+    custom = client.CustomObjectsApi(api_client)
+    body = custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", manifest("stale", {})
+    )
+    old = LeaderElection(api_client, namespace, "tk-fence-all", lease_seconds=15)
+    assert old.try_acquire_or_renew()
+    old.leading.set()
+    controller = Controller(OperatorSettings(), Kube(api_client, concurrency=2), old)
+    _take_lease(api_client, namespace, "tk-fence-all")
+    assert old.leading.is_set(), "the old leader has not noticed: only the fence stands"
+
+    def service(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterIP": "None", "ports": [{"port": 29400}]},
+        }
+
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_service(namespace, service("stale-store"))
+    relabel = ("Service", "stale-store", {"metadata": {"labels": {"stale": "yes"}}})
+    plans = [
+        (Plan(), {"phase": "Running"}),
+        (Plan(create_children=[service("stale-extra")]), {}),
+        (Plan(patch_children=[relabel]), {}),
+    ]
+    for plan, status in plans:
+        with pytest.raises(LostLeadership):
+            controller._execute((namespace, "stale"), body, plan, status, _Memory())
+    after = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "stale")
+    assert "phase" not in (after.get("status") or {}), "the stale leader's status landed"
+    services = core.list_namespaced_service(namespace).items
+    assert [s.metadata.name for s in services] == ["stale-store"], "a stale child landed"
+    assert "stale" not in (services[0].metadata.labels or {}), "a stale patch landed"
 
 
 def _lease_holder(api_client: Any, namespace: str, name: str) -> str | None:

@@ -255,9 +255,14 @@ class Controller:
         if key is None:
             return
         self.enqueue(key)
-        if self.queues is not None and queueing.finalizer_to_remove(dict(body)):
-            released = self.writes.submit(self.queues.release_finalizer, dict(body))
+        if self.acting and self.queues is not None and queueing.finalizer_to_remove(dict(body)):
+            released = self.writes.submit(self._release_workload, dict(body))
             released.add_done_callback(_log_failure(f"releasing the Workload of {key[0]}/{key[1]}"))
+
+    def _release_workload(self, body: dict[str, Any]) -> None:
+        assert self.queues is not None
+        self._fence()
+        self.queues.release_finalizer(body)
 
     def _timer_fired(self, key: Key) -> None:
         self.timers.pop(key, None)
@@ -506,7 +511,7 @@ class Controller:
             datetime.now(UTC),
             body.get("metadata", {}).get("generation"),
         )
-        self._check_leading()
+        self._fence()
         wire = [c.to_wire() for c in conditions]
         self.kube.patch_status(*key, {"conditions": wire}, None)
 
@@ -569,11 +574,13 @@ class Controller:
         beside its creates, and a Service with its pods (see :func:`_status_may_go_beside`)."""
         namespace, name = key
         self._check_leading()
+        status_patch = {} if decided.keep_status else st.merge_patch(body.get("status"), planned)
+        if status_patch or _writes_besides_status(decided):
+            self._fence()
         if decided.workload_writes and self.queues is not None:
             self.queues.write(namespace, decided.workload_writes)
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
-        status_patch = {} if decided.keep_status else st.merge_patch(body.get("status"), planned)
         version = body.get("metadata", {}).get("resourceVersion")
         creates_only = _status_may_go_beside(decided)
         children_first = decided.create_children
@@ -739,6 +746,19 @@ def _quiet_write(status_patch: dict[str, Any], written: dict[str, Any] | None) -
     if set(status_patch) != {"goodput"}:
         return None
     return _resource_version(written) or None
+
+
+def _writes_besides_status(decided: Plan) -> bool:
+    """Whether a plan writes anything but the job's status (each such write is fenced)."""
+    return bool(
+        decided.workload_writes
+        or decided.patch_children
+        or decided.create_children
+        or decided.create_pods
+        or decided.delete_pods
+        or decided.mark_recorded
+        or decided.delete_job
+    )
 
 
 def _status_may_go_beside(decided: Plan) -> bool:

@@ -8,10 +8,11 @@ with an optimistic-concurrency update, and a holder that cannot renew within the
 deadline stops acting before anyone else may start.
 
 The local flag is not trusted alone: a replica paused longer than the lease (a GC pause, a
-frozen VM) wakes up still believing it leads. Before each batch of pod writes the controller
-calls :meth:`LeaderElection.fence`, which reads the Lease and lets the writes through only if
-this replica still holds it with the same number of transitions, renewed within the renew
-deadline on its own clock (:func:`fence_refusal`).
+frozen VM) wakes up still believing it leads. Before it writes anything — a status, a
+Workload, a child, a batch of pods — the controller calls :meth:`LeaderElection.fence`, which
+reads the Lease and lets the writes through only if this replica still holds it with the
+same number of transitions, renewed within the renew deadline on its own clock
+(:func:`fence_refusal`): one read per reconcile that writes, and per batch of pod writes.
 """
 
 import asyncio
@@ -176,18 +177,7 @@ class LeaderElection:
     def fence(self) -> None:
         """Raise :class:`LostLeadership` unless this replica may write now (blocking: one
         Lease read). A refusal also steps down at once, instead of at the next renewal."""
-        metrics.API_REQUESTS.labels("get", "lease").inc()
-        try:
-            lease = self.api.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._timeout()
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            holder, transitions = None, None
-        else:
-            spec = lease.spec or client.V1LeaseSpec()
-            holder, transitions = spec.holder_identity, spec.lease_transitions
+        holder, transitions = self._read_holder()
         tenure = None if self._released else self._tenure  # no lock: a renew may hold it
         why = fence_refusal(
             self.identity, tenure, holder, transitions, time.monotonic(), self.renew_deadline
@@ -197,6 +187,20 @@ class LeaderElection:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._step_down, why)
         raise LostLeadership(why)
+
+    def _read_holder(self) -> tuple[str | None, int | None]:
+        """The Lease's holder and transitions as the apiserver has them now."""
+        metrics.API_REQUESTS.labels("get", "lease").inc()
+        try:
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout()
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None, None
+        spec = lease.spec or client.V1LeaseSpec()
+        return spec.holder_identity, spec.lease_transitions
 
     def try_acquire_or_renew(self) -> bool:
         with self._lease_lock:
