@@ -78,6 +78,8 @@ class MultiKueueLayout:
     gpus_per_node: int = 8
     timeout_s: float = 120.0
     """Deadline of each component's start, and of MultiKueue's connection to the workers."""
+    workdir: Path | None = None
+    """Where the workers' work dirs go (``<workdir>/<name>``); temporary folders when None."""
 
 
 @dataclass
@@ -154,8 +156,10 @@ def pool_quota(pool: NodePool, copies: int = 1) -> dict[str, str]:
     }
 
 
-def cluster_queue(quota: dict[str, str], admission_check: str | None = None) -> dict[str, Any]:
-    """The ClusterQueue :data:`QUEUE`: ``quota`` on the flavor :data:`QUEUE`, for every
+def cluster_queue(
+    quota: dict[str, str], admission_check: str | None = None, name: str = QUEUE
+) -> dict[str, Any]:
+    """The ClusterQueue ``name``: ``quota`` on the flavor of the same name, for every
     namespace, behind ``admission_check`` when one is given."""
     spec: dict[str, Any] = {
         "namespaceSelector": {},
@@ -164,7 +168,7 @@ def cluster_queue(quota: dict[str, str], admission_check: str | None = None) -> 
                 "coveredResources": sorted(quota),
                 "flavors": [
                     {
-                        "name": QUEUE,
+                        "name": name,
                         "resources": [
                             {"name": name, "nominalQuota": value}
                             for name, value in sorted(quota.items())
@@ -179,13 +183,13 @@ def cluster_queue(quota: dict[str, str], admission_check: str | None = None) -> 
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ClusterQueue",
-        "metadata": {"name": QUEUE},
+        "metadata": {"name": name},
         "spec": spec,
     }
 
 
-def resource_flavor(pool: NodePool | None = None) -> dict[str, Any]:
-    """The ResourceFlavor :data:`QUEUE`: on a worker it puts admitted pods onto ``pool`` (its
+def resource_flavor(pool: NodePool | None = None, name: str = QUEUE) -> dict[str, Any]:
+    """The ResourceFlavor ``name``: on a worker it puts admitted pods onto ``pool`` (its
     node label and the KWOK toleration); on the manager, where nothing runs, it is bare."""
     spec: dict[str, Any] = {}
     if pool is not None:
@@ -193,18 +197,18 @@ def resource_flavor(pool: NodePool | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ResourceFlavor",
-        "metadata": {"name": QUEUE},
+        "metadata": {"name": name},
         "spec": spec,
     }
 
 
-def local_queue() -> dict[str, Any]:
-    """The LocalQueue :data:`QUEUE` over the ClusterQueue of the same name."""
+def local_queue(name: str = QUEUE) -> dict[str, Any]:
+    """The LocalQueue ``name`` over the ClusterQueue of the same name."""
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "LocalQueue",
-        "metadata": {"name": QUEUE},
-        "spec": {"clusterQueue": QUEUE},
+        "metadata": {"name": name},
+        "spec": {"clusterQueue": name},
     }
 
 
@@ -259,7 +263,7 @@ def manager_objects(workers: dict[str, bytes], quota: dict[str, str]) -> list[di
     return objects
 
 
-def _create(api: Any, body: dict[str, Any], namespace: str | None = None) -> None:
+def create(api: Any, body: dict[str, Any], namespace: str | None = None) -> None:
     """Create ``body`` (a Secret, or a Kueue object in ``namespace`` or cluster-wide); one
     that exists already is fine."""
     from kubernetes import client
@@ -318,7 +322,11 @@ def start_worker(
     pool = NodePool(
         name=f"{name}-gpu", nodes=layout.nodes_per_worker, gpus_per_node=layout.gpus_per_node
     )
-    config = ClusterConfig(pools=[pool], start_timeout_s=layout.timeout_s)
+    config = ClusterConfig(
+        pools=[pool],
+        start_timeout_s=layout.timeout_s,
+        workdir=layout.workdir / name if layout.workdir else None,
+    )
     cluster = Cluster(config, report=report)
     link: Process | None = None
     try:
@@ -326,8 +334,8 @@ def start_worker(
         api = cluster.api_client()
         install_crd(api)
         kueue = Kueue(cluster, timeout=layout.timeout_s).start()
-        _create(api, resource_flavor(pool))
-        _create(api, cluster_queue(pool_quota(pool)))
+        create(api, resource_flavor(pool))
+        create(api, cluster_queue(pool_quota(pool)))
         port = free_port()
         target = ["127.0.0.1", str(cluster.ports["kube-apiserver"])]
         link = Process(
@@ -400,7 +408,7 @@ class MultiKueue:
         the LocalQueue :data:`QUEUE` on each (the manager's namespace may exist already)."""
         for api in (self.manager.api_client(), *(w.api_client() for w in self.workers.values())):
             _create_namespace(api, namespace, self.timeout_s)
-            _create(api, local_queue(), namespace)
+            create(api, local_queue(), namespace)
 
     def remove_namespace(self, namespace: str) -> None:
         """Delete ``namespace`` on the workers (the copies of jobs with it) and the manager's
@@ -563,7 +571,7 @@ def start_multikueue(
         kubeconfigs = {name: w.manager_kubeconfig() for name, w in workers.items()}
         quota = pool_quota(next(iter(workers.values())).pool, copies=len(workers))
         for body in manager_objects(kubeconfigs, quota):
-            _create(api, body)
+            create(api, body)
         bed._wait_active(list(workers))
     except BaseException:
         bed.stop(failed=True)
