@@ -119,11 +119,13 @@ class Cluster:
         self,
         config: ClusterConfig | None = None,
         binaries: Binaries | None = None,
-        report: Callable[[str], None] = _report_to_stderr,
+        report: Callable[[str], None] | None = None,
     ):
         self.config = config or ClusterConfig()
         self._binaries = binaries
-        self.report = report
+        self.report = report or _report_to_stderr
+        """Where the cluster says what people should know (e.g. where its logs were kept);
+        standard error by default."""
         self._workdir: Path | None = None
         self._core_api: Any = None
         self.pki: ClusterPki | None = None

@@ -1,8 +1,10 @@
 """``hack/dev-cluster up|down``: the test suite's control plane, started by hand for demos.
 
 It is the very same :class:`~testbed.cluster.Cluster` the tests use, so what works in a
-demo works in CI. ``up`` runs in the foreground (Ctrl-C stops it) or, with ``--detach``, in a
-background process that ``down`` stops later. State lives in ``--state-dir`` (default
+demo works in CI; ``--kueue`` adds the tests' Kueue with a queue, ``--multikueue`` the
+MultiKueue layout of :mod:`testbed.multikueue` (this cluster the manager of two workers).
+``up`` runs in the foreground (Ctrl-C stops it) or, with ``--detach``, in a background
+process that ``down`` stops later. State lives in ``--state-dir`` (default
 ``~/.cache/torchkube/dev-cluster``). Heavy imports happen inside the commands: the ``torchkube``
 CLI must start fast.
 """
@@ -18,9 +20,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from testbed.cluster import Cluster
+    from testbed.kueue import Kueue
 
 STATE_FILE = "state.json"
 
@@ -53,17 +59,59 @@ def _pid_alive(pid: int | None) -> bool:
 def _usage(state: dict[str, Any]) -> str:
     kubeconfig = state["kubeconfig"]
     return (
-        f"dev cluster is up: {state['server']}\n"
-        f"  kubeconfig: {kubeconfig}\n"
-        f"  nodes:      {', '.join(n for nodes in state['pools'].values() for n in nodes)}\n"
-        f"  logs:       {state['logs']}\n\n"
-        f"Use it (a kubectl of the same version is in {state['bin']}):\n"
-        f"  export KUBECONFIG={kubeconfig} PATH={state['bin']}:$PATH\n"
-        f"  kubectl get nodes\n"
-        f"Pods need the KWOK toleration to land on the fake GPU nodes:\n"
-        f"  tolerations: [{{key: kwok.x-k8s.io/node, operator: Equal, value: fake,"
-        f" effect: NoSchedule}}]\n"
-    ) + _real_nodes_usage(state)
+        (
+            f"dev cluster is up: {state['server']}\n"
+            f"  kubeconfig: {kubeconfig}\n"
+            f"  nodes:      {', '.join(n for nodes in state['pools'].values() for n in nodes)}\n"
+            f"  logs:       {state['logs']}\n\n"
+            f"Use it (a kubectl of the same version is in {state['bin']}):\n"
+            f"  export KUBECONFIG={kubeconfig} PATH={state['bin']}:$PATH\n"
+            f"  kubectl get nodes\n"
+            f"Pods need the KWOK toleration to land on the fake GPU nodes:\n"
+            f"  tolerations: [{{key: kwok.x-k8s.io/node, operator: Equal, value: fake,"
+            f" effect: NoSchedule}}]\n"
+        )
+        + _real_nodes_usage(state)
+        + _kueue_usage(state)
+        + _multikueue_usage(state)
+    )
+
+
+def _kueue_usage(state: dict[str, Any]) -> str:
+    kueue = state.get("kueue")
+    if not kueue:
+        return ""
+    return (
+        f"Kueue runs (log: {state['logs']}/kueue.log) with the LocalQueue {kueue['queue']!r} in"
+        f" namespace default over the ClusterQueue of the same name (quota: all GPUs).\n"
+        f"  Queue a TrainingJob (or a batch/v1 Job, created with spec.suspend: true) by label:\n"
+        f"    metadata: {{labels: {{kueue.x-k8s.io/queue-name: {kueue['queue']}}}}}\n"
+        f"  kubectl get workloads shows its Workload, admitted or waiting and why.\n"
+        f"  TrainingJobs need an operator: torchkube operator (with KUBECONFIG as above).\n"
+    )
+
+
+def _multikueue_usage(state: dict[str, Any]) -> str:
+    multikueue = state.get("multikueue")
+    if not multikueue:
+        return ""
+    workers = "".join(
+        f"    {name}: KUBECONFIG={worker['kubeconfig']}  (logs: {worker['logs']})\n"
+        for name, worker in multikueue["workers"].items()
+    )
+    return (
+        f"MultiKueue: this cluster is the manager of {', '.join(multikueue['workers'])}, each"
+        f" with its own Kueue, KWOK nodes and the TrainingJob CRD:\n{workers}"
+        f"  A job in namespace default labelled kueue.x-k8s.io/queue-name:"
+        f" {multikueue['queue']} and with spec.managedBy: {multikueue['managed_by']}\n"
+        f"  runs on a worker (a batch/v1 Job is created with spec.suspend: true). Where to:\n"
+        f"    kubectl get workloads -o custom-columns=NAME:.metadata.name,"
+        f"WORKER:.status.clusterName\n"
+        f"  TrainingJobs there need an operator on each worker:"
+        f" KUBECONFIG=<worker kubeconfig> torchkube operator\n"
+        f"  Other namespaces need the LocalQueue {multikueue['queue']!r} and the namespace on"
+        f" every cluster (testbed.multikueue.MultiKueue.add_namespace).\n"
+    )
 
 
 def _real_nodes_usage(state: dict[str, Any]) -> str:
@@ -87,20 +135,60 @@ def _prepare_state_dir(state_dir: Path) -> None:
             f" {state['kubeconfig']}); stop it with `hack/dev-cluster down`"
         )
     shutil.rmtree(state_dir / "cluster", ignore_errors=True)
+    shutil.rmtree(state_dir / "workers", ignore_errors=True)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
 
 
+DEV_QUEUE = "default"
+"""The dev cluster's ResourceFlavor, ClusterQueue and LocalQueue (namespace default) with
+``--kueue``."""
+
+
+def _start_kueue(cluster: Cluster, nodes: int, gpus_per_node: int) -> Kueue:
+    """Kueue with the TrainingJob CRD and the queue :data:`DEV_QUEUE` over every GPU."""
+    from testbed.crds import install_crd
+    from testbed.kueue import Kueue
+    from testbed.kwok import NodePool
+    from testbed.multikueue import cluster_queue, create, local_queue, pool_quota, resource_flavor
+
+    api = cluster.api_client()
+    install_crd(api)
+    started = Kueue(cluster).start()
+    everything = NodePool(name="all", nodes=nodes, gpus_per_node=gpus_per_node)
+    create(api, resource_flavor(name=DEV_QUEUE))
+    create(api, cluster_queue(pool_quota(everything), name=DEV_QUEUE))
+    create(api, local_queue(DEV_QUEUE), "default")
+    return started
+
+
 def _serve(
-    state_dir: Path, nodes: int, gpus_per_node: int, domains: int, real_nodes: int = 0
+    state_dir: Path,
+    nodes: int,
+    gpus_per_node: int,
+    domains: int,
+    real_nodes: int = 0,
+    kueue: bool = False,
+    multikueue: bool = False,
 ) -> None:
-    """Start the cluster, publish its state, and hold it until SIGINT/SIGTERM."""
+    """Start the cluster (with Kueue, with MultiKueue workers), publish its state, and hold
+    it until SIGINT/SIGTERM."""
     from testbed.cluster import Cluster, ClusterConfig
     from testbed.errors import ClusterError
     from testbed.kwok import default_pools
+    from testbed.multikueue import (
+        CONTROLLER,
+        QUEUE,
+        MultiKueue,
+        MultiKueueLayout,
+        start_multikueue,
+    )
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
+
+    def report(message: str) -> None:
+        click.echo(message, err=True)
 
     signal.signal(signal.SIGTERM, terminate)
     config = ClusterConfig(
@@ -108,12 +196,29 @@ def _serve(
         workdir=state_dir / "cluster",
         real_nodes=real_nodes,
     )
-    cluster = Cluster(config, report=lambda message: click.echo(message, err=True))
+    cluster = Cluster(config, report=report)
+    bed: MultiKueue | None = None
+    state: dict[str, Any] = {}
     try:
         cluster.start()
+        if kueue or multikueue:
+            manager_kueue = _start_kueue(cluster, nodes, gpus_per_node)
+            state["kueue"] = {"queue": DEV_QUEUE}
+        if multikueue:
+            layout = MultiKueueLayout(workdir=state_dir / "workers")
+            bed = start_multikueue(cluster, manager_kueue, layout, report=report)
+            bed.add_namespace("default")
+            workers = {
+                name: {**worker.cluster.describe(), "link": worker.link.pid}
+                for name, worker in bed.workers.items()
+            }
+            state["multikueue"] = {"queue": QUEUE, "managed_by": CONTROLLER, "workers": workers}
     except ClusterError as exc:
+        if bed is not None:
+            bed.stop(failed=True)
+        cluster.stop(failed=True)
         raise click.ClickException(f"dev cluster could not start -- {exc}") from exc
-    state = {"pid": os.getpid(), **cluster.describe()}
+    state = {"pid": os.getpid(), **cluster.describe(), **state}
     (state_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
     click.echo(_usage(state))
     failed = False
@@ -121,12 +226,17 @@ def _serve(
         while True:
             time.sleep(1)
             cluster.check()
+            for worker in bed.workers.values() if bed else []:
+                worker.cluster.check()
+                worker.link.check_alive()
     except KeyboardInterrupt:
         click.echo("stopping dev cluster ...", err=True)
     except ClusterError as exc:
         failed = True
         click.echo(f"dev cluster component died -- {exc}", err=True)
     finally:
+        if bed is not None:
+            bed.stop(failed=failed)
         cluster.stop(failed=failed)
         (state_dir / STATE_FILE).unlink(missing_ok=True)
     if failed:
@@ -157,10 +267,27 @@ _state_dir_option = click.option(
     show_default=True,
     help="Real kubelet + containerd nodes (root; see docs/real-nodes.md).",
 )
+@click.option(
+    "--kueue",
+    is_flag=True,
+    help="Start Kueue with a queue 'default' (namespace default) over every GPU.",
+)
+@click.option(
+    "--multikueue",
+    is_flag=True,
+    help="Also two worker clusters, this one their MultiKueue manager (implies --kueue).",
+)
 @click.option("--detach", is_flag=True, help="Run in the background; stop with `down`.")
 @_state_dir_option
 def up(
-    nodes: int, gpus_per_node: int, domains: int, real_nodes: int, detach: bool, state_dir: Path
+    nodes: int,
+    gpus_per_node: int,
+    domains: int,
+    real_nodes: int,
+    kueue: bool,
+    multikueue: bool,
+    detach: bool,
+    state_dir: Path,
 ) -> None:
     """Build (if needed) and start the cluster; print the kubeconfig path."""
     from testbed.binaries import BIN_DIR_ENV, find_binaries, repo_root
@@ -173,7 +300,7 @@ def up(
         raise click.ClickException(str(exc)) from exc
     if not detach:
         os.environ[BIN_DIR_ENV] = str(binaries.bin_dir)
-        _serve(state_dir, nodes, gpus_per_node, domains, real_nodes)
+        _serve(state_dir, nodes, gpus_per_node, domains, real_nodes, kueue, multikueue)
         return
     log_path = state_dir / "dev-cluster.log"
     with log_path.open("wb") as log:
@@ -188,6 +315,8 @@ def up(
                 f"--domains={domains}",
                 f"--real-nodes={real_nodes}",
                 f"--state-dir={state_dir}",
+                *(["--kueue"] if kueue else []),
+                *(["--multikueue"] if multikueue else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -216,10 +345,20 @@ def up(
 @click.option("--gpus-per-node", default=8)
 @click.option("--domains", default=2)
 @click.option("--real-nodes", default=0)
+@click.option("--kueue", is_flag=True)
+@click.option("--multikueue", is_flag=True)
 @_state_dir_option
-def serve(nodes: int, gpus_per_node: int, domains: int, real_nodes: int, state_dir: Path) -> None:
+def serve(
+    nodes: int,
+    gpus_per_node: int,
+    domains: int,
+    real_nodes: int,
+    kueue: bool,
+    multikueue: bool,
+    state_dir: Path,
+) -> None:
     """Run the cluster in this process (what ``up --detach`` starts in the background)."""
-    _serve(state_dir, nodes, gpus_per_node, domains, real_nodes)
+    _serve(state_dir, nodes, gpus_per_node, domains, real_nodes, kueue, multikueue)
 
 
 @dev_cluster.command()
@@ -237,7 +376,17 @@ def down(state_dir: Path) -> None:
         while _pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
     # Fallback for a server that died without cleaning up: its components' process groups.
-    for child_pid in [*state.get("pids", {}).values(), *state.get("domains", {}).values()]:
+    workers = (state.get("multikueue") or {}).get("workers", {}).values()
+    children = [
+        pid
+        for described in (state, *workers)
+        for pid in [
+            *described.get("pids", {}).values(),
+            *described.get("domains", {}).values(),
+            described.get("link"),
+        ]
+    ]
+    for child_pid in children:
         if child_pid and _pid_alive(child_pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child_pid, signal.SIGKILL)

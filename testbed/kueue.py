@@ -59,11 +59,20 @@ FEATURE_GATES = {
     "PartialAdmission": True,
     "ElasticJobsViaWorkloadSlices": True,
     "VisibilityOnDemand": True,
+    "MultiKueue": True,
+    "MultiKueueAdaptersForCustomJobs": True,
 }
 """Partial admission lets Kueue admit an elastic job below replicas.max; workload slices let
 a job annotated ``kueue.x-k8s.io/elastic-job`` be resized under quota; the on-demand
-visibility API reports a waiting job's place in line (all three as a real install sets them:
-the first and last are on by default)."""
+visibility API reports a waiting job's place in line; MultiKueue dispatches the jobs of a
+ClusterQueue with a MultiKueue admission check to worker clusters, the TrainingJob among them
+through the adapter for custom jobs (all as a real install sets them: all but the workload
+slices are on by default in v0.17, named here so that a change of default cannot silently
+turn the MultiKueue tests into something else)."""
+WORKER_LOST_TIMEOUT_S = 30
+"""How long MultiKueue keeps a job admitted on a worker it lost the connection to before it
+requeues the job for another worker (Kueue's default, 15 minutes, would make a worker-loss
+test wait that long)."""
 VISIBILITY_SERVICE = "visibility-server"
 VISIBILITY_APISERVICE = "v1beta2.visibility.kueue.x-k8s.io"
 """The Service its APIService names (``config/components/visibility``)."""
@@ -81,10 +90,16 @@ def kueue_configuration(
     visibility_port: int,
     cert_dir: Path,
     frameworks: Sequence[str] = (),
+    worker_lost_timeout_s: int = WORKER_LOST_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Kueue's Configuration for the test bed: loopback ports, no leader election, the
     TrainingJob as an external framework, and Kueue's own integrations ``frameworks`` beside
-    batch/job."""
+    batch/job.
+
+    Every Kueue can be a MultiKueue manager (:mod:`testbed.multikueue`): the TrainingJob is an
+    external framework of MultiKueue too, and a lost worker cluster is given up after
+    ``worker_lost_timeout_s``. Only a ClusterQueue with a MultiKueue admission check dispatches;
+    the others admit as before."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -102,6 +117,10 @@ def kueue_configuration(
         "integrations": {
             "frameworks": ["batch/job", *frameworks],
             "externalFrameworks": [EXTERNAL_FRAMEWORK],
+        },
+        "multiKueue": {
+            "workerLostTimeout": f"{worker_lost_timeout_s}s",
+            "externalFrameworks": [{"name": EXTERNAL_FRAMEWORK}],
         },
         "featureGates": FEATURE_GATES,
     }
@@ -251,11 +270,16 @@ class Kueue:
     """Kueue's controller manager for one cluster; ``start`` installs and starts it."""
 
     def __init__(
-        self, cluster: Cluster, timeout: float = 120.0, frameworks: Sequence[str] = ()
+        self,
+        cluster: Cluster,
+        timeout: float = 120.0,
+        frameworks: Sequence[str] = (),
+        worker_lost_timeout_s: int = WORKER_LOST_TIMEOUT_S,
     ) -> None:
         self.cluster = cluster
         self.frameworks = tuple(frameworks)
         self.timeout = timeout
+        self.worker_lost_timeout_s = worker_lost_timeout_s
         self.process: Process | None = None
         self.health_port = 0
 
@@ -294,6 +318,7 @@ class Kueue:
                     visibility_port=visibility_port,
                     cert_dir=Path("/certs"),
                     frameworks=self.frameworks,
+                    worker_lost_timeout_s=self.worker_lost_timeout_s,
                 )
             )
         )

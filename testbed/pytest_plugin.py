@@ -61,8 +61,14 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 _summary: list[str] = []
 
 
+def report_at_end(message: str) -> None:
+    """Show ``message`` in the terminal summary, after the test results (where a fixture's
+    logs were kept, how long a test bed took to come up)."""
+    _summary.append(message)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Repeat where the cluster's logs were kept, after the failures they help explain."""
+    """Repeat where the clusters' logs were kept, after the failures they help explain."""
     for line in _summary:
         terminalreporter.write_line(f"[testbed] {line}")
 

@@ -410,6 +410,10 @@ webhooks:
     )
     assert config["integrations"]["frameworks"] == ["batch/job", "kubeflow.org/pytorchjob"]
     assert config["integrations"]["externalFrameworks"] == [kueue.EXTERNAL_FRAMEWORK]
+    assert config["multiKueue"] == {
+        "workerLostTimeout": f"{kueue.WORKER_LOST_TIMEOUT_S}s",
+        "externalFrameworks": [{"name": kueue.EXTERNAL_FRAMEWORK}],
+    }
     assert config["visibilityServer"] == {"bindAddress": "127.0.0.1", "bindPort": 4}
     apiservice = {"metadata": {"name": "v"}, "spec": {"service": {"name": "visibility-server"}}}
     service, registered = kueue.visibility_api(apiservice, 4)
