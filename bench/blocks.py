@@ -823,6 +823,36 @@ def live_sustained(records: dict[str, Body]) -> str:
     )
 
 
+def multikueue(records: dict[str, Body]) -> str:
+    """multikueue_start: a job dispatched from a MultiKueue manager against the same job
+    applied on a worker cluster, all workers Running there."""
+    run = Run("multikueue_start", records["multikueue_start"])
+    ways = ("through MultiKueue", "directly on a worker")
+    rows = []
+    for n in run.body["config"]["sizes"]:
+        direct = run[f"{n} workers, {ways[1]}: apply → all Running"]
+        for way in ways:
+            created, running = (
+                run[f"{n} workers, {way}: apply → {what}"]
+                for what in ("all created", "all Running")
+            )
+            ratio = versus(direct, running, run.cores) if way == ways[0] else ""
+            rows.append([str(n), way, shown(created), shown(running), trials(running)])
+            rows[-1] += [loads_of(running), ratio]
+    headers = ["workers", "applied", "apply → all created", "apply → all Running", "trials"]
+    headers += ["load per trial", "÷ directly on a worker, all Running"]
+    return "\n".join(
+        [
+            f"{run.stamp()} (each trial's load at its start):",
+            "",
+            markdown_table(headers, rows),
+            "",
+            *(f"- {note}" for note in run.body["notes"]),
+            "",
+        ]
+    )
+
+
 SCALE = ("operator_scale_single",)
 BLOCKS = [
     Block("TARGET", "scale", SCALE, scale),
@@ -838,6 +868,7 @@ BLOCKS = [
     Block("TARGET", "memory", ("trainer_memory",), memory),
     Block("TARGET", "gpu", ("trainer_throughput_gpu",), gpu),
     Block("QUEUEING", "queued", ("queued_start",), queued),
+    Block("QUEUEING", "multikueue", ("multikueue_start",), multikueue),
     Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
