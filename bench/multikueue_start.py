@@ -2,7 +2,7 @@
 the worker cluster MultiKueue chose, against the same job applied directly on a worker cluster,
 in the same run, contenders in rotated order.
 
-Run: ``python -m bench.multikueue_start`` (≈ 10 min on 2 cores with the defaults: 3 trials of
+Run: ``python -m bench.multikueue_start`` (≈ 4 min on 2 cores with the defaults: 3 trials of
 8 and 64 workers per contender, after one unrecorded 8-worker job each).
 
 The test bed's layout (testbed.multikueue): a manager cluster and two worker clusters, each its

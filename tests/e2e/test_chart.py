@@ -459,6 +459,8 @@ def test_kustomization_builds_crd_and_operator() -> None:
             "ClusterRoleBinding",
             "Service",
             "Deployment",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
 
@@ -706,6 +708,44 @@ def pod_creates(process: OperatorProcess) -> float:
 
 def lease_body(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"holderIdentity": "intruder"}}
+
+
+@pytest.mark.cluster
+def test_a_multikueue_job_unqueued_or_resized_by_slices_is_refused_at_apply(
+    install: Callable[..., Release], admin: Any
+) -> None:
+    """What the CRD's rules cannot see (labels, annotations), the chart's admission policy
+    refuses at the apiserver with the field's name: a dispatched job must name a queue, and
+    cannot ask for Kueue's workload slices. Jobs run here are not touched by it."""
+    install("tkmk")
+    custom: Any = client.CustomObjectsApi(admin)
+
+    def create(name: str, managed: bool, **metadata: dict[str, str]) -> Any:
+        body = job_manifest(
+            name, POOL, **({"managedBy": "kueue.x-k8s.io/multikueue"} if managed else {})
+        )
+        body["metadata"].update(metadata)
+        return custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, body, dry_run="All"
+        )
+
+    def refused(name: str, **metadata: dict[str, str]) -> str | None:
+        try:
+            create(name, True, **metadata)
+        except ApiException as error:
+            assert error.status == 422, error.body
+            return str(error.body)
+        return None
+
+    queue = {"kueue.x-k8s.io/queue-name": "gpus"}
+    # The apiserver enforces a policy once it has loaded it: a moment after the install.
+    unqueued = wait_for(lambda: refused("unqueued"), 30, what="the policy enforced")
+    assert "label kueue.x-k8s.io/queue-name" in unqueued, unqueued
+    sliced = refused("sliced", labels=queue, annotations={"kueue.x-k8s.io/elastic-job": "true"})
+    assert sliced is not None and "kueue.x-k8s.io/elastic-job" in sliced, sliced
+    create("queued", True, labels=queue)
+    create("here", False)
+    create("here-elastic", False, annotations={"kueue.x-k8s.io/elastic-job": "true"})
 
 
 @pytest.mark.cluster
