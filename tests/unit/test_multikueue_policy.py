@@ -168,3 +168,17 @@ def test_under_an_operator_without_kueue_the_job_says_it_cannot_be_dispatched() 
     queued = condition(result, "Queued")
     assert (queued["status"], queued["reason"]) == ("True", dispatch.NO_KUEUE)
     assert "kueue.enabled=true" in queued["message"]
+
+
+def test_a_dispatched_job_evicted_on_the_manager_gives_its_quota_back() -> None:
+    """Preempted (or deactivated) on the manager: nothing runs here to stop, so the
+    reservation goes back at once; MultiKueue then removes the worker's copy."""
+    job = dispatched_job({"phase": "Running", "workers": "4/4"})
+    evicted = condition_of("Evicted", "True", reason="Preempted", message="by a higher priority")
+    body = workload_body(job, *ADMITTED, evicted, workers=4)
+    body["status"]["clusterName"] = "worker-1"
+    result = run(job, [], queue=observed(body))
+    assert not result.keep_status
+    [(verb, patch)] = result.workload_writes
+    assert verb == "status" and patch["status"]["admission"] is None
+    assert condition(result, "Queued")["reason"] == "Preempted"

@@ -10,9 +10,11 @@ on the worker, under the worker's operator.
 
 The status has one writer at a time: this operator while the job waits to be dispatched (it
 says why, in Kueue's words), Kueue's copy from the worker once the Workload names its worker
-cluster (``status.clusterName``), or has finished. A worker cluster lost for longer than
-MultiKueue's ``workerLostTimeout`` puts the Workload back in line without a cluster: the job
-says so again here until it is dispatched anew.
+cluster (``status.clusterName``), or has finished. A dispatched job evicted here (preempted,
+deactivated) is this operator's again: with no pod here to stop, it gives the quota back at
+once, as for any evicted job, and MultiKueue then removes the copy from the worker. A worker
+cluster lost for longer than MultiKueue's ``workerLostTimeout`` puts the Workload back in line
+without a cluster: the job says so again here until it is dispatched anew.
 """
 
 from torchkube.operator import conditions as cond
@@ -33,8 +35,10 @@ def follow(ctx: Context) -> None:
     observed = ctx.observed.queue
     state = observed.workload if observed else None
     if state is not None and (state.cluster or state.is_true("Finished")):
-        ctx.plan.keep_status = True
-        return
+        evicted_here = state.is_true("Evicted") and state.reserved
+        if not evicted_here:
+            ctx.plan.keep_status = True
+            return
     queue = queue_name(ctx.job)
     if queue is None:
         _wait(
