@@ -138,7 +138,9 @@ def test_a_job_submitted_on_the_manager_runs_on_a_worker_and_reports_back(
         "the worker's Succeeded copied to the manager",
     )
     wait_for(
-        lambda: _finished(multikueue.workload(namespace, manager.get()["metadata"]["uid"])),
+        lambda: _condition(
+            multikueue.workload(namespace, manager.get()["metadata"]["uid"]), "Finished"
+        ),
         60,
         what="the manager's Workload Finished",
     )
@@ -207,6 +209,51 @@ def test_a_job_on_a_lost_worker_says_what_it_reached_and_runs_on_the_other(
     )
 
 
-def _finished(workload: dict[str, Any] | None) -> bool:
+def test_a_dispatched_job_deactivated_on_the_manager_stops_on_the_worker_and_waits(
+    operator: OperatorProcess,
+    multikueue: MultiKueue,
+    multikueue_namespace: str,
+    multikueue_operators: dict[str, OperatorProcess],
+    submit: Submit,
+) -> None:
+    """Evicted on the manager (here ``spec.active: false``, as a preemption there evicts it):
+    the manager's operator gives the quota back — nothing runs on the manager to stop — and
+    MultiKueue removes the copy from the worker; the job says it waits."""
+    namespace = multikueue_namespace
+    manager, worker, copy = submit("paused")
+    workload = multikueue.workload(namespace, manager.get()["metadata"]["uid"])
+    assert workload is not None
+    client.CustomObjectsApi(multikueue.manager.api_client()).patch_namespaced_custom_object(
+        workloads.API_GROUP,
+        workloads.API_VERSION,
+        namespace,
+        workloads.PLURAL,
+        workload["metadata"]["name"],
+        {"spec": {"active": False}},
+    )
+    wait_for(
+        lambda: copy.get_or_none() is None and copy.live_workers() == [],
+        90,
+        what=f"the copy and its workers gone from {worker.name}",
+    )
+    released = manager.wait(
+        lambda: manager.status().get("phase") == "Queued" and manager.status(),
+        60,
+        "the manager's job Queued again",
+    )
+    queued = next(c for c in released["conditions"] if c["type"] == "Queued")
+    assert queued["status"] == "True" and queued["reason"] == "Evicted", queued
+    wait_for(
+        lambda: (
+            not _condition(
+                multikueue.workload(namespace, manager.get()["metadata"]["uid"]), "QuotaReserved"
+            )
+        ),
+        60,
+        what="the manager's Workload to give its quota back",
+    )
+
+
+def _condition(workload: dict[str, Any] | None, kind: str) -> bool:
     conditions = ((workload or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Finished" and c["status"] == "True" for c in conditions)
+    return any(c["type"] == kind and c["status"] == "True" for c in conditions)
