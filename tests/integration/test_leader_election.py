@@ -21,10 +21,11 @@ from testbed.operator import OperatorProcess
 from testbed.wait import wait_for
 from torchkube.api.trainingjob import GROUP, VERSION
 from torchkube.operator.config import OperatorSettings
-from torchkube.operator.controller import Controller, _Memory
+from torchkube.operator.controller import Controller
 from torchkube.operator.decision import Plan
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection, LostLeadership
+from torchkube.operator.memory import JobMemory
 
 pytestmark = pytest.mark.cluster
 
@@ -164,7 +165,7 @@ def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespac
     controller = Controller(OperatorSettings(), Kube(api_client, concurrency=2), old)
     body = {"metadata": {"name": "fenced", "namespace": namespace}, "status": {}}
     key = (namespace, "fenced")
-    controller._execute(key, body, Plan(create_pods=[_pod(namespace, "before")]), {}, _Memory())
+    controller._execute(key, body, Plan(create_pods=[_pod(namespace, "before")]), {}, JobMemory())
 
     leases = client.CoordinationV1Api(api_client)
     lease = leases.read_namespaced_lease("tk-fence", namespace)
@@ -175,7 +176,9 @@ def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespac
     assert old.leading.is_set(), "the old leader has not noticed: only the fence stands"
 
     with pytest.raises(LostLeadership):
-        controller._execute(key, body, Plan(create_pods=[_pod(namespace, "after")]), {}, _Memory())
+        controller._execute(
+            key, body, Plan(create_pods=[_pod(namespace, "after")]), {}, JobMemory()
+        )
     names = {
         pod.metadata.name
         for pod in client.CoreV1Api(api_client).list_namespaced_pod(namespace).items
@@ -229,7 +232,7 @@ def test_a_leader_whose_lease_was_taken_writes_nothing_that_lands(
     ]
     for plan, status in plans:
         with pytest.raises(LostLeadership):
-            controller._execute((namespace, "stale"), body, plan, status, _Memory())
+            controller._execute((namespace, "stale"), body, plan, status, JobMemory())
     after = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "stale")
     assert "phase" not in (after.get("status") or {}), "the stale leader's status landed"
     services = core.list_namespaced_service(namespace).items

@@ -7,7 +7,7 @@ and *expectations* — our own writes are folded into the cached view until the 
 up, so a reconcile right after creating pods never creates them twice.
 
 Everything here runs on the event loop except :meth:`Controller._execute`, which does the
-blocking API calls in a thread and touches only the job's own :class:`_Memory`.
+blocking API calls in a thread and touches only the job's own :class:`JobMemory`.
 """
 
 import asyncio
@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +25,6 @@ from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
-from torchkube.api.contract import ProgressReport
 from torchkube.api.errors import describe
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
@@ -36,9 +34,9 @@ from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.decision import Refusal
-from torchkube.operator.goodput import Goodput
 from torchkube.operator.kube import Kube
 from torchkube.operator.leader import LeaderElection, LostLeadership
+from torchkube.operator.memory import JobMemory
 from torchkube.operator.planner import Observed, Plan, plan
 from torchkube.operator.queue_client import QueueClient
 from torchkube.operator.workloads import QueueObservation
@@ -46,7 +44,6 @@ from torchkube.policy.queue import queue_name
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-EXPECTATION_TTL = 120.0
 RETRY_SECONDS = 5.0
 CONFLICT_RETRY_SECONDS = 0.5
 RECONCILE_SHARE = 0.25
@@ -56,42 +53,6 @@ planning (the CPU part: every pod of the job walked) takes at most ``RECONCILE_S
 time: while 512 workers start, back-to-back reconciles, one per batch of pod events, would
 otherwise keep a core busy. Events that arrive meanwhile are served by the next one together.
 Waiting for the API (creating 512 pods) does not count: it costs the operator no CPU."""
-
-
-@dataclass
-class _Memory:
-    """What this process did to one job that the watch may not show yet, and what it
-    learnt of it (progress, goodput, a refused create): one job, the one with ``uid``."""
-
-    uid: str | None = None
-    """A job deleted and created again under its name is another job: it starts afresh."""
-    created: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
-    deleted: dict[str, float] = field(default_factory=dict)
-    job: dict[str, Any] | None = None
-    progress_at: float = 0.0
-    progress: ProgressReport | None = None
-    progress_pod: str | None = None
-    seen: bool = False
-    startup_observed: bool = False
-    failure_at: float | None = None
-    goodput: Goodput | None = None
-    goodput_written: st.GoodputWrite | None = None
-    refused: Refusal | None = None
-    invalid: str | None = None
-    forbidden: str | None = None
-    """The apiserver's words for the request it refused this job's last reconcile (403)."""
-    planning_seconds: float = 0.0
-    """How long the last reconcile took to decide (its API calls not counted)."""
-    live: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The Pending and Running workers of the last plan, by name: a force-deleted one
-    leaves the watch with no Terminating state to see (``pods.vanished``)."""
-    quiet_write: int | None = None
-    """The resourceVersion of our last status write that changed nothing but
-    ``status.goodput`` (see :meth:`Controller.job_changed`)."""
-
-    def expire(self, now: float) -> None:
-        self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
-        self.deleted = {k: v for k, v in self.deleted.items() if now - v < EXPECTATION_TTL}
 
 
 def _resource_version(body: Mapping[str, Any] | None) -> int:
@@ -129,7 +90,7 @@ class Controller:
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.not_before: dict[Key, float] = {}
         """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
-        self.memory: dict[Key, _Memory] = {}
+        self.memory: dict[Key, JobMemory] = {}
         self.http = ThreadPoolExecutor(max_workers=4, thread_name_prefix="progress")
         self.writes = ThreadPoolExecutor(
             max_workers=settings.workers, thread_name_prefix="status-beside"
@@ -232,7 +193,7 @@ class Controller:
         cached = (self.jobs or {}).get(key)
         return next(iter(cached), None) if cached is not None else None
 
-    def _memory_of(self, key: Key) -> _Memory:
+    def _memory_of(self, key: Key) -> JobMemory:
         """The memory of the job cached under ``key`` now: a namesake created after a
         delete this process has not reconciled yet gets none of the old job's."""
         body = self._cached_job(key)
@@ -241,12 +202,12 @@ class Controller:
         if memory is None or (uid is not None and memory.uid != uid):
             if memory is not None:
                 metrics.job_gone(*key)
-            memory = self.memory[key] = _Memory(uid=uid)
+            memory = self.memory[key] = JobMemory(uid=uid)
         return memory
 
     def _echo_of_quiet_write(self, key: Key, version: int) -> bool:
         memory = self.memory.get(key)
-        return memory is not None and version == memory.quiet_write
+        return memory is not None and version == memory.cache.quiet_write
 
     def workload_changed(self, body: Mapping[str, Any]) -> None:
         """Wake the job whose Kueue Workload changed (admitted, evicted); release Kueue's
@@ -343,16 +304,18 @@ class Controller:
 
     # ------------------------------------------------------------------ observing
     def _snapshot(
-        self, key: Key, memory: _Memory
+        self, key: Key, memory: JobMemory
     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """The job and its pods as the cache shows them, corrected by our own recent writes."""
         now = time.monotonic()
-        memory.expire(now)
+        memory.expected.expire(now)
         job = self._cached_job(key)
         if job is None:
             return None, []
-        if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
-            job = memory.job  # our own last write, newer than the watch has shown
+        if memory.cache.job is not None and _resource_version(memory.cache.job) > _resource_version(
+            job
+        ):
+            job = memory.cache.job  # our own last write, newer than the watch has shown
         # The cached pods are shared, not copied: the planner only reads them, and a copy
         # would cost every reconcile of a large job time in proportion to all its pods.
         pods = list((self.pods or {}).get(key, []))
@@ -360,12 +323,15 @@ class Controller:
         # A create the watch has shown is no longer an expectation: were it kept, a pod that
         # was deleted since (kubectl delete, a force delete) would come back from our memory,
         # fill its slot, and get its own replacement deleted as a duplicate.
-        memory.created = {k: v for k, v in memory.created.items() if k not in seen}
-        pods += [body for _, body in memory.created.values()]
+        memory.expected.created = {
+            k: v for k, v in memory.expected.created.items() if k not in seen
+        }
+        pods += [body for _, body in memory.expected.created.values()]
         deleting = format_time(datetime.now(UTC))
         return job, [
             {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": deleting}}
-            if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp")
+            if p.name(pod) in memory.expected.deleted
+            and not pod["metadata"].get("deletionTimestamp")
             else pod
             for pod in pods
         ]
@@ -394,7 +360,7 @@ class Controller:
         except ValidationError as error:
             await asyncio.to_thread(self._report_invalid, key, body, error, memory)
             return
-        memory.invalid = None
+        memory.trouble.invalid = None
         queue = await self._observe_queue(job)
         await self._refresh_progress(job, pods, memory)
         thinking = time.perf_counter()
@@ -403,28 +369,29 @@ class Controller:
             pods=pods,
             nodes=self._nodes(),
             now=datetime.now(UTC),
-            progress=memory.progress,
-            self_deleted=frozenset(memory.deleted),
+            progress=memory.cache.progress,
+            self_deleted=frozenset(memory.expected.deleted),
             children=self._children(key),
-            refused=memory.refused,
-            vanished=p.vanished(memory.live, pods, memory.deleted),
+            refused=memory.trouble.refused,
+            vanished=p.vanished(memory.expected.live, pods, memory.expected.deleted),
             queue=queue,
-            forbidden=memory.forbidden,
+            forbidden=memory.trouble.forbidden,
         )
-        unseen = set(memory.created)
+        unseen = set(memory.expected.created)
         decided = plan(observed)
-        memory.goodput = goodput.track(
-            memory.goodput,
+        books = memory.accounting
+        books.goodput = goodput.track(
+            books.goodput,
             job,
             decided.status,
-            memory.progress,
+            memory.cache.progress,
             observed.now,
             reporting=job.spec.metrics.enabled and bool(self.settings.progress_url),
         )
-        memory.goodput_written = st.goodput_to_write(
-            memory.goodput.ratio, job.status, decided.status, memory.goodput_written, observed.now
+        books.goodput_written = st.goodput_to_write(
+            books.goodput.ratio, job.status, decided.status, books.goodput_written, observed.now
         )
-        decided.status.goodput = memory.goodput_written.value
+        decided.status.goodput = books.goodput_written.value
         planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
         if queue is not None and self.queues is not None:
@@ -432,12 +399,12 @@ class Controller:
             flavors = await asyncio.to_thread(self.queues.flavors, needed) if needed else {}
             decided.create_pods = queueing.placed(decided.create_pods, queue, flavors)
         await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
-        memory.live = p.live_workers(pods, unseen | set(memory.deleted))
+        memory.expected.live = p.live_workers(pods, unseen | set(memory.expected.deleted))
         self._observe(job, decided, memory)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after
-        if memory.forbidden is not None:  # allowed again: the next plan clears the condition
-            memory.forbidden = None
+        if memory.trouble.forbidden is not None:  # allowed again: the next plan clears it
+            memory.trouble.forbidden = None
             delay = 0.0
         if self._polls_progress(job, decided):
             interval = self.settings.progress_interval_seconds
@@ -463,33 +430,33 @@ class Controller:
         )
 
     async def _refresh_progress(
-        self, job: TrainingJob, pods: list[dict[str, Any]], memory: _Memory
+        self, job: TrainingJob, pods: list[dict[str, Any]], memory: JobMemory
     ) -> None:
         now = time.monotonic()
-        if not job.spec.metrics.enabled or now - memory.progress_at < (
+        if not job.spec.metrics.enabled or now - memory.cache.progress_at < (
             self.settings.progress_interval_seconds
         ):
             return
-        memory.progress_at = now
+        memory.cache.progress_at = now
         report, responder = await asyncio.to_thread(
             progress.read_progress,
             self.settings.progress_url,
             [pod for pod in pods if p.owned_by(pod, job.uid)],
             job.spec.metrics.port,
-            memory.progress_pod,
+            memory.cache.progress_pod,
         )
         if report is not None:
-            memory.progress, memory.progress_pod = report, responder
+            memory.cache.progress, memory.cache.progress_pod = report, responder
 
     def _report_invalid(
-        self, key: Key, body: dict[str, Any], error: ValidationError, memory: _Memory
+        self, key: Key, body: dict[str, Any], error: ValidationError, memory: JobMemory
     ) -> None:
         """A job the model refuses (the CRD's schema let it through, or someone wrote its
         status by hand): say so on the job, once, instead of only in the operator's log."""
         text = describe(error, prefix="")
-        if memory.invalid == text:
+        if memory.trouble.invalid == text:
             return
-        memory.invalid = text
+        memory.trouble.invalid = text
         log.error("%s/%s is invalid:\n%s", *key, text)
         message = f"the operator cannot act on this job: {text}"
         self._set_condition(key, body, cond.INVALID, "ValidationFailed", message)
@@ -531,9 +498,9 @@ class Controller:
         memory = self._memory_of(key)
         text = _api_message(error)
         log.warning("reconcile of %s/%s refused: %s; retrying", *key, text)
-        if memory.forbidden == text:
+        if memory.trouble.forbidden == text:
             return
-        memory.forbidden = text
+        memory.trouble.forbidden = text
         body = self._cached_job(key)
         if body is None:
             return
@@ -563,7 +530,7 @@ class Controller:
         body: dict[str, Any],
         decided: Plan,
         planned: dict[str, Any],
-        memory: _Memory,
+        memory: JobMemory,
     ) -> None:
         """Carry out a plan: the children (no pod is created while one is refused: a worker
         without its claim would wait unschedulable), the status, so
@@ -598,15 +565,15 @@ class Controller:
                 self._note_refusals(children_first, results, memory)
                 children_refused = any(r.refused is not None for r in results)
             if status_patch and beside is None:
-                memory.job = self.kube.patch_status(namespace, name, status_patch, version)
-                memory.quiet_write = _quiet_write(status_patch, memory.job)
+                memory.cache.job = self.kube.patch_status(namespace, name, status_patch, version)
+                memory.cache.quiet_write = _quiet_write(status_patch, memory.cache.job)
             with_pods = [] if children_first else decided.create_children
             self._write_pods(namespace, decided, memory, not children_refused, with_pods)
         finally:
             try:
                 if beside is not None:
-                    memory.job = beside.result()
-                    memory.quiet_write = _quiet_write(status_patch, memory.job)
+                    memory.cache.job = beside.result()
+                    memory.cache.quiet_write = _quiet_write(status_patch, memory.cache.job)
             finally:
                 for event in decided.events:
                     self.kube.event(body, event.type, event.reason, event.message)
@@ -618,7 +585,7 @@ class Controller:
         self,
         namespace: str,
         decided: Plan,
-        memory: _Memory,
+        memory: JobMemory,
         create: bool,
         with_pods: list[dict[str, Any]],
     ) -> None:
@@ -633,33 +600,34 @@ class Controller:
         if decided.delete_pods:
             self._fence()
             self.kube.delete_pods(namespace, decided.delete_pods, decided.release)
-            memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
+            memory.expected.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
         bodies = [*with_pods, *(decided.create_pods if create else [])]
         if bodies:
             self._fence()
             results = self.kube.create_all(bodies)
             for body, result in zip(bodies, results, strict=True):
                 if result.body is not None and body["kind"] == "Pod":
-                    memory.created[result.body["metadata"]["name"]] = (
+                    memory.expected.created[result.body["metadata"]["name"]] = (
                         now,
                         p.slim(result.body, owned=True),
                     )
             self._note_refusals(bodies, results, memory)
 
     @staticmethod
-    def _note_refusals(bodies: list[dict[str, Any]], results: list[Any], memory: _Memory) -> None:
+    def _note_refusals(bodies: list[dict[str, Any]], results: list[Any], memory: JobMemory) -> None:
         """Remember the apiserver's refusal (the planner backs off and reports it) or forget
         it once a create went through."""
         refused = [(b, r.refused) for b, r in zip(bodies, results, strict=True) if r.refused]
         if not refused:
             if any(r.body is not None for r in results):
-                memory.refused = None
+                memory.trouble.refused = None
             return
         body, error = refused[0]
         kind = body["kind"]
         what = "a pod" if kind == "Pod" else f"{kind} {body['metadata']['name']}"
-        attempts = memory.refused.attempts + 1 if memory.refused is not None else 1
-        memory.refused = Refusal(
+        previous = memory.trouble.refused
+        attempts = previous.attempts + 1 if previous is not None else 1
+        memory.trouble.refused = Refusal(
             code=int(error.status or 0),
             reason=str(error.reason or ""),
             message=_api_message(error),
@@ -667,22 +635,22 @@ class Controller:
             attempts=attempts,
             what=what,
         )
-        log.warning("create refused (%s): %s", error.status, memory.refused.message)
+        log.warning("create refused (%s): %s", error.status, memory.trouble.refused.message)
 
-    def _observe(self, job: TrainingJob, decided: Plan, memory: _Memory) -> None:
+    def _observe(self, job: TrainingJob, decided: Plan, memory: JobMemory) -> None:
         """Feed the metrics that need to remember something between reconciles — only while
         leading: a reconcile that ends after the step-down must not bring back the series
         it removed."""
         if not self.acting:
             return
         ns = job.namespace
-        if not memory.seen:
-            memory.seen = True
+        if not memory.accounting.seen:
+            memory.accounting.seen = True
             metrics.job_seen(ns, job.name)
             # Start-up is timed only for jobs this process saw before they started.
-            memory.startup_observed = bool(job.status and job.status.start_time)
-        if memory.goodput is not None:
-            metrics.GOODPUT.set(ns, job.name, memory.goodput)
+            memory.accounting.startup_observed = bool(job.status and job.status.start_time)
+        if memory.accounting.goodput is not None:
+            metrics.GOODPUT.set(ns, job.name, memory.accounting.goodput)
         slowest, progress = decided.status.slowest_rank, decided.status.progress
         metrics.job_observed(
             ns,
@@ -696,7 +664,7 @@ class Controller:
             metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()
             if failure.reason == "NodeLost":
                 metrics.NODE_LOSS.labels(ns).inc()
-            memory.failure_at = memory.failure_at or time.monotonic()
+            memory.accounting.failure_at = memory.accounting.failure_at or time.monotonic()
         replacements = sum(
             1 for pod in decided.create_pods if pod["metadata"]["labels"].get(lbl.ROLE) == "worker"
         )
@@ -708,14 +676,14 @@ class Controller:
             metrics.JOB_FAILURES.labels(ns, failed.reason if failed else "Unknown").inc()
         if not decided.all_running:
             return
-        if not memory.startup_observed:
-            memory.startup_observed = True
+        if not memory.accounting.startup_observed:
+            memory.accounting.startup_observed = True
             created = parse_time(job.metadata.get("creationTimestamp"))
             if created is not None:
                 metrics.STARTUP.observe((datetime.now(UTC) - created).total_seconds())
-        if memory.failure_at is not None:
-            metrics.RECOVERY.labels(ns).observe(time.monotonic() - memory.failure_at)
-            memory.failure_at = None
+        if memory.accounting.failure_at is not None:
+            metrics.RECOVERY.labels(ns).observe(time.monotonic() - memory.accounting.failure_at)
+            memory.accounting.failure_at = None
 
     def publish_phases(self) -> None:
         """``torchkube_jobs`` from the cache, by the leader only (see ``metrics``)."""
