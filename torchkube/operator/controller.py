@@ -29,7 +29,7 @@ from torchkube.api.errors import describe
 from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
-from torchkube.operator import goodput, metrics, progress, queueing, refusals
+from torchkube.operator import metrics, progress, queueing, refusals
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
@@ -365,7 +365,7 @@ class Controller:
         await self._refresh_progress(job, pods, memory)
         thinking = time.perf_counter()
         observed = Observed(
-            job=queueing.admitted_view(job, queue),
+            job=job,
             pods=pods,
             nodes=self._nodes(),
             now=datetime.now(UTC),
@@ -376,22 +376,12 @@ class Controller:
             vanished=p.vanished(memory.expected.live, pods, memory.expected.deleted),
             queue=queue,
             forbidden=memory.trouble.forbidden,
+            goodput=memory.accounting.goodput,
+            progress_polled=bool(self.settings.progress_url),
         )
         unseen = set(memory.expected.created)
         decided = plan(observed)
-        books = memory.accounting
-        books.goodput = goodput.track(
-            books.goodput,
-            job,
-            decided.status,
-            memory.cache.progress,
-            observed.now,
-            reporting=job.spec.metrics.enabled and bool(self.settings.progress_url),
-        )
-        books.goodput_written = st.goodput_to_write(
-            books.goodput.ratio, job.status, decided.status, books.goodput_written, observed.now
-        )
-        decided.status.goodput = books.goodput_written.value
+        memory.accounting.goodput = decided.goodput
         planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
         if queue is not None and self.queues is not None:
@@ -650,7 +640,7 @@ class Controller:
             # Start-up is timed only for jobs this process saw before they started.
             memory.accounting.startup_observed = bool(job.status and job.status.start_time)
         if memory.accounting.goodput is not None:
-            metrics.GOODPUT.set(ns, job.name, memory.accounting.goodput)
+            metrics.GOODPUT.set(ns, job.name, memory.accounting.goodput.state)
         slowest, progress = decided.status.slowest_rank, decided.status.progress
         metrics.job_observed(
             ns,

@@ -13,8 +13,7 @@ from typing import Any
 
 from torchkube.api.contract import ProgressReport
 from torchkube.operator.decision import Refusal
-from torchkube.operator.goodput import Goodput
-from torchkube.operator.status import GoodputWrite
+from torchkube.operator.goodput import Tracked
 
 EXPECTATION_TTL = 120.0
 """An expectation the watch never confirmed is dropped after this long: the watch lost the
@@ -60,9 +59,7 @@ class Cache:
 class Accounting:
     """What the job's goodput and its start-up and recovery metrics carry over."""
 
-    goodput: Goodput | None = None
-    goodput_written: GoodputWrite | None = None
-    """What ``status.goodput`` was last given, and when it last changed."""
+    goodput: Tracked | None = None
     seen: bool = False
     """The job's metric series were created at zero."""
     startup_observed: bool = False
