@@ -384,10 +384,6 @@ class Controller:
         memory.accounting.goodput = decided.goodput
         planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
-        if queue is not None and self.queues is not None:
-            needed = queueing.flavors_needed(decided.create_pods, queue)
-            flavors = await asyncio.to_thread(self.queues.flavors, needed) if needed else {}
-            decided.create_pods = queueing.placed(decided.create_pods, queue, flavors)
         await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
         memory.expected.live = p.live_workers(pods, unseen | set(memory.expected.deleted))
         self._observe(job, decided, memory)

@@ -72,6 +72,7 @@ def _run_here(ctx: Context) -> None:
     if not lifecycle.is_being_deleted(ctx):
         owned = [pod for pod in ctx.observed.pods if p.owned_by(pod, ctx.job.uid)]
         _run_policies(ctx, owned)
+        queueing.place(ctx)
         if lifecycle.is_finished(ctx):
             lifecycle.clean_up_finished(ctx, owned)
         else:
