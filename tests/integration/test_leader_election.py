@@ -165,7 +165,9 @@ def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespac
     controller = Controller(OperatorSettings(), Kube(api_client, concurrency=2), old)
     body = {"metadata": {"name": "fenced", "namespace": namespace}, "status": {}}
     key = (namespace, "fenced")
-    controller._execute(key, body, Plan(create_pods=[_pod(namespace, "before")]), {}, JobMemory())
+    controller.executor.execute(
+        key, body, Plan(create_pods=[_pod(namespace, "before")]), {}, JobMemory()
+    )
 
     leases = client.CoordinationV1Api(api_client)
     lease = leases.read_namespaced_lease("tk-fence", namespace)
@@ -176,7 +178,7 @@ def test_a_leader_whose_lease_was_taken_creates_no_pod(api_client: Any, namespac
     assert old.leading.is_set(), "the old leader has not noticed: only the fence stands"
 
     with pytest.raises(LostLeadership):
-        controller._execute(
+        controller.executor.execute(
             key, body, Plan(create_pods=[_pod(namespace, "after")]), {}, JobMemory()
         )
     names = {
@@ -232,7 +234,7 @@ def test_a_leader_whose_lease_was_taken_writes_nothing_that_lands(
     ]
     for plan, status in plans:
         with pytest.raises(LostLeadership):
-            controller._execute((namespace, "stale"), body, plan, status, JobMemory())
+            controller.executor.execute((namespace, "stale"), body, plan, status, JobMemory())
     after = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "stale")
     assert "phase" not in (after.get("status") or {}), "the stale leader's status landed"
     services = core.list_namespaced_service(namespace).items

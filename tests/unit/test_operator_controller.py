@@ -217,7 +217,7 @@ def test_the_events_of_a_recorded_failure_survive_a_refused_pod_write() -> None:
         events=[Event("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")],
     )
     with pytest.raises(ApiException):
-        controller._execute(KEY, body, decided, {"restarts": 1}, JobMemory())
+        controller.executor.execute(KEY, body, decided, {"restarts": 1}, JobMemory())
     assert kube.status == [{"restarts": 1}]
     assert kube.events == [("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")]
 
@@ -288,7 +288,7 @@ def test_no_worker_is_created_while_its_claim_is_refused() -> None:
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
     memory = JobMemory()
     decided = Plan(create_children=[CLAIM], create_pods=[WORKER])
-    controller._execute(KEY, body, decided, {"phase": "Pending"}, memory)
+    controller.executor.execute(KEY, body, decided, {"phase": "Pending"}, memory)
     assert kube.created == [], "no pod while a child is refused"
     assert memory.trouble.refused is not None
     assert memory.trouble.refused.what == "PersistentVolumeClaim demo-checkpoints"
@@ -326,7 +326,7 @@ def _writes(decided: Plan, stored: dict[str, Any], planned: dict[str, Any]) -> l
     kube = _KubeWithSlowStatus()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": stored}
-    controller._execute(KEY, body, decided, planned, JobMemory())
+    controller.executor.execute(KEY, body, decided, planned, JobMemory())
     return kube.log
 
 
@@ -379,7 +379,9 @@ def _queued_after_writing(stored: dict[str, Any], planned: dict[str, Any], echo:
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "41"}}
     controller.memory[KEY] = JobMemory()
-    controller._execute(KEY, {**body, "status": stored}, Plan(), planned, controller.memory[KEY])
+    controller.executor.execute(
+        KEY, {**body, "status": stored}, Plan(), planned, controller.memory[KEY]
+    )
     assert kube.status, "the plan wrote its status"
 
     async def event() -> bool:
