@@ -85,12 +85,12 @@ def test_snapshot_folds_in_our_creates_until_the_watch_shows_them_and_our_delete
     memory = JobMemory()
     memory.expected.created["c"] = (1e18, _pod("c"))
     memory.expected.deleted["b"] = 1e18
-    _, seen = controller._snapshot(KEY, memory)
+    _, seen = controller.snapshot.view(KEY, memory)
     assert [p["metadata"]["name"] for p in seen] == ["a", "b", "c"]
     assert seen[1]["metadata"].get("deletionTimestamp"), "our delete shows before the watch's"
     pods[KEY].append(_pod("c"))
     pods[KEY].remove(pods[KEY][0])
-    _, seen = controller._snapshot(KEY, memory)
+    _, seen = controller.snapshot.view(KEY, memory)
     assert [p["metadata"]["name"] for p in seen] == ["b", "c"]
     assert "c" not in memory.expected.created, "an expectation ends when the watch shows the pod"
 
@@ -102,7 +102,7 @@ def test_snapshot_prefers_our_newer_write_of_the_job() -> None:
     memory = JobMemory(
         cache=Cache(job={"metadata": {"resourceVersion": "9"}, "status": {"restarts": 2}})
     )
-    job, _ = controller._snapshot(KEY, memory)
+    job, _ = controller.snapshot.view(KEY, memory)
     assert job is not None and job["status"]["restarts"] == 2
 
 
@@ -522,8 +522,8 @@ def test_the_kueue_integration_off_reads_no_workload_and_says_so_to_the_planner(
     labelled = job.model_copy(
         update={"metadata": {**job.metadata, "labels": {QUEUE_LABEL: "team-a"}}}
     )
-    assert asyncio.run(controller._observe_queue(job)) is None
-    assert asyncio.run(controller._observe_queue(labelled)) == QueueObservation(kueue="disabled")
+    assert asyncio.run(controller.snapshot.queue(job)) is None
+    assert asyncio.run(controller.snapshot.queue(labelled)) == QueueObservation(kueue="disabled")
 
 
 class _Jobs:

@@ -17,7 +17,7 @@ event loop except the executor's writes, which block on the API in a thread.
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,8 +26,7 @@ from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
 from torchkube.api.errors import describe
-from torchkube.api.times import format_time
-from torchkube.operator import metrics, progress, queueing, refusals
+from torchkube.operator import metrics, queueing, refusals
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
@@ -35,10 +34,9 @@ from torchkube.operator.executor import Executor
 from torchkube.operator.kube import Kube, api_message, resource_version
 from torchkube.operator.leader import LeaderElection, LostLeadership
 from torchkube.operator.memory import JobMemory
-from torchkube.operator.planner import Observed, Plan, plan
+from torchkube.operator.planner import Plan, plan
 from torchkube.operator.queue_client import QueueClient
-from torchkube.operator.workloads import QueueObservation
-from torchkube.policy.queue import queue_name
+from torchkube.operator.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -67,10 +65,7 @@ class Controller:
         self.queues = queues
         """Kueue's API, for jobs with a queue-name label (None: the Kueue integration is off,
         ``kueue_enabled`` false, and such a job runs as one without a queue)."""
-        self.jobs: Mapping[Key, Any] | None = None
-        self.pods: Mapping[Key, Any] | None = None
-        self.nodes: Mapping[str, Any] | None = None
-        self.children: Mapping[Key, Any] | None = None
+        self.snapshot = Snapshot(settings, queues)
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.active: set[Key] = set()
@@ -84,7 +79,6 @@ class Controller:
         self.memory: dict[Key, JobMemory] = {}
         self.executor = Executor(kube, queues, leader, lambda: self.acting, settings.workers)
         self.stopping = False
-        self.attached = asyncio.Event()
         if leader is not None:
             leader.on_stopped_leading.append(self._stepped_down)
 
@@ -123,11 +117,7 @@ class Controller:
         nodes: Mapping[str, Any],
         children: Mapping[Key, Any],
     ) -> None:
-        """Hand over the caches: kopf's indexes (live, complete before any handler runs) and
-        the pod informer's index (complete once its ``synced`` is set: :meth:`run` waits)."""
-        if self.jobs is None:
-            self.jobs, self.pods, self.nodes, self.children = jobs, pods, nodes, children
-            self.attached.set()
+        self.snapshot.attach(jobs, pods, nodes, children)
 
     # ------------------------------------------------------------------ the queue
     def enqueue(self, key: Key, delay: float = 0.0) -> None:
@@ -164,15 +154,10 @@ class Controller:
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
-    def _cached_job(self, key: Key) -> dict[str, Any] | None:
-        """The job under ``key`` as the watch cache shows it (None: none)."""
-        cached = (self.jobs or {}).get(key)
-        return next(iter(cached), None) if cached is not None else None
-
     def _memory_of(self, key: Key) -> JobMemory:
         """The memory of the job cached under ``key`` now: a namesake created after a
         delete this process has not reconciled yet gets none of the old job's."""
-        body = self._cached_job(key)
+        body = self.snapshot.job(key)
         uid = (body or {}).get("metadata", {}).get("uid")
         memory = self.memory.get(key)
         if memory is None or (uid is not None and memory.uid != uid):
@@ -200,19 +185,14 @@ class Controller:
         self.enqueue(key)
 
     def enqueue_all(self) -> None:
-        for key in list(self.jobs or {}):
+        for key in self.snapshot.job_keys():
             self.enqueue(key)
-
-    def jobs_on_node(self, node: str) -> Iterable[Key]:
-        for key, store in list((self.pods or {}).items()):
-            if any(p.node_name(pod) == node for pod in store):
-                yield key
 
     async def run(self, *caches_filled: asyncio.Event) -> None:
         """Reconcile queued jobs once kopf's indexes are attached and every other cache
         (the pod informer's) holds its full list: a reconcile on a partial view would
         recreate pods that exist."""
-        await self.attached.wait()
+        await self.snapshot.attached.wait()
         for filled in caches_filled:
             await filled.wait()
         workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
@@ -272,49 +252,12 @@ class Controller:
                     self.dirty.discard(key)
                     self.enqueue(key)
 
-    # ------------------------------------------------------------------ observing
-    def _snapshot(
-        self, key: Key, memory: JobMemory
-    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """The job and its pods as the cache shows them, corrected by our own recent writes."""
-        now = time.monotonic()
-        memory.expected.expire(now)
-        job = self._cached_job(key)
-        if job is None:
-            return None, []
-        ours = memory.cache.job
-        if ours is not None and resource_version(ours) > resource_version(job):
-            job = memory.cache.job  # our own last write, newer than the watch has shown
-        # The cached pods are shared, not copied: the planner only reads them, and a copy
-        # would cost every reconcile of a large job time in proportion to all its pods.
-        pods = list((self.pods or {}).get(key, []))
-        seen = {p.name(pod) for pod in pods}
-        # A create the watch has shown is no longer an expectation: were it kept, a pod that
-        # was deleted since (kubectl delete, a force delete) would come back from our memory,
-        # fill its slot, and get its own replacement deleted as a duplicate.
-        memory.expected.created = {
-            k: v for k, v in memory.expected.created.items() if k not in seen
-        }
-        pods += [body for _, body in memory.expected.created.values()]
-        deleting = format_time(datetime.now(UTC))
-        return job, [
-            {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": deleting}}
-            if p.name(pod) in memory.expected.deleted
-            and not pod["metadata"].get("deletionTimestamp")
-            else pod
-            for pod in pods
-        ]
-
-    def _nodes(self) -> dict[str, p.NodeHealth]:
-        return {name: next(iter(store)) for name, store in list((self.nodes or {}).items())}
-
-    def _children(self, key: Key) -> list[dict[str, Any]]:
-        return list((self.children or {}).get(key, []))
-
     # ------------------------------------------------------------------ reconciling
     async def reconcile(self, key: Key) -> None:
+        """Observe the job (:class:`Snapshot`), plan (pure), carry the plan out (in a
+        thread), remember what the next reconcile needs, and requeue when the plan asks."""
         memory = self._memory_of(key)
-        body, pods = self._snapshot(key, memory)
+        body, pods = self.snapshot.view(key, memory)
         if body is None:
             self.memory.pop(key, None)
             self.not_before.pop(key, None)
@@ -330,24 +273,10 @@ class Controller:
             await asyncio.to_thread(self._report_invalid, key, body, error, memory)
             return
         memory.trouble.invalid = None
-        queue = await self._observe_queue(job)
-        await self._refresh_progress(job, pods, memory)
+        queue = await self.snapshot.queue(job)
+        await self.snapshot.refresh_progress(job, pods, memory)
         thinking = time.perf_counter()
-        observed = Observed(
-            job=job,
-            pods=pods,
-            nodes=self._nodes(),
-            now=datetime.now(UTC),
-            progress=memory.cache.progress,
-            self_deleted=frozenset(memory.expected.deleted),
-            children=self._children(key),
-            refused=memory.trouble.refused,
-            vanished=p.vanished(memory.expected.live, pods, memory.expected.deleted),
-            queue=queue,
-            forbidden=memory.trouble.forbidden,
-            goodput=memory.accounting.goodput,
-            progress_polled=bool(self.settings.progress_url),
-        )
+        observed = self.snapshot.observed(key, job, pods, memory, queue)
         unseen = set(memory.expected.created)
         decided = plan(observed)
         memory.accounting.goodput = decided.goodput
@@ -368,13 +297,6 @@ class Controller:
         if delay is not None:
             self.enqueue(key, delay=delay)
 
-    async def _observe_queue(self, job: TrainingJob) -> QueueObservation | None:
-        if queue_name(job) is None:
-            return None
-        if self.queues is None:
-            return QueueObservation(kueue="disabled")
-        return await asyncio.to_thread(self.queues.observe, job)
-
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
         """Running jobs are revisited every progress interval so their status stays fresh
         (not one whose status is copied from where it runs)."""
@@ -384,25 +306,6 @@ class Controller:
             and job.spec.metrics.enabled
             and decided.status.phase in ("Running", "Restarting")
         )
-
-    async def _refresh_progress(
-        self, job: TrainingJob, pods: list[dict[str, Any]], memory: JobMemory
-    ) -> None:
-        now = time.monotonic()
-        if not job.spec.metrics.enabled or now - memory.cache.progress_at < (
-            self.settings.progress_interval_seconds
-        ):
-            return
-        memory.cache.progress_at = now
-        report, responder = await asyncio.to_thread(
-            progress.read_progress,
-            self.settings.progress_url,
-            [pod for pod in pods if p.owned_by(pod, job.uid)],
-            job.spec.metrics.port,
-            memory.cache.progress_pod,
-        )
-        if report is not None:
-            memory.cache.progress, memory.cache.progress_pod = report, responder
 
     def _report_invalid(
         self, key: Key, body: dict[str, Any], error: ValidationError, memory: JobMemory
@@ -435,7 +338,7 @@ class Controller:
         if memory.trouble.forbidden == text:
             return
         memory.trouble.forbidden = text
-        body = self._cached_job(key)
+        body = self.snapshot.job(key)
         if body is None:
             return
         patch, event = refusals.forbidden(body, text, datetime.now(UTC))
@@ -449,13 +352,5 @@ class Controller:
         metrics.JOBS.clear()
         if not self.acting:
             return
-        for (namespace, phase), count in self.job_phases().items():
+        for (namespace, phase), count in self.snapshot.job_phases().items():
             metrics.JOBS.labels(namespace, phase).set(count)
-
-    def job_phases(self) -> dict[tuple[str, str], int]:
-        counts: dict[tuple[str, str], int] = {}
-        for (namespace, _), store in list((self.jobs or {}).items()):
-            for body in store:
-                phase = (body.get("status") or {}).get("phase", "Pending")
-                counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
-        return counts
