@@ -4,7 +4,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from training_jobs import training_job
+from planner import healthy, make_job, run, running_status
+from training_jobs import NOW, training_job
 
 from torchkube.api.contract import LiveProgress, ProgressReport
 from torchkube.api.hang import HANG_MIN_SECONDS
@@ -295,3 +296,46 @@ def test_a_job_created_again_under_the_same_name_starts_anew() -> None:
     again = T0 + timedelta(seconds=60)
     state = g.track(state, training_job(created=again), pending, None, again)
     assert state.badput["scheduling"] == 0
+
+
+# --- the planning step (goodput.account): what the plan carries and what the status says ---
+
+
+def _planned(job: Any, at: datetime, previous: g.Tracked | None = None, polled: bool = True) -> Any:
+    """The plan for ``job`` with its four workers and store Running, at ``at``."""
+    return run(job, healthy(), now=at, goodput=previous, progress_polled=polled)
+
+
+def test_a_plan_carries_the_jobs_goodput_to_the_next_and_says_it_in_the_status() -> None:
+    first = _planned(make_job(running_status()), NOW)
+    assert first.goodput is not None, "the controller keeps it for the next reconcile"
+    assert first.goodput.state.created == NOW - timedelta(minutes=5)
+    assert first.status.goodput == first.goodput.written.value, "the first value is written"
+    later = NOW + timedelta(seconds=10)
+    second = _planned(make_job(first.status), later, first.goodput, polled=False)
+    assert second.goodput is not None and second.goodput.state.last == later
+    assert second.goodput.state.productive == pytest.approx(10), "continued, not restarted"
+
+
+def test_without_progress_polling_the_running_pods_are_the_evidence_of_training() -> None:
+    """An operator with no progress URL hears from no trainer: time with ``replicas.min``
+    workers Running is productive; where reports are expected and none came, it is not."""
+    first = _planned(make_job(running_status()), NOW)
+    later = NOW + timedelta(seconds=10)
+    polled = _planned(make_job(first.status), later, first.goodput, polled=True)
+    unpolled = _planned(make_job(first.status), later, first.goodput, polled=False)
+    assert polled.goodput is not None and unpolled.goodput is not None
+    assert polled.goodput.state.productive == 0
+    assert unpolled.goodput.state.productive == pytest.approx(10)
+
+
+def test_the_status_keeps_its_ratio_while_nothing_else_changes_for_30_seconds() -> None:
+    first = _planned(make_job(running_status(goodput=0.5)), NOW, polled=False)
+    assert first.status.goodput == 0.5, "a restarted operator carries the ratio over"
+    stored = make_job(first.status)
+    quiet = _planned(stored, NOW + timedelta(seconds=10), first.goodput, polled=False)
+    assert quiet.goodput is not None and quiet.goodput.state.ratio != 0.5
+    assert quiet.status.goodput == 0.5, "a quiet job's status is not rewritten yet"
+    due = _planned(stored, NOW + timedelta(seconds=40), first.goodput, polled=False)
+    assert due.goodput is not None and due.goodput.state.ratio is not None
+    assert due.status.goodput == round(due.goodput.state.ratio, 3) != 0.5

@@ -14,12 +14,13 @@ from kubernetes.client import ApiClient
 from planner import make_job, running_status
 from prometheus_client import REGISTRY, generate_latest
 
-from torchkube.operator import handlers
+from torchkube.operator import handlers, metrics
 from torchkube.operator.config import OperatorSettings
-from torchkube.operator.controller import Controller, _Memory
+from torchkube.operator.controller import Controller
 from torchkube.operator.decision import Plan
 from torchkube.operator.kube import CreateResult
 from torchkube.operator.leader import LeaderElection, LostLeadership, Tenure, fence_refusal
+from torchkube.operator.memory import Accounting, JobMemory
 
 ME = "op-a_1"
 KEY = ("ns", "demo")
@@ -117,7 +118,7 @@ def test_a_leader_that_loses_the_lead_drops_its_fleet_and_job_series() -> None:
         _attached(controller, "lead-ns")
         election = asyncio.create_task(leader.run())
         await asyncio.wait_for(leader.leading.wait(), 1)
-        controller._observe(_job("lead-ns"), Plan(), _Memory())
+        metrics.job_planned(_job("lead-ns"), Plan(), Accounting())
         await _publish_once(controller)
         leading = _exposed("lead-ns")
         renewing[0] = False
@@ -185,7 +186,7 @@ def test_a_stop_waits_for_the_batch_in_flight_and_lets_no_new_one_start() -> Non
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
 
     def batch(name: str) -> None:
-        controller._counted(controller._execute, KEY, body, _creating(name), {}, _Memory())
+        controller.executor.execute(KEY, body, _creating(name), {}, JobMemory())
 
     async def scenario() -> float:
         in_flight = asyncio.create_task(asyncio.to_thread(batch, "demo-worker-0-aaaaa"))
@@ -212,7 +213,7 @@ def test_a_stop_gives_up_on_a_batch_stuck_past_its_timeout() -> None:
     async def scenario() -> float:
         stuck = asyncio.create_task(
             asyncio.to_thread(
-                controller._counted, controller._execute, KEY, body, _creating("x"), {}, _Memory()
+                controller.executor.execute, KEY, body, _creating("x"), {}, JobMemory()
             )
         )
         await asyncio.to_thread(kube.entered.wait, 5)

@@ -17,8 +17,9 @@ from torchkube.api.contract import ProgressReport
 from torchkube.operator import kube as kube_module
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
-from torchkube.operator.controller import Controller, _Memory
+from torchkube.operator.controller import Controller
 from torchkube.operator.decision import Event, Plan, Refusal
+from torchkube.operator.memory import Cache, JobMemory
 from torchkube.operator.workloads import QueueObservation
 from torchkube.policy.queue import QUEUE_LABEL
 
@@ -81,25 +82,27 @@ def test_snapshot_folds_in_our_creates_until_the_watch_shows_them_and_our_delete
     job = {"metadata": {"name": "demo", "resourceVersion": "5"}, "status": {}}
     pods: dict[Any, list[dict[str, Any]]] = {KEY: [_pod("a"), _pod("b")]}
     controller.attach({KEY: [job]}, pods, {}, {})
-    memory = _Memory()
-    memory.created["c"] = (1e18, _pod("c"))
-    memory.deleted["b"] = 1e18
-    _, seen = controller._snapshot(KEY, memory)
+    memory = JobMemory()
+    memory.expected.created["c"] = (1e18, _pod("c"))
+    memory.expected.deleted["b"] = 1e18
+    _, seen = controller.snapshot.view(KEY, memory)
     assert [p["metadata"]["name"] for p in seen] == ["a", "b", "c"]
     assert seen[1]["metadata"].get("deletionTimestamp"), "our delete shows before the watch's"
     pods[KEY].append(_pod("c"))
     pods[KEY].remove(pods[KEY][0])
-    _, seen = controller._snapshot(KEY, memory)
+    _, seen = controller.snapshot.view(KEY, memory)
     assert [p["metadata"]["name"] for p in seen] == ["b", "c"]
-    assert "c" not in memory.created, "an expectation ends when the watch shows the pod"
+    assert "c" not in memory.expected.created, "an expectation ends when the watch shows the pod"
 
 
 def test_snapshot_prefers_our_newer_write_of_the_job() -> None:
     controller = _controller()
     cached = {"metadata": {"name": "demo", "resourceVersion": "5"}, "status": {"restarts": 1}}
     controller.attach({KEY: [cached]}, {}, {}, {})
-    memory = _Memory(job={"metadata": {"resourceVersion": "9"}, "status": {"restarts": 2}})
-    job, _ = controller._snapshot(KEY, memory)
+    memory = JobMemory(
+        cache=Cache(job={"metadata": {"resourceVersion": "9"}, "status": {"restarts": 2}})
+    )
+    job, _ = controller.snapshot.view(KEY, memory)
     assert job is not None and job["status"]["restarts"] == 2
 
 
@@ -214,7 +217,7 @@ def test_the_events_of_a_recorded_failure_survive_a_refused_pod_write() -> None:
         events=[Event("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")],
     )
     with pytest.raises(ApiException):
-        controller._execute(KEY, body, decided, {"restarts": 1}, _Memory())
+        controller.executor.execute(KEY, body, decided, {"restarts": 1}, JobMemory())
     assert kube.status == [{"restarts": 1}]
     assert kube.events == [("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")]
 
@@ -283,13 +286,13 @@ def test_no_worker_is_created_while_its_claim_is_refused() -> None:
     kube = _KubeRefusingClaims()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
-    memory = _Memory()
+    memory = JobMemory()
     decided = Plan(create_children=[CLAIM], create_pods=[WORKER])
-    controller._execute(KEY, body, decided, {"phase": "Pending"}, memory)
+    controller.executor.execute(KEY, body, decided, {"phase": "Pending"}, memory)
     assert kube.created == [], "no pod while a child is refused"
-    assert memory.refused is not None
-    assert memory.refused.what == "PersistentVolumeClaim demo-checkpoints"
-    assert not memory.refused.permanent, "a child's refusal is retried, whatever its code"
+    assert memory.trouble.refused is not None
+    assert memory.trouble.refused.what == "PersistentVolumeClaim demo-checkpoints"
+    assert not memory.trouble.refused.permanent, "a child's refusal is retried, whatever its code"
 
 
 class _KubeWithSlowStatus(_RecordingKube):
@@ -323,7 +326,7 @@ def _writes(decided: Plan, stored: dict[str, Any], planned: dict[str, Any]) -> l
     kube = _KubeWithSlowStatus()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": stored}
-    controller._execute(KEY, body, decided, planned, _Memory())
+    controller.executor.execute(KEY, body, decided, planned, JobMemory())
     return kube.log
 
 
@@ -375,8 +378,10 @@ def _queued_after_writing(stored: dict[str, Any], planned: dict[str, Any], echo:
     kube = _KubeAnsweringStatus()
     controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "41"}}
-    controller.memory[KEY] = _Memory()
-    controller._execute(KEY, {**body, "status": stored}, Plan(), planned, controller.memory[KEY])
+    controller.memory[KEY] = JobMemory()
+    controller.executor.execute(
+        KEY, {**body, "status": stored}, Plan(), planned, controller.memory[KEY]
+    )
     assert kube.status, "the plan wrote its status"
 
     async def event() -> bool:
@@ -410,14 +415,14 @@ def _reconciles_when_the_event_comes_first(event_version: str) -> int:
 
     async def scenario() -> int:
         controller = _controller()
-        memory = controller.memory[KEY] = _Memory()
+        memory = controller.memory[KEY] = JobMemory()
         calls = []
 
         async def reconcile(key: tuple[str, str]) -> None:
             calls.append(key)
             if len(calls) == 1:
                 controller.job_changed(key, {"metadata": {"resourceVersion": event_version}})
-                memory.quiet_write = 42  # the write's response, after its echo
+                memory.cache.quiet_write = 42  # the write's response, after its echo
 
         controller.reconcile = reconcile  # type: ignore[method-assign]
         controller.enqueue(KEY)
@@ -496,10 +501,10 @@ def test_a_job_recreated_under_the_same_name_starts_from_nothing() -> None:
         "spec": {"replicas": {"min": 1, "max": 1}},
     }
     controller.attach({KEY: [new]}, {}, {}, {})
-    old = controller.memory[KEY] = _Memory(uid="old")
-    old.progress = ProgressReport(step=500, total_steps=1000, world_size=8)
-    old.progress_at = time.monotonic()
-    old.refused = Refusal(403, "Forbidden", "exceeded quota", datetime.now(UTC))
+    old = controller.memory[KEY] = JobMemory(uid="old")
+    old.cache.progress = ProgressReport(step=500, total_steps=1000, world_size=8)
+    old.cache.progress_at = time.monotonic()
+    old.trouble.refused = Refusal(403, "Forbidden", "exceeded quota", datetime.now(UTC))
     asyncio.run(controller.reconcile(KEY))
     [written] = kube.status
     assert "progress" not in written and written["worldSize"] == 0
@@ -517,8 +522,8 @@ def test_the_kueue_integration_off_reads_no_workload_and_says_so_to_the_planner(
     labelled = job.model_copy(
         update={"metadata": {**job.metadata, "labels": {QUEUE_LABEL: "team-a"}}}
     )
-    assert asyncio.run(controller._observe_queue(job)) is None
-    assert asyncio.run(controller._observe_queue(labelled)) == QueueObservation(kueue="disabled")
+    assert asyncio.run(controller.snapshot.queue(job)) is None
+    assert asyncio.run(controller.snapshot.queue(labelled)) == QueueObservation(kueue="disabled")
 
 
 class _Jobs:
@@ -555,7 +560,7 @@ def test_a_job_deleted_during_its_reconcile_is_no_failed_reconcile(
     under its name) since the cache showed it: nothing of it is left to write, so it is read
     again quietly. A 404 while the same job still exists is a failed reconcile."""
     controller = _controller()
-    controller.memory[KEY] = _Memory(uid="u-1")
+    controller.memory[KEY] = JobMemory(uid="u-1")
     controller.kube = _Jobs(now)  # type: ignore[assignment]
     with caplog.at_level("INFO", logger="torchkube.operator.controller"):
         _worker_once(controller, ApiException(status=404, reason="Not Found"))

@@ -14,6 +14,7 @@ from stub_http import Reply, StubServer
 from training_jobs import training_job
 
 from torchkube.api import TrainingJob
+from torchkube.operator import queue_client as queue_client_module
 from torchkube.operator import workloads
 from torchkube.operator.queue_client import QueueClient
 from torchkube.operator.workloads import Priority, QueuePosition
@@ -165,3 +166,61 @@ def test_jobs_of_one_queue_reconciled_at_once_share_one_read(apiserver: Apiserve
         seen = list(pool.map(lambda _: queues.observe(job), range(4)))
     assert all(s.places_served for s in seen)
     assert apiserver.asked(PENDING) == 1
+
+
+FLAVORS = "/apis/kueue.x-k8s.io/v1beta2/resourceflavors"
+
+
+def admitted(job: TrainingJob) -> dict[str, Any]:
+    """The job's Workload, admitted with its workers on flavour h100 and its store on
+    cpu-nodes."""
+    body = workloads.workload(job, Priority())
+    body["status"] = {
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True"},
+            {"type": "Admitted", "status": "True"},
+        ],
+        "admission": {
+            "clusterQueue": "gpus",
+            "podSetAssignments": [
+                {"name": "worker", "count": 4, "flavors": {"nvidia.com/gpu": "h100"}},
+                {"name": "store", "count": 1, "flavors": {"cpu": "cpu-nodes"}},
+            ],
+        },
+    }
+    return body
+
+
+def test_an_admitted_jobs_flavours_are_read_before_planning_and_shared_for_a_while(
+    apiserver: Apiserver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner places the pods it creates on them (queueing.place); the job's reconciles
+    within ``FLAVORS_TTL_SECONDS`` cost no more reads. A deleted flavour is left out."""
+    job = queued()
+    h100 = {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"gpu": "h100"}}}
+    apiserver.routes[WORKLOADS] = {"items": [admitted(job)]}
+    apiserver.routes[f"{FLAVORS}/h100"] = h100
+    queues = queue_client(apiserver.stub.url)
+
+    first, second = queues.observe(job), queues.observe(job)
+    assert first.flavors == second.flavors == {"h100": h100}, "cpu-nodes does not exist"
+    assert apiserver.asked(f"{FLAVORS}/h100") == apiserver.asked(f"{FLAVORS}/cpu-nodes") == 1
+    monkeypatch.setattr(queue_client_module, "FLAVORS_TTL_SECONDS", 0.0)
+    assert queues.observe(job).flavors == {"h100": h100}
+    assert apiserver.asked(f"{FLAVORS}/h100") == 2, "read again once stale"
+
+
+def test_no_flavour_is_read_for_a_job_that_creates_no_pods(apiserver: Apiserver) -> None:
+    """Not admitted yet, ended, or being deleted: nothing is placed, nothing is read."""
+    job = queued()
+    waiting = workloads.workload(job, Priority())
+    apiserver.routes[WORKLOADS] = {"items": [waiting]}
+    queues = queue_client(apiserver.stub.url)
+    assert queues.observe(job).flavors == {}
+    apiserver.routes[WORKLOADS] = {"items": [admitted(job)]}
+    ended = queued(status={"phase": "Succeeded"})
+    deleting = job.model_copy(
+        update={"metadata": {**job.metadata, "deletionTimestamp": "2026-11-23T12:00:00Z"}}
+    )
+    assert queues.observe(ended).flavors == queues.observe(deleting).flavors == {}
+    assert not any(asked.startswith(FLAVORS) for asked in apiserver.stub.requests)

@@ -2,6 +2,7 @@
 (torchkube/operator/workloads.py): a job with a queue-name label runs only while Kueue admits
 its Workload, at the admitted size and on the admitted flavors."""
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -285,19 +286,20 @@ def test_pods_of_a_job_not_admitted_are_stopped_as_released() -> None:
 
 
 def test_an_admitted_job_runs_at_the_admitted_size_on_the_admitted_flavors() -> None:
+    """The planner runs the job at the size Kueue admitted (``admitted_view``) and places the
+    pods it creates on the flavours read beforehand (``flavors_to_read``, ``place``)."""
     job = queued_job(replicas={"min": 2, "max": 4})
     queue = observed(workload_body(job, *ADMITTED, workers=2))
-    result = run(queueing.admitted_view(job, queue), [], queue=queue)
-    assert created_slots(result) == [0, 1]
-    assert condition(result, "Queued")["status"] == "False"
-    assert result.status.queue is not None and result.status.queue.admitted_workers == 2
+    assert queueing.flavors_to_read(job, queue) == {"h100", "cpu-nodes"}
     flavors = {
         "h100": {"spec": {"nodeLabels": {"gpu": "h100"}, "tolerations": [{"key": "gpu"}]}},
         "cpu-nodes": {"spec": {"nodeLabels": {"pool": "cpu"}}},
     }
-    assert queueing.flavors_needed(result.create_pods, queue) == {"h100", "cpu-nodes"}
-    pods = queueing.placed(result.create_pods, queue, flavors)
-    roles = {p["metadata"]["labels"][lbl.ROLE]: p["spec"] for p in pods}
+    result = run(job, [], queue=dataclasses.replace(queue, flavors=flavors))
+    assert created_slots(result) == [0, 1]
+    assert condition(result, "Queued")["status"] == "False"
+    assert result.status.queue is not None and result.status.queue.admitted_workers == 2
+    roles = {p["metadata"]["labels"][lbl.ROLE]: p["spec"] for p in result.create_pods}
     assert roles["worker"]["nodeSelector"]["gpu"] == "h100"
     assert {"key": "gpu"} in roles["worker"]["tolerations"]
     assert roles["rendezvous"]["nodeSelector"]["pool"] == "cpu"

@@ -3,11 +3,14 @@ PodsBlocked, or fails the job when the pod spec can never pass
 (torchkube/operator/refusals.py)."""
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from planner import NOW, condition, created_slots, make_job, pod, run, running_status, store
 
-from torchkube.operator.decision import Refusal
+from torchkube.api.times import format_time
+from torchkube.operator import refusals
+from torchkube.operator.decision import Event, Refusal
 
 
 def test_a_refused_child_is_reported_by_name_and_never_fails_the_job() -> None:
@@ -90,3 +93,42 @@ def test_a_job_the_model_refused_once_is_no_longer_invalid_when_it_validates() -
     )
     fixed = run(make_job(status), [pod(0), pod(1), store()])
     assert condition(fixed, "Invalid")["status"] == "False", fixed.status.conditions
+
+
+def _stored(*conditions: dict[str, Any]) -> dict[str, Any]:
+    """A job as the cache holds it, which the planner cannot run for."""
+    status = {"phase": "Running", "restarts": 2, "conditions": list(conditions)}
+    return {"metadata": {"name": "demo", "generation": 3}, "status": status}
+
+
+def test_an_invalid_job_gets_its_condition_on_top_of_the_stored_ones_and_one_warning() -> None:
+    """Without a plan: only ``conditions`` is patched, the others kept (a malformed one,
+    which may be why the job is invalid, dropped rather than sent back)."""
+    running = {"type": "Running", "status": "True", "reason": "Running", "message": "ok"}
+    running["lastTransitionTime"] = format_time(NOW)
+    body = _stored(running, {"type": "Running?", "status": "Maybe"})
+    patch, event = refusals.invalid(body, "spec.replicas: min > max", NOW)
+    assert set(patch) == {"conditions"}, "the rest of the status is left as it is"
+    kept, invalid = patch["conditions"]
+    assert kept == running
+    assert (invalid["type"], invalid["status"], invalid["reason"]) == (
+        "Invalid",
+        "True",
+        "ValidationFailed",
+    )
+    assert invalid["message"] == "the operator cannot act on this job: spec.replicas: min > max"
+    assert invalid["observedGeneration"] == 3
+    assert event == Event("Warning", "ValidationFailed", "spec.replicas: min > max")
+
+
+def test_a_refused_reconcile_says_so_at_once_in_the_planners_words() -> None:
+    """The condition the controller writes at once is the one the planner then keeps."""
+    patch, event = refusals.forbidden(_stored(), REFUSED, NOW)
+    [said] = patch["conditions"]
+    planned = condition(run(make_job(running_status()), [], forbidden=REFUSED), "OperatorForbidden")
+    assert {k: said[k] for k in ("type", "status", "reason", "message")} == {
+        k: planned[k] for k in ("type", "status", "reason", "message")
+    }
+    assert event == Event("Warning", "OperatorForbidden", said["message"])
+    long = refusals.forbidden(_stored(), "x" * 9000, NOW)[0]["conditions"][0]["message"]
+    assert len(long) == 4096, "cut to the schema's length"

@@ -139,11 +139,11 @@ def kueue_placed(job_spec: dict[str, Any], assigned: bool) -> list[dict[str, Any
             "podSetAssignments": [worker, {"name": "store", "count": 1, "flavors": {}}],
         },
     }
-    queue = QueueObservation(workload=workloads.read(body))
+    flavors = {"racks": {"spec": {"nodeLabels": {"pool": "gpus"}}}}
+    queue = QueueObservation(workload=workloads.read(body), flavors=flavors)
     workers = [builders.worker_pod(job, slot, f"s{slot}") for slot in (0, 1)]
     store = builders.rendezvous_pod(job, "s9")
-    flavors = {"racks": {"spec": {"nodeLabels": {"pool": "gpus"}}}}
-    return queueing.placed([*workers, store], queue, flavors)
+    return queueing.placed([*workers, store], queue)
 
 
 def test_pods_kueue_placed_by_topology_wait_for_its_ungater() -> None:

@@ -6,18 +6,18 @@ key at a time, coalesced wake-ups, one pending delayed requeue per key (the earl
 and *expectations* — our own writes are folded into the cached view until the watch catches
 up, so a reconcile right after creating pods never creates them twice.
 
-Everything here runs on the event loop except :meth:`Controller._execute`, which does the
-blocking API calls in a thread and touches only the job's own :class:`_Memory`.
+One reconcile reads top to bottom in :meth:`Controller.reconcile`: the snapshot (the caches
+corrected by our own writes, the trainer's progress, the job's Workload), the plan
+(:func:`~torchkube.operator.planner.plan`, pure), its execution
+(:class:`~torchkube.operator.executor.Executor`, every write fenced), and what is remembered
+for the next one (:class:`~torchkube.operator.memory.JobMemory`). Everything here runs on the
+event loop except the executor's writes, which block on the API in a thread.
 """
 
 import asyncio
-import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,28 +25,21 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from torchkube.api import TrainingJob
-from torchkube.api import labels as lbl
-from torchkube.api.contract import ProgressReport
 from torchkube.api.errors import describe
-from torchkube.api.times import format_time, parse_time
-from torchkube.api.types import Condition
-from torchkube.operator import conditions as cond
-from torchkube.operator import goodput, metrics, progress, queueing, refusals
+from torchkube.operator import metrics, queueing, refusals
 from torchkube.operator import pods as p
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
-from torchkube.operator.decision import Refusal
-from torchkube.operator.goodput import Goodput
-from torchkube.operator.kube import Kube
+from torchkube.operator.executor import Executor
+from torchkube.operator.kube import Kube, api_message, resource_version
 from torchkube.operator.leader import LeaderElection, LostLeadership
-from torchkube.operator.planner import Observed, Plan, plan
+from torchkube.operator.memory import JobMemory
+from torchkube.operator.planner import Plan, plan
 from torchkube.operator.queue_client import QueueClient
-from torchkube.operator.workloads import QueueObservation
-from torchkube.policy.queue import queue_name
+from torchkube.operator.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-EXPECTATION_TTL = 120.0
 RETRY_SECONDS = 5.0
 CONFLICT_RETRY_SECONDS = 0.5
 RECONCILE_SHARE = 0.25
@@ -56,49 +49,6 @@ planning (the CPU part: every pod of the job walked) takes at most ``RECONCILE_S
 time: while 512 workers start, back-to-back reconciles, one per batch of pod events, would
 otherwise keep a core busy. Events that arrive meanwhile are served by the next one together.
 Waiting for the API (creating 512 pods) does not count: it costs the operator no CPU."""
-
-
-@dataclass
-class _Memory:
-    """What this process did to one job that the watch may not show yet, and what it
-    learnt of it (progress, goodput, a refused create): one job, the one with ``uid``."""
-
-    uid: str | None = None
-    """A job deleted and created again under its name is another job: it starts afresh."""
-    created: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
-    deleted: dict[str, float] = field(default_factory=dict)
-    job: dict[str, Any] | None = None
-    progress_at: float = 0.0
-    progress: ProgressReport | None = None
-    progress_pod: str | None = None
-    seen: bool = False
-    startup_observed: bool = False
-    failure_at: float | None = None
-    goodput: Goodput | None = None
-    goodput_written: st.GoodputWrite | None = None
-    refused: Refusal | None = None
-    invalid: str | None = None
-    forbidden: str | None = None
-    """The apiserver's words for the request it refused this job's last reconcile (403)."""
-    planning_seconds: float = 0.0
-    """How long the last reconcile took to decide (its API calls not counted)."""
-    live: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The Pending and Running workers of the last plan, by name: a force-deleted one
-    leaves the watch with no Terminating state to see (``pods.vanished``)."""
-    quiet_write: int | None = None
-    """The resourceVersion of our last status write that changed nothing but
-    ``status.goodput`` (see :meth:`Controller.job_changed`)."""
-
-    def expire(self, now: float) -> None:
-        self.created = {k: v for k, v in self.created.items() if now - v[0] < EXPECTATION_TTL}
-        self.deleted = {k: v for k, v in self.deleted.items() if now - v < EXPECTATION_TTL}
-
-
-def _resource_version(body: Mapping[str, Any] | None) -> int:
-    try:
-        return int((body or {}).get("metadata", {}).get("resourceVersion", 0))
-    except ValueError:
-        return 0
 
 
 class Controller:
@@ -115,10 +65,7 @@ class Controller:
         self.queues = queues
         """Kueue's API, for jobs with a queue-name label (None: the Kueue integration is off,
         ``kueue_enabled`` false, and such a job runs as one without a queue)."""
-        self.jobs: Mapping[Key, Any] | None = None
-        self.pods: Mapping[Key, Any] | None = None
-        self.nodes: Mapping[str, Any] | None = None
-        self.children: Mapping[Key, Any] | None = None
+        self.snapshot = Snapshot(settings, queues)
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.active: set[Key] = set()
@@ -129,15 +76,9 @@ class Controller:
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.not_before: dict[Key, float] = {}
         """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
-        self.memory: dict[Key, _Memory] = {}
-        self.http = ThreadPoolExecutor(max_workers=4, thread_name_prefix="progress")
-        self.writes = ThreadPoolExecutor(
-            max_workers=settings.workers, thread_name_prefix="status-beside"
-        )
-        self.attached = asyncio.Event()
+        self.memory: dict[Key, JobMemory] = {}
+        self.executor = Executor(kube, queues, leader, lambda: self.acting, settings.workers)
         self.stopping = False
-        self._writing = 0
-        self._writing_lock = threading.Lock()
         if leader is not None:
             leader.on_stopped_leading.append(self._stepped_down)
 
@@ -148,28 +89,18 @@ class Controller:
         return not self.stopping and (self.leader is None or self.leader.leading.is_set())
 
     async def stop(self, timeout: float) -> None:
-        """Stop acting, and wait up to ``timeout`` for the write batches in flight to end.
+        """Stop acting, and wait up to ``timeout`` for the plans being carried out to end.
 
-        No batch starts from now on (every one checks :attr:`acting` first), and a batch
-        under way stops at its next step. A batch still blocked in an API call after the
-        timeout is left to the process's exit: the status is written before the pods change,
-        so a cut batch is one the next leader re-plans, as after a crash."""
+        No write batch starts from now on (each is fenced), and a plan under way stops at
+        its next fenced step. A plan still blocked in an API call after the timeout is left to
+        the process's exit: the status is written before the pods change, so a cut batch is
+        one the next leader re-plans, as after a crash."""
         self.stopping = True
         deadline = time.monotonic() + timeout
-        while self._writing and time.monotonic() < deadline:
+        while self.executor.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self._writing:
-            log.warning("stopping with %d write batches still waiting for the API", self._writing)
-
-    def _counted(self, execute: Callable[..., None], *args: Any) -> None:
-        """Run a write batch (in a thread), counted for :meth:`stop`."""
-        with self._writing_lock:
-            self._writing += 1
-        try:
-            execute(*args)
-        finally:
-            with self._writing_lock:
-                self._writing -= 1
+        if self.executor.in_flight:
+            log.warning("stopping with %d plans still waiting for the API", self.executor.in_flight)
 
     def _stepped_down(self) -> None:
         """Forget what this replica did as the leader: the new leader acts now, so our
@@ -186,11 +117,7 @@ class Controller:
         nodes: Mapping[str, Any],
         children: Mapping[Key, Any],
     ) -> None:
-        """Hand over the caches: kopf's indexes (live, complete before any handler runs) and
-        the pod informer's index (complete once its ``synced`` is set: :meth:`run` waits)."""
-        if self.jobs is None:
-            self.jobs, self.pods, self.nodes, self.children = jobs, pods, nodes, children
-            self.attached.set()
+        self.snapshot.attach(jobs, pods, nodes, children)
 
     # ------------------------------------------------------------------ the queue
     def enqueue(self, key: Key, delay: float = 0.0) -> None:
@@ -221,32 +148,27 @@ class Controller:
         yet come for every quiet job every ``GOODPUT_MIN_INTERVAL``. An event during the job's
         reconcile (the echo may come before the write's response) is decided when the
         reconcile ends."""
-        version = _resource_version(body)
+        version = resource_version(body)
         if key in self.active:
             self.job_versions_seen[key] = version
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
-    def _cached_job(self, key: Key) -> dict[str, Any] | None:
-        """The job under ``key`` as the watch cache shows it (None: none)."""
-        cached = (self.jobs or {}).get(key)
-        return next(iter(cached), None) if cached is not None else None
-
-    def _memory_of(self, key: Key) -> _Memory:
+    def _memory_of(self, key: Key) -> JobMemory:
         """The memory of the job cached under ``key`` now: a namesake created after a
         delete this process has not reconciled yet gets none of the old job's."""
-        body = self._cached_job(key)
+        body = self.snapshot.job(key)
         uid = (body or {}).get("metadata", {}).get("uid")
         memory = self.memory.get(key)
         if memory is None or (uid is not None and memory.uid != uid):
             if memory is not None:
                 metrics.job_gone(*key)
-            memory = self.memory[key] = _Memory(uid=uid)
+            memory = self.memory[key] = JobMemory(uid=uid)
         return memory
 
     def _echo_of_quiet_write(self, key: Key, version: int) -> bool:
         memory = self.memory.get(key)
-        return memory is not None and version == memory.quiet_write
+        return memory is not None and version == memory.cache.quiet_write
 
     def workload_changed(self, body: Mapping[str, Any]) -> None:
         """Wake the job whose Kueue Workload changed (admitted, evicted); release Kueue's
@@ -256,32 +178,21 @@ class Controller:
             return
         self.enqueue(key)
         if self.acting and self.queues is not None and queueing.finalizer_to_remove(dict(body)):
-            released = self.writes.submit(self._release_workload, dict(body))
-            released.add_done_callback(_log_failure(f"releasing the Workload of {key[0]}/{key[1]}"))
-
-    def _release_workload(self, body: dict[str, Any]) -> None:
-        assert self.queues is not None
-        self._fence()
-        self.queues.release_finalizer(body)
+            self.executor.release_workload(key, dict(body))
 
     def _timer_fired(self, key: Key) -> None:
         self.timers.pop(key, None)
         self.enqueue(key)
 
     def enqueue_all(self) -> None:
-        for key in list(self.jobs or {}):
+        for key in self.snapshot.job_keys():
             self.enqueue(key)
-
-    def jobs_on_node(self, node: str) -> Iterable[Key]:
-        for key, store in list((self.pods or {}).items()):
-            if any(p.node_name(pod) == node for pod in store):
-                yield key
 
     async def run(self, *caches_filled: asyncio.Event) -> None:
         """Reconcile queued jobs once kopf's indexes are attached and every other cache
         (the pod informer's) holds its full list: a reconcile on a partial view would
         recreate pods that exist."""
-        await self.attached.wait()
+        await self.snapshot.attached.wait()
         for filled in caches_filled:
             await filled.wait()
         workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
@@ -341,45 +252,12 @@ class Controller:
                     self.dirty.discard(key)
                     self.enqueue(key)
 
-    # ------------------------------------------------------------------ observing
-    def _snapshot(
-        self, key: Key, memory: _Memory
-    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """The job and its pods as the cache shows them, corrected by our own recent writes."""
-        now = time.monotonic()
-        memory.expire(now)
-        job = self._cached_job(key)
-        if job is None:
-            return None, []
-        if memory.job is not None and _resource_version(memory.job) > _resource_version(job):
-            job = memory.job  # our own last write, newer than the watch has shown
-        # The cached pods are shared, not copied: the planner only reads them, and a copy
-        # would cost every reconcile of a large job time in proportion to all its pods.
-        pods = list((self.pods or {}).get(key, []))
-        seen = {p.name(pod) for pod in pods}
-        # A create the watch has shown is no longer an expectation: were it kept, a pod that
-        # was deleted since (kubectl delete, a force delete) would come back from our memory,
-        # fill its slot, and get its own replacement deleted as a duplicate.
-        memory.created = {k: v for k, v in memory.created.items() if k not in seen}
-        pods += [body for _, body in memory.created.values()]
-        deleting = format_time(datetime.now(UTC))
-        return job, [
-            {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": deleting}}
-            if p.name(pod) in memory.deleted and not pod["metadata"].get("deletionTimestamp")
-            else pod
-            for pod in pods
-        ]
-
-    def _nodes(self) -> dict[str, p.NodeHealth]:
-        return {name: next(iter(store)) for name, store in list((self.nodes or {}).items())}
-
-    def _children(self, key: Key) -> list[dict[str, Any]]:
-        return list((self.children or {}).get(key, []))
-
     # ------------------------------------------------------------------ reconciling
     async def reconcile(self, key: Key) -> None:
+        """Observe the job (:class:`Snapshot`), plan (pure), carry the plan out (in a
+        thread), remember what the next reconcile needs, and requeue when the plan asks."""
         memory = self._memory_of(key)
-        body, pods = self._snapshot(key, memory)
+        body, pods = self.snapshot.view(key, memory)
         if body is None:
             self.memory.pop(key, None)
             self.not_before.pop(key, None)
@@ -394,63 +272,30 @@ class Controller:
         except ValidationError as error:
             await asyncio.to_thread(self._report_invalid, key, body, error, memory)
             return
-        memory.invalid = None
-        queue = await self._observe_queue(job)
-        await self._refresh_progress(job, pods, memory)
+        memory.trouble.invalid = None
+        queue = await self.snapshot.queue(job)
+        await self.snapshot.refresh_progress(job, pods, memory)
         thinking = time.perf_counter()
-        observed = Observed(
-            job=queueing.admitted_view(job, queue),
-            pods=pods,
-            nodes=self._nodes(),
-            now=datetime.now(UTC),
-            progress=memory.progress,
-            self_deleted=frozenset(memory.deleted),
-            children=self._children(key),
-            refused=memory.refused,
-            vanished=p.vanished(memory.live, pods, memory.deleted),
-            queue=queue,
-            forbidden=memory.forbidden,
-        )
-        unseen = set(memory.created)
+        observed = self.snapshot.observed(key, job, pods, memory, queue)
+        unseen = set(memory.expected.created)
         decided = plan(observed)
-        memory.goodput = goodput.track(
-            memory.goodput,
-            job,
-            decided.status,
-            memory.progress,
-            observed.now,
-            reporting=job.spec.metrics.enabled and bool(self.settings.progress_url),
-        )
-        memory.goodput_written = st.goodput_to_write(
-            memory.goodput.ratio, job.status, decided.status, memory.goodput_written, observed.now
-        )
-        decided.status.goodput = memory.goodput_written.value
+        memory.accounting.goodput = decided.goodput
         planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
-        if queue is not None and self.queues is not None:
-            needed = queueing.flavors_needed(decided.create_pods, queue)
-            flavors = await asyncio.to_thread(self.queues.flavors, needed) if needed else {}
-            decided.create_pods = queueing.placed(decided.create_pods, queue, flavors)
-        await asyncio.to_thread(self._counted, self._execute, key, body, decided, planned, memory)
-        memory.live = p.live_workers(pods, unseen | set(memory.deleted))
-        self._observe(job, decided, memory)
+        await asyncio.to_thread(self.executor.execute, key, body, decided, planned, memory)
+        memory.expected.live = p.live_workers(pods, unseen | set(memory.expected.deleted))
+        if self.acting:  # a reconcile that ends after a step-down must not revive its series
+            metrics.job_planned(job, decided, memory.accounting)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after
-        if memory.forbidden is not None:  # allowed again: the next plan clears the condition
-            memory.forbidden = None
+        if memory.trouble.forbidden is not None:  # allowed again: the next plan clears it
+            memory.trouble.forbidden = None
             delay = 0.0
         if self._polls_progress(job, decided):
             interval = self.settings.progress_interval_seconds
             delay = interval if delay is None else min(delay, interval)
         if delay is not None:
             self.enqueue(key, delay=delay)
-
-    async def _observe_queue(self, job: TrainingJob) -> QueueObservation | None:
-        if queue_name(job) is None:
-            return None
-        if self.queues is None:
-            return QueueObservation(kueue="disabled")
-        return await asyncio.to_thread(self.queues.observe, job)
 
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
         """Running jobs are revisited every progress interval so their status stays fresh
@@ -462,58 +307,18 @@ class Controller:
             and decided.status.phase in ("Running", "Restarting")
         )
 
-    async def _refresh_progress(
-        self, job: TrainingJob, pods: list[dict[str, Any]], memory: _Memory
-    ) -> None:
-        now = time.monotonic()
-        if not job.spec.metrics.enabled or now - memory.progress_at < (
-            self.settings.progress_interval_seconds
-        ):
-            return
-        memory.progress_at = now
-        report, responder = await asyncio.to_thread(
-            progress.read_progress,
-            self.settings.progress_url,
-            [pod for pod in pods if p.owned_by(pod, job.uid)],
-            job.spec.metrics.port,
-            memory.progress_pod,
-        )
-        if report is not None:
-            memory.progress, memory.progress_pod = report, responder
-
     def _report_invalid(
-        self, key: Key, body: dict[str, Any], error: ValidationError, memory: _Memory
+        self, key: Key, body: dict[str, Any], error: ValidationError, memory: JobMemory
     ) -> None:
-        """A job the model refuses (the CRD's schema let it through, or someone wrote its
-        status by hand): say so on the job, once, instead of only in the operator's log."""
+        """A job the model refuses: said on the job once (``refusals.invalid``), instead of
+        only in the operator's log."""
         text = describe(error, prefix="")
-        if memory.invalid == text:
+        if memory.trouble.invalid == text:
             return
-        memory.invalid = text
+        memory.trouble.invalid = text
         log.error("%s/%s is invalid:\n%s", *key, text)
-        message = f"the operator cannot act on this job: {text}"
-        self._set_condition(key, body, cond.INVALID, "ValidationFailed", message)
-        self.kube.event(body, "Warning", "ValidationFailed", text)
-
-    def _set_condition(
-        self, key: Key, body: dict[str, Any], kind: str, reason: str, message: str
-    ) -> None:
-        """Set condition ``kind`` True on the job without a plan (the planner cannot run
-        for it): on top of the conditions its status holds, the rest left as they are."""
-        stored = (body.get("status") or {}).get("conditions") or []
-        kept = [Condition.model_validate(c) for c in stored if isinstance(c, dict) and _valid(c)]
-        conditions = cond.set_condition(
-            kept,
-            kind,
-            True,
-            reason,
-            message[:4096],
-            datetime.now(UTC),
-            body.get("metadata", {}).get("generation"),
-        )
-        self._fence()
-        wire = [c.to_wire() for c in conditions]
-        self.kube.patch_status(*key, {"conditions": wire}, None)
+        patch, event = refusals.invalid(body, text, datetime.now(UTC))
+        self.executor.write_condition(key, body, patch, event, memory)
 
     def _replaced(self, key: Key) -> bool:
         """Whether the job a reconcile worked on is gone (deleted, or deleted and created
@@ -525,277 +330,27 @@ class Controller:
 
     def _report_forbidden(self, key: Key, error: ApiException) -> None:
         """A request this job's reconcile needs was refused (403: the operator's RBAC lacks
-        a right). Said on the job at once — the plan that would say it may be what fails —
-        with a Warning event when the refusal is new; the planner keeps it while the
-        refusals go on (``refusals.report_operator_trouble``)."""
+        a right). Said on the job at once (``refusals.forbidden``) when the refusal is new:
+        the plan that would say it may be what fails."""
         memory = self._memory_of(key)
-        text = _api_message(error)
+        text = api_message(error)
         log.warning("reconcile of %s/%s refused: %s; retrying", *key, text)
-        if memory.forbidden == text:
+        if memory.trouble.forbidden == text:
             return
-        memory.forbidden = text
-        body = self._cached_job(key)
+        memory.trouble.forbidden = text
+        body = self.snapshot.job(key)
         if body is None:
             return
-        message = refusals.forbidden_message(text)
+        patch, event = refusals.forbidden(body, text, datetime.now(UTC))
         try:
-            self._set_condition(key, body, cond.OPERATOR_FORBIDDEN, "Forbidden", message)
+            self.executor.write_condition(key, body, patch, event, memory)
         except ApiException as refused:  # the status itself is not ours to write: log only
-            log.error("cannot write the status of %s/%s: %s", *key, _api_message(refused))
-            return
-        self.kube.event(body, "Warning", "OperatorForbidden", message)
-
-    def _check_leading(self) -> None:
-        if not self.acting:
-            raise LostLeadership("this replica does not hold the Lease")
-
-    def _fence(self) -> None:
-        """Before a batch of pod writes: the Lease itself must still say we lead (see
-        ``LeaderElection.fence``); the local flag alone trusts a replica that slept through
-        a takeover."""
-        self._check_leading()
-        if self.leader is not None:
-            self.leader.fence()
-
-    def _execute(
-        self,
-        key: Key,
-        body: dict[str, Any],
-        decided: Plan,
-        planned: dict[str, Any],
-        memory: _Memory,
-    ) -> None:
-        """Carry out a plan: the children (no pod is created while one is refused: a worker
-        without its claim would wait unschedulable), the status, so
-        nothing is done that the status does not know about (a failure the status lost would
-        be forgotten, a permanent one retried), then labels, deletions, creations — and the
-        plan's events however those end: only this plan has them (the next one finds the
-        failure recorded and opens no incident). A plan that only creates writes its status
-        beside its creates, and a Service with its pods (see :func:`_status_may_go_beside`)."""
-        namespace, name = key
-        self._check_leading()
-        status_patch = {} if decided.keep_status else st.merge_patch(body.get("status"), planned)
-        if status_patch or _writes_besides_status(decided):
-            self._fence()
-        if decided.workload_writes and self.queues is not None:
-            self.queues.write(namespace, decided.workload_writes)
-        for kind, child, patch in decided.patch_children:
-            self.kube.patch(kind, namespace, child, patch)
-        version = body.get("metadata", {}).get("resourceVersion")
-        creates_only = _status_may_go_beside(decided)
-        children_first = decided.create_children
-        if creates_only and not any(c["kind"] in CHILDREN_BEFORE_PODS for c in children_first):
-            children_first = []
-        beside: Future[dict[str, Any]] | None = None
-        if status_patch and creates_only:
-            beside = self.writes.submit(
-                self.kube.patch_status, namespace, name, status_patch, version
-            )
-        try:
-            children_refused = False
-            if children_first:
-                results = self.kube.create_all(children_first)
-                self._note_refusals(children_first, results, memory)
-                children_refused = any(r.refused is not None for r in results)
-            if status_patch and beside is None:
-                memory.job = self.kube.patch_status(namespace, name, status_patch, version)
-                memory.quiet_write = _quiet_write(status_patch, memory.job)
-            with_pods = [] if children_first else decided.create_children
-            self._write_pods(namespace, decided, memory, not children_refused, with_pods)
-        finally:
-            try:
-                if beside is not None:
-                    memory.job = beside.result()
-                    memory.quiet_write = _quiet_write(status_patch, memory.job)
-            finally:
-                for event in decided.events:
-                    self.kube.event(body, event.type, event.reason, event.message)
-        if decided.delete_job:
-            self._fence()
-            self.kube.delete_job(namespace, name)
-
-    def _write_pods(
-        self,
-        namespace: str,
-        decided: Plan,
-        memory: _Memory,
-        create: bool,
-        with_pods: list[dict[str, Any]],
-    ) -> None:
-        """Labels, deletions, then the plan's pods and ``with_pods`` (children created in
-        the same batch) — pods only if ``create``."""
-        now = time.monotonic()
-        if decided.mark_recorded:
-            recorded = decided.mark_recorded.items()
-            self.kube.label_pods(
-                namespace, {pod: {lbl.FAILURE_RECORDED: value} for pod, value in recorded}
-            )
-        if decided.delete_pods:
-            self._fence()
-            self.kube.delete_pods(namespace, decided.delete_pods, decided.release)
-            memory.deleted.update({pod_name: now for pod_name, _ in decided.delete_pods})
-        bodies = [*with_pods, *(decided.create_pods if create else [])]
-        if bodies:
-            self._fence()
-            results = self.kube.create_all(bodies)
-            for body, result in zip(bodies, results, strict=True):
-                if result.body is not None and body["kind"] == "Pod":
-                    memory.created[result.body["metadata"]["name"]] = (
-                        now,
-                        p.slim(result.body, owned=True),
-                    )
-            self._note_refusals(bodies, results, memory)
-
-    @staticmethod
-    def _note_refusals(bodies: list[dict[str, Any]], results: list[Any], memory: _Memory) -> None:
-        """Remember the apiserver's refusal (the planner backs off and reports it) or forget
-        it once a create went through."""
-        refused = [(b, r.refused) for b, r in zip(bodies, results, strict=True) if r.refused]
-        if not refused:
-            if any(r.body is not None for r in results):
-                memory.refused = None
-            return
-        body, error = refused[0]
-        kind = body["kind"]
-        what = "a pod" if kind == "Pod" else f"{kind} {body['metadata']['name']}"
-        attempts = memory.refused.attempts + 1 if memory.refused is not None else 1
-        memory.refused = Refusal(
-            code=int(error.status or 0),
-            reason=str(error.reason or ""),
-            message=_api_message(error),
-            at=datetime.now(UTC),
-            attempts=attempts,
-            what=what,
-        )
-        log.warning("create refused (%s): %s", error.status, memory.refused.message)
-
-    def _observe(self, job: TrainingJob, decided: Plan, memory: _Memory) -> None:
-        """Feed the metrics that need to remember something between reconciles — only while
-        leading: a reconcile that ends after the step-down must not bring back the series
-        it removed."""
-        if not self.acting:
-            return
-        ns = job.namespace
-        if not memory.seen:
-            memory.seen = True
-            metrics.job_seen(ns, job.name)
-            # Start-up is timed only for jobs this process saw before they started.
-            memory.startup_observed = bool(job.status and job.status.start_time)
-        if memory.goodput is not None:
-            metrics.GOODPUT.set(ns, job.name, memory.goodput)
-        slowest, progress = decided.status.slowest_rank, decided.status.progress
-        metrics.job_observed(
-            ns,
-            job.name,
-            decided.status.spares,
-            slowest.slowdown if slowest else None,
-            remaining=progress.estimated_remaining_seconds if progress else None,
-        )
-        metrics.TOPOLOGY.set(ns, job.name, decided.status.topology)
-        for failure in decided.failures:
-            metrics.RESTARTS.labels(ns, job.name, failure.reason).inc()
-            if failure.reason == "NodeLost":
-                metrics.NODE_LOSS.labels(ns).inc()
-            memory.failure_at = memory.failure_at or time.monotonic()
-        replacements = sum(
-            1 for pod in decided.create_pods if pod["metadata"]["labels"].get(lbl.ROLE) == "worker"
-        )
-        if replacements and job.status and job.status.start_time:
-            metrics.POD_REPLACEMENTS.labels(ns).inc(replacements)
-        status = decided.status
-        if status.phase == "Failed" and (job.status is None or job.status.phase != "Failed"):
-            failed = cond.get(status.conditions, cond.FAILED)
-            metrics.JOB_FAILURES.labels(ns, failed.reason if failed else "Unknown").inc()
-        if not decided.all_running:
-            return
-        if not memory.startup_observed:
-            memory.startup_observed = True
-            created = parse_time(job.metadata.get("creationTimestamp"))
-            if created is not None:
-                metrics.STARTUP.observe((datetime.now(UTC) - created).total_seconds())
-        if memory.failure_at is not None:
-            metrics.RECOVERY.labels(ns).observe(time.monotonic() - memory.failure_at)
-            memory.failure_at = None
+            log.error("cannot write the status of %s/%s: %s", *key, api_message(refused))
 
     def publish_phases(self) -> None:
         """``torchkube_jobs`` from the cache, by the leader only (see ``metrics``)."""
         metrics.JOBS.clear()
         if not self.acting:
             return
-        for (namespace, phase), count in self.job_phases().items():
+        for (namespace, phase), count in self.snapshot.job_phases().items():
             metrics.JOBS.labels(namespace, phase).set(count)
-
-    def job_phases(self) -> dict[tuple[str, str], int]:
-        counts: dict[tuple[str, str], int] = {}
-        for (namespace, _), store in list((self.jobs or {}).items()):
-            for body in store:
-                phase = (body.get("status") or {}).get("phase", "Pending")
-                counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
-        return counts
-
-
-CHILDREN_BEFORE_PODS = frozenset({"PersistentVolumeClaim"})
-"""Children created before any pod even by a plan that only creates: a worker whose claim
-does not exist waits unschedulable, its slot taken. The Service is not among them: created
-with the pods, it exists long before a container resolves the store's name (a refused one is
-reported and retried while the workers wait for the store)."""
-
-
-def _quiet_write(status_patch: dict[str, Any], written: dict[str, Any] | None) -> int | None:
-    """The version a status write left the job at, if it changed only ``status.goodput``."""
-    if set(status_patch) != {"goodput"}:
-        return None
-    return _resource_version(written) or None
-
-
-def _writes_besides_status(decided: Plan) -> bool:
-    """Whether a plan writes anything but the job's status (each such write is fenced)."""
-    return bool(
-        decided.workload_writes
-        or decided.patch_children
-        or decided.create_children
-        or decided.create_pods
-        or decided.delete_pods
-        or decided.mark_recorded
-        or decided.delete_job
-    )
-
-
-def _status_may_go_beside(decided: Plan) -> bool:
-    """Whether a plan's status write may run beside its creates instead of before them, and
-    its Service be created with its pods: two round trips less before a new job's first pod.
-    Not when the plan records a failure, labels or deletes pods: the status must hold a
-    failure before anything acts on it. A pod created beside a status write that then fails
-    (a conflict) is not lost: our expectations hold it, and the next plan keeps or deletes
-    it."""
-    return not (
-        decided.failures or decided.mark_recorded or decided.delete_pods or decided.delete_job
-    )
-
-
-def _log_failure(what: str) -> Any:
-    """A done-callback that says in the log when a write beside the reconciles failed (it is
-    tried again at the object's next event)."""
-
-    def report(done: Future[Any]) -> None:
-        error = done.exception()
-        if error is not None:
-            log.warning("%s failed: %s; tried again at its next watch event", what, error)
-
-    return report
-
-
-def _valid(condition: dict[str, Any]) -> bool:
-    try:
-        Condition.model_validate(condition)
-    except ValidationError:
-        return False
-    return True
-
-
-def _api_message(error: ApiException) -> str:
-    """The apiserver's own sentence from a refusal (its Status object's message)."""
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except ValueError:
-        return str(error.body or error.reason)

@@ -25,6 +25,7 @@ from torchkube.api.times import format_time, parse_time
 from torchkube.api.types import Condition
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
+from torchkube.operator.goodput import Tracked
 from torchkube.operator.workloads import QueueObservation
 
 if TYPE_CHECKING:  # the failure policy records into a Context
@@ -89,6 +90,11 @@ class Observed:
     """The job's Kueue Workload, read for jobs with a queue-name label."""
     forbidden: str | None = None
     """The apiserver's words when it refused this job's last reconcile a request (403)."""
+    goodput: Tracked | None = None
+    """The job's goodput as the last plan left it (None: none yet, or a new operator)."""
+    progress_polled: bool = True
+    """The operator polls trainers for progress (its progress URL is set): without that,
+    goodput has only the pods to go by."""
 
 
 @dataclass
@@ -118,6 +124,8 @@ class Plan:
     keep_status: bool = False
     """The job's status is someone else's to write now (Kueue's copy from the worker cluster
     MultiKueue dispatched it to): the plan's status is not written."""
+    goodput: Tracked | None = None
+    """The job's goodput after this pass, for the controller to hand to the next one."""
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.05)
@@ -146,17 +154,19 @@ CONTINUE, STOP = Step.CONTINUE, Step.STOP
 
 
 class Context:
-    """One planning pass: the job, a mutable copy of its status, and the plan being built."""
+    """One planning pass: the job as the policies run it (``job``: the stored one unless
+    given, e.g. at the size Kueue admitted), a mutable copy of its status, and the plan being
+    built. ``observed.job`` stays the job as stored."""
 
-    def __init__(self, observed: Observed, new_suffix: Any) -> None:
+    def __init__(self, observed: Observed, new_suffix: Any, job: TrainingJob | None = None) -> None:
         self.observed = observed
-        self.job = observed.job
-        self.spec = observed.job.spec
+        self.job = job or observed.job
+        self.spec = self.job.spec
         self.now = observed.now
         self.nodes = observed.nodes
-        self.generation = observed.job.metadata.get("generation")
+        self.generation = self.job.metadata.get("generation")
         self.new_suffix = new_suffix
-        status = observed.job.status
+        status = self.job.status
         self.status = status.model_copy(deep=True) if status else TrainingJobStatus()
         self.plan = Plan()
 

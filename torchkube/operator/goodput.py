@@ -41,13 +41,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
 from torchkube.api.hang import derived_timeout, hang_timeout
 from torchkube.api.status import TrainingJobStatus
 from torchkube.api.times import parse_time
+from torchkube.operator.status import GoodputWrite, goodput_to_write
+
+if TYPE_CHECKING:  # the planning step reads and writes a Context
+    from torchkube.operator.decision import Context
 
 CAUSES = (
     "scheduling",
@@ -480,6 +484,37 @@ def replay(created: datetime, samples: Iterable[Sample]) -> Goodput:
 
 
 # ---------------------------------------------------------------------------- operator side
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """What the operator carries of a job's goodput from one reconcile to the next: the
+    accumulator, and what ``status.goodput`` was last given (``status.goodput_to_write``)."""
+
+    state: Goodput
+    written: GoodputWrite
+
+
+def account(ctx: Context) -> None:
+    """The planning step, run last (it samples the status every other step decided): the
+    job's accumulator advanced to now, kept in ``Plan.goodput`` for the next reconcile, and
+    what ``status.goodput`` says. Progress counts as evidence only where reports are expected
+    (the job's trainer metrics on, and the operator polling them)."""
+    observed = ctx.observed
+    job, previous = observed.job, observed.goodput
+    reporting = job.spec.metrics.enabled and observed.progress_polled
+    state = track(
+        previous.state if previous else None,
+        job,
+        ctx.status,
+        observed.progress,
+        ctx.now,
+        reporting=reporting,
+    )
+    last = previous.written if previous else None
+    written = goodput_to_write(state.ratio, job.status, ctx.status, last, ctx.now)
+    ctx.status.goodput = written.value
+    ctx.plan.goodput = Tracked(state, written)
 
 
 def track(

@@ -108,7 +108,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def _publish_phases(controller: Controller) -> None:
-    await controller.attached.wait()
+    await controller.snapshot.attached.wait()
     while True:
         controller.publish_phases()
         await asyncio.sleep(PHASE_GAUGE_PERIOD)
@@ -226,5 +226,5 @@ async def node_changed(name: str, type: str, body: kopf.Body, memo: Any, **kwarg
         return
     memo.node_ready[name] = ready
     log.info("node %s is %s", name, {True: "Ready", False: "NotReady", None: "deleted"}[ready])
-    for key in set(controller.jobs_on_node(name)):
+    for key in set(controller.snapshot.jobs_on_node(name)):
         controller.enqueue(key)

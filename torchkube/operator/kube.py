@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,6 +46,23 @@ EVENT_CACHE_SIZE = 4096
 EVENT_RETRY_DELAYS = (0.2, 1.0)
 """Seconds before each retry of an event the apiserver refused for the moment (429, 5xx):
 a failure's event is sent with the plan that records it, or never."""
+
+
+def resource_version(body: Mapping[str, Any] | None) -> int:
+    """An object's resourceVersion as a number (0: none), to tell which of two reads of it is
+    newer."""
+    try:
+        return int((body or {}).get("metadata", {}).get("resourceVersion", 0))
+    except ValueError:
+        return 0
+
+
+def api_message(error: ApiException) -> str:
+    """The apiserver's own sentence from a refusal (its Status object's message)."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.body or error.reason)
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,26 @@ kube-state-metrics, or Prometheus renames them ``exported_namespace`` / ``export
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
-from typing import Generic, TypeVar, get_args
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Generic, TypeVar, get_args
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
 from torchkube.api.reasons import FailureReason
 from torchkube.api.status import TopologyStatus
+from torchkube.api.times import parse_time
+from torchkube.operator import conditions as cond
 from torchkube.operator.goodput import CAUSES, Goodput
+
+if TYPE_CHECKING:  # a plan and what the job's metrics carry over are read, never built here
+    from torchkube.operator.decision import Plan
+    from torchkube.operator.memory import Accounting
 
 State = TypeVar("State")
 
@@ -257,6 +267,54 @@ def job_observed(
                 gauge.remove(namespace, job)
         else:
             gauge.labels(namespace, job).set(value)
+
+
+def job_planned(job: TrainingJob, decided: "Plan", books: "Accounting") -> None:
+    """Feed the job's metrics from one reconcile's plan, with what they carry over between
+    reconciles in ``books``: the series created at zero when the job is first seen, restarts
+    and node losses as the plan records them, start-up timed to the first moment every
+    desired worker runs (only for a job first seen before it started), recovery from the
+    first failure recorded to the next such moment."""
+    ns = job.namespace
+    if not books.seen:
+        books.seen = True
+        job_seen(ns, job.name)
+        books.startup_observed = bool(job.status and job.status.start_time)
+    if books.goodput is not None:
+        GOODPUT.set(ns, job.name, books.goodput.state)
+    status = decided.status
+    slowest, progress = status.slowest_rank, status.progress
+    job_observed(
+        ns,
+        job.name,
+        status.spares,
+        slowest.slowdown if slowest else None,
+        remaining=progress.estimated_remaining_seconds if progress else None,
+    )
+    TOPOLOGY.set(ns, job.name, status.topology)
+    for failure in decided.failures:
+        RESTARTS.labels(ns, job.name, failure.reason).inc()
+        if failure.reason == "NodeLost":
+            NODE_LOSS.labels(ns).inc()
+        books.failure_at = books.failure_at or time.monotonic()
+    replacements = sum(
+        1 for pod in decided.create_pods if pod["metadata"]["labels"].get(lbl.ROLE) == "worker"
+    )
+    if replacements and job.status and job.status.start_time:
+        POD_REPLACEMENTS.labels(ns).inc(replacements)
+    if status.phase == "Failed" and (job.status is None or job.status.phase != "Failed"):
+        failed = cond.get(status.conditions, cond.FAILED)
+        JOB_FAILURES.labels(ns, failed.reason if failed else "Unknown").inc()
+    if not decided.all_running:
+        return
+    if not books.startup_observed:
+        books.startup_observed = True
+        created = parse_time(job.metadata.get("creationTimestamp"))
+        if created is not None:
+            STARTUP.observe((datetime.now(UTC) - created).total_seconds())
+    if books.failure_at is not None:
+        RECOVERY.labels(ns).observe(time.monotonic() - books.failure_at)
+        books.failure_at = None
 
 
 def job_gone(namespace: str, job: str) -> None:

@@ -26,6 +26,7 @@ from torchkube.operator import (
     children,
     dispatch,
     failure,
+    goodput,
     lifecycle,
     node_loss,
     pace,
@@ -49,26 +50,34 @@ __all__ = ["Observed", "Plan", "plan", "random_suffix"]
 def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> Plan:
     """Decide what to do about one TrainingJob now.
 
-    Where the workers are (``topology.report``) is read after the steps, whichever one settled
-    the pass, so a job suspended or held by Kueue shows its workers gone; a job that ended
-    keeps the placement it last had."""
-    ctx = Context(observed, new_suffix)
+    The policies run the job at the size Kueue admitted (``queueing.admitted_view``); where
+    the workers are (``topology.report``) is read after the steps, whichever one settled the
+    pass, so a job suspended or held by Kueue shows its workers gone; a job that ended keeps
+    the placement it last had. Goodput is accounted last, on the status all others decided."""
+    ctx = Context(observed, new_suffix, queueing.admitted_view(observed.job, observed.queue))
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
     refusals.report_operator_trouble(ctx)
     if ctx.spec.managed_by == MANAGED_BY_MULTIKUEUE:
         if not lifecycle.is_being_deleted(ctx):
             dispatch.follow(ctx)
-        return ctx.done()
+    else:
+        _run_here(ctx)
+    goodput.account(ctx)
+    return ctx.done()
+
+
+def _run_here(ctx: Context) -> None:
+    """A job this cluster runs (not one MultiKueue dispatched elsewhere)."""
     if not lifecycle.is_being_deleted(ctx):
-        owned = [pod for pod in observed.pods if p.owned_by(pod, ctx.job.uid)]
+        owned = [pod for pod in ctx.observed.pods if p.owned_by(pod, ctx.job.uid)]
         _run_policies(ctx, owned)
+        queueing.place(ctx)
         if lifecycle.is_finished(ctx):
             lifecycle.clean_up_finished(ctx, owned)
         else:
             topology.report(ctx, owned)
     _estimate_remaining(ctx)
-    return ctx.done()
 
 
 def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:

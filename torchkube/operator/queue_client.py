@@ -1,7 +1,7 @@
 """The operator's calls to Kueue's API: read a queued job's Workload (and, to create one, its
-priority class; to place pods, the ResourceFlavors it was assigned; while it waits, its
-place in line), create it, update its status, release its finalizer. Only jobs labelled
-``kueue.x-k8s.io/queue-name`` cost any of these calls; the decisions are
+priority class; once admitted, the ResourceFlavors it was assigned, to place its pods; while
+it waits, its place in line), create it, update its status, release its finalizer. Only jobs
+labelled ``kueue.x-k8s.io/queue-name`` cost any of these calls; the decisions are
 :mod:`torchkube.operator.queueing`'s."""
 
 import dataclasses
@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from torchkube.api import TrainingJob
-from torchkube.operator import metrics, workloads
+from torchkube.operator import metrics, queueing, workloads
 from torchkube.operator.kube import REQUEST_TIMEOUT
 from torchkube.operator.workloads import (
     API_GROUP,
@@ -35,6 +35,11 @@ POSITIONS_TTL_SECONDS = 2.0
 of reconciles of a queue's jobs costs one visibility request, not one per job."""
 POSITIONS_FORGET_SECONDS = 60.0
 """A LocalQueue's list nobody asked for this long is dropped (its jobs were admitted or gone)."""
+FLAVORS_TTL_SECONDS = 30.0
+"""How long one read of a ResourceFlavor serves every reconcile of the jobs admitted on it:
+an admitted job's flavours are read before each of its plans (any may create pods), and a
+flavour's node labels and tolerations seldom change (pods created this long after a change
+get the new ones)."""
 
 
 @dataclass
@@ -56,6 +61,9 @@ class QueueClient:
         self.scheduling = client.SchedulingV1Api(api_client)
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._pending_lock = threading.Lock()
+        self._flavors: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        """ResourceFlavor name → (when read, its body; None: it does not exist)."""
+        self._flavors_lock = threading.Lock()
 
     def observe(self, job: TrainingJob) -> QueueObservation:
         """The job's Workloads (the slices of an elastic one) as Kueue left them; the
@@ -82,6 +90,9 @@ class QueueClient:
         wanted = replicas.target + replicas.spares
         priority = Priority() if bodies else self._priority(job)
         observed = workloads.observe(bodies, priority, wanted)
+        to_read = queueing.flavors_to_read(job, observed)
+        if to_read:
+            observed = dataclasses.replace(observed, flavors=self.flavors(to_read))
         state = observed.workload
         if state is None or state.reserved or state.is_true("Finished") or not state.queue:
             return observed
@@ -166,21 +177,33 @@ class QueueClient:
         return cast(dict[str, Any], answer.data)
 
     def flavors(self, names: set[str]) -> dict[str, dict[str, Any]]:
-        """The named ResourceFlavors (a deleted one is left out: its pods get no labels)."""
+        """The named ResourceFlavors (a deleted one is left out: its pods get no labels),
+        each read at most once per ``FLAVORS_TTL_SECONDS``."""
         found: dict[str, dict[str, Any]] = {}
         for name in sorted(names):
-            try:
-                metrics.API_REQUESTS.labels("get", "resourceflavor").inc()
-                found[name] = cast(
-                    dict[str, Any],
-                    self.custom.get_cluster_custom_object(
-                        API_GROUP, API_VERSION, FLAVORS, name, _request_timeout=REQUEST_TIMEOUT
-                    ),
-                )
-            except ApiException as error:
-                if error.status != 404:
-                    raise
+            with self._flavors_lock:
+                cached = self._flavors.get(name)
+            if cached is None or time.monotonic() - cached[0] >= FLAVORS_TTL_SECONDS:
+                cached = (time.monotonic(), self._read_flavor(name))
+                with self._flavors_lock:
+                    self._flavors[name] = cached
+            if cached[1] is not None:
+                found[name] = cached[1]
         return found
+
+    def _read_flavor(self, name: str) -> dict[str, Any] | None:
+        metrics.API_REQUESTS.labels("get", "resourceflavor").inc()
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.get_cluster_custom_object(
+                    API_GROUP, API_VERSION, FLAVORS, name, _request_timeout=REQUEST_TIMEOUT
+                ),
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None
 
     def write(self, namespace: str, writes: list[tuple[str, dict[str, Any]]]) -> None:
         """Carry out a plan's Workload writes; a conflict on a status update (Kueue wrote the

@@ -32,7 +32,8 @@ Time spent Queued is left out of the job's deadlines, as time suspended is.
 from typing import Any
 
 from torchkube.api import TrainingJob
-from torchkube.api.status import QueueStatus
+from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
+from torchkube.api.status import TERMINAL_PHASES, QueueStatus
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 from torchkube.operator import workloads
@@ -71,25 +72,34 @@ def admitted_view(job: TrainingJob, observed: QueueObservation | None) -> Traini
     return job.model_copy(update={"spec": spec})
 
 
-def flavors_needed(pods: list[dict[str, Any]], observed: QueueObservation | None) -> set[str]:
-    """The ResourceFlavors to read before ``pods`` can be placed (none for a job not queued)."""
-    state = observed.workload if observed else None
-    if state is None or not state.admitted:
+def flavors_to_read(job: TrainingJob, observed: QueueObservation) -> set[str]:
+    """The ResourceFlavors to read before planning: those of the admitted Workload's
+    placements, while the job may create pods here (it runs in this cluster, has not ended
+    and is not being deleted); none for a job Kueue has not admitted."""
+    state = observed.workload
+    if state is None or not state.admitted or job.metadata.get("deletionTimestamp"):
         return set()
-    roles = {workloads.POD_SET_OF_ROLE.get(p.role(pod), "") for pod in pods}
-    return {f for name, pl in state.placements.items() if name in roles for f in pl.flavors}
+    if job.spec.managed_by == MANAGED_BY_MULTIKUEUE:
+        return set()
+    if job.status is not None and job.status.phase in TERMINAL_PHASES:
+        return set()
+    return {flavor for placement in state.placements.values() for flavor in placement.flavors}
 
 
-def placed(
-    pods: list[dict[str, Any]],
-    observed: QueueObservation | None,
-    flavors: dict[str, dict[str, Any]],
-) -> list[dict[str, Any]]:
+def place(ctx: Context) -> None:
+    """The planning step after every policy that may create pods: the plan's pods go where
+    Kueue counted them (:func:`placed`)."""
+    if ctx.plan.create_pods:
+        ctx.plan.create_pods = placed(ctx.plan.create_pods, ctx.observed.queue)
+
+
+def placed(pods: list[dict[str, Any]], observed: QueueObservation | None) -> list[dict[str, Any]]:
     """``pods`` with the node labels and tolerations of the ResourceFlavors Kueue assigned to
-    their pod set (jobframework's ``podset.Merge``): the nodes Kueue counted them against; a pod
-    set Kueue placed by topology also gated until Kueue names each pod's domain."""
+    their pod set (jobframework's ``podset.Merge``, the flavours read beforehand into
+    ``observed.flavors``): the nodes Kueue counted them against; a pod set Kueue placed by
+    topology also gated until Kueue names each pod's domain."""
     state = observed.workload if observed else None
-    if state is None or not state.admitted:
+    if observed is None or state is None or not state.admitted:
         return pods
     out = []
     for pod in pods:
@@ -97,7 +107,7 @@ def placed(
         if placement is None or pod.get("kind") != "Pod":
             out.append(pod)
             continue
-        selector, tolerations = workloads.flavor_constraints(placement, flavors)
+        selector, tolerations = workloads.flavor_constraints(placement, observed.flavors)
         spec = dict(pod["spec"])
         if selector:
             spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **selector}

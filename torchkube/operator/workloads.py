@@ -12,7 +12,7 @@ eviction gives its quota reservation back, and a finished job's Workload is mark
 
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -366,6 +366,9 @@ class QueueObservation:
     places_served: bool = False
     """Kueue's visibility API answered for the followed Workload's LocalQueue: places in
     line move, so the job looks again (its own Workload may not be listed yet)."""
+    flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The ResourceFlavors of the admitted Workload's placements, by name, read while the job
+    may create pods (``queueing.flavors_to_read``); a deleted one is left out."""
 
 
 def observe(
