@@ -19,6 +19,7 @@ from kube_jobs import Job, JobMaker, job_manifest
 from kubernetes import client
 
 from testbed import faults
+from testbed.cluster import Cluster
 from testbed.kueue import Kueue
 from testbed.kwok import NodePool, kwok_toleration
 from torchkube.api import labels as lbl
@@ -179,6 +180,74 @@ def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
             selector = worker.spec.node_selector or {}
             assert selector.get("kubernetes.io/hostname") == worker.spec.node_name, selector
             assert not worker.spec.scheduling_gates
+    finally:
+        for plural, body in reversed(objects):
+            with contextlib.suppress(client.ApiException):
+                if plural == "localqueues":
+                    custom.delete_namespaced_custom_object(
+                        *KUEUE, namespace, plural, body["metadata"]["name"]
+                    )
+                else:
+                    custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
+
+
+def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
+    make_job: JobMaker,
+    isolated_pool: Callable[..., NodePool],
+    api_client: Any,
+    namespace: str,
+    kueue: Kueue,
+    cluster: Cluster,
+) -> None:
+    """Kueue's node hot swap: a node of the admitted assignment lost, Kueue finds another
+    node for it in the same rack, and the worker torchkube creates in its place (gated until
+    Kueue names its node) lands there. Two racks of three nodes, each node a failure domain
+    of its own, so one node is lost alone."""
+    group = f"swap-{secrets.token_hex(3)}"
+    pools = [
+        isolated_pool(nodes=1, labels={RACK: f"{group}-rack{rack}", TAS_GROUP: group})
+        for rack in range(2)
+        for _ in range(3)
+    ]
+    custom = client.CustomObjectsApi(api_client)
+    objects = tas_queue(group, workers=2)
+    try:
+        for plural, body in objects:
+            if plural == "localqueues":
+                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
+            else:
+                custom.create_cluster_custom_object(*KUEUE, plural, body)
+        grace = 5
+        body = job_manifest(
+            "swap",
+            pools,
+            replicas={"min": 2, "max": 2},
+            scheduling={"topology": {"level": RACK}},
+            failurePolicy={"nodeLostGraceSeconds": grace},
+        )
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
+        body["spec"]["scheduling"].pop("affinity")
+        job = make_job.create(body)
+        workers = job.wait_running(2, timeout=90)
+        [rack] = {rack_label(w.spec.node_name, pools) for w in workers}
+        victim = workers[0]
+        lost_node = victim.spec.node_name
+        faults.make_node_not_ready(cluster, lost_node, wait=True)
+
+        def replaced() -> list[Any] | None:
+            running = job.running_workers()
+            fresh = [w for w in running if w.metadata.name != victim.metadata.name]
+            return running if len(fresh) == 2 and len(running) == 2 else None
+
+        running = job.wait(replaced, grace + 120, "the lost worker replaced")
+        racks = {rack_label(w.spec.node_name, pools) for w in running}
+        assert racks == {rack}, f"the replacement left rack {rack}: {sorted(racks)}"
+        assert lost_node not in {w.spec.node_name for w in running}
+        # Kueue's TopologyUngater named the replacement's node from the assignment: had Kueue
+        # not swapped the lost node out of it, the replacement would wait for that node.
+        [fresh] = [w for w in running if w.metadata.name not in {x.metadata.name for x in workers}]
+        selector = fresh.spec.node_selector or {}
+        assert selector.get("kubernetes.io/hostname") == fresh.spec.node_name, selector
     finally:
         for plural, body in reversed(objects):
             with contextlib.suppress(client.ApiException):
