@@ -853,6 +853,82 @@ def multikueue(records: dict[str, Body]) -> str:
     )
 
 
+def placement_rows(run: Run) -> list[list[str]]:
+    """Per job and way: trials in one domain (or why the goal does not apply), the domains,
+    apply → all Running, and the way with a topology request ÷ the same path without one."""
+    from bench.topology_placement import ASKING, WAYS
+
+    placed = run.body["extra"]["placement"]
+    rows = []
+    for size in run.body["extra"]["sizes"]:
+        job = size["job"]
+        for way in WAYS:
+            mine = [t for t in placed if t["way"] == way and t["size"] == job]
+            packed = f"{sum(t['in_one_domain'] for t in mine)} of {len(mine)}"
+            if not size["room"]:
+                packed += " (no domain has room)"
+            domains = run[f"{job}, {way}: {job.rsplit(' ', 1)[1]}s the workers ran in"]
+            running = run[f"{job}, {way}: apply → all Running"]
+            ratio = ""
+            if way in ASKING.values():
+                bare = next(n for n, asking in ASKING.items() if asking == way)
+                ratio = versus(run[f"{job}, {bare}: apply → all Running"], running, run.cores)
+            rows.append([job, way, packed, shown(domains), shown(running), trials(running)])
+            rows[-1] += [loads_of(running), ratio]
+    return rows
+
+
+def waits(run: Run) -> list[str]:
+    """What the waiting job said, by way and by what held the racks: the last trial's words
+    (the rack names change from trial to trial), and whether it started once a rack was
+    freed."""
+    lines = []
+    seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for trial in run.body["extra"].get("fragmentation", []):
+        seen.setdefault((trial["way"], trial["held_by"]), []).append(trial)
+    for (way, held_by), mine in seen.items():
+        started = [t for t in mine if t["freed_to_all_running_s"] is not None]
+        last = mine[-1]
+        running = last["workers_running_while_waiting"]
+        text = (
+            f"**{way}, racks held by {held_by}**: waited with {running} of its workers "
+            f"Running, the job's condition saying “{last['message']}”; "
+            f"{len(started)} of {len(mine)} started within {last['cap_s']:.0f} s of a rack "
+            "being freed"
+        )
+        lines.append(text + ".")
+    return lines
+
+
+def topology(records: dict[str, Body]) -> str:
+    """topology_placement: workers in one rack or block and the time to start, with Kueue's
+    topology-aware scheduling and without Kueue, against the same jobs asking for none; then
+    every rack one node short: what the job waits with and how soon a freed rack starts it."""
+    run = Run("topology_placement", records["topology_placement"])
+    headers = ["job", "way", "in one domain", "domains", "apply → all Running", "trials"]
+    headers += ["load per trial", "÷ the same path without topology"]
+    short = "every rack one node short, "
+    frag = [f["name"] for f in run.body["figures"] if f["name"].startswith(short)]
+    shortfall = [
+        "Every rack one node short, held by other queued jobs (figures), or by pods outside Kueue:",
+        "",
+        figure_table(run, frag, lambda name: name.removeprefix(short)),
+        "",
+    ]
+    return "\n".join(
+        [
+            f"{run.stamp()} (each trial's load at its start):",
+            "",
+            markdown_table(headers, placement_rows(run)),
+            "",
+            *(shortfall if frag else []),
+            *(f"- {line}" for line in waits(run)),
+            *(f"- {note}" for note in run.body["notes"]),
+            "",
+        ]
+    )
+
+
 SCALE = ("operator_scale_single",)
 BLOCKS = [
     Block("TARGET", "scale", SCALE, scale),
@@ -869,6 +945,7 @@ BLOCKS = [
     Block("TARGET", "gpu", ("trainer_throughput_gpu",), gpu),
     Block("QUEUEING", "queued", ("queued_start",), queued),
     Block("QUEUEING", "multikueue", ("multikueue_start",), multikueue),
+    Block("QUEUEING", "topology", ("topology_placement",), topology),
     Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),

@@ -315,3 +315,52 @@ def test_records_keep_their_verdicts_the_rendering_withholds_them() -> None:
     figure.add(1.0, 1.0)
     body = results.to_json()
     assert body["figures"][0]["verdict"] == "met" and body["figures"][0]["ratio"] == 9.0
+
+
+def topology_record(trials: int) -> dict[str, Any]:
+    """A topology_placement record: one size, the four ways, packed only when asked, and a
+    fragmentation trial per way and what held the racks."""
+    from bench import topology_placement as tp
+
+    job = "4 workers, required rack"
+    figures: FIGURES = {}
+    placement = []
+    for way in tp.WAYS:
+        asks = way in (tp.WITHOUT, tp.KUEUE)
+        seconds = 2.0 if asks else 1.0
+        figures[f"{job}, {way}: apply → all Running"] = (
+            "s",
+            around(seconds, trials),
+            [1.0] * trials,
+        )
+        figures[f"{job}, {way}: racks the workers ran in"] = (
+            "",
+            [1.0 if asks else 3.0] * trials,
+            [1.0] * trials,
+        )
+        placement += [{"way": way, "size": job, "in_one_domain": asks}] * trials
+    fragmentation = [
+        {"way": tp.WITHOUT, "held_by": tp.JOB_HOLDS, "message": "1 of 4 workers cannot be "
+         "scheduled ... free a node in b0-r0", "workers_running_while_waiting": 3,
+         "freed_to_all_running_s": 0.5, "cap_s": 300},
+        {"way": tp.KUEUE, "held_by": tp.POD_HOLDS, "message": "topology \"t\" allows to fit "
+         "only 3 out of 4 pod(s)", "workers_running_while_waiting": 0,
+         "freed_to_all_running_s": None, "cap_s": 90},
+    ]  # fmt: skip
+    extra = {
+        "sizes": [{"job": job, "level": tp.RACK, "room": True}],
+        "placement": placement,
+        "fragmentation": fragmentation,
+    }
+    return record("topology_placement", figures, extra=extra)
+
+
+def test_topology_counts_the_packed_trials_and_gives_no_ratio_on_two() -> None:
+    two = blocks.topology({"topology_placement": topology_record(2)})
+    assert "| 4 workers, required rack | without Kueue, topology | 2 of 2 |" in two
+    assert "| 4 workers, required rack | Kueue, none | 0 of 2 | 3 [3 – 3] |" in two
+    assert two.count("none: 2 and 2 trials") == 2 and "×" not in two
+    assert "free a node in b0-r0”; 1 of 1 started within 300 s" in two
+    assert "racks held by pods outside Kueue" in two and "0 of 1 started within 90 s" in two
+    three = blocks.topology({"topology_placement": topology_record(3)})
+    assert three.count("| 2.00× |") == 2, "asking ÷ the same path without, of the medians"
