@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
-#   NAME: operator_scale, queued_start, multikueue_start, operator_recovery, recovery_e2e,
-#         real_node_recovery, trainer_throughput, trainer_memory, checkpoint_cost,
+#   NAME: operator_scale, queued_start, multikueue_start, topology_placement, operator_recovery,
+#         recovery_e2e, real_node_recovery, trainer_throughput, trainer_memory, checkpoint_cost,
 #         live_recovery, live_sustained, quickstart, or all
 #         (each of them, one after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
 # Then render bench/results/*.json into docs/benchmarks.md and README.md (python -m bench.report).
@@ -20,7 +20,7 @@ case "$name" in
     TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
     export TORCHKUBE_BIN_DIR
     ;;
-  queued_start | multikueue_start) # Kueue too
+  queued_start | multikueue_start | topology_placement) # Kueue too
     TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh kubernetes etcd kwok helm kueue | tail -n 1)
     export TORCHKUBE_BIN_DIR
     ;;
@@ -31,9 +31,9 @@ case "$name" in
     ;;
 esac
 if [ "$name" = all ]; then
-  for one in operator_scale queued_start multikueue_start operator_recovery recovery_e2e \
-    real_node_recovery trainer_throughput trainer_memory checkpoint_cost live_recovery \
-    live_sustained quickstart; do
+  for one in operator_scale queued_start multikueue_start topology_placement operator_recovery \
+    recovery_e2e real_node_recovery trainer_throughput trainer_memory checkpoint_cost \
+    live_recovery live_sustained quickstart; do
     python -m "bench.$one"
   done
   # torchft's steady cost again at a step about 5× longer (more micro-batches per step)
