@@ -3,7 +3,7 @@ block, how long does it take to start, and what does a job wait with when no rac
 with the real Kueue's topology-aware scheduling and without Kueue (the scheduler's pod
 affinity), against the same jobs without a topology request, in the same run.
 
-Run: ``python -m bench.topology_placement`` (≈ 15 min on 2 cores with the defaults: 3 trials
+Run: ``python -m bench.topology_placement`` (≈ 7 min on 2 cores with the defaults: 3 trials
 per way and size, 3 fragmentation trials per way, one outside Kueue).
 
 The cluster: 64 KWOK nodes of 8 GPUs labelled 4 blocks × 4 racks × 4 nodes
