@@ -191,6 +191,46 @@ def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
                     custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
 
 
+def test_kueue_places_a_job_asking_no_topology_on_a_topology_flavour_once(
+    make_job: JobMaker,
+    isolated_pool: Callable[..., NodePool],
+    api_client: Any,
+    namespace: str,
+    kueue: Kueue,
+) -> None:
+    """A flavour with a Topology places every pod set it admits, asked or not: the workers of
+    a job that asks for no topology wait for Kueue's ungater too (unconstrained) and run on
+    the nodes Kueue assigned, where Kueue counts them — not on nodes the scheduler picked
+    beside Kueue's count, which made Kueue see those nodes fuller than they are."""
+    group = f"free-{secrets.token_hex(3)}"
+    pools = [isolated_pool(nodes=2, labels={RACK: f"{group}-rack", TAS_GROUP: group})]
+    custom = client.CustomObjectsApi(api_client)
+    objects = tas_queue(group, workers=2)
+    try:
+        for plural, body in objects:
+            if plural == "localqueues":
+                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
+            else:
+                custom.create_cluster_custom_object(*KUEUE, plural, body)
+        body = job_manifest("free", pools, replicas={"min": 2, "max": 2})
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
+        job = make_job.create(body)
+        for worker in job.wait_running(2, timeout=90):
+            selector = worker.spec.node_selector or {}
+            assert selector.get("kubernetes.io/hostname") == worker.spec.node_name, selector
+            annotations = worker.metadata.annotations or {}
+            assert annotations.get("kueue.x-k8s.io/podset-unconstrained-topology") == "true"
+    finally:
+        for plural, body in reversed(objects):
+            with contextlib.suppress(client.ApiException):
+                if plural == "localqueues":
+                    custom.delete_namespaced_custom_object(
+                        *KUEUE, namespace, plural, body["metadata"]["name"]
+                    )
+                else:
+                    custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
+
+
 def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
     make_job: JobMaker,
     isolated_pool: Callable[..., NodePool],

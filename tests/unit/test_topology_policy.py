@@ -157,6 +157,19 @@ def test_pods_kueue_placed_by_topology_wait_for_its_ungater() -> None:
     assert "schedulingGates" not in store["spec"]
 
 
+def test_pods_kueue_placed_on_a_topology_flavour_unasked_are_gated_unconstrained() -> None:
+    """A job asking no topology, admitted on a flavour with a Topology: Kueue assigned its
+    pods nodes all the same (implicit TAS), so they wait for its ungater, marked unconstrained
+    as jobframework marks them — ungated, the scheduler would place them elsewhere and
+    Kueue would count them twice: on their assigned nodes and where they run."""
+    worker, _, store = kueue_placed({}, True)
+    assert worker["spec"]["schedulingGates"] == [{"name": workloads.TOPOLOGY_GATE}]
+    annotations = worker["metadata"]["annotations"]
+    assert annotations[workloads.UNCONSTRAINED_ANNOTATION] == "true"
+    assert not set(workloads.TOPOLOGY_ANNOTATIONS.values()) & set(annotations)
+    assert "schedulingGates" not in store["spec"]
+
+
 def test_without_a_topology_assignment_no_pod_is_gated() -> None:
     pods = kueue_placed({"scheduling": {"topology": {"level": RACK}}}, False)
     assert all("schedulingGates" not in pod["spec"] for pod in pods)

@@ -50,6 +50,9 @@ TOPOLOGY_ANNOTATIONS = {
     "preferred": f"{API_GROUP}/podset-preferred-topology",
 }
 """What marks a pod as placed by Kueue's topology-aware scheduling (its ``IsTAS``)."""
+UNCONSTRAINED_ANNOTATION = f"{API_GROUP}/podset-unconstrained-topology"
+"""The mark of a pod Kueue placed by topology though its pod set asked for none (a flavour
+with a Topology places every pod set it admits)."""
 WORKERS, STORE, PREPARE, LIGHTHOUSE = "worker", "store", "prepare", "lighthouse"
 """Pod-set names, one per kind of pod (DNS labels, like jobframework's replica types)."""
 POD_SET_OF_ROLE = {
@@ -148,13 +151,15 @@ def gated_for_topology(
     pod: dict[str, Any], workload: str, pod_set: str, request: dict[str, Any]
 ) -> dict[str, Any]:
     """``pod`` marked as Kueue's topology-aware scheduling marks its pods (jobframework's
-    ``podset.Merge`` with a topology assignment): its pod set, its Workload, the level it asked
-    for, and the gate Kueue's TopologyUngater lifts after adding the assigned domain's node
-    selector."""
+    ``podset.FromAssignment`` with a topology assignment): its pod set, its Workload, the level
+    it asked for (unconstrained where it asked for none), and the gate Kueue's TopologyUngater
+    lifts after adding the assigned domain's node selector."""
     metadata = dict(pod["metadata"])
     metadata["labels"] = {**(metadata.get("labels") or {}), POD_SET_LABEL: pod_set}
     marks = {WORKLOAD_ANNOTATION: workload}
     marks |= {key: request[mode] for mode, key in TOPOLOGY_ANNOTATIONS.items() if mode in request}
+    if not any(mode in request for mode in TOPOLOGY_ANNOTATIONS):
+        marks[UNCONSTRAINED_ANNOTATION] = "true"
     metadata["annotations"] = {**(metadata.get("annotations") or {}), **marks}
     spec = dict(pod["spec"])
     gates = list(spec.get("schedulingGates") or [])
@@ -242,8 +247,9 @@ class Placement:
     count: int
     flavors: tuple[str, ...] = ()
     topology: dict[str, Any] | None = None
-    """The pod set's ``topologyRequest`` when Kueue placed it by topology (its admission holds
-    a ``topologyAssignment``): its pods wait for Kueue's TopologyUngater."""
+    """The pod set's ``topologyRequest`` (empty: it asked for none) when Kueue placed it by
+    topology (its admission holds a ``topologyAssignment``): its pods wait for Kueue's
+    TopologyUngater."""
 
 
 @dataclass(frozen=True)
@@ -430,7 +436,9 @@ def read(body: dict[str, Any]) -> WorkloadState:
                 int(spec_counts.get(assignment["name"], 1)),
             ),
             tuple(sorted(set((assignment.get("flavors") or {}).values()))),
-            requests.get(assignment["name"]) if assignment.get("topologyAssignment") else None,
+            (requests.get(assignment["name"]) or {})
+            if assignment.get("topologyAssignment")
+            else None,
         )
         for assignment in admission.get("podSetAssignments") or []
     }
