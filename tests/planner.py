@@ -142,7 +142,10 @@ def lighthouse(node: str = "n1", phase: str = "Running", **kw: Any) -> dict[str,
 def child(kind: str, name: str, owner: str | None = "u1", **meta: Any) -> dict[str, Any]:
     """A Service or claim as the operator's watch cache keeps it."""
     refs = [{"uid": owner, "controller": True}] if owner else []
-    selector = {lbl.JOB_NAME: "demo", lbl.JOB_UID: "u1"} if kind == "Service" else None
+    selector = None
+    if kind == "Service":  # as builders.service_selector makes it
+        role = lbl.ROLE_LIGHTHOUSE if name.endswith("-lighthouse") else lbl.ROLE_RENDEZVOUS
+        selector = {lbl.JOB_NAME: "demo", lbl.ROLE: role, lbl.JOB_UID: "u1"}
     body = {
         "kind": kind,
         "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs, **meta},
