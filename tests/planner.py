@@ -1,6 +1,8 @@
 """A planner's world in a few lines: jobs, pods, children and nodes as the operator's watch
-cache keeps them, and ``run`` to plan on them. Shared by the policy tests in tests/unit."""
+cache keeps them, ``run`` to plan on them, and ``context`` to call one policy step on them
+alone. Shared by the policy tests in tests/unit."""
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from itertools import count
 from typing import Any
@@ -12,6 +14,7 @@ from torchkube.api import labels as lbl
 from torchkube.api.status import TrainingJobStatus
 from torchkube.api.times import format_time
 from torchkube.operator import pods as p
+from torchkube.operator.decision import Context
 from torchkube.operator.planner import Observed, Plan, plan
 from torchkube.operator.pods import NodeHealth, slim
 
@@ -142,7 +145,10 @@ def lighthouse(node: str = "n1", phase: str = "Running", **kw: Any) -> dict[str,
 def child(kind: str, name: str, owner: str | None = "u1", **meta: Any) -> dict[str, Any]:
     """A Service or claim as the operator's watch cache keeps it."""
     refs = [{"uid": owner, "controller": True}] if owner else []
-    selector = {lbl.JOB_NAME: "demo", lbl.JOB_UID: "u1"} if kind == "Service" else None
+    selector = None
+    if kind == "Service":  # as builders.service_selector makes it
+        role = lbl.ROLE_LIGHTHOUSE if name.endswith("-lighthouse") else lbl.ROLE_RENDEZVOUS
+        selector = {lbl.JOB_NAME: "demo", lbl.ROLE: role, lbl.JOB_UID: "u1"}
     body = {
         "kind": kind,
         "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs, **meta},
@@ -160,6 +166,30 @@ def own_children(live: bool = False) -> list[dict[str, Any]]:
     return [*services, child("PersistentVolumeClaim", "demo-checkpoints")]
 
 
+def observed(
+    job: TrainingJob,
+    pods: list[dict[str, Any]],
+    nodes: dict[str, NodeHealth] | None = None,
+    now: datetime = NOW,
+    **kw: Any,
+) -> Observed:
+    """What the planner sees: the job's own children unless ``children`` says otherwise, two
+    Ready nodes unless ``nodes`` does."""
+    kw.setdefault("children", own_children() if job.status else [])
+    return Observed(  # the operator plans on slimmed pods (its watch cache keeps no more)
+        job=job,
+        pods=[slim(pod) for pod in pods],
+        nodes=nodes or {"n1": READY, "n2": READY},
+        now=now,
+        **kw,
+    )
+
+
+def _suffixes() -> Callable[[], str]:
+    names = (f"s{i}" for i in count())
+    return lambda: next(names)
+
+
 def run(
     job: TrainingJob,
     pods: list[dict[str, Any]],
@@ -167,16 +197,32 @@ def run(
     now: datetime = NOW,
     **kw: Any,
 ) -> Plan:
-    kw.setdefault("children", own_children() if job.status else [])
-    suffixes = (f"s{i}" for i in count())
-    observed = Observed(  # the operator plans on slimmed pods (its watch cache keeps no more)
-        job=job,
-        pods=[slim(pod) for pod in pods],
-        nodes=nodes or {"n1": READY, "n2": READY},
-        now=now,
-        **kw,
-    )
-    return plan(observed, new_suffix=lambda: next(suffixes))
+    """The whole planner on this world."""
+    return plan(observed(job, pods, nodes, now, **kw), new_suffix=_suffixes())
+
+
+def context(
+    job: TrainingJob,
+    pods: list[dict[str, Any]],
+    nodes: dict[str, NodeHealth] | None = None,
+    now: datetime = NOW,
+    **kw: Any,
+) -> Context:
+    """A planning pass before any policy step ran, to call one step directly: ``ctx.owned``
+    holds the job's own pods, as the planner sets it. What earlier steps would have found
+    (``ctx.pods``, ``ctx.children_ready``, ``ctx.may_create``...) the test sets itself."""
+    seen = observed(job, pods, nodes, now, **kw)
+    ctx = Context(seen, _suffixes())
+    ctx.owned = [pod for pod in seen.pods if p.owned_by(pod, job.uid)]
+    return ctx
+
+
+def by_slot(pods: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Live workers as ``SortedPods.live_workers`` holds them."""
+    live: dict[int, list[dict[str, Any]]] = {}
+    for worker in pods:
+        live.setdefault(p.slot(worker), []).append(worker)
+    return live
 
 
 def created_slots(result: Plan) -> list[int]:

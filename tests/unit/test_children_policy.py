@@ -1,9 +1,14 @@
 """Children and ownership: the job acts only on what it controls, by owner UID
-(torchkube/operator/children.py, and the planner's filter on pods)."""
+(torchkube/operator/children.py: its step called directly, one row per case, and whole
+scenarios through the planner; and the planner's filter on pods)."""
 
+from typing import Any
+
+import pytest
 from planner import (
     child,
     condition,
+    context,
     created_slots,
     make_job,
     own_children,
@@ -17,6 +22,8 @@ from planner import (
 )
 
 from torchkube.api import labels as lbl
+from torchkube.operator.children import ensure
+from torchkube.operator.decision import CONTINUE
 
 
 def test_recreated_job_ignores_its_namesakes_terminating_pods_and_waits_for_its_children() -> None:
@@ -100,3 +107,71 @@ def test_a_users_pod_with_the_job_label_is_left_alone() -> None:
     assert users["metadata"]["name"] not in {name for name, _ in suspended.delete_pods}
     running = run(make_job(running_status()), [users, pod(1), pod(2), pod(3), store()])
     assert created_slots(running) == [0], "a foreign pod fills no slot"
+
+
+# ------------------------------------------------------------------ the step, row by row
+
+SERVICE, CLAIM = own_children()
+GOING = "2026-11-23T12:00:00Z"
+"""A deletionTimestamp: the object is being deleted."""
+
+
+@pytest.mark.parametrize(
+    ("children", "ready", "created", "patched", "reason"),
+    [
+        pytest.param([], True, ["Service", "PersistentVolumeClaim"], [], "Created", id="none-yet"),
+        pytest.param([SERVICE, CLAIM], True, [], [], "Created", id="both-in-place"),
+        pytest.param([CLAIM], True, ["Service"], [], "Created", id="a-deleted-service-comes-back"),
+        pytest.param(
+            [{**SERVICE, "spec": {"selector": {lbl.JOB_NAME: "demo"}}}, CLAIM],
+            True,
+            [],
+            ["Service"],
+            "Created",
+            id="an-old-selector-repaired",
+        ),
+        pytest.param(
+            [SERVICE, child("PersistentVolumeClaim", "demo-checkpoints", owner=None)],
+            True,
+            [],
+            [],
+            "Created",
+            id="an-unowned-claim-used",
+        ),
+        pytest.param(
+            [child("Service", "demo", owner="someone"), CLAIM],
+            False,
+            [],
+            [],
+            "NameConflict",
+            id="a-foreign-service-not-adopted",
+        ),
+        pytest.param(
+            [child("Service", "demo", owner="old-uid", deletionTimestamp=GOING), CLAIM],
+            False,
+            [],
+            [],
+            "NameConflict",
+            id="an-earlier-jobs-service-being-deleted-waited-for",
+        ),
+    ],
+)
+def test_ensure(
+    children: list[dict[str, Any]],
+    ready: bool,
+    created: list[str],
+    patched: list[str],
+    reason: str,
+) -> None:
+    """children.ensure: what it creates and repairs, ``ctx.children_ready`` for the steps
+    that create pods (never a STOP: a job whose children wait still reports on its pods),
+    and the ``Created`` condition's reason."""
+    ctx = context(make_job(), [], children=children)
+
+    assert ensure(ctx) is CONTINUE
+    assert ctx.children_ready is ready
+    assert [c["kind"] for c in ctx.plan.create_children] == created
+    assert [kind for kind, _, _ in ctx.plan.patch_children] == patched
+    found = ctx.condition("Created")
+    assert found is not None and found.reason == reason
+    assert (ctx.plan.requeue_after == 5) is not ready, "a conflict is looked at again"

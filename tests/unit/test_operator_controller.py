@@ -19,6 +19,7 @@ from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
 from torchkube.operator.controller import Controller
 from torchkube.operator.decision import Event, Plan, Refusal
+from torchkube.operator.leader import LostLeadership
 from torchkube.operator.memory import Cache, JobMemory
 from torchkube.operator.workloads import QueueObservation
 from torchkube.policy.queue import QUEUE_LABEL
@@ -567,3 +568,47 @@ def test_a_job_deleted_during_its_reconcile_is_no_failed_reconcile(
     said = [r.getMessage() for r in caplog.records]
     assert any("reconcile of" in line and "failed" in line for line in said) is failed, said
     assert KEY in controller.timers, "read again"
+
+
+class _LeaseTakenOver:
+    """A leader whose Lease another replica took: its fence refuses the write and steps
+    down, as ``LeaderElection.fence`` does."""
+
+    def __init__(self) -> None:
+        self.leading = asyncio.Event()
+        self.leading.set()
+        self.on_stopped_leading: list[Any] = []
+        self.loop = asyncio.get_running_loop()
+
+    def fence(self) -> None:
+        self.loop.call_soon_threadsafe(self.leading.clear)
+        raise LostLeadership("another replica holds the Lease")
+
+
+def test_a_refused_reconcile_whose_report_finds_the_lease_gone_keeps_its_worker() -> None:
+    """A reconcile refused (403) says so on the job with a fenced status write; when that
+    fence finds the Lease gone, the worker lives on and keeps the job for the next leader,
+    as after any write that lost the lead (a dead worker would leave jobs unreconciled)."""
+
+    async def scenario() -> tuple[BaseException | None, bool]:
+        leader = _LeaseTakenOver()
+        controller = Controller(OperatorSettings(), kube=None, leader=leader)  # type: ignore[arg-type]
+        body = {"metadata": {"name": "demo", "namespace": "ns", "uid": "u-1"}, "spec": {}}
+        controller.attach({KEY: [body]}, {}, {}, {})
+
+        async def reconcile(key: tuple[str, str]) -> None:
+            raise ApiException(status=403, reason="Forbidden")
+
+        controller.reconcile = reconcile  # type: ignore[method-assign]
+        controller.enqueue(KEY)
+        worker = asyncio.ensure_future(controller._worker())
+        await asyncio.sleep(0.1)
+        died = worker.exception() if worker.done() else None
+        worker.cancel()
+        for handle in controller.timers.values():
+            handle.cancel()
+        return died, KEY in controller.queued
+
+    died, kept = asyncio.run(scenario())
+    assert died is None, f"the worker died: {died!r}"
+    assert kept, "the job is kept for the next leader"

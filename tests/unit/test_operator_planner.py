@@ -1,6 +1,8 @@
 """The reconciler's state machine, one observed world at a time (no cluster needed)."""
 
+import inspect
 from datetime import timedelta
+from typing import Any, get_type_hints
 
 import pytest
 from planner import (
@@ -21,7 +23,9 @@ from torchkube.api.contract import TRAINING_FINISHED, ProgressReport
 from torchkube.api.times import format_time
 from torchkube.operator import builders
 from torchkube.operator import pods as p
+from torchkube.operator.decision import Context, Step
 from torchkube.operator.failure import classify_pod
+from torchkube.operator.planner import POLICIES
 from torchkube.operator.pods import slim
 
 
@@ -309,3 +313,12 @@ def test_an_incident_with_a_lost_node_is_named_after_the_node_whatever_failed_fi
     assert lost.status.restarts == 1
     assert [e.reason for e in lost.events] == ["NodeLost"], lost.events
     assert "n2" in lost.events[0].message and "1 more failing together" in lost.events[0].message
+
+
+@pytest.mark.parametrize("step", POLICIES, ids=lambda step: f"{step.__module__}.{step.__name__}")
+def test_every_policy_step_takes_the_context_alone_and_returns_a_step(step: Any) -> None:
+    """The one step contract (decision.py): what a step finds for a later one goes on the
+    Context, so no step takes more than it, and every step may settle the pass."""
+    hints = get_type_hints(step)
+    assert list(inspect.signature(step).parameters) == ["ctx"]
+    assert hints == {"ctx": Context, "return": Step}

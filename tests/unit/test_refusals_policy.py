@@ -6,11 +6,21 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from planner import NOW, condition, created_slots, make_job, pod, run, running_status, store
+from planner import (
+    NOW,
+    condition,
+    context,
+    created_slots,
+    make_job,
+    pod,
+    run,
+    running_status,
+    store,
+)
 
 from torchkube.api.times import format_time
 from torchkube.operator import refusals
-from torchkube.operator.decision import Event, Refusal
+from torchkube.operator.decision import CONTINUE, Event, Refusal
 
 
 def test_a_refused_child_is_reported_by_name_and_never_fails_the_job() -> None:
@@ -132,3 +142,32 @@ def test_a_refused_reconcile_says_so_at_once_in_the_planners_words() -> None:
     assert event == Event("Warning", "OperatorForbidden", said["message"])
     long = refusals.forbidden(_stored(), "x" * 9000, NOW)[0]["conditions"][0]["message"]
     assert len(long) == 4096, "cut to the schema's length"
+
+
+QUOTA = "exceeded quota: gpus"
+
+
+@pytest.mark.parametrize(
+    ("children_ready", "refused_ago", "may_create", "requeue"),
+    [
+        pytest.param(True, None, True, None, id="nothing-refused"),
+        pytest.param(False, None, False, None, id="children-not-ready"),
+        pytest.param(True, 1.0, False, 3.0, id="refused-and-backing-off"),
+        pytest.param(True, 5.0, True, None, id="refused-and-backed-off-long-enough"),
+        pytest.param(False, 1.0, False, None, id="children-not-ready-backoff-not-looked-at"),
+    ],
+)
+def test_back_off(
+    children_ready: bool, refused_ago: float | None, may_create: bool, requeue: float | None
+) -> None:
+    """refusals.back_off: ``ctx.may_create`` for scaling, from ``ctx.children_ready`` and the
+    last refused create (its third attempt: 4 s apart), and a requeue for the backoff's end."""
+    refused = None
+    if refused_ago is not None:
+        refused = Refusal(403, "Forbidden", QUOTA, NOW - timedelta(seconds=refused_ago), 3)
+    ctx = context(make_job(running_status()), [], refused=refused)
+    ctx.children_ready = children_ready
+
+    assert refusals.back_off(ctx) is CONTINUE
+    assert ctx.may_create is may_create
+    assert ctx.plan.requeue_after == requeue

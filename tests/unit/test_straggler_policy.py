@@ -1,17 +1,33 @@
 """Straggler policy: the slowest rank in status, since when it straggles, and its pod
-replaced when it stays one (torchkube/policy/stragglers.py, and torchkube/operator/stragglers.py
-through the planner)."""
+replaced when it stays one (torchkube/policy/stragglers.py, and torchkube/operator/stragglers.py:
+its step called directly, one row per case, and whole scenarios through the planner)."""
 
 from datetime import timedelta
 from typing import Any
 
-from planner import NOW, created_slots, make_job, pod, run, running_status, store
+import pytest
+from planner import (
+    NOW,
+    READY,
+    by_slot,
+    context,
+    created_slots,
+    make_job,
+    pod,
+    run,
+    running_status,
+    store,
+)
 
 from torchkube.api import labels as lbl
 from torchkube.api.contract import ProgressReport
 from torchkube.api.spec import FailurePolicySpec
 from torchkube.api.status import SlowestRank
 from torchkube.api.times import format_time
+from torchkube.operator import pods as p
+from torchkube.operator import stragglers as straggler_step
+from torchkube.operator.decision import CONTINUE, SortedPods
+from torchkube.operator.pods import NodeHealth
 from torchkube.policy import stragglers
 
 REPLACE = {"replaceStragglers": True, "stragglerSeconds": 120}
@@ -168,3 +184,84 @@ def test_a_straggler_is_kept_when_the_job_has_no_other_node() -> None:
 def test_a_node_left_long_ago_may_be_left_again() -> None:
     result = _straggler_on_n2([_replaced_on_n2(minutes_ago=120)])
     assert len(result.delete_pods) == 1 and created_slots(result) == [2]
+
+
+# ------------------------------------------------------------------ the step, row by row
+
+
+@pytest.mark.parametrize(
+    ("phase", "policy", "since", "others_ready", "duplicate", "replaced", "slot_after", "kept"),
+    [
+        pytest.param(
+            "Running", REPLACE, None, True, False, False, ["running"], None, id="no-report"
+        ),
+        pytest.param(
+            "Running", REPLACE, 60, True, False, False, ["running"], None, id="not-due-yet"
+        ),
+        pytest.param("Running", REPLACE, 125, True, False, True, [], None, id="due-replaced"),
+        pytest.param(
+            "Running",
+            REPLACE,
+            125,
+            True,
+            True,
+            True,
+            ["pending"],
+            None,
+            id="due-replaced-its-slots-other-pod-stays",
+        ),
+        pytest.param("Running", {}, 125, True, False, False, ["running"], None, id="policy-off"),
+        pytest.param(
+            "Running",
+            REPLACE,
+            125,
+            False,
+            False,
+            False,
+            ["running"],
+            "NoOtherNode",
+            id="no-other-node-kept",
+        ),
+        pytest.param(
+            "Restarting", REPLACE, 125, True, False, False, ["running"], None, id="not-running"
+        ),
+    ],
+)
+def test_replace(
+    phase: str,
+    policy: dict[str, Any],
+    since: float | None,
+    others_ready: bool,
+    duplicate: bool,
+    replaced: bool,
+    slot_after: list[str],
+    kept: str | None,
+) -> None:
+    """stragglers.replace on ``ctx.pods``: the pod of slot 2, on n2, straggles for ``since``
+    seconds (None: no report; due after 120). Replaced, it is deleted gracefully, its failure
+    recorded, and it leaves ``ctx.pods`` so that scaling refills its slot (``slot_after``:
+    the states of the pods its slot holds then); kept, ``StragglerKept`` says why."""
+    workers = [pod(i, node="n2" if i == 2 else "n1") for i in range(4)]
+    if duplicate:
+        workers.append(pod(2, phase="Pending", node=None))
+    victim = workers[2]["metadata"]["name"]
+    slowest = {} if since is None else {"slowestRank": slow_since(since, victim)}
+    status = {**running_status(**slowest), "phase": phase}
+    nodes = {"n1": NodeHealth(others_ready, NOW - timedelta(hours=1)), "n2": READY}
+    progress = None if since is None else report(victim, 2.0)
+    ctx = context(make_job(status, failurePolicy=policy), workers, nodes, progress=progress)
+    ctx.pods = SortedPods(live_workers=by_slot(ctx.owned))
+
+    assert straggler_step.replace(ctx) is CONTINUE
+    assert ctx.plan.delete_pods == ([(victim, False)] if replaced else [])
+    assert ctx.plan.release == ({victim: "straggler"} if replaced else {})
+    assert [p.state(worker) for worker in ctx.pods.live_workers.get(2, [])] == slot_after
+    assert sorted(ctx.pods.live_workers) == ([0, 1, 2, 3] if slot_after else [0, 1, 3])
+    last = ctx.status.last_failure
+    assert (last.reason if last else None) == ("Straggler" if replaced else None)
+    tracked = ctx.status.slowest_rank
+    assert (tracked is None) == (since is None)
+    assert tracked is None or (tracked.straggling_since is None) == replaced, "its clock ends"
+    held = next((c for c in ctx.status.conditions if c.type == "StragglerKept"), None)
+    assert (held.reason if held and held.status == "True" else None) == kept
+    assert ctx.plan.requeue_after == (60.0 if since == 60 and phase == "Running" else None)

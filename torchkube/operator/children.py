@@ -12,7 +12,7 @@ from typing import Any
 from torchkube.operator import builders
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, Context, Step
 
 
 def _find(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any] | None:
@@ -40,15 +40,17 @@ def _problem(ctx: Context, found: dict[str, Any], kind: str, name: str) -> str |
     )
 
 
-def ensure(ctx: Context, children: list[dict[str, Any]]) -> bool:
-    """Plan the creation (or repair) of the job's children; True when pods may be created."""
+def ensure(ctx: Context) -> Step:
+    """Plan the creation (or repair) of the job's children; ``ctx.children_ready`` when they
+    are in place, so pods may be created. Never settles the pass: a job whose children wait
+    still reports on its pods."""
     wanted = builders.services(ctx.job)
     if ctx.spec.checkpoint.creates_claim:
         wanted.append(builders.checkpoint_claim(ctx.job))
     problems: list[str] = []
     for body in wanted:
         kind, name = body["kind"], body["metadata"]["name"]
-        found = _find(children, kind, name)
+        found = _find(ctx.observed.children, kind, name)
         if found is None:
             ctx.plan.create_children.append(body)
             continue
@@ -65,11 +67,13 @@ def ensure(ctx: Context, children: list[dict[str, Any]]) -> bool:
             ctx.event("Warning", "NameConflict", text)
         ctx.set(cond.CREATED, False, "NameConflict", text)
         ctx.plan.requeue(5)
-        return False
+        ctx.children_ready = False
+        return CONTINUE
     if not ctx.is_true(cond.CREATED):
         ctx.set(cond.CREATED, True, "Created", "service and checkpoint volume in place")
         ctx.event("Normal", "Created", f"created service {ctx.job.name} and checkpoint volume")
-    return True
+    ctx.children_ready = True
+    return CONTINUE
 
 
 def claim_problem(

@@ -225,8 +225,12 @@ class Controller:
                     self.enqueue(key, delay=CONFLICT_RETRY_SECONDS)
                 elif error.status == 403:
                     metrics.RECONCILE_ERRORS.inc()
-                    await asyncio.to_thread(self._report_forbidden, key, error)
-                    self.enqueue(key, delay=RETRY_SECONDS)
+                    try:
+                        await asyncio.to_thread(self._report_forbidden, key, error)
+                    except LostLeadership:  # its fenced write found the Lease gone
+                        self.enqueue(key)  # kept for the next leader, as above
+                    else:
+                        self.enqueue(key, delay=RETRY_SECONDS)
                 elif error.status == 404 and await asyncio.to_thread(self._replaced, key):
                     log.info("%s/%s was deleted while it was planned for; read again", *key)
                     self.enqueue(key, delay=CONFLICT_RETRY_SECONDS)

@@ -1,20 +1,29 @@
 """What the planner sees (:class:`Observed`), what it decides (:class:`Plan`), the scratch
-state the policies share while deciding (:class:`Context`), and what a step tells the planner
-(:class:`Step`). No I/O and no policy here: the policies live one per module and
-``planner.plan`` runs them in order.
+state the policies share while deciding (:class:`Context`, with the job's pods sorted in
+:class:`SortedPods`), and what a step tells the planner (:class:`Step`). No I/O and no policy
+here: the policies live one per module and ``planner.plan`` runs them in order.
 
-One style for every policy: a planning step takes the Context, writes what it decides into
-it (status, conditions, events, the plan) and, where it can settle the pass, returns
-``CONTINUE`` or ``STOP``. Beneath the steps, the decisions themselves are pure functions that
-return values (``scaling.surplus_and_missing``, ``node_loss.NodeLoss.deadline``...), and
-those the local runner (``torchkube run``) follows too live in ``torchkube.policy``
+One style for every policy: a planning step is ``step(ctx: Context) -> Step``. It writes what
+it decides into the Context (status, conditions, events, the plan) and returns ``CONTINUE``,
+or ``STOP`` when nothing else is to be planned this pass. What a step finds for a later one
+goes into a typed field of the Context, never through a return value or a list the caller
+holds: ``owned`` (the planner, before the policies), ``children_ready`` (``children.ensure``),
+``pods`` (``sorting.sort``; ``stragglers.replace`` leaves out the pod it replaces),
+``may_create`` (``refusals.back_off``) and ``missing_slots`` (``scaling.scale_workers``).
+The few steps that run whatever the policies decided (``queueing.finish``,
+``queueing.place``, ``lifecycle.clean_up_finished``, ``topology.report``) settle nothing and
+return nothing.
+
+Beneath the steps, the decisions themselves are pure functions that return values
+(``scaling.surplus_and_missing``, ``node_loss.NodeLoss.deadline``...), and those the local
+runner (``torchkube run``) follows too live in ``torchkube.policy``
 (``accounting.account``, ``stragglers.track``...), so both follow the same rules.
 """
 
 import enum
 import secrets
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +37,7 @@ from torchkube.operator import pods as p
 from torchkube.operator.goodput import Tracked
 from torchkube.operator.workloads import QueueObservation
 
-if TYPE_CHECKING:  # the failure policy records into a Context
+if TYPE_CHECKING:  # the failures sorted, and recorded, into a Context
     from torchkube.policy.failures import Failure
 
 
@@ -141,6 +150,36 @@ class Plan:
             self.release.setdefault(p.name(pod), why)
 
 
+@dataclass
+class SortedPods:
+    """The job's own pods, sorted into what the policies act on (``sorting.sort``)."""
+
+    live_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    live_stores: list[dict[str, Any]] = field(default_factory=list)
+    live_lighthouses: list[dict[str, Any]] = field(default_factory=list)
+    """recovery live: the Lighthouse pods Pending or Running (one, but for a moment)."""
+    succeeded: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    new_failures: list["Failure"] = field(default_factory=list)
+    deleting: list[dict[str, Any]] = field(default_factory=list)
+    released: list[dict[str, Any]] = field(default_factory=list)
+    """Spares that exited 0 when the rendezvous closed at the end of training."""
+
+    @property
+    def workers(self) -> list[dict[str, Any]]:
+        return [pod for pods in self.live_workers.values() for pod in pods]
+
+    def without(self, pod: dict[str, Any]) -> "SortedPods":
+        """These pods with a live worker left out (the policies after the one that replaces
+        it see its slot empty, and refill it); a slot left with no pod is dropped."""
+        live: dict[int, list[dict[str, Any]]] = {}
+        for index, pods in self.live_workers.items():
+            kept = [other for other in pods if p.name(other) != p.name(pod)]
+            if kept:
+                live[index] = kept
+        return replace(self, live_workers=live)
+
+
 class Step(enum.Enum):
     """What a planning step tells the planner: go on to the next policy, or this pass is
     settled (the job waits, is suspended or ended, or one step already planned all there is
@@ -169,6 +208,20 @@ class Context:
         status = self.job.status
         self.status = status.model_copy(deep=True) if status else TrainingJobStatus()
         self.plan = Plan()
+        self.owned: list[dict[str, Any]] = []
+        """The job's own pods, for a job this cluster runs (the planner sets them before the
+        policies; one MultiKueue runs elsewhere has none here)."""
+        self.children_ready = False
+        """The job's Service and claim are in place, so its pods may be created
+        (``children.ensure``)."""
+        self.pods = SortedPods()
+        """The job's own pods sorted (``sorting.sort``), as the later policies act on them."""
+        self.may_create = False
+        """Pods may be created this pass: the children are ready and no refused create is
+        being backed off (``refusals.back_off``)."""
+        self.missing_slots: list[int] = []
+        """Worker slots left without a pod after scaling (backing off after a failure, or
+        creates not allowed): ``scaling.scale_workers``, said by ``waiting.report``."""
 
     def condition(self, kind: str) -> Condition | None:
         return cond.get(self.status.conditions, kind)

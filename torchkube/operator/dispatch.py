@@ -69,7 +69,7 @@ def follow(ctx: Context) -> None:
         )
         return
     progress, checkpoint = ctx.status.progress, ctx.status.latest_checkpoint
-    if queueing.hold(ctx, []) is CONTINUE:
+    if queueing.hold(ctx) is CONTINUE:  # ctx.owned is empty: its pods run on the worker
         assert state is not None  # admitted: hold saw its Workload
         _wait(
             ctx,

@@ -17,6 +17,7 @@ from torchkube.api.contract import committed_step
 from torchkube.api.ledger import Ledger
 from torchkube.api.reasons import FailureReason
 from torchkube.api.spec import FailurePolicySpec
+from torchkube.api.standby import stands_by
 from torchkube.api.status import FailureRecord, TrainingJobStatus
 from torchkube.operator import pods as p
 from torchkube.operator.decision import CONTINUE, STOP, Context, Step
@@ -26,6 +27,7 @@ from torchkube.policy.failures import (
     Failure,
     classify_exit,
     clip_message,
+    live_group_losses,
 )
 
 PREEMPTION_REASONS = frozenset({"PreemptionByScheduler"})
@@ -191,9 +193,24 @@ def record_key(record: FailureRecord) -> tuple[str, int]:
     return record.pod or "", record.restart_count or 0
 
 
+def record_new(ctx: Context) -> Step:
+    """Record the failures sorting found new (``ctx.pods.new_failures``): in live recovery,
+    as losses of their replica groups alone while enough others train on
+    (``live_group_losses``); a worker standing by trains nothing. STOP when the job failed."""
+    progress = ctx.observed.progress
+    training = [
+        p.name(pod)
+        for pod in ctx.pods.workers
+        if p.state(pod) == "running"
+        and not stands_by(podfields.slot(pod), podfields.created(pod), progress)
+    ]
+    return record(ctx, live_group_losses(ctx.job, ctx.pods.new_failures, training))
+
+
 def record(ctx: Context, new: list[Failure]) -> Step:
     """Account for new failures in the job's status, label their pods once it holds them,
-    and say what each new incident costs (a Warning event); STOP when the job failed."""
+    and say what each new incident costs (a Warning event); STOP when the job failed. For
+    the steps that find failures (:func:`record_new`, ``stragglers.replace``)."""
     if not new:
         return CONTINUE
     before = Ledger.of(ctx.status)

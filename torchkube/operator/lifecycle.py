@@ -15,6 +15,7 @@ from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.status import TERMINAL_PHASES
 from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
+from torchkube.operator import phase
 from torchkube.operator import pods as p
 from torchkube.operator.decision import CONTINUE, STOP, Context, Step
 
@@ -36,11 +37,11 @@ def is_finished(ctx: Context) -> bool:
     return ctx.status.phase in TERMINAL_PHASES
 
 
-def clean_up_finished(ctx: Context, owned: list[dict[str, Any]]) -> None:
+def clean_up_finished(ctx: Context) -> None:
     """After the end: delete pods per ``cleanPodPolicy`` (the store and the Lighthouse always),
     and the job itself once ``ttlSecondsAfterFinished`` has passed."""
     policy = ctx.spec.run_policy.clean_pod_policy
-    for pod in owned:
+    for pod in ctx.owned:
         state = p.state(pod)
         if state == "deleting":
             continue
@@ -69,13 +70,13 @@ def _suspended_since(ctx: Context) -> float:
     return max(0.0, ctx.seconds_since(condition.last_transition_time) or 0.0)
 
 
-def suspend(ctx: Context, owned: list[dict[str, Any]]) -> Step:
+def suspend(ctx: Context) -> Step:
     """``runPolicy.suspend``: no pods, checkpoints kept. A suspension resets the active
     deadline's clock (``status.lastStartTime``); on resume the time spent suspended is added
     to ``status.suspendedSeconds``, which the start deadline leaves out."""
     if ctx.spec.run_policy.suspend:
         ctx.status.last_start_time = None
-        for pod in owned:
+        for pod in ctx.owned:
             if p.state(pod) in ("pending", "running"):
                 ctx.plan.delete(pod, why=RELEASE_SUSPENDED)
         if ctx.status.phase != "Suspended":
@@ -101,33 +102,27 @@ def suspend(ctx: Context, owned: list[dict[str, Any]]) -> Step:
     return CONTINUE
 
 
-def prune_failed(ctx: Context, failed: list[dict[str, Any]]) -> None:
-    """Failed workers are kept for ``kubectl logs``, the newest ``KEEP_FAILED_PODS``."""
-    kept = sorted(failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
+def prune_failed(ctx: Context) -> Step:
+    """Failed workers (``ctx.pods.failed``) are kept for ``kubectl logs``, the newest
+    ``KEEP_FAILED_PODS``."""
+    kept = sorted(ctx.pods.failed, key=lambda pod: p.created(pod) or ctx.now, reverse=True)
     for pod in kept[KEEP_FAILED_PODS:]:
         if p.state(pod) != "deleting":
             ctx.plan.delete(pod)
-
-
-def active_since(ctx: Context) -> str | None:
-    """When the active deadline's clock started: ``status.lastStartTime``, or, in a status
-    written before that field, the first start of a job that was never suspended."""
-    if ctx.status.last_start_time is not None or ctx.condition(cond.SUSPENDED) is not None:
-        return ctx.status.last_start_time
-    return ctx.status.start_time
+    return CONTINUE
 
 
 def deadlines(ctx: Context) -> Step:
     """STOP when the job just failed a deadline.
 
     ``activeDeadlineSeconds`` counts from ``status.lastStartTime``, when the job first ran
-    (``phase.derive``) since the creation or the last resume: a Kubernetes Job's timer is
-    stopped and reset by a suspension, and a job queued suspended (Kueue) gets its whole
-    deadline once it runs. ``startDeadlineSeconds`` counts from the creation, without the
-    time spent suspended."""
+    (``phase.derive``, ``phase.active_since``) since the creation or the last resume: a
+    Kubernetes Job's timer is stopped and reset by a suspension, and a job queued suspended
+    (Kueue) gets its whole deadline once it runs. ``startDeadlineSeconds`` counts from the
+    creation, without the time spent suspended."""
     policy = ctx.spec.run_policy
     suspended = ctx.status.suspended_seconds
-    since = active_since(ctx)
+    since = phase.active_since(ctx)
     running = ctx.seconds_since(since)
     if policy.active_deadline_seconds is not None and running is not None:
         remaining = policy.active_deadline_seconds - running
@@ -161,13 +156,13 @@ def deadlines(ctx: Context) -> Step:
     return CONTINUE
 
 
-def fail_unstartable(ctx: Context, workers: list[dict[str, Any]]) -> Step:
+def fail_unstartable(ctx: Context) -> Step:
     """An image name that can never be pulled fails a job that has not started at once (the
     image is immutable): STOP. Everything else that blocks a start waits for
     startDeadlineSeconds."""
     if ctx.status.phase != "Pending" and ctx.status.start_time:
         return CONTINUE
-    for pod in workers:
+    for pod in ctx.pods.workers:
         blocked = p.blocked_reason(pod)
         if blocked is not None and blocked[0] == "InvalidImageName":
             ctx.finish(
@@ -191,9 +186,11 @@ def finished_training(ctx: Context, pod: dict[str, Any]) -> bool:
     return TRAINING_FINISHED in p.termination_message(pod)
 
 
-def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, Any]]) -> Step:
-    """A worker finished training: pending workers go; the job succeeds once none runs, and
-    nothing else is planned meanwhile (STOP)."""
+def succeed(ctx: Context) -> Step:
+    """A worker finished training (``ctx.pods.succeeded``): pending workers go; the job
+    succeeds once none runs, and nothing else is planned meanwhile (STOP) but the replica
+    counts: the workers still running, none once the job succeeded."""
+    succeeded, live = ctx.pods.succeeded, ctx.pods.workers
     if not succeeded:
         return CONTINUE
     for pod in live:
@@ -208,4 +205,5 @@ def succeed(ctx: Context, succeeded: list[dict[str, Any]], live: list[dict[str, 
         steps = final if final is not None else (progress.step if progress else None)
         detail = f" after {steps} steps" if steps else ""
         ctx.finish("Succeeded", "TrainingCompleted", f"training completed{detail}")
+    phase.count_replicas(ctx, [] if is_finished(ctx) else live)
     return STOP

@@ -19,7 +19,7 @@ from typing import Any
 from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, Context, Step
 
 PARTITION_SHARE = 0.55
 PARTITION_MIN_NODES = 3
@@ -111,9 +111,11 @@ class NodeLoss:
         return True
 
 
-def report_partition(ctx: Context, loss: NodeLoss) -> None:
+def report_partition(ctx: Context) -> Step:
     """``NodesUnreachable``: True, with a Warning, while most nodes are NotReady at once."""
-    if loss.partition is None:
+    found = partition(ctx.nodes)
+    if found is None:
         ctx.clear(cond.NODES_UNREACHABLE, "NodesReachable", "the nodes report again")
     else:
-        ctx.warn_once(cond.NODES_UNREACHABLE, "Partition", loss.partition.message)
+        ctx.warn_once(cond.NODES_UNREACHABLE, "Partition", found.message)
+    return CONTINUE

@@ -10,10 +10,10 @@ from typing import Any
 from torchkube.api import labels as lbl
 from torchkube.api.times import format_time
 from torchkube.api.worker_launch import fewest_training_workers, live
+from torchkube.operator import children, refusals, topology
 from torchkube.operator import conditions as cond
-from torchkube.operator import lifecycle, topology
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, Context, Step
 
 
 def _stuck(
@@ -34,20 +34,17 @@ def _stuck(
     return stuck
 
 
-def report_unschedulable(
-    ctx: Context,
-    workers: list[dict[str, Any]],
-    stores: list[dict[str, Any]],
-    lighthouses: Sequence[dict[str, Any]] = (),
-) -> None:
+def report_unschedulable(ctx: Context) -> Step:
     """``PodsUnschedulable``: workers, the rendezvous store or the Lighthouse, that the
     scheduler could not place for ``scheduling.pendingTimeoutSeconds``. The servers come
     first: without them no worker trains, however many run."""
+    pods = ctx.pods
+    workers, stores, lighthouses = pods.workers, pods.live_stores, pods.live_lighthouses
     timeout = timedelta(seconds=ctx.spec.scheduling.pending_timeout_seconds)
     waited = int(timeout.total_seconds())
     stuck_workers = _stuck(ctx, workers, timeout)
     stuck_store = _stuck(ctx, stores, timeout)
-    stuck_lighthouse = _stuck(ctx, list(lighthouses), timeout)
+    stuck_lighthouse = _stuck(ctx, lighthouses, timeout)
     placement = (
         "give it a node with rendezvous.store.nodeSelector, .tolerations and .resources (it "
         "takes none of the workers' nodeSelector or affinity)"
@@ -76,6 +73,7 @@ def report_unschedulable(
         ctx.warn_once(cond.PODS_UNSCHEDULABLE, "Unschedulable", text)
     else:
         ctx.clear(cond.PODS_UNSCHEDULABLE, "Scheduled", "all pods are scheduled")
+    return CONTINUE
 
 
 def blocked_pods(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
@@ -191,28 +189,37 @@ def not_started(ctx: Context, workers: list[dict[str, Any]]) -> tuple[str, str] 
     return None
 
 
-def report_blocked(ctx: Context, problem: tuple[str, str] | None) -> None:
+def report_blocked(ctx: Context) -> Step:
     """``PodsBlocked``: what keeps pods from starting, so a job that cannot start says so
-    (``kubectl describe`` and a Warning event) instead of sitting Pending in silence."""
+    (``kubectl describe`` and a Warning event) instead of sitting Pending in silence. The
+    first of: a create the apiserver refuses, a pod that cannot start by itself, a trainer
+    that never passed its startup probe, the checkpoint claim left unbound."""
+    pods = ctx.pods
+    workers = pods.workers
+    running = any(p.state(pod) == "running" for pod in workers)
+    problem = (
+        refusals.problem(ctx)
+        or blocked_pods([*workers, *pods.live_stores, *pods.live_lighthouses])
+        or not_started(ctx, workers)
+        or children.claim_problem(ctx, ctx.observed.children, running)
+    )
     if problem is None:
         ctx.clear(cond.PODS_BLOCKED, "NotBlocked", "nothing keeps the pods from starting")
-        return
+        return CONTINUE
     reason, message = problem
     ctx.warn_once(cond.PODS_BLOCKED, reason, message)
+    return CONTINUE
 
 
-def derive(
-    ctx: Context,
-    workers: list[dict[str, Any]],
-    stores: list[dict[str, Any]],
-    lighthouses: Sequence[dict[str, Any]] = (),
-) -> None:
+def derive(ctx: Context) -> Step:
     """``Running`` takes the workers that train (``replicas.min``; one replica group in
     live recovery, where survivors train on) *and* a serving store (and, in live recovery, a
     serving Lighthouse): a job whose store never runs has not started
     (``startDeadlineSeconds`` applies), and one whose store is lost after the start is
     ``Restarting`` until a store serves again — but for a live job, whose groups train on
     without the store once started, and wait at their next quorum without the Lighthouse."""
+    pods = ctx.pods
+    workers, stores, lighthouses = pods.workers, pods.live_stores, pods.live_lighthouses
     running = [pod for pod in workers if p.state(pod) == "running"]
     minimum = fewest_training_workers(ctx.job)
     no_store = store_problem(stores)
@@ -242,7 +249,7 @@ def derive(
             ctx.event("Normal", "Running", f"{len(running)} workers running")
         ctx.status.phase = "Running"
         ctx.status.start_time = ctx.status.start_time or format_time(ctx.now)
-        ctx.status.last_start_time = lifecycle.active_since(ctx) or format_time(ctx.now)
+        ctx.status.last_start_time = active_since(ctx) or format_time(ctx.now)
         ctx.set(cond.RUNNING, True, "WorkersRunning", _running_message(ctx, len(running)))
         ctx.clear(cond.RESTARTING, "WorkersRunning", "enough workers are running")
     elif ctx.status.start_time:
@@ -250,6 +257,16 @@ def derive(
         _restarting(ctx, "WaitingForWorkers", text)
     else:
         ctx.status.phase = "Pending"
+    return CONTINUE
+
+
+def active_since(ctx: Context) -> str | None:
+    """When the job last started running (:func:`derive` keeps ``status.lastStartTime``; the
+    active deadline counts from it): ``status.lastStartTime``, or, in a status written before
+    that field, the first start of a job that was never suspended."""
+    if ctx.status.last_start_time is not None or ctx.condition(cond.SUSPENDED) is not None:
+        return ctx.status.last_start_time
+    return ctx.status.start_time
 
 
 def _lighthouse_ready(ctx: Context, lighthouses: Sequence[dict[str, Any]]) -> str | None:
@@ -283,7 +300,13 @@ def _restarting(ctx: Context, reason: str, text: str) -> None:
     ctx.set(cond.RUNNING, False, reason, text)
 
 
-def counts(ctx: Context, workers: list[dict[str, Any]]) -> None:
+def counts(ctx: Context) -> Step:
+    """The replica counts of the job's live workers (:func:`count_replicas`)."""
+    count_replicas(ctx, ctx.pods.workers)
+    return CONTINUE
+
+
+def count_replicas(ctx: Context, workers: list[dict[str, Any]]) -> None:
     """Replica counts for ``kubectl get`` and the scale subresource, and the spares: Running,
     warm worker pods beyond the target stand by (the rendezvous takes at most ``max`` into a
     round, and the target is ``max`` whenever spares are set). A spare still importing torch

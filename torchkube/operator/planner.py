@@ -6,20 +6,18 @@ the returned ``Plan``; because it is level-triggered (it looks at the world, not
 that woke it), an operator restart in the middle of a failure simply plans the same thing
 again.
 
-The decisions live one policy per module; this file only runs them in order (``_run_policies``
-reads as that list). Each step takes the :class:`~torchkube.operator.decision.Context`, writes
-what it decides into it (status, conditions, events, the plan), and returns ``STOP`` when
-nothing else is to be planned this pass; a job that ended is cleaned up once, at the end.
+The decisions live one policy per module; this file only runs them in order (``POLICIES``
+is that list). Each step takes the :class:`~torchkube.operator.decision.Context` and nothing
+else, writes what it decides into it (status, conditions, events, the plan, and what a later
+step reads: decision.py), and returns ``STOP`` when nothing else is to be planned this pass;
+a job that ended is cleaned up once, at the end.
 """
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from torchkube.api.contract import ProgressReport
-from torchkube.api.podfields import created, slot
 from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
-from torchkube.api.standby import stands_by
 from torchkube.api.status import CheckpointRecord, ProgressRecord
 from torchkube.api.times import human_duration
 from torchkube.operator import (
@@ -41,8 +39,7 @@ from torchkube.operator import (
     waiting,
 )
 from torchkube.operator import pods as p
-from torchkube.operator.decision import STOP, Context, Observed, Plan, random_suffix
-from torchkube.policy.failures import live_group_losses
+from torchkube.operator.decision import STOP, Context, Observed, Plan, Step, random_suffix
 
 __all__ = ["Observed", "Plan", "plan", "random_suffix"]
 
@@ -70,70 +67,51 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
 def _run_here(ctx: Context) -> None:
     """A job this cluster runs (not one MultiKueue dispatched elsewhere)."""
     if not lifecycle.is_being_deleted(ctx):
-        owned = [pod for pod in ctx.observed.pods if p.owned_by(pod, ctx.job.uid)]
-        _run_policies(ctx, owned)
+        ctx.owned = [pod for pod in ctx.observed.pods if p.owned_by(pod, ctx.job.uid)]
+        _run_policies(ctx)
         queueing.place(ctx)
         if lifecycle.is_finished(ctx):
-            lifecycle.clean_up_finished(ctx, owned)
+            lifecycle.clean_up_finished(ctx)
         else:
-            topology.report(ctx, owned)
+            topology.report(ctx)
     _estimate_remaining(ctx)
 
 
-def _run_policies(ctx: Context, owned: list[dict[str, Any]]) -> None:
+POLICIES: tuple[Callable[[Context], Step], ...] = (
+    children.ensure,
+    queueing.hold,
+    lifecycle.suspend,
+    lifecycle.deadlines,
+    preparation.prepare,
+    sorting.sort,
+    failure.record_new,
+    lifecycle.prune_failed,
+    node_loss.report_partition,
+    lifecycle.succeed,
+    refusals.fail_permanent,
+    stragglers.replace,
+    refusals.back_off,
+    scaling.scale_workers,
+    scaling.keep_store,
+    scaling.keep_lighthouse,
+    phase.report_unschedulable,
+    waiting.report,
+    phase.report_blocked,
+    lifecycle.fail_unstartable,
+    phase.derive,
+    phase.counts,
+)
+"""The policies' steps in the order they run (decision.py: one signature for all)."""
+
+
+def _run_policies(ctx: Context) -> None:
     """The policies in order; a step that returns STOP settles this pass."""
     if lifecycle.is_finished(ctx):
         queueing.finish(ctx)
         return
-    children_ready = children.ensure(ctx, ctx.observed.children)
-    if queueing.hold(ctx, owned) is STOP:
-        return
-    if lifecycle.suspend(ctx, owned) is STOP:
-        return
-    if lifecycle.deadlines(ctx) is STOP:
-        return
-    if preparation.prepare(ctx, owned, children_ready) is STOP:
-        return
-
-    loss = node_loss.NodeLoss.of(ctx)
-    pods = sorting.sort(ctx, owned, loss)
-    progress = ctx.observed.progress
-    training = [
-        p.name(pod)
-        for pod in pods.workers
-        if p.state(pod) == "running" and not stands_by(slot(pod), created(pod), progress)
-    ]
-    if failure.record(ctx, live_group_losses(ctx.job, pods.new_failures, training)) is STOP:
-        return
-    lifecycle.prune_failed(ctx, pods.failed)
-    node_loss.report_partition(ctx, loss)
-    if lifecycle.succeed(ctx, pods.succeeded, pods.workers) is STOP:
-        phase.counts(ctx, [] if lifecycle.is_finished(ctx) else pods.workers)
-        return
-    if refusals.fail_permanent(ctx) is STOP:
-        return
-    if stragglers.replace(ctx, pods.live_workers) is STOP:
-        return
-
-    may_create = children_ready and refusals.creates_allowed(ctx)
-    missing = scaling.scale_workers(ctx, pods.live_workers, pods.released, may_create)
-    scaling.keep_store(ctx, pods.live_stores, may_create)
-    scaling.keep_lighthouse(ctx, pods.live_lighthouses, may_create)
-    workers, stores, lighthouses = pods.workers, pods.live_stores, pods.live_lighthouses
-    running = any(p.state(pod) == "running" for pod in workers)
-    phase.report_unschedulable(ctx, workers, stores, lighthouses)
-    waiting.report(ctx, workers, len(missing))
-    phase.report_blocked(
-        ctx,
-        refusals.problem(ctx)
-        or phase.blocked_pods([*workers, *stores, *lighthouses])
-        or phase.not_started(ctx, workers)
-        or children.claim_problem(ctx, ctx.observed.children, running),
-    )
-    if lifecycle.fail_unstartable(ctx, workers) is STOP:
-        return
-    phase.derive(ctx, workers, stores, lighthouses)
-    phase.counts(ctx, workers)
+    for step in POLICIES:
+        if step(ctx) is STOP:
+            return
 
 
 def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:

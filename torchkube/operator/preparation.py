@@ -32,15 +32,15 @@ stays down); permanent errors fail it at the first."""
 REASON_FAILED = "DataPreparationFailed"
 
 
-def prepare(ctx: Context, owned: list[dict[str, Any]], may_create: bool) -> Step:
+def prepare(ctx: Context) -> Step:
     """CONTINUE when the workers may start: no ``spec.data``, or it is prepared. Otherwise
-    plan the prepare pod (when ``may_create``: the claim is there), report progress, or fail
-    the job, and STOP: nothing else is planned this pass."""
+    plan the prepare pod (when ``ctx.children_ready``: the claim is there), report progress,
+    or fail the job, and STOP: nothing else is planned this pass."""
     data = ctx.spec.data
     if data is None or (ctx.status.data is not None and ctx.status.data.phase == "Prepared"):
         return CONTINUE
     pods = sorted(
-        (pod for pod in owned if p.role(pod) == lbl.ROLE_PREPARE),
+        (pod for pod in ctx.owned if p.role(pod) == lbl.ROLE_PREPARE),
         key=lambda pod: _attempt(pod),
     )
     source = data.source.describe()
@@ -60,7 +60,7 @@ def prepare(ctx: Context, owned: list[dict[str, Any]], may_create: bool) -> Step
             why = "permanent" if code in PERMANENT_EXIT_CODES else f"{attempts} attempts"
             _fail(ctx, source, p.name(last), attempts, f"{message} ({why}; exit code {code})")
             return STOP
-    if may_create:
+    if ctx.children_ready:
         pod = builders.prepare_pod(ctx.job, attempts + 1)
         ctx.plan.create_pods.append(pod)
         _preparing(ctx, source, p.name(pod), attempts + 1)

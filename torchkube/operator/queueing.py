@@ -122,9 +122,11 @@ def placed(pods: list[dict[str, Any]], observed: QueueObservation | None) -> lis
     return out
 
 
-def hold(ctx: Context, owned: list[dict[str, Any]]) -> Step:
-    """STOP while the job must not run (it waits for Kueue); CONTINUE for a job without a
-    queue or one Kueue admitted, which the other policies then run."""
+def hold(ctx: Context) -> Step:
+    """STOP while the job must not run (it waits for Kueue, its pods in ``ctx.owned``
+    stopped); CONTINUE for a job without a queue or one Kueue admitted, which the other
+    policies then run."""
+    owned = ctx.owned
     queue = queue_name(ctx.job)
     if queue is None:
         return CONTINUE

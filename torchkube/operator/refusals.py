@@ -102,6 +102,13 @@ def fail_permanent(ctx: Context) -> Step:
     return STOP
 
 
+def back_off(ctx: Context) -> Step:
+    """``ctx.may_create``: pods may be created this pass, their children being in place
+    (``ctx.children_ready``) and no refused create being backed off."""
+    ctx.may_create = ctx.children_ready and creates_allowed(ctx)
+    return CONTINUE
+
+
 def creates_allowed(ctx: Context) -> bool:
     """False while the apiserver's last refusal of a pod create is being backed off."""
     refused = ctx.observed.refused

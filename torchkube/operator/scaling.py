@@ -17,7 +17,7 @@ from torchkube.api.times import parse_time
 from torchkube.api.worker_launch import live as live_recovery
 from torchkube.operator import builders
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, Context, Step
 from torchkube.policy.backoff import backoff_remaining
 
 AVOID_LOST_NODES_FOR = timedelta(hours=1)
@@ -73,52 +73,52 @@ def avoided_nodes(history: Iterable[FailureRecord], now: datetime) -> list[str]:
     return sorted(nodes)
 
 
-def scale_workers(
-    ctx: Context,
-    live: dict[int, list[dict[str, Any]]],
-    released: list[dict[str, Any]],
-    may_create: bool,
-) -> list[int]:
-    """Deletes the surplus and creates the missing workers (once the failure backoff allows);
-    the slots left without a pod. A spare ``released`` at the end keeps its slot."""
+def scale_workers(ctx: Context) -> Step:
+    """Deletes the surplus of ``ctx.pods.live_workers`` and creates the missing workers
+    (when ``ctx.may_create``, once the failure backoff allows); ``ctx.missing_slots``: the
+    slots left without a pod. A spare released at the end (``ctx.pods.released``) keeps its
+    slot."""
     pods = ctx.spec.replicas.pods
     surplus, missing = surplus_and_missing(
-        live,
+        ctx.pods.live_workers,
         pods,
         ctx.now,
-        occupied=[p.slot(pod) for pod in released],
+        occupied=[p.slot(pod) for pod in ctx.pods.released],
     )
     for pod in surplus:
         ctx.plan.delete(pod, why=RELEASE_SCALE_DOWN if p.slot(pod) >= pods else RELEASE_DUPLICATE)
-    if not missing or not may_create:
-        return missing
+    ctx.missing_slots = missing
+    if not missing or not ctx.may_create:
+        return CONTINUE
     ledger = Ledger.of(ctx.status)
     wait = backoff_remaining(ledger, ctx.spec.failure_policy, ctx.now)
     if wait > 0:
         ctx.plan.requeue(wait)
-        return missing
+        return CONTINUE
     avoid = avoided_nodes(ledger.history, ctx.now)
     for index in missing:
         ctx.plan.create_pods.append(builders.worker_pod(ctx.job, index, ctx.new_suffix(), avoid))
-    return []
+    ctx.missing_slots = []
+    return CONTINUE
 
 
-def keep_store(ctx: Context, live: list[dict[str, Any]], may_create: bool) -> None:
-    """One rendezvous store: of several, the running one (else the oldest) stays; none, a new
-    one away from the nodes to avoid."""
-    _keep_one(ctx, live, may_create, builders.rendezvous_pod)
+def keep_store(ctx: Context) -> Step:
+    """One rendezvous store: of several (``ctx.pods.live_stores``), the running one (else the
+    oldest) stays; none, a new one away from the nodes to avoid."""
+    _keep_one(ctx, ctx.pods.live_stores, builders.rendezvous_pod)
+    return CONTINUE
 
 
-def keep_lighthouse(ctx: Context, live: list[dict[str, Any]], may_create: bool) -> None:
+def keep_lighthouse(ctx: Context) -> Step:
     """recovery live: one Lighthouse, kept like the store (a job in restart mode has none)."""
     if live_recovery(ctx.job):
-        _keep_one(ctx, live, may_create, builders.lighthouse_pod)
+        _keep_one(ctx, ctx.pods.live_lighthouses, builders.lighthouse_pod)
+    return CONTINUE
 
 
 def _keep_one(
     ctx: Context,
     live: list[dict[str, Any]],
-    may_create: bool,
     build: Callable[[TrainingJob, str, Iterable[str]], dict[str, Any]],
 ) -> None:
     """Of several pods of one server, the running one (else the oldest) stays; none, a new
@@ -129,6 +129,6 @@ def _keep_one(
     )
     for pod in kept[1:]:
         ctx.plan.delete(pod, why=RELEASE_DUPLICATE)
-    if not kept and may_create:
+    if not kept and ctx.may_create:
         avoid = avoided_nodes(ctx.status.failures, ctx.now)
         ctx.plan.create_pods.append(build(ctx.job, ctx.new_suffix(), avoid))

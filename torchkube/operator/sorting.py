@@ -10,7 +10,6 @@ trainer's report). What the operator let go itself (scale-down, duplicates, susp
 release label) is never a failure.
 """
 
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +19,7 @@ from torchkube.api.times import parse_time
 from torchkube.operator import conditions as cond
 from torchkube.operator import failure, lifecycle
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, Context, SortedPods, Step
 from torchkube.operator.node_loss import NodeLoss
 from torchkube.policy.accounting import in_place_due
 from torchkube.policy.failures import Failure, store_loss
@@ -30,30 +29,12 @@ RELEASE_CONFIRM = timedelta(seconds=60)
 training is over."""
 
 
-@dataclass
-class SortedPods:
-    """The job's own pods, sorted into what the policies act on."""
-
-    live_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    live_stores: list[dict[str, Any]] = field(default_factory=list)
-    live_lighthouses: list[dict[str, Any]] = field(default_factory=list)
-    """recovery live: the Lighthouse pods Pending or Running (one, but for a moment)."""
-    succeeded: list[dict[str, Any]] = field(default_factory=list)
-    failed: list[dict[str, Any]] = field(default_factory=list)
-    new_failures: list[Failure] = field(default_factory=list)
-    deleting: list[dict[str, Any]] = field(default_factory=list)
-    released: list[dict[str, Any]] = field(default_factory=list)
-    """Spares that exited 0 when the rendezvous closed at the end of training."""
-
-    @property
-    def workers(self) -> list[dict[str, Any]]:
-        return [pod for pods in self.live_workers.values() for pod in pods]
-
-
-def sort(ctx: Context, owned: list[dict[str, Any]], loss: NodeLoss) -> SortedPods:
-    """The job's own pods sorted, with the failures among them not counted yet; pods lost
-    with their node are force-deleted, a failed store deleted."""
-    return _Sorter(ctx, loss).sort(owned)
+def sort(ctx: Context) -> Step:
+    """``ctx.pods``: the job's own pods (``ctx.owned``) sorted, with the failures among them
+    not counted yet; pods lost with their node (judged now, ``NodeLoss``) are force-deleted,
+    a failed store deleted."""
+    ctx.pods = _Sorter(ctx, NodeLoss.of(ctx)).sort(ctx.owned)
+    return CONTINUE
 
 
 class _Sorter:

@@ -16,7 +16,6 @@ the cluster has no other node to go to; the job says so and names what would hel
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
 
 from torchkube.api.status import FailureRecord, SlowestRank
 from torchkube.api.times import parse_time
@@ -66,10 +65,10 @@ def futile(
     return None
 
 
-def replace(ctx: Context, live_workers: dict[int, list[dict[str, Any]]]) -> Step:
+def replace(ctx: Context) -> Step:
     """``status.slowestRank`` from the trainer's last report; with ``replaceStragglers``, the
-    pod of a rank that stayed a straggler long enough is replaced now, and leaves
-    ``live_workers`` (its slot is refilled). STOP when recording it failed the
+    pod of a rank that stayed a straggler long enough is replaced now: deleted, and left out
+    of ``ctx.pods`` so that scaling refills its slot. STOP when recording it failed the
     job."""
     policy, report = ctx.spec.failure_policy, ctx.observed.progress
     slowest = track(ctx.status.slowest_rank, report, policy, ctx.now)
@@ -80,7 +79,7 @@ def replace(ctx: Context, live_workers: dict[int, list[dict[str, Any]]]) -> Step
     if wait is not None and wait > 0:
         ctx.plan.requeue(wait)
     name = overdue(slowest, policy, ctx.now)
-    running = (w for pods in live_workers.values() for w in pods if p.state(w) == "running")
+    running = (w for w in ctx.pods.workers if p.state(w) == "running")
     pod = next((w for w in running if p.name(w) == name), None)
     if pod is None or slowest is None:
         if slowest is None or slowest.straggling_since is None:
@@ -94,9 +93,6 @@ def replace(ctx: Context, live_workers: dict[int, list[dict[str, Any]]]) -> Step
     if failure.record(ctx, [straggler_failure(slowest, policy, p.created(pod))]) is STOP:
         return STOP
     ctx.plan.delete(pod, why=RELEASE_STRAGGLER)
-    slot = live_workers[p.slot(pod)]
-    slot.remove(pod)
-    if not slot:
-        del live_workers[p.slot(pod)]
+    ctx.pods = ctx.pods.without(pod)
     ctx.status.slowest_rank = slowest.model_copy(update={"straggling_since": None})
     return CONTINUE

@@ -100,7 +100,7 @@ MESSAGE_DOMAINS = 8
 """The spread message lists the domains with the most workers, this many at most."""
 
 
-def report(ctx: "Context", owned: list[dict[str, Any]]) -> None:
+def report(ctx: "Context") -> None:
     """``status.topology`` (the domains the job's workers occupy) and the ``TopologySpread``
     condition: a Warning, once, when they occupy more than one, naming the domains and what
     would pack the job again. Without ``scheduling.topology`` neither is there (a topology
@@ -110,7 +110,7 @@ def report(ctx: "Context", owned: list[dict[str, Any]]) -> None:
         ctx.status.topology = None
         ctx.clear(cond.TOPOLOGY_SPREAD, "NoTopology", "scheduling.topology is not set")
         return
-    workers = [pod for pod in owned if p.role(pod) == lbl.ROLE_WORKER]
+    workers = [pod for pod in ctx.owned if p.role(pod) == lbl.ROLE_WORKER]
     counts = occupied(workers, ctx.nodes, topology.level)
     domains = sorted(counts)
     ctx.status.topology = TopologyStatus(

@@ -12,7 +12,7 @@ from typing import Any
 from torchkube.api.worker_launch import fewest_training_workers
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
-from torchkube.operator.decision import Context
+from torchkube.operator.decision import CONTINUE, Context, Step
 
 SHOWN_PODS = 5
 """Pods named in the condition; a 512-worker job's message stays readable."""
@@ -40,15 +40,17 @@ def why_not_running(ctx: Context, pod: dict[str, Any]) -> str:
     return f"{waiting or 'starting'} for {age} on {node}"
 
 
-def report(ctx: Context, workers: list[dict[str, Any]], missing: int) -> None:
+def report(ctx: Context) -> Step:
     """``WaitingForWorkers``: True while fewer workers run than train (``replicas.min``; one
-    replica group in live recovery); ``missing`` is how many wanted workers have no pod yet
-    (backing off after a failure, a refused create)."""
+    replica group in live recovery), naming the live ones not running and how many wanted
+    workers have no pod yet (``ctx.missing_slots``: backing off after a failure, a refused
+    create)."""
+    workers, missing = ctx.pods.workers, len(ctx.missing_slots)
     minimum = fewest_training_workers(ctx.job)
     running = sum(1 for pod in workers if p.state(pod) == "running")
     if running >= minimum:
         ctx.clear(cond.WAITING_FOR_WORKERS, "WorkersRunning", "enough workers are running")
-        return
+        return CONTINUE
     starting = [pod for pod in workers if p.state(pod) == "pending"]
     reasons = [f"pod {p.name(pod)}: {why_not_running(ctx, pod)}" for pod in starting]
     if len(reasons) > SHOWN_PODS:
@@ -70,3 +72,4 @@ def report(ctx: Context, workers: list[dict[str, Any]], missing: int) -> None:
         "starts once they run; a running worker waits rendezvous.joinTimeoutSeconds "
         f"({timeout}s) for them, then leaves and is replaced (free)",
     )
+    return CONTINUE
