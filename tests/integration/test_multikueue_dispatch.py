@@ -117,6 +117,19 @@ def test_a_job_submitted_on_the_manager_runs_on_a_worker_and_reports_back(
         60,
         "the worker's Running status copied to the manager",
     )
+
+    def running_condition(job: Job) -> dict[str, Any]:
+        conditions: list[dict[str, Any]] = job.status().get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Running"), {})
+
+    manager.wait(  # the worker's own words, copied
+        lambda: (
+            running_condition(manager).get("status") == "True"
+            and running_condition(manager) == running_condition(copy)
+        ),
+        30,
+        "the worker's Running condition on the manager",
+    )
     report = {"step": 70, "totalSteps": 100, "loss": 2.5, "lastCheckpointStep": 50}
     for pod in copy.live_workers():
         progress_reports.reports[(namespace, pod.metadata.name)] = report
