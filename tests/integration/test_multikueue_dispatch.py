@@ -85,6 +85,18 @@ def torchkube(multikueue: MultiKueue, *args: str) -> str:
     return done.stdout
 
 
+def report_progress(progress_reports: Any, copy: Job, manager: Job, report: dict[str, Any]) -> None:
+    """The copy's workers report ``report``; return once the manager's status shows its step
+    (the worker's operator read it, Kueue copied the status back)."""
+    for pod in copy.live_workers():
+        progress_reports.reports[(copy.namespace, pod.metadata.name)] = report
+    manager.wait(
+        lambda: (manager.status().get("progress") or {}).get("step") == report["step"],
+        60,
+        "the worker's progress copied to the manager",
+    )
+
+
 def test_a_job_submitted_on_the_manager_runs_on_a_worker_and_reports_back(
     operator: OperatorProcess,
     multikueue: MultiKueue,
@@ -131,13 +143,7 @@ def test_a_job_submitted_on_the_manager_runs_on_a_worker_and_reports_back(
         "the worker's Running condition on the manager",
     )
     report = {"step": 70, "totalSteps": 100, "loss": 2.5, "lastCheckpointStep": 50}
-    for pod in copy.live_workers():
-        progress_reports.reports[(namespace, pod.metadata.name)] = report
-    manager.wait(
-        lambda: (manager.status().get("progress") or {}).get("step") == 70,
-        60,
-        "the worker's progress copied to the manager",
-    )
+    report_progress(progress_reports, copy, manager, report)
     listing = torchkube(multikueue, "status", "-n", namespace)
     assert f"Running (on {worker.name})" in listing, listing
     described = torchkube(multikueue, "describe", "sent", "-n", namespace)
@@ -190,13 +196,7 @@ def test_a_job_on_a_lost_worker_says_what_it_reached_and_runs_on_the_other(
     namespace = multikueue_namespace
     manager, lost, copy = submit("moved")
     report = {"step": 40, "totalSteps": 100, "lastCheckpointStep": 30}
-    for pod in copy.live_workers():
-        progress_reports.reports[(namespace, pod.metadata.name)] = report
-    manager.wait(
-        lambda: (manager.status().get("progress") or {}).get("step") == 40,
-        60,
-        "the worker's progress copied to the manager",
-    )
+    report_progress(progress_reports, copy, manager, report)
     multikueue.stop_worker(lost.name)
 
     def waiting_again() -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ import contextlib
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -159,14 +159,7 @@ def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
         isolated_pool(nodes=n, labels={RACK: f"{group}-rack{i}", TAS_GROUP: group})
         for i, n in enumerate((1, 1, 3))
     ]
-    custom = client.CustomObjectsApi(api_client)
-    objects = tas_queue(group, workers=3)
-    try:
-        for plural, body in objects:
-            if plural == "localqueues":
-                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
-            else:
-                custom.create_cluster_custom_object(*KUEUE, plural, body)
+    with tas_queue_made(api_client, namespace, group, workers=3):
         body = job_manifest(
             "tas", pools, replicas={"min": 3, "max": 3}, scheduling={"topology": {"level": RACK}}
         )
@@ -180,15 +173,6 @@ def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
             selector = worker.spec.node_selector or {}
             assert selector.get("kubernetes.io/hostname") == worker.spec.node_name, selector
             assert not worker.spec.scheduling_gates
-    finally:
-        for plural, body in reversed(objects):
-            with contextlib.suppress(client.ApiException):
-                if plural == "localqueues":
-                    custom.delete_namespaced_custom_object(
-                        *KUEUE, namespace, plural, body["metadata"]["name"]
-                    )
-                else:
-                    custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
 
 
 def test_kueue_places_a_job_asking_no_topology_on_a_topology_flavour_once(
@@ -204,14 +188,7 @@ def test_kueue_places_a_job_asking_no_topology_on_a_topology_flavour_once(
     beside Kueue's count, which made Kueue see those nodes fuller than they are."""
     group = f"free-{secrets.token_hex(3)}"
     pools = [isolated_pool(nodes=2, labels={RACK: f"{group}-rack", TAS_GROUP: group})]
-    custom = client.CustomObjectsApi(api_client)
-    objects = tas_queue(group, workers=2)
-    try:
-        for plural, body in objects:
-            if plural == "localqueues":
-                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
-            else:
-                custom.create_cluster_custom_object(*KUEUE, plural, body)
+    with tas_queue_made(api_client, namespace, group, workers=2):
         body = job_manifest("free", pools, replicas={"min": 2, "max": 2})
         body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
         job = make_job.create(body)
@@ -220,15 +197,6 @@ def test_kueue_places_a_job_asking_no_topology_on_a_topology_flavour_once(
             assert selector.get("kubernetes.io/hostname") == worker.spec.node_name, selector
             annotations = worker.metadata.annotations or {}
             assert annotations.get("kueue.x-k8s.io/podset-unconstrained-topology") == "true"
-    finally:
-        for plural, body in reversed(objects):
-            with contextlib.suppress(client.ApiException):
-                if plural == "localqueues":
-                    custom.delete_namespaced_custom_object(
-                        *KUEUE, namespace, plural, body["metadata"]["name"]
-                    )
-                else:
-                    custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
 
 
 def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
@@ -249,14 +217,7 @@ def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
         for rack in range(2)
         for _ in range(3)
     ]
-    custom = client.CustomObjectsApi(api_client)
-    objects = tas_queue(group, workers=2)
-    try:
-        for plural, body in objects:
-            if plural == "localqueues":
-                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
-            else:
-                custom.create_cluster_custom_object(*KUEUE, plural, body)
+    with tas_queue_made(api_client, namespace, group, workers=2):
         grace = 5
         body = job_manifest(
             "swap",
@@ -288,6 +249,20 @@ def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
         [fresh] = [w for w in running if w.metadata.name not in {x.metadata.name for x in workers}]
         selector = fresh.spec.node_selector or {}
         assert selector.get("kubernetes.io/hostname") == fresh.spec.node_name, selector
+
+
+@contextlib.contextmanager
+def tas_queue_made(api_client: Any, namespace: str, group: str, workers: int) -> Iterator[None]:
+    """:func:`tas_queue`'s objects made for the block, deleted after it however it ended."""
+    custom = client.CustomObjectsApi(api_client)
+    objects = tas_queue(group, workers)
+    try:
+        for plural, body in objects:
+            if plural == "localqueues":
+                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
+            else:
+                custom.create_cluster_custom_object(*KUEUE, plural, body)
+        yield
     finally:
         for plural, body in reversed(objects):
             with contextlib.suppress(client.ApiException):
