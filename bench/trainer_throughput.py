@@ -9,7 +9,10 @@ vocabulary), bf16, sequence 1024, the trainer with DDP and FSDP2 at world size 1
 without ``torch.compile``, MFU against the device's dense bf16 peak (``flops.peak_flops``);
 ``--model llama-1b`` (any Llama-family preset) for a Llama. One process only: several GPUs are
 measured by ``tests/trainer/test_gpu.py::test_throughput_on_all_gpus``. ``bench/gpu_check.sh``
-runs this and the GPU tests on a lent machine.
+runs this and the GPU tests on a lent machine. ``--nanogpt DIR`` (a checkout of nanoGPT) adds
+nanoGPT's own, unmodified ``bench.py`` as a third contender in every trial, in a process of its
+own at our batch and sequence (random data, compiled, bf16), first in odd trials and last in
+even ones: the peer as its users run it, beside the trainer's DDP + compile.
 
 **The trainer** runs in this process exactly as a pod's single worker would
 (``torchkube.trainer.train.run`` with the built-in workload of the preset: its data order, step
@@ -45,11 +48,14 @@ import itertools
 import logging
 import math
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.common import Figure, Results, Target, load_average, log
@@ -261,6 +267,51 @@ def reference_trial(args: argparse.Namespace, variant: Variant) -> Speed:
     return throughput(points, args.warmup, spec.tokens_per_step)
 
 
+NANOGPT_TIMING = re.compile(r"time per iteration: ([0-9.]+)ms")
+NANOGPT_SECONDS = 300
+
+
+def nanogpt_trial(args: argparse.Namespace) -> float:
+    """Tokens/s of nanoGPT's own ``bench.py`` at our batch and sequence: its 20 timed
+    iterations after 10 of burn-in, random data, ``torch.compile``, bf16 autocast (its
+    defaults on a GPU with bf16), one process of its own, as a user runs it."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "bench.py",
+            f"--batch_size={args.micro_batch}",
+            f"--block_size={args.seq_len}",
+            "--real_data=False",
+            "--compile=True",
+        ],
+        cwd=args.nanogpt,
+        capture_output=True,
+        text=True,
+        timeout=NANOGPT_SECONDS,
+        check=False,
+    )
+    found = NANOGPT_TIMING.search(completed.stdout)
+    if completed.returncode or not found:
+        tail = (completed.stdout + completed.stderr)[-2000:]
+        raise RuntimeError(f"nanoGPT's bench.py exited with {completed.returncode}: {tail}")
+    return args.micro_batch * args.seq_len / (float(found.group(1)) / 1e3)
+
+
+def nanogpt_revision(directory: Path) -> str:
+    """The nanoGPT commit measured: ``git rev-parse`` of a checkout, or a ``REVISION`` file
+    beside its ``bench.py`` where only the files were copied (a lent machine has no git)."""
+    found = subprocess.run(
+        ["git", "-C", str(directory), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode == 0:
+        return found.stdout.strip()
+    revision = directory / "REVISION"
+    return revision.read_text().strip() if revision.exists() else "unknown"
+
+
 def flops_per_token(args: argparse.Namespace) -> float:
     import torch
 
@@ -286,6 +337,7 @@ def command(args: argparse.Namespace) -> str:
         f"--threads {args.threads}",
         f"--strategies {args.strategies}",
         f"--compile {args.compile}",
+        *([f"--nanogpt {args.nanogpt}"] if args.nanogpt else []),
     ]
     return " ".join(
         ["python -m bench.trainer_throughput", *(["--gpu"] if args.gpu else []), *flags]
@@ -328,6 +380,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--strategies", default=None, help="comma list (ddp,fsdp)")
     parser.add_argument("--compile", choices=["off", "on", "both"], default=None)
+    parser.add_argument(
+        "--nanogpt",
+        type=Path,
+        default=None,
+        help="a checkout of nanoGPT: its bench.py as a third contender (with --gpu, gpt2)",
+    )
     args = parser.parse_args(argv)
     gpu = args.gpu
     args.device = "cuda" if gpu else "cpu"
@@ -346,6 +404,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "--warmup and --steps must be multiples of --log-every (timed from one "
             "logged step to another)"
         )
+    if args.nanogpt and not (gpu and args.model == "gpt2" and args.vocab_size == 50304):
+        parser.error("--nanogpt measures nanoGPT's GPT-2 small: it needs --gpu and --model gpt2")
+    if args.nanogpt and not (args.nanogpt / "bench.py").exists():
+        parser.error(f"--nanogpt {args.nanogpt}: no bench.py there")
     return args
 
 
@@ -371,6 +433,7 @@ def main(argv: list[str] | None = None) -> None:
         # closest to what this machine's cores can do.
         peaks = [measure_gemm_peak()]
         peak_text = "the best fp32 GEMM rate measured on this machine during the run"
+    results.extra["peak_flops_measured"] = peaks
     os.environ["TORCHKUBE_PEAK_FLOPS"] = str(peaks[0] or "")
     fpt = flops_per_token(args)
     results.extra["flops_per_token"] = fpt
@@ -379,7 +442,12 @@ def main(argv: list[str] | None = None) -> None:
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     variants = [Variant(s, c) for s in args.strategies.split(",") for c in compiles]
     speeds: dict[str, list[tuple[Speed, Speed, float, float]]] = {}
+    nanogpt: list[tuple[float, float]] = []
+    if args.nanogpt:
+        results.extra["nanogpt_revision"] = nanogpt_revision(args.nanogpt)
     for trial in range(args.trials):
+        if args.nanogpt and trial % 2:
+            nanogpt.append((nanogpt_trial(args), load_average()))
         for variant in variants:  # interleaved: load drifts over every variant alike
             if not gpu and trial:
                 peaks.append(measure_gemm_peak())
@@ -396,15 +464,37 @@ def main(argv: list[str] | None = None) -> None:
                 f"({ref.cpu:,.0f}/CPU-s), ratio {ours.wall / ref.wall:.3f} wall, "
                 f"{ours.cpu / ref.cpu:.3f} CPU"
             )
-    peak = max(peaks)
+        if args.nanogpt and trial % 2 == 0:
+            nanogpt.append((nanogpt_trial(args), load_average()))
+        if args.nanogpt:
+            log(f"trial {trial + 1}: nanoGPT's bench.py {nanogpt[-1][0]:,.0f} tok/s")
+        # Written after every trial: a run cut short by its time limit keeps what it measured.
+        write_record(results, args, variants, speeds, nanogpt, max(peaks), peak_text, fpt)
+
+
+def write_record(
+    results: Results,
+    args: argparse.Namespace,
+    variants: list[Variant],
+    speeds: dict[str, list[tuple[Speed, Speed, float, float]]],
+    nanogpt: list[tuple[float, float]],
+    peak: float,
+    peak_text: str,
+    fpt: float,
+) -> None:
+    """The record of the trials so far (its figures rebuilt from all of them)."""
+    results.figures, results.notes = [], []
     results.extra["peak_flops"] = peak
-    results.extra["peak_flops_measured"] = peaks
     for variant in variants:
-        record(results, args, variant, speeds[variant.label], peak, fpt, gpu)
+        record(results, args, variant, speeds[variant.label], peak, fpt, args.gpu)
+    compiled_ddp = speeds.get(Variant("ddp", True).label)
+    if nanogpt and compiled_ddp:
+        record_nanogpt(results, args, compiled_ddp, nanogpt, peak, fpt)
+    trials = len(next(iter(speeds.values())))
     results.notes += [
         f"{args.model} preset, sequence {args.seq_len}, micro batch {args.micro_batch}, "
         f"{args.precision}, world size 1, {args.threads} torch threads for both, {args.steps} "
-        f"timed steps after {args.warmup} warm-up steps per trial, {args.trials} pairs",
+        f"timed steps after {args.warmup} warm-up steps per trial, {trials} pairs",
         f"MFU against {peak_text}: {peak or 0:.3g} FLOP/s; {fpt:.3g} FLOPs per token",
         "ratio: trainer ÷ reference tokens/s per pair, median over pairs; the interval is a "
         f"distribution-free {CONFIDENCE:.0%} confidence interval of the median (order "
@@ -412,7 +502,37 @@ def main(argv: list[str] | None = None) -> None:
         "instead of wall seconds, which other processes on the machine disturb far less",
         "reference: a plain nanoGPT-style loop over the same GPT (see bench/trainer_throughput.py)",
     ]
+    if nanogpt:
+        results.notes.append(
+            f"nanoGPT: its unmodified bench.py at commit {results.extra['nanogpt_revision']} "
+            f"(batch {args.micro_batch} × {args.seq_len}, random data, compile, bf16, "
+            "its loss.item() every iteration), one run per trial in a process of its own, "
+            "first in odd trials and last in even ones; the trainer ÷ nanoGPT ratio pairs "
+            "each run with the same trial's DDP + compile trainer"
+        )
     results.write()
+
+
+def record_nanogpt(
+    results: Results,
+    args: argparse.Namespace,
+    compiled_ddp: list[tuple[Speed, Speed, float, float]],
+    nanogpt: list[tuple[float, float]],
+    peak: float,
+    fpt: float,
+) -> None:
+    """nanoGPT's figures, and the trainer's DDP + compile against them trial by trial."""
+    prefix = f"{args.model} ddp + compile"
+    theirs = results.figure("nanoGPT bench.py", "tok/s")
+    mfu = results.figure("nanoGPT bench.py MFU", "%")
+    ratio = results.figure(
+        f"{prefix}: trainer ÷ nanoGPT bench.py (wall time)", "x", target=Target(TARGET_RATIO, "min")
+    )
+    for (speed, load), (ours, _, load_ours, _) in zip(nanogpt, compiled_ddp, strict=False):
+        theirs.add(speed, load)
+        if peak:
+            mfu.add(100 * fpt * speed / peak, load)
+        ratio.add(ours.wall / speed, max(load, load_ours))
 
 
 def record(

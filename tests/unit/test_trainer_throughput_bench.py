@@ -8,7 +8,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
-from bench.trainer_throughput import command, flops_per_token, median_interval, parse_args
+from bench.common import Results
+from bench.trainer_throughput import (
+    Speed,
+    command,
+    flops_per_token,
+    median_interval,
+    nanogpt_trial,
+    parse_args,
+    record_nanogpt,
+)
 
 
 def coverage(n: int, low_rank: int) -> float:
@@ -58,3 +67,44 @@ def test_the_gpu_figures_are_for_gpt2_small_with_gpt2s_vocabulary() -> None:
     assert flops_per_token(args) == 6 * 123_689_472 + 12 * 12 * 12 * 64 * 1024
     assert "--vocab-size 50304" in command(args)
     assert parse_args(["--gpu", "--model", "llama-1b"]).vocab_size == 128256
+
+
+def test_nanogpt_runs_as_a_third_contender_only_for_the_model_it_has(tmp_path: Path) -> None:
+    (tmp_path / "bench.py").write_text("")
+    args = parse_args(["--gpu", "--nanogpt", str(tmp_path)])
+    assert f"--nanogpt {tmp_path}" in command(args)
+    with pytest.raises(SystemExit):
+        parse_args(["--gpu", "--model", "llama-1b", "--nanogpt", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        parse_args(["--gpu", "--nanogpt", str(tmp_path / "elsewhere")])
+
+
+def test_nanogpt_speed_is_read_from_its_own_line(tmp_path: Path) -> None:
+    """bench.py prints per-iteration time over its 20 timed iterations; the flags it is given
+    are ours (configurator.py's --key=value), so the batch and sequence are the trainer's."""
+    (tmp_path / "bench.py").write_text(
+        "import sys\n"
+        "assert sys.argv[1:] == ['--batch_size=16', '--block_size=1024', "
+        "'--real_data=False', '--compile=True'], sys.argv\n"
+        "print('19/20 loss: 10.9')\n"
+        "print('time per iteration: 34.3900ms, MFU: 58.32%')\n"
+    )
+    args = parse_args(["--gpu", "--nanogpt", str(tmp_path)])
+    assert nanogpt_trial(args) == pytest.approx(16 * 1024 / 0.03439)
+    (tmp_path / "bench.py").write_text("raise SystemExit('no GPU')\n")
+    with pytest.raises(RuntimeError, match="no GPU"):
+        nanogpt_trial(args)
+
+
+def test_trainer_against_nanogpt_is_paired_trial_by_trial() -> None:
+    args = parse_args(["--gpu"])
+    results = Results("trainer_throughput_gpu", "x")
+    trainer = [(Speed(w, w), Speed(1.0, 1.0), 0.5, 0.5) for w in (460e3, 470e3, 480e3)]
+    nanogpt = [(400e3, 0.4), (500e3, 0.6), (480e3, 0.5)]
+    record_nanogpt(results, args, trainer, nanogpt, peak=1e15, fpt=8.55e8)
+    by_name = {f.name: f for f in results.figures}
+    assert by_name["nanoGPT bench.py"].values == [400e3, 500e3, 480e3]
+    ratio = by_name["gpt2 ddp + compile: trainer ÷ nanoGPT bench.py (wall time)"]
+    assert ratio.values == pytest.approx([1.15, 0.94, 1.0])
+    assert ratio.loads == [0.5, 0.6, 0.5]
+    assert by_name["nanoGPT bench.py MFU"].values[0] == pytest.approx(100 * 8.55e8 * 400e3 / 1e15)

@@ -1,0 +1,97 @@
+"""Where a trainer step's time goes: ``torch.profiler`` over a few steady steps of the trainer
+exactly as ``bench.trainer_throughput`` runs it (one process, no checkpoints), for a variant
+that falls behind its plain loop.
+
+``python -m bench.profile_step --gpu --strategy fsdp --compile`` prints the step's wall time,
+the device's busy share of it (kernels' time ÷ wall: well under 1 means the host leaves the GPU
+waiting), and the ops that take the most host time and the most device time. A diagnosis, not
+a benchmark: it writes no record. ``--trace FILE`` keeps the Chrome trace as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.trainer_throughput import Variant, make_spec
+from bench.trainer_throughput import parse_args as throughput_args
+
+
+class _ProfilerSteps(logging.Handler):
+    """Advances the profiler's schedule at each of the trainer's "step N/M" log records (logged
+    every step here), and keeps their times."""
+
+    def __init__(self, profiler: Any) -> None:
+        super().__init__(logging.INFO)
+        self.profiler = profiler
+        self.times: list[tuple[int, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("step ") and "/" in message.split()[1]:
+            self.times.append((int(message.split()[1].split("/")[0]), time.perf_counter()))
+            self.profiler.step()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_step", description=__doc__)
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--strategy", default="fsdp", choices=["ddp", "fsdp", "zero1"])
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--wait", type=int, default=20, help="steps before profiling")
+    parser.add_argument("--active", type=int, default=8, help="steps profiled")
+    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--trace", type=Path, default=None, help="write the Chrome trace here")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from torchkube.trainer.loader import RunEnv
+    from torchkube.trainer.train import run
+
+    bench = throughput_args(
+        [
+            *(["--gpu"] if args.gpu else []),
+            *(["--model", args.model] if args.model else []),
+            *["--log-every", "1", "--warmup", str(args.wait), "--steps", str(args.active + 4)],
+        ]
+    )
+    spec = make_spec(bench, Variant(args.strategy, args.compile), bench.warmup + bench.steps)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.gpu else [])
+    warmup = 2
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=args.wait - warmup, warmup=warmup, active=args.active, repeat=1),
+    ) as profiler:
+        handler = _ProfilerSteps(profiler)
+        trainer_log = logging.getLogger("torchkube.trainer")
+        trainer_log.addHandler(handler)
+        try:
+            code = run(spec, RunEnv(job_name="profile", checkpoint_dir=None, metrics_port=0))
+        finally:
+            trainer_log.removeHandler(handler)
+    if code != 0:
+        raise SystemExit(f"the trainer exited with {code}")
+    times = dict(handler.times)
+    wall = (times[args.wait + args.active] - times[args.wait]) / args.active
+    events = profiler.key_averages()
+    device_us = sum(e.self_device_time_total for e in events) / args.active if args.gpu else 0.0
+    label = f"{spec.model} {Variant(args.strategy, args.compile).label}"
+    print(f"{label}: {wall * 1e3:.1f} ms a step (wall), {spec.tokens_per_step / wall:,.0f} tok/s")
+    if args.gpu:
+        print(f"device busy {device_us / 1e3:.1f} ms a step: {device_us / 1e6 / wall:.0%} of wall")
+    for sort, what in (("self_cpu_time_total", "host"), ("self_device_time_total", "device")):
+        if what == "host" or args.gpu:
+            print(f"\nmost {what} time ({args.active} steps):")
+            print(events.table(sort_by=sort, row_limit=args.rows, max_name_column_width=70))
+    if args.trace:
+        profiler.export_chrome_trace(str(args.trace))
+
+
+if __name__ == "__main__":
+    main()
