@@ -604,25 +604,62 @@ def memory(records: dict[str, Body]) -> str:
     )
 
 
+def ratio_shown(run: Run, name: str) -> str:
+    """A per-trial ratio's median [min – max], or why the rule withholds it."""
+    figure = run[name]
+    if short_of_trials([figure]):
+        return f"no ratio: {trials_text([figure])}"
+    return shown(figure)
+
+
 def gpu(records: dict[str, Body]) -> str:
-    """trainer_throughput --gpu: tokens per second and MFU, trainer and plain loop."""
+    """trainer_throughput --gpu: per variant, the trainer and the plain loop (tokens/s, MFU)
+    and their ratio trial by trial; nanoGPT's own bench.py and the trainer's DDP + compile
+    against it, where the run had it."""
     run = Run("trainer_throughput_gpu", records["trainer_throughput_gpu"])
-    shown = [
-        f["name"]
+    model = run.body["config"]["model"]
+    variants = [
+        f["name"].removesuffix(": trainer").removeprefix(f"{model} ")
         for f in run.body["figures"]
-        if f["name"].endswith(("trainer", "plain loop", "MFU"))
+        if f["name"].endswith(": trainer")
     ]
-    pairs = {len(run[n]["values"]) for n in shown}
-    return "\n".join(
-        [
-            f"{run.stamp()}, {run.machine.get('gpu', 'GPU')}, torch {run.machine.get('torch')}:",
-            "",
-            figure_table(run, shown),
-            "",
-            f"{' or '.join(str(p) for p in sorted(pairs))} trial each: no ratio and no verdict.",
+    rows = []
+    for variant in variants:
+        prefix = f"{model} {variant}"
+        ours, ref = run[f"{prefix}: trainer"], run[f"{prefix}: plain loop"]
+        rows.append(
+            [
+                variant,
+                shown(ours),
+                shown(ref),
+                ratio_shown(run, f"{prefix}: trainer ÷ plain loop (wall time)"),
+                shown(run[f"{prefix}: trainer MFU"]),
+                f"{trials(ours)}, {trials(ref)}",
+                f"{loads_of(ours)}; {loads_of(ref)}",
+            ]
+        )
+    headers = ["", "trainer", "plain loop", "trainer ÷ plain loop", "trainer MFU"]
+    lines = [
+        f"{run.stamp()}, {run.machine.get('gpu', 'GPU')}, torch {run.machine.get('torch')}:",
+        "",
+        markdown_table([*headers, "trials", "load per trial"], rows),
+        "",
+    ]
+    if "nanoGPT bench.py" in run.figures:
+        theirs = run["nanoGPT bench.py"]
+        versus_name = f"{model} ddp + compile: trainer ÷ nanoGPT bench.py (wall time)"
+        revision = run.body["extra"].get("nanogpt_revision", "?")
+        lines += [
+            f"nanoGPT's own `bench.py` (commit {revision}, unmodified; batch "
+            f"{run.body['config']['micro_batch']} × {run.body['config']['seq_len']}, bf16, "
+            f"compile, random data; one run per trial): {shown(theirs)} "
+            f"(MFU {shown(run['nanoGPT bench.py MFU'])}; {trials(theirs)} trials, load "
+            f"{loads_of(theirs)}). The trainer's DDP + compile against it, trial by trial: "
+            f"{ratio_shown(run, versus_name)}, target {run[versus_name]['target']}: "
+            f"{ruled_verdict(run[versus_name], run.body['figures'])}.",
             "",
         ]
-    )
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- README
@@ -949,6 +986,7 @@ BLOCKS = [
     Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
+    Block("TRAINER", "gpu", ("trainer_throughput_gpu",), gpu),
     Block("TRAINER", "live_recovery", LIVE_RECOVERY, live_recovery),
     Block("TRAINER", "live_sustained", ("live_sustained",), live_sustained),
     Block(

@@ -298,18 +298,22 @@ def nanogpt_trial(args: argparse.Namespace) -> float:
 
 
 def nanogpt_revision(directory: Path) -> str:
-    """The nanoGPT commit measured: ``git rev-parse`` of a checkout, or a ``REVISION`` file
-    beside its ``bench.py`` where only the files were copied (a lent machine has no git)."""
+    """The nanoGPT commit measured: the ``REVISION`` file beside its ``bench.py`` where only the
+    files were copied (``bench/gpu_wheels.sh``: a lent machine has no git), else ``git
+    rev-parse`` of the folder when it is a checkout's root (never of a repository around it)."""
+    revision = directory / "REVISION"
+    if revision.exists():
+        return revision.read_text().strip()
     found = subprocess.run(
-        ["git", "-C", str(directory), "rev-parse", "--short", "HEAD"],
+        ["git", "-C", str(directory), "rev-parse", "--show-toplevel", "--short", "HEAD"],
         capture_output=True,
         text=True,
         check=False,
     )
-    if found.returncode == 0:
-        return found.stdout.strip()
-    revision = directory / "REVISION"
-    return revision.read_text().strip() if revision.exists() else "unknown"
+    top, _, commit = found.stdout.strip().partition("\n")
+    if found.returncode == 0 and commit and Path(top).resolve() == directory.resolve():
+        return commit
+    return "unknown"
 
 
 def flops_per_token(args: argparse.Namespace) -> float:

@@ -14,6 +14,7 @@ from bench.trainer_throughput import (
     command,
     flops_per_token,
     median_interval,
+    nanogpt_revision,
     nanogpt_trial,
     parse_args,
     record_nanogpt,
@@ -108,3 +109,35 @@ def test_trainer_against_nanogpt_is_paired_trial_by_trial() -> None:
     assert ratio.values == pytest.approx([1.15, 0.94, 1.0])
     assert ratio.loads == [0.5, 0.6, 0.5]
     assert by_name["nanoGPT bench.py MFU"].values[0] == pytest.approx(100 * 8.55e8 * 400e3 / 1e15)
+
+
+def test_nanogpt_revision_is_its_own_never_the_repository_around_it(tmp_path: Path) -> None:
+    """Copied files inside this repository (.nanogpt/) carry a REVISION file; git there
+    would answer with torchkube's own commit."""
+    copied = Path(__file__).resolve().parents[2] / "bench"
+    assert nanogpt_revision(copied) == "unknown"
+    (tmp_path / "REVISION").write_text("3adf61e1\n")
+    assert nanogpt_revision(tmp_path) == "3adf61e1"
+
+
+def test_kernel_time_counts_each_kernel_once() -> None:
+    """An op's row and a user annotation's span (FSDP's, the profiler step's) carry the time
+    of the kernels under them; only the device's own events are summed."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from bench.profile_step import kernel_time
+
+    def event(device: DeviceType, micros: float, annotation: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(
+            device_type=device, self_device_time_total=micros, is_user_annotation=annotation
+        )
+
+    events = [
+        event(DeviceType.CPU, 100.0),  # aten::mm, its kernels' time
+        event(DeviceType.CUDA, 100.0),  # the kernel itself
+        event(DeviceType.CUDA, 400.0, annotation=True),  # ProfilerStep* on the device
+        event(DeviceType.CUDA, 30.0),
+    ]
+    assert kernel_time(events) == 130.0
