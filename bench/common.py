@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -75,7 +75,10 @@ class Stats:
 
 
 # ----------------------------------------------------------------------------- the machine
-def rotated(ways: Sequence[str], trial: int) -> list[str]:
+Way = TypeVar("Way")
+
+
+def rotated(ways: Sequence[Way], trial: int) -> list[Way]:
     """Each trial starts with the next way, so none always runs first (or after another)."""
     k = trial % len(ways)
     return [*ways[k:], *ways[:k]]

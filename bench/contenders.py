@@ -7,17 +7,25 @@ seconds, peak memory), so a scenario is written once and run for all, alternatin
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bench import kubeflow
 from bench.kube import PodTimes, Stack, job_body, metric_delta, parse_metrics
+from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
+from torchkube.operator.builders import worker_pod
 from torchkube.policy.queue import QUEUE_LABEL
 
 PEER = "Kubeflow"
+LIMIT = "bare client"
+"""The physical limit's contender: torchkube's worker pods created with no operator at all."""
+BARE_LABEL = "bench.torchkube.io/bare-job"
+BARE_THREADS = 32
 
 
 class Contender(Protocol):
@@ -178,15 +186,110 @@ class Kubeflow:
         return self.operator.peak_rss()
 
 
+def bare_pods(namespace: str, job: str, workers: int, gpus: int, group: str) -> list[dict]:
+    """torchkube's own worker pods for a job of ``workers`` (its builder, the job's defaults:
+    same containers, resources, claim, scheduling), with no owner and only the bench's label,
+    so neither torchkube nor the garbage collector takes them for a job's."""
+    body = job_body(job, workers, gpus=gpus, group=group)
+    body["metadata"] |= {"namespace": namespace, "uid": "00000000-0000-0000-0000-000000000000"}
+    trainingjob = TrainingJob.model_validate(body)
+    pods = []
+    for index in range(workers):
+        pod = worker_pod(trainingjob, index, "bare")
+        pod["metadata"] = {
+            "name": pod["metadata"]["name"],
+            "labels": {BARE_LABEL: job, lbl.REPLICA_INDEX: str(index)},
+        }
+        pods.append(pod)
+    return pods
+
+
+@dataclass
+class BareClient:
+    """The physical limit: the pods torchkube would create for the job, created by a client
+    with no operator, from :data:`BARE_THREADS` threads at once, with no client-side rate
+    limit. What it takes to bring them to Running is the cluster's part alone (API server,
+    scheduler, nodes); an operator's time beyond it is the operator's."""
+
+    bench: Stack
+    name: str = LIMIT
+    selector: str = BARE_LABEL
+    home: str | None = None
+    _sent: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _core: Any = None
+
+    def _client(self) -> Any:
+        """A client of its own whose connection pool serves every thread at once."""
+        if self._core is None:
+            from kubernetes import client
+            from kubernetes import config as k8s_config
+
+            configuration = client.Configuration()
+            k8s_config.load_kube_config(
+                config_file=str(self.bench.cluster.kubeconfig),
+                client_configuration=configuration,
+            )
+            configuration.connection_pool_maxsize = BARE_THREADS
+            self._core = client.CoreV1Api(client.ApiClient(configuration))
+        return self._core
+
+    def submit(
+        self,
+        bench: Stack,
+        namespace: str,
+        job: str,
+        workers: int,
+        *,
+        gpus: int = 1,
+        group: str = "scale",
+        resilient: Resilience | None = None,
+        queue: str | None = None,
+    ) -> None:
+        if resilient or queue:
+            raise ValueError("the bare client has no failure policy and no queue to wait in")
+        core = self._client()
+
+        def create(pod: dict[str, Any]) -> None:
+            core.create_namespaced_pod(namespace, pod)
+            with self._lock:
+                self._sent += 1
+
+        with ThreadPoolExecutor(BARE_THREADS) as pool:
+            list(pool.map(create, bare_pods(namespace, job, workers, gpus, group)))
+
+    def slot(self, pod: PodTimes) -> str:
+        return pod.labels.get(lbl.REPLICA_INDEX, "")
+
+    def restart(self, bench: Stack) -> None:
+        """Nothing runs between its jobs."""
+
+    def requests(self) -> float:
+        return float(self._sent)
+
+    def reconciles(self) -> float:
+        return 0.0
+
+    def cpu_seconds(self) -> float:
+        return 0.0
+
+    def peak_rss(self) -> int:
+        return 0
+
+
 @contextlib.contextmanager
 def contenders(
-    bench: Stack, peers: bool, configs: Sequence[kubeflow.PeerConfig] = (kubeflow.DEFAULT,)
+    bench: Stack,
+    peers: bool,
+    configs: Sequence[kubeflow.PeerConfig] = (kubeflow.DEFAULT,),
+    limit: bool = False,
 ) -> Iterator[list[Contender]]:
-    """torchkube, and with ``peers`` Kubeflow's operator in each of ``configs`` started beside
-    it on the same cluster (built by pin, installed, its start not timed); stops the peers
-    afterwards. Two configurations would both reconcile every PyTorchJob, so with more than
-    one each is confined to a namespace of its own (its ``home``)."""
-    players: list[Contender] = [Torchkube(bench)]
+    """torchkube, with ``limit`` the bare client beside it, and with ``peers`` Kubeflow's
+    operator in each of ``configs`` started beside it on the same cluster (built by pin,
+    installed, its start not timed); stops the peers afterwards. Two configurations would both
+    reconcile every PyTorchJob, so with more than one each is confined to a namespace of its
+    own (its ``home``)."""
+    players: list[Contender] = [Torchkube(bench), *([BareClient(bench)] if limit else [])]
     if not peers:
         yield players
         return

@@ -64,9 +64,10 @@ from bench.common import (
     fmt,
     load_average,
     log,
+    rotated,
     spread,
 )
-from bench.contenders import PEER, Contender, contenders, settle
+from bench.contenders import LIMIT, PEER, Contender, contenders, settle
 from bench.kube import PodWatch, Stack, gpu_pools, stack
 from bench.load import CONDITIONS, cpu_load
 
@@ -74,6 +75,9 @@ TARGET_RUNNING_IDLE_8 = 0.3
 TARGET_CREATED_512 = 5.0
 TARGET_RATIO = {8: 1.0, 64: 1.0, 512: 2.0}
 """How many times faster than Kubeflow torchkube must bring every worker to Running."""
+TARGET_OF_LIMIT = 1.1
+"""torchkube's all-Running time at most this many times the bare client's (the physical
+limit: the same pods created with no operator), at every size."""
 FAST_SCHEDULER_QPS = 500
 STEADY_FLATNESS = 1.25
 """The steady state's reconcile rate in its last third may exceed its first third's by this
@@ -278,7 +282,8 @@ class SideBySide:
         shows every operator's medians and ranges, another the bound times, another where the
         CPU went."""
         self.cpu_table()
-        peers = [name for name in self.names if name != "torchkube"]
+        self.against_limit()
+        peers = [name for name in self.names if name not in ("torchkube", LIMIT)]
         if PEER not in peers:
             return
         rows, bound_rows = [], []
@@ -324,6 +329,24 @@ class SideBySide:
             "Running adds the nodes'): median [min – max]"
         ] = (["load", "workers", "torchkube", *peers, *ratios], bound_rows)
 
+    def against_limit(self) -> None:
+        """torchkube ÷ the bare client (the same pods, no operator), of the medians, against
+        :data:`TARGET_OF_LIMIT`: how far from what the cluster alone allows."""
+        if LIMIT not in self.names:
+            return
+        for condition in self.conditions:
+            for n in self.sizes:
+                ours = self.running[("torchkube", condition, n)]
+                limit = self.running[(LIMIT, condition, n)]
+                if not (ours.stats and limit.stats and limit.stats.median > 0):
+                    continue
+                ratio = self.results.figure(
+                    f"{n} workers{self.label}, {condition}: torchkube ÷ {LIMIT}, all Running",
+                    "x",
+                    target=Target(TARGET_OF_LIMIT),
+                )
+                ratio.add(ours.stats.median / limit.stats.median, ours.loads[-1])
+
     def cpu_table(self) -> None:
         """Medians over the trials of where the CPU went from apply to all Running: what the
         cluster itself spends on N workers, what each operator adds, and the floor."""
@@ -350,7 +373,10 @@ def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> Non
     trials = {n: (args.trials_large if n >= 256 else args.trials_small) for n in sizes}
     pools = gpu_pools(args.nodes, args.domains)
     configs = (kubeflow.DEFAULT, kubeflow.RAISED) if args.raised_peer else (kubeflow.DEFAULT,)
-    with stack(pools, scratch) as bench, contenders(bench, args.peers, configs) as players:
+    with (
+        stack(pools, scratch) as bench,
+        contenders(bench, args.peers, configs, limit=args.limit) as players,
+    ):
         side = SideBySide(results, sizes, players, args.conditions)
         for player in players:  # warm-up: first-use costs of a fresh operator
             side.trial(bench, player, 8, "idle", record=False)
@@ -360,7 +386,7 @@ def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> Non
                 for round_ in range(max(trials.values())):
                     for n in sizes:
                         if round_ < trials[n]:
-                            for player in players:
+                            for player in rotated(players, round_ + sizes.index(n)):
                                 side.trial(bench, player, n, condition)
         side.compare()
 
@@ -369,14 +395,14 @@ def run_fast_scheduler(args: argparse.Namespace, results: Results, scratch: Path
     pools = gpu_pools(args.nodes, args.domains)
     with (
         stack(pools, scratch, scheduler_client_qps=FAST_SCHEDULER_QPS) as bench,
-        contenders(bench, args.peers) as players,
+        contenders(bench, args.peers, limit=args.limit) as players,
     ):
         label = f", scheduler at {FAST_SCHEDULER_QPS} req/s"
         side = SideBySide(results, [512], players, ["idle"], label)
         for player in players:
             side.trial(bench, player, 8, "idle", record=False)
-        for _ in range(args.trials_large):
-            for player in players:
+        for trial in range(args.trials_large):
+            for player in rotated(players, trial):
                 side.trial(bench, player, 512, "idle")
         side.compare()
 
@@ -509,6 +535,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "client limits raised",
     )
     parser.add_argument(
+        "--no-limit",
+        dest="limit",
+        action="store_false",
+        help="single jobs and fast scheduler: leave out the bare client (the same pods "
+        "created with no operator, the physical limit)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="one trial each, 16 jobs × 16 workers on 64 nodes, 3 steady minutes",
@@ -536,10 +569,18 @@ def notes(args: argparse.Namespace) -> list[str]:
             "created/Running: from the job create request to the last worker pod seen by a "
             "watch (created) and seen Running; node creation is not timed; one 8-worker warm-up "
             "job per operator and cluster is not counted",
-            "both operators run at once on one cluster, jobs alternating; idle: nothing else "
-            "running; loaded: one busy process per core beside the cluster "
+            "both operators run at once on one cluster, jobs alternating in an order that "
+            "rotates trial by trial (and size by size), so none always goes first; idle: "
+            "nothing else added; loaded: one busy process per core beside the cluster "
             f"({', '.join(args.conditions)} measured)",
         ]
+        if args.limit:
+            out.append(
+                f"{LIMIT} (the physical limit): torchkube's own worker pods for the job (its "
+                "pod builder: same containers, resources, claim, scheduling), created by a "
+                f"client with no operator from 32 threads, no client rate limit; torchkube ÷ "
+                f"{LIMIT} of the medians, target ≤ {TARGET_OF_LIMIT}×"
+            )
     if fleet:
         out.append(
             f"fleet: {args.jobs} jobs × {args.per_job} workers on {args.fleet_nodes} nodes, "

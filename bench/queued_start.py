@@ -42,7 +42,7 @@ from typing import Any
 from kubernetes import client
 
 from bench import kubeflow
-from bench.common import Figure, Results, command_line, fmt, load_average, log, spread
+from bench.common import Figure, Results, command_line, fmt, load_average, log, rotated, spread
 from bench.contenders import PEER, Contender, contenders, settle
 from bench.kube import BENCH_LABEL, PodWatch, Stack, WorkloadWatch, gpu_pools, stack
 from bench.operator_scale import all_created, all_running
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
             for round_ in range(max(trials.values())):
                 for n in args.sizes:
                     if round_ < trials[n]:
-                        for player in players:
+                        for player in rotated(players, round_ + args.sizes.index(n)):
                             side.trial(bench, player, n)
             side.table()
         finally:

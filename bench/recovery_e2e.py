@@ -70,6 +70,7 @@ from bench.common import (
     fmt,
     load_average,
     log,
+    rotated,
     spread,
 )
 from bench.plain_torchrun import PlainTorchrun
@@ -406,10 +407,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     rounds = max(args.trials, args.reference_trials)
     for trial in range(rounds):
-        # interleaved, so the machine's load drifts over every case alike
+        # interleaved, each round starting with the next case, so the machine's load drifts
+        # over every case alike and none always runs first
         due = [c for c in cases if trial < args.trials]
         due += [c for c in references if trial < args.reference_trials]
-        for case in due:
+        for case in rotated(due, trial):
             workdir = base / f"{case}-{trial}"
             if case in REFERENCES:
                 result = run_reference(case, args, workdir)
