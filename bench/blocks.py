@@ -19,6 +19,7 @@ from typing import Any
 from bench import live_recovery_docs
 from bench.common import (
     FIGURE_HEADERS,
+    LIMIT,
     figure_rows,
     fmt,
     loads_differ,
@@ -136,6 +137,8 @@ def scale(records: dict[str, Body]) -> str:
 
     run = Run("operator_scale_single", records["operator_scale_single"])
     names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
+    if f"8 workers, idle: apply → all Running, {LIMIT}" in run.figures:
+        names.insert(1, LIMIT)
     rows = []
     for condition in CONDITIONS:
         for n in SIZES:
@@ -143,12 +146,13 @@ def scale(records: dict[str, Body]) -> str:
             ours = run[key + "torchkube"]
             for name in names:
                 figure = run[key + name]
-                label = name if name == "torchkube" else run.peer(name)
-                ratio = (
-                    ""
-                    if name == "torchkube"
-                    else versus(ours, figure, run.cores, n if name == "Kubeflow" else None)
-                )
+                label = contender_label(run, name)
+                if name == "torchkube":
+                    ratio = ""
+                elif name == LIMIT:
+                    ratio = f"torchkube is {versus(figure, ours, run.cores)} it"
+                else:
+                    ratio = versus(ours, figure, run.cores, n if name == "Kubeflow" else None)
                 rows.append(
                     [
                         str(n),
@@ -160,7 +164,7 @@ def scale(records: dict[str, Body]) -> str:
                         ratio,
                     ]
                 )
-    headers = ["workers", "", "job of", "apply → all Running", "trials", "load per trial"]
+    headers = ["workers", "", "pods of", "apply → all Running", "trials", "load per trial"]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     floors = []
     for n in SIZES:
@@ -174,6 +178,12 @@ def scale(records: dict[str, Body]) -> str:
         "8 workers, idle: apply → all Running, torchkube",
         "512 workers, idle: apply → all created, torchkube",
         "512 workers, loaded: apply → all created, torchkube",
+        *(
+            f"{n} workers, {condition}: torchkube ÷ {LIMIT}, all Running"
+            for condition in CONDITIONS
+            for n in SIZES
+            if LIMIT in names
+        ),
     ]
     return "\n".join(
         [
@@ -198,6 +208,14 @@ def scale(records: dict[str, Body]) -> str:
             "",
         ]
     )
+
+
+def contender_label(run: Run, name: str) -> str:
+    """How a table names a contender: Kubeflow's with release and client limits, the bare
+    client as what it is."""
+    if name == LIMIT:
+        return f"{LIMIT}: the same pods, no operator (the limit)"
+    return name if name == "torchkube" else run.peer(name)
 
 
 def where_the_time_goes(records: dict[str, Body]) -> str:
@@ -236,8 +254,11 @@ def fast_scheduler(records: dict[str, Body]) -> str:
     run = Run("operator_scale_fast-scheduler", records["operator_scale_fast-scheduler"])
     key = "512 workers, scheduler at 500 req/s, idle: apply → all {}, {}"
     rows = []
-    for name in ("torchkube", "Kubeflow"):
-        label = name if name == "torchkube" else run.peer(name)
+    names = ["torchkube", "Kubeflow"]
+    if key.format("Running", LIMIT) in run.figures:
+        names.insert(1, LIMIT)
+    for name in names:
+        label = contender_label(run, name)
         figures = [run[key.format(what, name)] for what in ("created", "bound", "Running")]
         rows.append([label, *(shown(f) for f in figures)])
         rows[-1] += [trials(figures[-1]), loads_of(figures[-1])]
@@ -246,15 +267,20 @@ def fast_scheduler(records: dict[str, Body]) -> str:
     each = ", ".join(fmt(v, "s") for v in theirs["values"])
     (title,) = [t for t in run.body["tables"] if t.startswith("where the CPU went")]
     cpu = {row[2]: row for row in run.body["tables"][title]["rows"]}["torchkube"]
+    limit = []
+    if LIMIT in names:
+        versus_limit = versus(run[key.format("Running", LIMIT)], ours, run.cores)
+        limit = [f"torchkube ÷ the limit, all Running: {versus_limit}.", ""]
     return "\n".join(
         [
             f"{run.stamp()}; idle:",
             "",
             markdown_table(
-                ["job of", "all created", "all bound", "all Running", "trials", "load per trial"],
+                ["pods of", "all created", "all bound", "all Running", "trials", "load per trial"],
                 rows,
             ),
             "",
+            *limit,
             f"{run.peer('Kubeflow')} ÷ torchkube, all Running: {versus(ours, theirs, run.cores)}"
             f" — mostly that client's throttle: its trials took {each}, where {burst} requests "
             f"pass at once and then {qps} a second: (512 − {burst}) ÷ {qps} = "
@@ -685,6 +711,15 @@ def readme(records: dict[str, Body]) -> str:
         mine = run[ours]
         rows.append([what, shown(mine), "", trials_text([mine]), loads_of(mine), ""])
 
+    def against_limit(what: str, run: Run, key: str) -> None:
+        """The same pods created with no operator: how far torchkube is from the limit."""
+        if key + LIMIT not in run.figures:
+            return
+        mine, limit = run[key + "torchkube"], run[key + LIMIT]
+        rows.append([what, shown(mine), f"{contender_label(run, LIMIT)}: {shown(limit)}"])
+        rows[-1] += [trials_text([mine, limit]), f"{loads_of(mine)}; {loads_of(limit)}"]
+        rows[-1].append(f"torchkube ÷ limit: {versus(limit, mine, run.cores)}")
+
     total = "kill → next step"
     compare(
         "a worker SIGKILLed, never back: training again",
@@ -703,6 +738,12 @@ def readme(records: dict[str, Body]) -> str:
     alone("a worker SIGKILLed and replaced", e2e, f"killed, replaced (2:2): {total}")
     alone("only its trainer crashed", e2e, f"trainer crashed, restarted in place (2:2): {total}")
     for condition in CONDITIONS:
+        for n in SIZES:
+            against_limit(
+                f"{n} workers, {condition}: apply → all Running",
+                single,
+                f"{n} workers, {condition}: apply → all Running, ",
+            )
         for peer in ("Kubeflow", "Kubeflow, client 500/s"):
             key = f"512 workers, {condition}: apply → all Running, "
             compare(
@@ -714,6 +755,7 @@ def readme(records: dict[str, Body]) -> str:
                 pods=512,
             )
     key = "512 workers, scheduler at 500 req/s, idle: apply → all Running, "
+    against_limit("the same, kube-scheduler at 500 requests/s", fast, key)
     compare(
         "the same, kube-scheduler at 500 requests/s",
         fast,

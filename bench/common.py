@@ -75,6 +75,9 @@ class Stats:
 
 
 # ----------------------------------------------------------------------------- the machine
+LIMIT = "bare client"
+"""The physical limit's contender: the pods torchkube would create, created with no operator."""
+
 Way = TypeVar("Way")
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bench import kubeflow
+from bench.common import LIMIT
 from bench.kube import PodTimes, Stack, job_body, metric_delta, parse_metrics
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
@@ -22,8 +23,6 @@ from torchkube.operator.builders import worker_pod
 from torchkube.policy.queue import QUEUE_LABEL
 
 PEER = "Kubeflow"
-LIMIT = "bare client"
-"""The physical limit's contender: torchkube's worker pods created with no operator at all."""
 BARE_LABEL = "bench.torchkube.io/bare-job"
 BARE_THREADS = 32
 

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from bench import kubeflow
 from bench.common import (
+    LIMIT,
     Figure,
     Reference,
     Results,
@@ -67,7 +68,7 @@ from bench.common import (
     rotated,
     spread,
 )
-from bench.contenders import LIMIT, PEER, Contender, contenders, settle
+from bench.contenders import PEER, Contender, contenders, settle
 from bench.kube import PodWatch, Stack, gpu_pools, stack
 from bench.load import CONDITIONS, cpu_load
 

@@ -527,3 +527,31 @@ def test_a_sustained_fault_is_classed_by_what_its_victim_had_done_since_it_last_
     assert classify(20.0, "worker-0.log", events, since=12.0) == STARTING_FAULT
     assert classify(31.0, "worker-1.log", events, since=20.0) == TRAINING_FAULT
     assert classify(25.0, "worker-1.log", events, since=20.0) == STARTING_FAULT
+
+
+def test_the_bare_client_creates_torchkubes_own_worker_pods_and_nothing_claims_them() -> None:
+    """The limit contender's pods are the operator's pods for the same job (containers,
+    resources, claim, scheduling), with no owner for the garbage collector to follow and no
+    label the operator's pod watch selects."""
+    from bench.contenders import BARE_LABEL, bare_pods
+    from bench.kube import job_body
+    from torchkube.api import labels as lbl
+    from torchkube.operator.builders import worker_pod
+
+    pods = bare_pods("ns", "j", 8, 1, "scale")
+    job = TrainingJob.model_validate(
+        job_body("j", 8) | {"metadata": {"name": "j", "namespace": "ns"}}
+    )
+    assert len(pods) == 8 and len({p["metadata"]["name"] for p in pods}) == 8
+    assert [p["spec"] for p in pods] == [worker_pod(job, i, "bare")["spec"] for i in range(8)]
+    assert all(set(p["metadata"]) == {"name", "labels"} for p in pods)
+    assert all(lbl.JOB_NAME not in p["metadata"]["labels"] for p in pods)
+    assert {p["metadata"]["labels"][BARE_LABEL] for p in pods} == {"j"}
+
+
+def test_contenders_take_turns_going_first() -> None:
+    from bench.common import rotated
+
+    order = [rotated(["torchkube", "bare client", "Kubeflow"], trial) for trial in range(3)]
+    assert [o[0] for o in order] == ["torchkube", "bare client", "Kubeflow"]
+    assert all(sorted(o) == sorted(order[0]) for o in order)
