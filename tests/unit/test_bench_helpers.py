@@ -540,7 +540,14 @@ def test_the_bare_client_creates_torchkubes_own_worker_pods_and_nothing_claims_t
 
     pods = bare_pods("ns", "j", 8, 1, "scale")
     job = TrainingJob.model_validate(
-        job_body("j", 8) | {"metadata": {"name": "j", "namespace": "ns"}}
+        job_body("j", 8)
+        | {
+            "metadata": {
+                "name": "j",
+                "namespace": "ns",
+                "uid": "00000000-0000-0000-0000-000000000000",
+            }
+        }
     )
     assert len(pods) == 8 and len({p["metadata"]["name"] for p in pods}) == 8
     assert [p["spec"] for p in pods] == [worker_pod(job, i, "bare")["spec"] for i in range(8)]
