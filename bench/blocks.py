@@ -630,6 +630,52 @@ def memory(records: dict[str, Body]) -> str:
     )
 
 
+def note_items(run: Run) -> list[str]:
+    """The record's notes, an item each: what the run was and what its figures count."""
+    return [f"- {note}" for note in run.body["notes"]]
+
+
+def memory_noted(records: dict[str, Body]) -> str:
+    """docs/trainer.md: :func:`memory` with the record's notes, which give the gradient sizes
+    the difference is read against."""
+    run = Run("trainer_memory", records["trainer_memory"])
+    return "\n".join([memory(records).rstrip("\n"), "", *note_items(run), ""])
+
+
+def emergency_save(records: dict[str, Body]) -> str:
+    """docs/trainer.md: the emergency save (SIGTERM) beside the time a default job's workers
+    get for it — torchrun's ``--shutdown-timeout`` as the worker pods pass it, taken from the
+    code that sets it — and what the same run's sync save throughput writes in that time, so
+    the budget is read in bytes a node can save."""
+    from torchkube.api import API_VERSION, KIND, TrainingJob
+    from torchkube.api.worker_launch import shutdown_timeout
+
+    run = Run("checkpoint_cost", records["checkpoint_cost"])
+    throughput = "save throughput (sync)"
+    names = [name for name in run.figures if name.startswith("emergency save")]
+    job = TrainingJob.model_validate(
+        {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "default"}, "spec": {}}
+    )
+    grace, budget = job.spec.checkpoint.termination_grace_period_seconds, shutdown_timeout(job)
+    speed = run[throughput]
+    written = [fmt(budget * mb_s / 1000, "GB") for mb_s in (speed["median"], min(speed["values"]))]
+    return "\n".join(
+        [
+            f"{run.stamp()}:",
+            "",
+            figure_table(run, [*names, throughput]),
+            "",
+            f"The time a default job's workers get for it: `terminationGracePeriodSeconds` "
+            f"{grace} s less {grace - budget} s for the launcher's report, {budget} s. At the "
+            f"sync save throughput above, that writes {written[0]} (its median) or "
+            f"{written[1]} (its slowest trial).",
+            "",
+            *note_items(run),
+            "",
+        ]
+    )
+
+
 def ratio_shown(run: Run, name: str) -> str:
     """A per-trial ratio's median [min – max], or why the rule withholds it."""
     figure = run[name]
@@ -1028,6 +1074,9 @@ BLOCKS = [
     Block("OPERATOR", "torchrun", ("recovery_e2e",), torchrun),
     Block("OPERATOR", "spares", ("real_node_recovery",), spares),
     Block("OPERATOR", "measured", ("operator_recovery", *SCALE), measured),
+    Block("TRAINER", "trainer", ("trainer_throughput",), trainer),
+    Block("TRAINER", "memory", ("trainer_memory",), memory_noted),
+    Block("TRAINER", "emergency-save", ("checkpoint_cost",), emergency_save),
     Block("TRAINER", "gpu", ("trainer_throughput_gpu",), gpu),
     Block("TRAINER", "live_recovery", LIVE_RECOVERY, live_recovery),
     Block("TRAINER", "live_sustained", ("live_sustained",), live_sustained),

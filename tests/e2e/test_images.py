@@ -3,7 +3,7 @@
 No registry is reachable, so the engine is Debian's (started by ``testbed.docker``) and
 the base comes from debootstrap. Cold, the trainer image (torch from PyPI, about 6 GB) takes a few
 minutes to build; warm, the layer cache under ``${TORCHKUBE_CACHE}/docker`` makes it seconds.
-Each build's time and size is printed; docs/images.md records measured numbers.
+Each build's time and size is printed; no record keeps them (docs/images.md).
 """
 
 from __future__ import annotations

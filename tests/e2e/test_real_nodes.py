@@ -7,7 +7,7 @@ once per build. The big test applies a 2-worker CPU job with ``kubectl``, pulls 
 node of one worker (kubelet, containerd, shims and containers SIGKILLed), and checks that the
 job finishes with exactly its steps, resumed from a checkpoint, with the loss on record.
 
-Timings are printed (``[real nodes] ...``); docs/real-nodes.md records measured numbers.
+Timings are printed (``[real nodes] ...``); no record keeps them (docs/real-nodes.md).
 """
 
 from __future__ import annotations

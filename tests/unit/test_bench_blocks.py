@@ -251,6 +251,37 @@ def test_hot_spares_on_one_trial_each_get_no_verdict() -> None:
     )
 
 
+def test_trainer_md_takes_the_gradient_sizes_from_the_memory_records_notes() -> None:
+    """The sizes the memory difference is read against were typed beside the record."""
+    now = "FSDP2, reduce-scatter every micro-step: peak RSS per rank"
+    before = "FSDP2, gradient sync off until the last micro-step (before): peak RSS per rank"
+    body = record(
+        "trainer_memory",
+        {now: ("MiB", around(900.0, 3), [1.0] * 3), before: ("MiB", around(923.0, 3), [1.0] * 3)},
+    )
+    body["notes"].append("a full fp32 gradient of this model is 41.3 MiB")
+    shown = blocks.memory_noted({"trainer_memory": body})
+    assert "23.0 MiB less per rank now (medians).\n\n- " in shown
+    assert shown.endswith("- a full fp32 gradient of this model is 41.3 MiB\n")
+
+
+def test_the_emergency_save_is_held_against_the_budget_the_code_gives_a_default_job() -> None:
+    """torchrun's --shutdown-timeout as the worker pods get it (the grace period less the
+    launcher's margin), and what the run's median and slowest sync save write in it."""
+    figures: FIGURES = {
+        "sync save: training blocked": ("s", around(2.5, 3), [1.0] * 3),
+        "emergency save, nothing in flight": ("s", around(3.0, 3), [1.0] * 3),
+        "emergency save, an async save of the step before in flight": ("s", [0.4] * 3, [1.0] * 3),
+        "save throughput (sync)": ("MB/s", [400.0, 500.0, 600.0], [1.0] * 3),
+    }
+    shown = blocks.emergency_save({"checkpoint_cost": record("checkpoint_cost", figures)})
+    assert "| emergency save, nothing in flight | 3.00 s [2.00 s – 4.00 s] | 3 |" in shown
+    assert "training blocked" not in shown, "only the emergency rows and the throughput"
+    budget = "`terminationGracePeriodSeconds` 120 s less 2 s for the launcher's report, 118 s"
+    assert budget in shown
+    assert "writes 59.0 GB (its median) or 47.2 GB (its slowest trial)" in shown
+
+
 def test_report_splices_every_block_whose_records_are_there_and_check_guards_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,10 +1,9 @@
 """How many OpenMP threads each local worker process gets (``OMP_NUM_THREADS``).
 
 One thread per process is right when the processes fill the cores, but it leaves cores idle
-when they do not: a single worker on a 2-core machine trains at about two thirds of the speed
-it reaches with 2 threads (docs/trainer.md, "Threads per process"). So the cores are shared
-out evenly, rounded down so the processes never oversubscribe the machine, and a user's own
-``OMP_NUM_THREADS`` wins over this.
+when they do not (a single worker on a 2-core machine computes on one of them). So the cores
+are shared out evenly, rounded down so the processes never oversubscribe the machine, and a
+user's own ``OMP_NUM_THREADS`` wins over this.
 """
 
 
