@@ -133,6 +133,25 @@ def ensure_local_queue(bench: Stack, namespace: str) -> None:
     )
 
 
+def quota_free(cluster_queue: Any) -> bool:
+    """No Workload holds or waits for the ClusterQueue's quota: an earlier trial's Workload is
+    deleted after its job (by the garbage collector, then Kueue's cache), so a trial started
+    before that would time the previous job's release as its own admission."""
+    status = cluster_queue.get("status") or {}
+    held = ("reservingWorkloads", "admittedWorkloads", "pendingWorkloads")
+    return not any(status.get(count) for count in held)
+
+
+def wait_quota_free(bench: Stack) -> None:
+    custom = client.CustomObjectsApi(bench.api)
+    wait_for(
+        lambda: quota_free(custom.get_cluster_custom_object(*KUEUE_API, "clusterqueues", QUEUE)),
+        120,
+        interval=0.2,
+        what=f"ClusterQueue {QUEUE} to hold no Workload",
+    )
+
+
 Key = tuple[str, int]
 """(contender, workers)"""
 
@@ -164,6 +183,7 @@ class QueuedStart:
     def trial(self, bench: Stack, contender: Contender, workers: int, record: bool = True) -> None:
         namespace = contender.home or bench.namespace(f"queued{workers}")
         ensure_local_queue(bench, namespace)
+        wait_quota_free(bench)
         name = f"job{workers}"
         cpu_before = contender.cpu_seconds()
         with (

@@ -562,3 +562,12 @@ def test_contenders_take_turns_going_first() -> None:
     order = [rotated(["torchkube", "bare client", "Kubeflow"], trial) for trial in range(3)]
     assert [o[0] for o in order] == ["torchkube", "bare client", "Kubeflow"]
     assert all(sorted(o) == sorted(order[0]) for o in order)
+
+
+def test_a_queued_trial_starts_only_once_no_workload_holds_the_quota() -> None:
+    from bench.queued_start import quota_free
+
+    assert quota_free({"status": {"reservingWorkloads": 0, "admittedWorkloads": 0}})
+    assert quota_free({})
+    assert not quota_free({"status": {"reservingWorkloads": 1, "admittedWorkloads": 1}})
+    assert not quota_free({"status": {"pendingWorkloads": 1}})
