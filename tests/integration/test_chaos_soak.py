@@ -1,6 +1,7 @@
 """A seeded chaos soak: several jobs while workers and stores are killed and deleted, a store
-made unschedulable, nodes deleted and silenced, one of two operator replicas SIGKILLed (the
-other takes over the Lease), jobs scaled, suspended, resumed, deleted and recreated.
+made unschedulable, nodes deleted and silenced, the leader of two operator replicas SIGKILLed
+(the other takes over the Lease), jobs scaled, suspended, resumed, deleted and recreated. Every
+fault class runs at least once in each soak, the others drawn by weight, in a random order.
 
 KWOK runs no trainer, so the soak plays it: a job trains one step per check while
 ``replicas.min`` of its workers run and its store serves (Running and Ready), and reports the
@@ -395,9 +396,16 @@ class Soak:
         self.deleted_nodes.add(node)
 
     def kill_operator(self) -> None:
-        """SIGKILL one of the two replicas (the leader or the standby) and start it again."""
-        index = self.rng.randrange(len(self.operators))
-        self.note(f"SIGKILL operator replica {index}, start it again")
+        """SIGKILL the leader (the standby must take over the Lease and carry on where it
+        stopped: a standby's death changes nothing a job could show) and start it again."""
+        holder = wait_for(self.leader, 40, what="a live replica to lead")
+        index = next(
+            i
+            for i, replica in enumerate(self.operators)
+            if replica.proc is not None
+            and holder == f"{replica.extra_env['POD_NAME']}_{replica.proc.pid}"
+        )
+        self.note(f"SIGKILL operator replica {index}, the leader, start it again")
         self.operators[index].kill()
         time.sleep(self.rng.uniform(0, 2))
         self.operators[index].start()
@@ -516,6 +524,15 @@ ACTIONS: list[tuple[Callable[[Soak], None], int]] = [
 ]
 
 
+def schedule(rng: random.Random, steps: int) -> list[Callable[[Soak], None]]:
+    """Every fault class once, the rest drawn by weight, in a random order: a soak that never
+    drew, say, a node deletion would pass without having tried it."""
+    actions, weights = zip(*ACTIONS, strict=True)
+    drawn = [*actions, *rng.choices(actions, weights, k=max(0, steps - len(actions)))]
+    rng.shuffle(drawn)
+    return drawn
+
+
 @pytest.fixture
 def two_replicas(
     cluster: Cluster,
@@ -590,9 +607,7 @@ def test_chaos_soak_keeps_every_invariant(
         for name in JOBS:
             soak.create(name)
         wait_for(lambda: len(soak.running_workers()) >= 6, 60, what="the jobs running")
-        actions, weights = zip(*ACTIONS, strict=True)
-        for _ in range(STEPS):
-            action = soak.rng.choices(actions, weights)[0]
+        for action in schedule(soak.rng, STEPS):
             action(soak)
             soak.pause(soak.rng.uniform(1, 3))
             soak.heal()
