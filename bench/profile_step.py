@@ -11,30 +11,12 @@ a benchmark: it writes no record. ``--trace FILE`` keeps the Chrome trace as wel
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.trainer_throughput import Variant, make_spec
+from bench.trainer_throughput import StepTimes, Variant, make_spec, run_trainer
 from bench.trainer_throughput import parse_args as throughput_args
-
-
-class _ProfilerSteps(logging.Handler):
-    """Advances the profiler's schedule at each of the trainer's "step N/M" log records (logged
-    every step here), and keeps their times."""
-
-    def __init__(self, profiler: Any) -> None:
-        super().__init__(logging.INFO)
-        self.profiler = profiler
-        self.times: list[tuple[int, float]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message.startswith("step ") and "/" in message.split()[1]:
-            self.times.append((int(message.split()[1].split("/")[0]), time.perf_counter()))
-            self.profiler.step()
 
 
 def kernel_time(events: Any) -> float:
@@ -65,9 +47,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from torchkube.trainer.loader import RunEnv
-    from torchkube.trainer.train import run
-
     bench = throughput_args(
         [
             *(["--gpu"] if args.gpu else []),
@@ -82,16 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         activities=activities,
         schedule=schedule(wait=args.wait - warmup, warmup=warmup, active=args.active, repeat=1),
     ) as profiler:
-        handler = _ProfilerSteps(profiler)
-        trainer_log = logging.getLogger("torchkube.trainer")
-        trainer_log.addHandler(handler)
-        try:
-            code = run(spec, RunEnv(job_name="profile", checkpoint_dir=None, metrics_port=0))
-        finally:
-            trainer_log.removeHandler(handler)
-    if code != 0:
-        raise SystemExit(f"the trainer exited with {code}")
-    times = dict(handler.times)
+        steps = StepTimes(on_step=profiler.step)  # the trainer logs every step here
+        run_trainer(spec, steps, "profile")
+    times = {step: created for step, created, _ in steps.steps}
     wall = (times[args.wait + args.active] - times[args.wait]) / args.active
     events = profiler.key_averages()
     device_us = kernel_time(events) / args.active

@@ -53,7 +53,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,12 +129,14 @@ def make_spec(args: argparse.Namespace, variant: Variant, steps: int) -> Any:
     )
 
 
-class _StepTimes(logging.Handler):
-    """Collects the trainer's "step N/M" log records with their creation times."""
+class StepTimes(logging.Handler):
+    """Collects the trainer's "step N/M" log records with their creation times; ``on_step``
+    runs at each (``bench.profile_step`` advances its profiler's schedule with it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_step: Callable[[], None] | None = None) -> None:
         super().__init__(logging.INFO)
         self.steps: list[tuple[int, float, float]] = []
+        self.on_step = on_step
 
     def emit(self, record: logging.LogRecord) -> None:
         # emit() runs in the training thread right after the record is made, so the
@@ -143,6 +145,8 @@ class _StepTimes(logging.Handler):
         if message.startswith("step ") and "/" in message.split()[1]:
             step = int(message.split()[1].split("/")[0])
             self.steps.append((step, record.created, time.process_time()))
+            if self.on_step is not None:
+                self.on_step()
 
 
 @dataclass
@@ -174,22 +178,28 @@ def throughput(points: list[tuple[int, float, float]], warmup: int, tokens_per_s
     return Speed(statistics.median(wall), statistics.median(cpu))
 
 
-def trainer_trial(args: argparse.Namespace, variant: Variant) -> Speed:
-    """Speed of the built-in trainer (one process, no checkpoints)."""
+def run_trainer(spec: Any, times: StepTimes, job_name: str) -> None:
+    """The built-in trainer in this process as a pod's single worker runs it (no
+    checkpoints), ``times`` listening to its log."""
     from torchkube.trainer.loader import RunEnv
     from torchkube.trainer.train import run
 
-    spec = make_spec(args, variant, args.warmup + args.steps)
-    handler = _StepTimes()
     trainer_log = logging.getLogger("torchkube.trainer")
-    trainer_log.addHandler(handler)
+    trainer_log.addHandler(times)
     try:
-        code = run(spec, RunEnv(job_name="bench", checkpoint_dir=None, metrics_port=0))
+        code = run(spec, RunEnv(job_name=job_name, checkpoint_dir=None, metrics_port=0))
     finally:
-        trainer_log.removeHandler(handler)
+        trainer_log.removeHandler(times)
     if code != 0:
         raise RuntimeError(f"the trainer exited with {code}")
-    return throughput(handler.steps, args.warmup, spec.tokens_per_step)
+
+
+def trainer_trial(args: argparse.Namespace, variant: Variant) -> Speed:
+    """Speed of the built-in trainer (one process, no checkpoints)."""
+    spec = make_spec(args, variant, args.warmup + args.steps)
+    times = StepTimes()
+    run_trainer(spec, times, "bench")
+    return throughput(times.steps, args.warmup, spec.tokens_per_step)
 
 
 def reference_trial(args: argparse.Namespace, variant: Variant) -> Speed:
