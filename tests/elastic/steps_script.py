@@ -1,9 +1,10 @@
 """A minimal elastic workload for launcher/store tests: all-reduce steps, resumable from a file.
 
 It beats its heartbeat after every step, as the trainer does (the launcher's hang watchdog
-reads it). Rank 0 appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every
-step, in one ``write`` so a worker killed mid-step leaves either the whole line or none; a
-restarted group continues after the last line. (Keeping the count in a second file raced: a
+reads it). Every worker writes its global rank to ``$OUT/rank-<agent>-<local rank>``. Rank 0
+appends ``<step> <world_size> <agent>`` to ``$OUT/steps.log`` after every step, in one
+``write`` so a worker killed mid-step leaves either the whole line or none; a restarted group
+continues after the last line. (Keeping the count in a second file raced: a
 worker stopped between the two writes lost a step.) With ``CRASH_AT_STEP``, rank 0 exits
 ``CRASH_EXIT_CODE`` at that step, once. With ``TERM_SECONDS``, a worker sent SIGTERM
 touches ``$OUT/terminating-<agent>`` and takes that long to exit, as the trainer's emergency
@@ -46,6 +47,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     heartbeat = Heartbeat.from_env()
     rank, world = dist.get_rank(), dist.get_world_size()
+    agent, local_rank = os.environ.get("AGENT", "?"), os.environ["LOCAL_RANK"]
+    (out / f"rank-{agent}-{local_rank}").write_text(f"{rank}\n")
     log_path = out / "steps.log"
     lines = log_path.read_text().split() if log_path.exists() else []
     step = int(lines[-3]) if lines else 0

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from torchkube.api.contract import Env
 from torchkube.api.trainer import TrainerSpec
-from torchkube.trainer.loader import ConfigError, load_config, preflight
+from torchkube.trainer.loader import ConfigError, LiveEnv, load_config, preflight
 
 ENV_CONFIG, ENV_CHECKPOINT_DIR = Env.TRAINER_CONFIG, Env.CHECKPOINT_DIR
 
@@ -108,7 +108,7 @@ def test_the_live_recovery_contract_is_read_once_with_the_rest() -> None:
     }
     _, run_env = load_config([], env)
     assert run_env.recovery == "live" and run_env.live is not None
-    assert run_env.live.replica_id(run_env.job_name) == "demo-2"
+    assert run_env.live.replica_id(run_env.job_name) == "demo-00002"
     assert (run_env.live.host, run_env.live.target) == ("10.0.0.7", 3)
     assert run_env.rendezvous_endpoint == "rendezvous.demo.ns.svc:29400"
     assert (run_env.pod_name, run_env.node_name) == ("demo-worker-2", "node-a")
@@ -245,3 +245,12 @@ def test_preflight_checks_the_weights_folder_against_the_data(
     (fits / "model.safetensors").write_bytes(b"\x10" + bytes(7) + b"{}")
     with pytest.raises(ConfigError, match=r"weightsPath: .* is not a safetensors file"):
         check(fits)
+
+
+def test_the_lighthouse_orders_replica_groups_by_slot() -> None:
+    """torchft's Lighthouse ranks a quorum's groups by their replica ids as strings (and each
+    Manager adds ``:<uuid>``): with ranks in slot order, as Kueue's topology-aware scheduling
+    assigns slots, neighbouring groups are neighbours in the topology."""
+    slots = [10, 2, 0, 1, 9999]
+    ids = [f"{LiveEnv(lighthouse='http://l', slot=s).replica_id('demo')}:5f0c" for s in slots]
+    assert [int(i.split(":")[0].rsplit("-", 1)[1]) for i in sorted(ids)] == sorted(slots)

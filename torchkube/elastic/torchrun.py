@@ -60,6 +60,9 @@ Around it, this module adds:
   workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
   would stay invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
   at each such restart (not at a restart for a membership change), with the failures.
+* **Ranks follow the slots** (:mod:`torchkube.elastic.ranks`): torch ranks a round's agents by
+  address, here by their pod's replica index, which Kueue's topology-aware scheduling assigns
+  in topology order.
 * **The watchdog judges only the workers torchrun runs now.** :func:`healthy_workers` is the
   agent's worker pids while it holds them healthy: a worker of an ended round (dying, or its
   heartbeat file not yet replaced) is never taken for a hung one.
@@ -172,6 +175,9 @@ def track() -> None:
     _close_only_at_the_end(handler_class)
     _spare_when_full(handler_class)
     _poll_sooner()
+    from torchkube.elastic import ranks
+
+    ranks.follow_slots()
 
     executor_class: Any = _DistributedRendezvousOpExecutor
     add_to_redundancy_list = executor_class._add_to_redundancy_list

@@ -39,6 +39,11 @@ class ConfigError(Exception):
     """A permanent user or configuration error: retrying cannot help (exit code 3)."""
 
 
+SLOT_DIGITS = 5
+"""Enough for every slot the API allows: ``replicas.max`` ≤ 10,000 and ``replicas.spares`` ≤
+1,000."""
+
+
 @dataclass(frozen=True)
 class LiveEnv:
     """The pod's side of the live-recovery contract (``failurePolicy.recovery: live``)."""
@@ -54,8 +59,11 @@ class LiveEnv:
     """Replica groups that train (``Env.REPLICA_GROUPS``); None: every group trains."""
 
     def replica_id(self, job_name: str) -> str:
-        """``<job>-<slot>``: torchft orders the quorum by it and reads the slot from its digits."""
-        return f"{job_name}-{self.slot}"
+        """``<job>-<slot>``, the slot zero-padded: torchft's Lighthouse ranks a quorum's groups
+        by their ids as strings, so the groups' ranks follow their slots (which Kueue's
+        topology-aware scheduling assigns in topology order); the slot is read back from the
+        digits."""
+        return f"{job_name}-{self.slot:0{SLOT_DIGITS}d}"
 
 
 def _live_env(environ: Mapping[str, str]) -> LiveEnv:
