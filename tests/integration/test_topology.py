@@ -12,9 +12,11 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from kube_jobs import Job, JobMaker, job_manifest
 from kubernetes import client
 
@@ -23,12 +25,15 @@ from testbed.cluster import Cluster
 from testbed.kueue import Kueue
 from testbed.kwok import NodePool, kwok_toleration
 from torchkube.api import labels as lbl
+from torchkube.cli.main import main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 RACK = "example.com/rack"
 TAS_GROUP = "example.com/tas-group"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
+HOSTNAME = "kubernetes.io/hostname"
+LEVELS = (RACK, HOSTNAME)
 
 
 def rack_of(node: str, pools: list[NodePool]) -> str:
@@ -112,10 +117,11 @@ def test_the_status_names_the_rack_a_packed_job_occupies(
 
 
 def test_a_preferred_job_too_big_for_a_rack_is_spread_and_says_so(
-    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool]
+    make_job: Callable[..., Job], isolated_pool: Callable[..., NodePool], kubeconfig: Path
 ) -> None:
     """Three workers of a whole node each, two racks of two nodes: two share a rack, the third
-    runs in the other, and the status says where and what is missing."""
+    runs in the other, and the status says where and what is missing; ``torchkube describe``
+    lists each worker's rack in slot order (the ranks' order)."""
     pools = [isolated_pool(nodes=2, labels={RACK: f"rack-{i}"}) for i in range(2)]
     job = make_job(
         "spread",
@@ -142,6 +148,16 @@ def test_a_preferred_job_too_big_for_a_rack_is_spread_and_says_so(
     assert f"Missing: room in {home} for 1 more worker" in message, message
     assert "scheduling.topology.mode required" in message, message
     job.wait_event("SpreadOverDomains", containing=home)
+
+    target = ["--kubeconfig", str(kubeconfig), "-n", job.namespace]
+    described = CliRunner().invoke(main, ["describe", job.name, *target])
+    assert described.exit_code == 0, described.output
+    rows = described.stdout.split("Pods:\n")[1].split("\nEvents:")[0].splitlines()
+    header, *cells = (row.split() for row in rows)
+    assert header[5:7] == ["NODE", "DOMAIN"], header
+    by_slot = sorted(workers, key=lambda w: int(w.metadata.labels[lbl.REPLICA_INDEX]))
+    expected = [[w.spec.node_name, rack_label(w.spec.node_name, pools)] for w in by_slot]
+    assert [row[5:7] for row in cells if row[1] == lbl.ROLE_WORKER] == expected, rows
 
 
 def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
@@ -199,6 +215,39 @@ def test_kueue_places_a_job_asking_no_topology_on_a_topology_flavour_once(
             assert annotations.get("kueue.x-k8s.io/podset-unconstrained-topology") == "true"
 
 
+def test_under_kueue_consecutive_slots_share_a_rack(
+    make_job: JobMaker,
+    isolated_pool: Callable[..., NodePool],
+    api_client: Any,
+    namespace: str,
+    kueue: Kueue,
+) -> None:
+    """Ranks follow slots (tests/elastic/test_rank_order.py), and Kueue gives the slots in
+    topology order (the Workload's podIndexLabel): a job of six whole-node workers asking for
+    one group of three racks of two nodes has slots 0 and 1 in the first rack, 2 and 3 in the
+    second, 4 and 5 in the third — so every rank's data-parallel neighbour shares its rack.
+    Placed by chance, one pairing in 15 would do that."""
+    group = f"rank-{secrets.token_hex(3)}"
+    pools = [
+        isolated_pool(nodes=2, labels={RACK: f"{group}-rack{rack}", TAS_GROUP: group})
+        for rack in range(3)
+    ]
+    with tas_queue_made(api_client, namespace, group, workers=6, levels=(TAS_GROUP, *LEVELS)):
+        body = job_manifest(
+            "ranks",
+            pools,
+            replicas={"min": 6, "max": 6},
+            scheduling={"topology": {"level": TAS_GROUP}},
+        )
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
+        body["spec"]["scheduling"].pop("affinity")
+        job = make_job.create(body)
+        workers = job.wait_running(6, timeout=90)
+        by_slot = sorted(workers, key=lambda w: int(w.metadata.labels[lbl.REPLICA_INDEX]))
+        racks = [rack_label(w.spec.node_name, pools) for w in by_slot]
+        assert racks == [f"{group}-rack{i // 2}" for i in range(6)], racks
+
+
 def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
     make_job: JobMaker,
     isolated_pool: Callable[..., NodePool],
@@ -252,10 +301,12 @@ def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
 
 
 @contextlib.contextmanager
-def tas_queue_made(api_client: Any, namespace: str, group: str, workers: int) -> Iterator[None]:
+def tas_queue_made(
+    api_client: Any, namespace: str, group: str, workers: int, levels: tuple[str, ...] = LEVELS
+) -> Iterator[None]:
     """:func:`tas_queue`'s objects made for the block, deleted after it however it ended."""
     custom = client.CustomObjectsApi(api_client)
-    objects = tas_queue(group, workers)
+    objects = tas_queue(group, workers, levels)
     try:
         for plural, body in objects:
             if plural == "localqueues":
@@ -274,19 +325,27 @@ def tas_queue_made(api_client: Any, namespace: str, group: str, workers: int) ->
                     custom.delete_cluster_custom_object(*KUEUE, plural, body["metadata"]["name"])
 
 
-def tas_queue(group: str, workers: int) -> list[tuple[str, dict[str, Any]]]:
-    """A Topology (rack, then node), a ResourceFlavor on the group's nodes that points at it, a
-    ClusterQueue with ``workers`` workers' worth of GPUs on it and a LocalQueue, all named
-    ``group``."""
+def tas_queue(
+    group: str, workers: int, levels: tuple[str, ...] = LEVELS
+) -> list[tuple[str, dict[str, Any]]]:
+    """A Topology (by default rack, then node), a ResourceFlavor on the group's nodes that
+    points at it, a ClusterQueue with ``workers`` workers' worth of GPUs on it and a
+    LocalQueue, all named ``group``."""
     meta = {"name": group}
-    levels = [{"nodeLabel": RACK}, {"nodeLabel": "kubernetes.io/hostname"}]
     quota = [
         {"name": "cpu", "nominalQuota": "100"},
         {"name": "memory", "nominalQuota": "1Ti"},
         {"name": "nvidia.com/gpu", "nominalQuota": str(workers * 8)},
     ]
     return [
-        ("topologies", {**kind("Topology"), "metadata": meta, "spec": {"levels": levels}}),
+        (
+            "topologies",
+            {
+                **kind("Topology"),
+                "metadata": meta,
+                "spec": {"levels": [{"nodeLabel": k} for k in levels]},
+            },
+        ),
         (
             "resourceflavors",
             {

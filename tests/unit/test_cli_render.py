@@ -727,3 +727,23 @@ def test_importing_the_commands_loads_neither_kubernetes_nor_pydantic() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_describe_lists_workers_in_rank_order_with_each_ones_domain() -> None:
+    """Ranks follow slots (torchkube/elastic/ranks.py), so the Pods table — in slot order —
+    is the workers' rank order; with a topology each row names its node's domain."""
+    topology = {"level": "example.com/rack", "domains": ["rack-1", "rack-2"], "domainCount": 2}
+    pods = [pod("gpt-worker-1-b", 1, node="n2"), pod("gpt-worker-0-a", 0, node="n1")]
+    pods.append(pod("gpt-worker-2-c", 2, phase="Pending", node=None))
+    domains = {"n1": "rack-1", "n2": "rack-2"}
+    body = job(**running_status(topology=topology))
+    lines = render.describe(body, pods, [], NOW, node_domains=domains).splitlines()
+    table = lines[lines.index("Pods:") + 1 :]
+    assert table[0].split() == ["NAME", "ROLE", "SLOT", "STATUS", "READY", "NODE", "DOMAIN", "AGE"]
+    assert [row.split()[:7] for row in table[1:4]] == [
+        ["gpt-worker-0-a", "worker", "0", "Running", "0/1", "n1", "rack-1"],
+        ["gpt-worker-1-b", "worker", "1", "Running", "0/1", "n2", "rack-2"],
+        ["gpt-worker-2-c", "worker", "2", "Pending", "0/1", "-", "-"],
+    ]
+    plain = render.describe(job(**running_status()), pods, [], NOW).splitlines()
+    assert "DOMAIN" not in plain[plain.index("Pods:") + 1]

@@ -578,8 +578,11 @@ class SchedulingSpec(ApiModel):
     topology: TopologySpec | None = Field(
         default=None,
         description="Pack the workers into one topology domain (a rack, a block, an NVLink "
-        "domain): through the scheduler's pod affinity among the job's workers, added to "
-        "affinity. Replacements land in the domain the job's running workers occupy.",
+        "domain): through Kueue's topology-aware scheduling when Kueue admits the job on a "
+        "flavour with a topology, else through the scheduler's pod affinity among the job's "
+        "workers, added to affinity. Replacements land in the domain the job's running "
+        "workers occupy. Ranks follow the workers' slots, which Kueue assigns in topology "
+        "order.",
     )
     priority_class_name: str | None = Field(
         default=None, max_length=253, description="PriorityClass of the workers."

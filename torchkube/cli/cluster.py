@@ -226,13 +226,19 @@ def status(
 @cluster_options
 @reports_errors
 def describe(name: str, kubeconfig: str | None, context: str | None, namespace: str | None) -> None:
-    """Explain one job: spec summary, conditions, recent failures, its pods and its events."""
+    """Explain one job: spec summary, conditions, recent failures, its pods and its events.
+
+    The pods are listed by slot, which is the workers' rank order; with a
+    scheduling.topology, each one's domain (when nodes may be read)."""
     from torchkube.cli.render import describe as render
 
     jobs = _jobs(kubeconfig, context, namespace)
     job = jobs.get(name)
     cluster = jobs.dispatched([job]).get(job["metadata"].get("uid", ""))
-    click.echo(render(job, jobs.pods(name), jobs.events(job), _now(), dispatched_to=cluster))
+    topology = (job.get("spec") or {}).get("scheduling", {}).get("topology")
+    domains = jobs.node_domains(topology["level"]) if topology else None
+    pods, events = jobs.pods(name), jobs.events(job)
+    click.echo(render(job, pods, events, _now(), dispatched_to=cluster, node_domains=domains))
 
 
 # --- logs ----------------------------------------------------------------------------------

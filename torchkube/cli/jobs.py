@@ -305,6 +305,24 @@ class Jobs:
             items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
         return items
 
+    def node_domains(self, level: str) -> dict[str, str] | None:
+        """Each node's domain at topology ``level`` (the nodes that carry the label; one list
+        request, whatever the job's size); None when nodes may not be read, as a user
+        confined to a namespace often may not."""
+        from kubernetes.client.exceptions import ApiException
+
+        with translate(f"list the nodes labelled {level}", self.target, resource="nodes"):
+            try:
+                response = self.core.list_node(
+                    label_selector=level, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+                )
+            except ApiException as error:
+                if error.status == 403:
+                    return None
+                raise
+            nodes = json.loads(response.data).get("items") or []
+        return {n["metadata"]["name"]: n["metadata"]["labels"][level] for n in nodes}
+
     def events(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Events whose involvedObject is this job (by uid: not a deleted namesake's)."""
         meta = job["metadata"]

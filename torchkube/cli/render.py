@@ -14,7 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
-from torchkube.api.status import FailureRecord, ProgressRecord, TrainingJobStatus
+from torchkube.api.status import (
+    UNLABELLED_DOMAIN,
+    FailureRecord,
+    ProgressRecord,
+    TrainingJobStatus,
+)
 from torchkube.api.times import human_duration, parse_time
 from torchkube.api.types import Condition
 from torchkube.cli import pods as p
@@ -331,21 +336,30 @@ def pod_ready(pod: dict[str, Any]) -> str:
     return f"{sum(1 for c in statuses if c.get('ready'))}/{total}"
 
 
-def pods_table(pods: Sequence[dict[str, Any]], now: datetime) -> str:
+def pods_table(
+    pods: Sequence[dict[str, Any]], now: datetime, domains: Mapping[str, str] | None = None
+) -> str:
+    """The job's pods, the store first and then by slot: the workers' rank order
+    (torchkube/elastic/ranks.py). With ``domains`` (node → its domain at the job's topology
+    level), a DOMAIN column."""
     ordered = sorted(pods, key=lambda q: (p.role(q) != "rendezvous", p.slot(q) or 0, p.created(q)))
-    rows = [
-        [
+    rows = []
+    for pod in ordered:
+        node = (pod.get("spec") or {}).get("nodeName")
+        row = [
             p.name(pod),
             p.role(pod) or NONE,
             str(p.slot(pod)) if p.slot(pod) is not None else NONE,
             pod_state(pod),
             pod_ready(pod),
-            str((pod.get("spec") or {}).get("nodeName") or NONE),
-            age(pod.get("metadata", {}).get("creationTimestamp"), now),
+            str(node or NONE),
         ]
-        for pod in ordered
-    ]
-    return table(["NAME", "ROLE", "SLOT", "STATUS", "READY", "NODE", "AGE"], rows, indent="  ")
+        if domains is not None:
+            row.append(domains.get(node, UNLABELLED_DOMAIN) if node else NONE)
+        rows.append([*row, age(pod.get("metadata", {}).get("creationTimestamp"), now)])
+    headers = ["NAME", "ROLE", "SLOT", "STATUS", "READY", "NODE"]
+    headers += ["DOMAIN"] if domains is not None else []
+    return table([*headers, "AGE"], rows, indent="  ")
 
 
 def _event_time(event: dict[str, Any]) -> str:
@@ -413,10 +427,12 @@ def describe(
     events: Sequence[dict[str, Any]],
     now: datetime,
     dispatched_to: str | None = None,
+    node_domains: Mapping[str, str] | None = None,
 ) -> str:
     """``torchkube describe``: identity, state (with the topology domains the workers
     occupy, and for a job MultiKueue dispatches the worker cluster ``dispatched_to``), spec,
-    conditions, failures, pods, events."""
+    conditions, failures, pods (with a job's topology, each one's domain from
+    ``node_domains``, when the nodes could be read), events."""
     meta, status = job.get("metadata", {}), status_of(job)
     written = job.get("status") is not None
     spec = job.get("spec") or {}
@@ -470,7 +486,8 @@ def describe(
     failures = status.failures
     title = f"Failures (last {len(failures)}, oldest first):" if failures else "Failures:"
     out += [title, failures_table(failures, now) if failures else "  <none>"]
-    out += ["Pods:", pods_table(pods, now) if pods else "  <none>"]
+    domains = node_domains if status.topology is not None else None
+    out += ["Pods:", pods_table(pods, now, domains) if pods else "  <none>"]
     out += ["Events:", events_table(events, now) if events else "  <none>"]
     return "\n".join(out)
 
