@@ -40,7 +40,7 @@ def recovery_at_start(rank: int) -> Any:
     recovery.progress = SimpleNamespace(enabled=False, update=lambda **_: None)
     recovery.live_env = SimpleNamespace(target=None)
     recovery.replica_id, recovery.writer, recovery.split = f"job-{rank}", False, None
-    recovery.members = SimpleNamespace(slots=[0, 1])
+    recovery.members = SimpleNamespace(slots=[0, 1], max_step=0)
     recovery.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
     recovery._quorum_taken, recovery._attempt_began = False, None
     recovery.heartbeat = Heartbeat(None)  # no launcher: a pause is a no-op
@@ -57,14 +57,29 @@ def test_only_the_writer_group_claims_the_folder_when_a_job_starts_from_the_volu
         assert folder.calls == calls, f"quorum rank {rank}"
 
 
+def test_a_joiner_whose_copy_broke_off_does_not_take_the_checkpoint() -> None:
+    """Its peer lost while serving the copy (tests/local/test_live_phase_kills.py), the group
+    is still at step 0 with nothing copied — but the quorum is at step 64, not a job that
+    starts: reading the checkpoint of step 60 would say "no live peer ahead" and train from
+    there. It keeps what it has, its step is not committed, and it copies at the next
+    quorum."""
+    recovery, folder = recovery_at_start(1), Folder()
+    recovery.members = SimpleNamespace(slots=[0, 1], max_step=64)
+    recovery.join(folder, restore=folder.load)
+    assert folder.calls == []
+    recovery, folder = recovery_at_start(1), Folder()
+    recovery.join(folder, restore=folder.load)  # max_step 0: every group starts
+    assert folder.calls == ["read"]
+
+
 def test_the_quorums_members_are_read_from_the_lighthouses_answer_by_slot() -> None:
     """torchft keeps only the quorum's size; the progress record names its groups' slots, so
     the operator can tell a standby spare (a running pod outside them) from a training group."""
-    answer = SimpleNamespace(replica_ids=["job-12:5f0c", "job-0:9a1b", "job-3:77de"])
+    answer = SimpleNamespace(replica_ids=["job-12:5f0c", "job-0:9a1b", "job-3:77de"], max_step=7)
     client = SimpleNamespace(_quorum=lambda **_: answer, should_commit=lambda: True)
     manager = SimpleNamespace(_client=client)
     members = QuorumMembers.watch(manager)
     assert manager._client is members and members.slots == []
     assert manager._client._quorum(step=4) is answer
-    assert members.slots == [0, 3, 12]
+    assert members.slots == [0, 3, 12] and members.max_step == 7
     assert manager._client.should_commit() is True  # everything else reaches torchft's client

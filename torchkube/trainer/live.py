@@ -57,10 +57,17 @@ from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing import HTTPTransport
 from torchft.manager import extract_trailing_digits
 
-from torchkube.api.contract import LIVE_MIN_REPLICA_GROUPS, STANDBY_RELEASED, ExitCode, LiveProgress
+from torchkube.api.contract import (
+    LIVE_MIN_REPLICA_GROUPS,
+    STANDBY_RELEASED,
+    ChaosPhase,
+    ExitCode,
+    LiveProgress,
+)
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer import distributed, standby
+from torchkube.trainer.chaos import hold_if_armed
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout
 from torchkube.trainer.distributed import StopRequest
@@ -105,6 +112,7 @@ class LiveState:
     def state_dict(self) -> dict[str, Any]:
         """Sharded tensors (FSDP inside the pod) as this process's shards: the joining
         group's process of the same local rank holds the same shards of the same layout."""
+        hold_if_armed(ChaosPhase.SERVING_STATE)
         return {
             "model": local_shards(self.model.state_dict()),
             "optimizer": local_shards(self.optimizer.state_dict()),
@@ -115,6 +123,7 @@ class LiveState:
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Copied into the tensors in place, shard by shard; an optimizer that has not
         stepped yet gets its state first (zeros, from a step at learning rate 0)."""
+        hold_if_armed(ChaosPhase.RECEIVING_STATE)
         with torch.no_grad():
             copy_into(self.model.state_dict(), saved["model"])
             _init_optim_state(self.optimizer)
@@ -231,6 +240,8 @@ class QuorumMembers:
     def __init__(self, client: Any) -> None:
         self._client = client
         self.slots: list[int] = []
+        self.max_step = 0
+        """The step of the quorum's groups furthest ahead (0: the whole job starts)."""
 
     @classmethod
     def watch(cls, manager: Any) -> "QuorumMembers":
@@ -241,6 +252,7 @@ class QuorumMembers:
         result = self._client._quorum(*args, **kwargs)
         ids = (replica_id.split(":")[0] for replica_id in result.replica_ids)
         self.slots = sorted(extract_trailing_digits(replica_id) for replica_id in ids)
+        self.max_step = result.max_step
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -355,7 +367,9 @@ class LiveRecovery:
     def join(self, ckpt: CheckpointManager, restore: Callable[[], bool]) -> None:
         """The first quorum: a group behind it copies the live state from a peer there; when
         no group of it is ahead of step 0 (the whole job starts or resumes), every group takes
-        the same starting state from ``restore``. Reading claims nothing: the folder is the
+        the same starting state from ``restore``. A group whose copy broke off (its peer lost
+        while serving it) is behind a quorum that is ahead: it takes nothing from the volume
+        and copies at the next quorum. Reading claims nothing: the folder is the
         writer's alone (claimed as it becomes the writer); another group claiming it here
         could take it from the writer, whose next save would be fenced."""
         self.ckpt = ckpt
@@ -363,7 +377,16 @@ class LiveRecovery:
         self._quorum_taken = True
         assert self.live is not None
         state = self.live.state
-        if self.live.copied_step is None and self.manager.current_step() == 0 and restore():
+        behind = self.live.copied_step is None and self.manager.current_step() == 0
+        ahead = self.members.max_step if self.members is not None else 0
+        if behind and ahead > 0:
+            log.warning(
+                "live: the copy of the live state from a peer at step %d broke off; this group "
+                "takes no checkpoint (its peers are ahead), commits nothing, and copies again at "
+                "the next quorum",
+                ahead,
+            )
+        elif behind and restore():
             self.manager.load_state_dict({"step": state.step, "batches_committed": state.step})
             log.info("live: no live peer ahead; resumed from the checkpoint of step %d", state.step)
         self._note_peer_copy()
