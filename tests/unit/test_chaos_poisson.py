@@ -2,10 +2,11 @@
 
 import statistics
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from torchkube.local.display import LIGHTHOUSE
-from torchkube.local.runner import Chaos
+from torchkube.local.runner import Chaos, kill_candidates
 from torchkube.trainer.chaos import ChaosHold
 
 
@@ -67,3 +68,15 @@ def test_killing_the_lighthouse_of_a_restart_mode_job_is_refused_by_name(tmp_pat
     assert result.exit_code != 0
     assert "--chaos-lighthouse-at-step needs failurePolicy.recovery: live" in result.output
     assert not (tmp_path / "logs").exists()  # refused before anything started
+
+
+def test_a_replacement_started_after_the_last_report_is_no_candidate_though_its_slot_is() -> None:
+    """The last quorum's slots come from the writer's last progress report, which is stale
+    after a loss until a step commits: the slot's replacement, still importing torch, is not
+    the group that trained there, and is not killed as one."""
+    reported = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    before, after = reported - timedelta(seconds=30), reported + timedelta(seconds=2)
+    alive = {0: before, 1: after, 2: before, 4: before}
+    assert kill_candidates(alive, slots=[0, 1, 2, 3], reported=reported) == [0, 2]
+    assert kill_candidates(alive, slots=None, reported=None) == [0, 1, 2, 4]
+    assert kill_candidates(alive, slots=[], reported=reported) == [0, 1, 2, 4]

@@ -89,10 +89,28 @@ class Env(StrEnum):
     """Set by ``torchkube run``'s benchmarks, never by the operator: every micro-batch of a
     training step lasts at least this many seconds, its processes waiting out the rest after
     them (a step standing for an accelerator's on a CPU)."""
+    CHAOS_ARM_DIR = "TORCHKUBE_CHAOS_ARM_DIR"
+    """Set by ``torchkube run`` when its chaos kills workers in a phase
+    (:class:`ChaosPhase`), never by the operator: the folder where the runner arms a phase
+    (``arm-<phase>``) and where the one process that claims the arming says it holds
+    (``held-<phase>``, its pid) before it stops itself, so that the kill lands inside that
+    phase whatever the load."""
     HEARTBEAT_DIR = "TORCHKUBE_HEARTBEAT_DIR"
     """Set by the launcher: each worker process writes its heartbeat (its last finished step)
     and, when the launcher asks, the Python stacks of all its threads here
     (:mod:`torchkube.elastic.heartbeat`). Unset: no heartbeat, no hang detection."""
+
+
+class ChaosPhase(StrEnum):
+    """Where a ``torchkube run`` chaos kill may be aimed inside a worker (live recovery)."""
+
+    SERVING_STATE = "serving-state"
+    """A live group handing its state to a joining group (the joiner waits for it)."""
+    RECEIVING_STATE = "receiving-state"
+    """A joining group that has received a peer's state and not yet taken it."""
+    COMMITTING_CHECKPOINT = "committing-checkpoint"
+    """The writer group's rank 0 with a checkpoint written and marked, not yet renamed into
+    place."""
 
 
 def chaos_hold_steps_value(steps: list[int]) -> str:

@@ -49,7 +49,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
-from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
+from torchkube.api.contract import (
+    PROGRESS_FILE,
+    ChaosPhase,
+    Env,
+    ProgressReport,
+    chaos_hold_steps_value,
+)
 from torchkube.api.ledger import Ledger
 from torchkube.api.standby import stands_by
 from torchkube.api.status import SlowestRank
@@ -117,7 +123,9 @@ class Chaos:
     """With ``every_seconds``: the gaps between timed kills are drawn from an exponential
     distribution of that mean (a Poisson process of losses), and each victim at random among
     the workers training (recovery live: those of the last quorum) and, with
-    ``lighthouse_share``, the Lighthouse; seeded, so that a trial can be run again."""
+    ``lighthouse_share``, the Lighthouse; seeded, so that a trial can be run again. The
+    process runs from the first step trained, as losses during training are what it stands
+    for: the job's start (on a loaded machine, most of a minute of importing torch) is not."""
     lighthouse_share: float = 0.0
     """Poisson kills: the share that hits the torchft Lighthouse (recovery live)."""
     compute_seconds: float | None = None
@@ -125,6 +133,15 @@ class Chaos:
     the rest after them): a step standing for an accelerator's, so that kills land mid-step in
     proportion, the step is as long against the failure detection as a GPU job's, and longer
     where fewer replica groups share the global batch."""
+    in_phases: list[ChaosPhase] = field(default_factory=list)
+    """recovery live: kills aimed inside phases, one at a time in this order — each armed
+    once the one before has landed (``torchkube.trainer.chaos.hold_if_armed``): the first
+    process to reach the armed phase holds there and its worker is SIGKILLed. A phase that
+    needs a join (serving or receiving a state copy) comes with the next replacement."""
+    in_phases_from_step: int = 1
+    """The first step at which a phase is armed: later than the job's first steps, a
+    serving group killed may be the only one training yet (the others still starting), and
+    the job starts over — true, but not the loss aimed at."""
     late_seconds: float | None = None
     """Start the last worker this much later than the others: a pod whose image pull or node
     takes longer than ``joinTimeoutSeconds``. The others time out waiting for it (a free
@@ -169,6 +186,22 @@ class Chaos:
         return _due(self.crash_at_steps, step)
 
 
+def kill_candidates(
+    alive: dict[int, datetime], slots: list[int] | None, reported: datetime | None
+) -> list[int]:
+    """The workers a Poisson kill may take: of those ``alive`` (slot → when its process
+    started), the ones in the last quorum's ``slots`` as the report written at ``reported``
+    names them (none named: every one alive). A replacement started after that report is not
+    the group that trained in its slot but one still starting: at torchft's rates four groups
+    would otherwise lose every replacement before it trains, which says nothing but that
+    kills outpace starts."""
+    return [
+        i
+        for i, started in sorted(alive.items())
+        if not slots or (i in slots and (reported is None or started <= reported))
+    ]
+
+
 def _due(steps: list[int], step: int) -> bool:
     """Whether training reached the first of ``steps`` (taken off the list if so)."""
     if steps and step >= steps[0]:
@@ -209,6 +242,10 @@ class LocalRun:
         self.log_dir = workdir / "logs"
         self.count = workers or job.spec.replicas.pods
         self.chaos = chaos or Chaos()
+        self.arm_dir = workdir / "chaos"
+        self.aims_at_phases = bool(self.chaos.in_phases)
+        self.phase_kills: list[ChaosPhase] = []
+        """The phases a chaos kill landed in, in order (``Chaos.in_phases``)."""
         self.out = out
         self.nproc = nproc
         self.store_port = free_port()
@@ -266,6 +303,8 @@ class LocalRun:
         env.setdefault("OMP_NUM_THREADS", str(threads_per_process(cpus, self.count, self.nproc)))
         if self.chaos.compute_seconds:
             env[Env.CHAOS_COMPUTE_SECONDS] = str(self.chaos.compute_seconds)
+        if self.aims_at_phases:
+            env[Env.CHAOS_ARM_DIR] = str(self.arm_dir)
         holds = self._hold_steps(index)
         if holds:
             env[Env.CHAOS_HOLD_AT_STEPS] = chaos_hold_steps_value(holds)
@@ -398,6 +437,7 @@ class LocalRun:
 
     def _supervise(self, show: Callable[[str], None], started: float) -> Summary:
         last_kill = 0.0
+        trained_at: float | None = None
         while True:
             time.sleep(POLL_SECONDS)
             now = time.monotonic()
@@ -428,7 +468,12 @@ class LocalRun:
                 self._crash(record, now)
             if record:
                 self._replace_straggler(record, now)
-            kill = self._kill_due(step, now, last_kill, started) if record else None
+            if trained_at is None and record and record.step >= 1:
+                trained_at = now
+            if record and self.aims_at_phases:  # first: its holder is not a step's
+                self._phase_chaos(record, now, armed=step >= self.chaos.in_phases_from_step)
+            clock = started if self.chaos.poisson_seed is None else trained_at
+            kill = self._kill_due(step, now, last_kill, clock) if record else None
             if record and kill is not None and kill[0] == LIGHTHOUSE:
                 last_kill = now
                 self._kill_lighthouse(record, now)
@@ -640,7 +685,7 @@ class LocalRun:
         return any(stopped(pid) for pid in workers_of(worker.proc.pid, children_of()))
 
     def _kill_due(
-        self, step: int, now: float, last_kill: float, started: float
+        self, step: int, now: float, last_kill: float, started: float | None
     ) -> tuple[int, int] | None:
         """(worker, step) of the chaos kill due now, if one is. A --chaos-at-step kill is due
         once its worker holds at the step (or, where it cannot hold, a spare standing by, once
@@ -651,7 +696,7 @@ class LocalRun:
             if self.chaos.kill_due(seen):
                 self._step_kills += 1
                 return victim, seen
-        if self.chaos.timed_kill_due(now, last_kill, started):
+        if started is not None and self.chaos.timed_kill_due(now, last_kill, started):
             if self.chaos.poisson_seed is None:
                 rotated = self._kills % self.count
                 return (self.chaos.worker if self.chaos.worker is not None else rotated), step
@@ -661,26 +706,55 @@ class LocalRun:
 
     def _training(self) -> list[int]:
         """The workers alive in the last quorum (recovery live; else every worker alive): a
-        Poisson kill's candidates. A replacement still starting is not one — at torchft's rates
-        four groups would otherwise lose every replacement before it trains, which says
-        nothing but that kills outpace starts."""
+        Poisson kill's candidates (:func:`kill_candidates`)."""
+        path = self.checkpoint_dir / PROGRESS_FILE
         record = self.progress()
         slots = record.live.training_slots if record and record.live else None
-        return [
-            i
-            for i, w in sorted(self.workers.items())
-            if w.proc.poll() is None and (not slots or i in slots)
-        ]
+        try:
+            reported: datetime | None = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        except OSError:
+            reported = None
+        alive = {i: w.started for i, w in self.workers.items() if w.proc.poll() is None}
+        return kill_candidates(alive, slots, reported)
 
     def _serving(self) -> bool:
         return self.lighthouse is not None and self.lighthouse.poll() is None
 
-    def _kill_one(self, index: int, step: int, record: ProgressReport, now: float) -> None:
+    def _phase_chaos(self, record: ProgressReport, now: float, armed: bool) -> None:
+        """Kill the worker whose process holds in an armed phase; from
+        ``Chaos.in_phases_from_step`` on (``armed``), arm the next phase when none is armed or
+        held (``Chaos.in_phases``)."""
+        self.arm_dir.mkdir(exist_ok=True)
+        for held in sorted(self.arm_dir.glob("held-*")):
+            try:
+                pid = int(held.read_text())
+            except (OSError, ValueError):
+                continue  # still being written: the next poll reads it
+            held.unlink()
+            index = self._worker_of(pid)
+            if index is not None:
+                phase = ChaosPhase(held.name.removeprefix("held-"))
+                self.phase_kills.append(phase)
+                self._kill_one(index, record.step, record, now, during=phase)
+        if armed and self.chaos.in_phases and not any(self.arm_dir.iterdir()):
+            (self.arm_dir / f"arm-{self.chaos.in_phases.pop(0)}").touch()
+
+    def _worker_of(self, pid: int) -> int | None:
+        tree = children_of()
+        for index, worker in self.workers.items():
+            if pid == worker.proc.pid or pid in workers_of(worker.proc.pid, tree):
+                return index
+        return None
+
+    def _kill_one(
+        self, index: int, step: int, record: ProgressReport, now: float, during: str = ""
+    ) -> None:
         self._kills += 1
         worker = self.workers.get(index)
         if worker is None or worker.proc.poll() is not None:
             return
-        self.out.write(f"\nchaos: SIGKILL worker {index} at step {step}\n")
+        where = f" while {during}" if during else ""
+        self.out.write(f"\nchaos: SIGKILL worker {index} at step {step}{where}\n")
         if self.live:
             self.out.write(
                 "recovery live: the other workers keep training without it from their next "

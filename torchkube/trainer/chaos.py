@@ -8,6 +8,12 @@ next collective, and the runner's SIGKILL of the worker's whole tree (its pod) l
 step whatever the load. The runner, not the worker, kills: it alone knows the moment of the
 loss it accounts for.
 
+A kill can also be aimed inside a phase (:class:`ChaosPhase`: serving or receiving a live
+state copy, committing a checkpoint): the runner arms the phase with a file in
+:attr:`Env.CHAOS_ARM_DIR`, and the first process to reach it claims the arming (removes the
+file: one process holds per arming), says so (``held-<phase>`` with its pid) and stops itself
+there (:func:`hold_if_armed`) until the runner kills its worker.
+
 A benchmark of sustained failures also stretches every micro-batch to
 :attr:`Env.CHAOS_COMPUTE_SECONDS` (:meth:`ChaosHold.computing`): a CPU step standing for an
 accelerator's, as long against the failure detection as a GPU job's step, so that a loss lands
@@ -21,8 +27,9 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
-from torchkube.api.contract import Env, chaos_hold_steps
+from torchkube.api.contract import ChaosPhase, Env, chaos_hold_steps
 
 log = logging.getLogger("torchkube.trainer")
 
@@ -54,3 +61,18 @@ class ChaosHold:
         if step in self.steps:
             log.warning("chaos: holding at step %d until torchkube run kills this worker", step)
             os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def hold_if_armed(phase: ChaosPhase) -> None:
+    """Stop this process here if ``torchkube run`` armed ``phase`` and no other process has
+    claimed it yet (see the module docstring); without the runner's folder, nothing."""
+    folder = os.environ.get(Env.CHAOS_ARM_DIR)
+    if not folder:
+        return
+    try:
+        os.remove(Path(folder) / f"arm-{phase}")
+    except FileNotFoundError:
+        return
+    (Path(folder) / f"held-{phase}").write_text(f"{os.getpid()}\n")
+    log.warning("chaos: holding while %s until torchkube run kills this worker", phase)
+    os.kill(os.getpid(), signal.SIGSTOP)

@@ -57,8 +57,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from torch.utils.data import Dataset
 
+from torchkube.api.contract import ChaosPhase
 from torchkube.api.times import rfc3339
 from torchkube.api.trainer import TrainerSpec
+from torchkube.trainer.chaos import hold_if_armed
 from torchkube.trainer.data import dataset_identity, describe_dataset
 from torchkube.trainer.distributed import DistInfo
 from torchkube.trainer.files import write_json_atomic
@@ -728,6 +730,7 @@ class CheckpointManager:
             json.dump(marker, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+        hold_if_armed(ChaosPhase.COMMITTING_CHECKPOINT)
         final = self.folder / f"{STEP_PREFIX}{pending.step}"
         if final.exists():  # an older, unusable copy of the same step (it was skipped on load)
             stale = self.folder / f"{TMP_PREFIX}replaced-{final.name}-{self.round}"
