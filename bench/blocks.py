@@ -882,15 +882,15 @@ def live_recovery(records: dict[str, Body]) -> str:
 def sustained_outcomes(run: Run) -> list[str]:
     """Per rate, from the runs themselves: how many finished, where the others stood at the
     cap, how many failed, and the medians beside torchft's figures."""
-    from bench.live_sustained import RATES, TORCHFT, UNDISTURBED
+    from bench.live_sustained import TORCHFT, UNDISTURBED, WAYS
 
     trials = run.body["extra"]["trials"]
     steps, cap = run.body["config"]["steps"], run.body["config"]["cap_minutes"]
     lines = []
-    for way, rate in RATES.items():
-        if rate is None:
-            continue
+    for way, rate in ((w.name, w.rate) for w in WAYS):
         runs = [t for t in trials if t["way"] == way]
+        if rate is None or not runs:
+            continue
         done = [t for t in runs if t["succeeded"]]
         capped = [t["steps"] for t in runs if t["capped"]]
         failed = len(runs) - len(done) - len(capped)

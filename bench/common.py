@@ -178,11 +178,13 @@ Direction = Literal["max", "min"]
 
 @dataclass
 class Target:
-    """What a figure must be: at most (``max``) or at least (``min``) ``limit``."""
+    """What a figure must be: at most (``max``) or at least (``min``) ``limit`` — in the
+    median, or with ``every`` in each trial (a count of failures, where one is one too many)."""
 
     limit: float
     direction: Direction = "max"
     text: str = ""
+    every: bool = False
 
     def met(self, value: float) -> bool:
         return value <= self.limit if self.direction == "max" else value >= self.limit
@@ -232,12 +234,15 @@ class Figure:
         return Stats.of(self.values) if self.values else None
 
     def verdict(self) -> str:
-        """``met``/``missed`` judged on the median; says so when the p95 misses."""
+        """``met``/``missed`` judged on the median (says so when the p95 misses), or on every
+        trial where the target says so."""
         stats = self.stats
         if self.target is None:
             return ""
         if stats is None:
             return "not measured"
+        if self.target.every:
+            return "met" if all(self.target.met(v) for v in self.values) else "missed"
         if not self.target.met(stats.median):
             return "missed"
         return "met" if self.target.met(stats.p95) else "met (p95 missed)"

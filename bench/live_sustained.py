@@ -12,10 +12,16 @@ rotated order, each trial with its own seed:
 * **undisturbed**: no loss, the reference for the efficiency and the final loss's spread;
 * **one loss per 5.5 steps** and **one per 1.4 steps**: a Poisson process of losses
   (exponential gaps of that many undisturbed steps; ``Chaos.poisson_seed``), each taking
-  whatever the victim was doing — a group at random among those alive (its pod's whole tree
-  SIGKILLed, as a node loss) or, one loss in ``--lighthouse-share``, the Lighthouse; the lost
-  pod started again at once, as torchft's test restarts its groups, then importing torch and
-  joining from a live peer like any replacement.
+  whatever the victim was doing — a group at random among those of the last quorum (its pod's
+  whole tree SIGKILLed, as a node loss; a replacement started since the writer's last report
+  is still starting, not that quorum's group: ``kill_candidates``) or, one loss in
+  ``--lighthouse-share``, the Lighthouse; the lost pod started again at once, as torchft's
+  test restarts its groups, then importing torch and joining from a live peer like any
+  replacement;
+* **one loss per 1.4 steps with hot spares**: the same, with ``SPARES`` groups standing by
+  (``replicas.spares``: started, model built, outside the quorum), one of which takes a lost
+  group's place at the next quorum while the lost slot's replacement starts and stands by in
+  its turn.
 
 A CPU step of the tiny model takes milliseconds, so every micro-batch is stretched to
 ``--micro-batch-seconds`` (``Chaos.compute_seconds``, standing for an accelerator's compute):
@@ -56,7 +62,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +88,26 @@ from torchkube.local.runner import Chaos, LocalRun
 
 EXAMPLE = ROOT / "examples" / "live-recovery.yaml"
 UNDISTURBED = "undisturbed"
-RATES = {UNDISTURBED: None, "one loss per 5.5 steps": 5.5, "one loss per 1.4 steps": 1.4}
-WAYS = tuple(RATES)
+SPARES = 2
+
+
+@dataclass(frozen=True)
+class Way:
+    """How a run is disturbed: a loss every ``rate`` undisturbed steps on average (None: no
+    loss), with ``spares`` hot spares standing by."""
+
+    name: str
+    rate: float | None
+    spares: int = 0
+
+
+WAYS = (
+    Way(UNDISTURBED, None),
+    Way("one loss per 5.5 steps", 5.5),
+    Way("one loss per 1.4 steps", 1.4),
+    Way(f"one loss per 1.4 steps, {SPARES} hot spares", 1.4, SPARES),
+)
+BY_NAME = {way.name: way for way in WAYS}
 TORCHFT = {5.5: (82.3, 81.2), 1.4: (30.2, None)}
 """torchft's published figures at each rate: (% of steps committed, % training efficiency)."""
 LIGHTHOUSE_FAULT, STARTING_FAULT, TRAINING_FAULT = (
@@ -93,10 +118,10 @@ LIGHTHOUSE_FAULT, STARTING_FAULT, TRAINING_FAULT = (
 NO_PEER = "live: no live peer ahead; resumed from"
 
 
-def job(args: argparse.Namespace, seed: int) -> TrainingJob:
+def job(args: argparse.Namespace, seed: int, spares: int = 0) -> TrainingJob:
     manifest = yaml.safe_load(EXAMPLE.read_text())
     spec = manifest["spec"]
-    spec["replicas"] = {"min": 1, "max": args.groups}
+    spec["replicas"] = {"min": 1, "max": args.groups, "spares": spares}
     spec["checkpoint"]["intervalSteps"] = args.checkpoint_interval
     # a loss is expected every few steps: only a group lost again before committing a step
     # counts (the crash-loop rule), and here the chaos, not the group, decides that
@@ -125,8 +150,8 @@ def step_seconds(args: argparse.Namespace) -> float:
     return args.micro_batch_seconds * args.global_batch / (args.groups * args.micro_batch)
 
 
-def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
-    rate = RATES[way]
+def run_once(args: argparse.Namespace, way: Way, seed: int) -> dict[str, Any]:
+    rate = way.rate
     step = step_seconds(args)
     chaos = (
         Chaos()
@@ -140,7 +165,7 @@ def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
     chaos.compute_seconds = args.micro_batch_seconds
     with tempfile.TemporaryDirectory(prefix="live-sustained-") as folder:
         run = LocalRun(
-            job(args, seed),
+            job(args, seed, way.spares),
             Path(folder),
             chaos=chaos,
             out=io.StringIO(),
@@ -170,7 +195,7 @@ def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
         faults[classify(at, victim, seen.events, last_loss.get(fault.worker, launched))] += 1
         last_loss[fault.worker] = at
     return {
-        "way": way,
+        "way": way.name,
         "seed": seed,
         "succeeded": summary.succeeded,
         "capped": not summary.succeeded and run.stopped_by_caller,
@@ -194,11 +219,15 @@ def run_once(args: argparse.Namespace, way: str, seed: int) -> dict[str, Any]:
     }
 
 
-def measure(results: Results, args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(
+    args: argparse.Namespace, after_each: Callable[[list[dict[str, Any]]], None]
+) -> list[dict[str, Any]]:
+    """Every way ``args.trials`` times in rotated order; ``after_each`` gets the runs so far
+    after every run, so a session cut short keeps what it measured."""
     trials: list[dict[str, Any]] = []
     for trial in range(args.trials):
         for position, way in enumerate(rotated(WAYS, trial), start=1):
-            log(f"trial {trial + 1}, {way}")
+            log(f"trial {trial + 1}, {way.name}")
             found = run_once(args, way, seed=args.seed + trial)
             found |= {"trial": trial + 1, "position": position}
             log(
@@ -206,7 +235,7 @@ def measure(results: Results, args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"{outcome(found)}"
             )
             trials.append(found)
-    results.extra["trials"] = trials
+            after_each(trials)
     return trials
 
 
@@ -232,7 +261,8 @@ def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float, 
     reference = {
         t["trial"]: per_step(t) for t in trials if t["way"] == UNDISTURBED and t["succeeded"]
     }
-    for way, rate in RATES.items():
+    for way in (w.name for w in WAYS):
+        rate = BY_NAME[way].rate
         runs = [t for t in trials if t["way"] == way]
         committed_target = efficiency_target = None
         if rate is not None:
@@ -266,18 +296,18 @@ def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float, 
         if rate is not None:
             injected = sum(run["faults"] for run in runs)
             failed = results.figure(
-                f"{way}: runs failed (unrecoverable), of {len(runs)} with {injected} faults",
+                f"{way}: runs failed (unrecoverable; 1 a run), of {len(runs)} with {injected} "
+                "faults",
                 "",
-                target=Target(0, text="0"),
-            )
-            heaviest = max((run["load"] for run in runs), default=0.0)  # of the runs counted
-            failed.add(
-                sum(1 for run in runs if not run["succeeded"] and not run["capped"]), heaviest
+                target=Target(0, text="0 in every run", every=True),
             )
             capped = results.figure(
-                f"{way}: runs short of their steps at the {cap_minutes:g}-minute cap", ""
+                f"{way}: runs short of their steps at the {cap_minutes:g}-minute cap (1 a run)",
+                "",
             )
-            capped.add(sum(1 for run in runs if run["capped"]), heaviest)
+            for run in runs:
+                failed.add(int(not run["succeeded"] and not run["capped"]), run["load"])
+                capped.add(int(run["capped"]), run["load"])
             reached = results.figure(f"{way}: steps reached, of {steps}", "")
             for run in runs:
                 reached.add(run["steps"], run["load"])
@@ -385,9 +415,14 @@ def main(argv: list[str] | None = None) -> None:
         rederive(args.from_record, args.out)
         return
     config = {k: repo_path(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    results = Results("live_sustained", command_line("bench.live_sustained", argv), config=config)
-    summarise(results, measure(results, args), args)
-    results.write(args.out)
+    command = command_line("bench.live_sustained", argv)
+
+    def write(trials: list[dict[str, Any]]) -> None:
+        results = Results("live_sustained", command, config=dict(config))
+        summarise(results, trials, args)
+        results.write(args.out)
+
+    measure(args, write)
 
 
 def rederive(record: Path, out: Path) -> None:
@@ -418,7 +453,8 @@ def summarise(results: Results, trials: list[dict[str, Any]], args: argparse.Nam
         f"fewer; the Lighthouse's heartbeat timeout {args.heartbeat_timeout_ms} ms; a checkpoint "
         f"every {args.checkpoint_interval} steps; the Poisson losses' mean gap is the rate × "
         f"{step:.1f} s; {100 * args.lighthouse_share:.0f} % of them hit the Lighthouse; a lost "
-        "pod started again at once.",
+        "pod started again at once; the victims are the last quorum's groups (not a "
+        f"replacement still starting); the hot spares' way adds {SPARES} standby groups.",
         "torchft's figures (30 groups of 10 L40S, ≈ 11 s a step): a loss every 60 s, 82.3 % "
         "of steps committed and 81.2 % training efficiency; every 15 s, 30.2 % committed. "
         "With 4 groups here, each loss takes a quarter of the job's capacity until its "

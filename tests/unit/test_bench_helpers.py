@@ -66,6 +66,16 @@ def test_verdict_is_judged_on_the_median_and_says_when_p95_misses() -> None:
     assert Target(45.0, "min").met(45.0) and not Target(45.0, "min").met(44.9)
 
 
+def test_a_target_on_every_trial_misses_on_one() -> None:
+    """Unrecoverable runs, one value a run: one failed run of three misses "0 in every run",
+    where the median (0) would have met it."""
+    failed = Figure("runs failed", "", values=[0, 0, 1], loads=[1, 1, 1])
+    failed.target = Target(0, text="0 in every run", every=True)
+    assert failed.verdict() == "missed"
+    failed.values[2] = 0
+    assert failed.verdict() == "met"
+
+
 def test_reference_ratio_says_how_many_times_better() -> None:
     assert Reference(50.4, "Kubeflow").ratio(5.04) == pytest.approx(10.0)
     assert Reference(100.0, "bare", higher_is_better=True).ratio(97.0) == pytest.approx(0.97)
