@@ -272,6 +272,16 @@ loss train on, and the first group to start trains before the others join it. Th
 gives it to torchft's Manager; the operator calls such a job Running while that many run."""
 
 
+LIVE_COLLECTIVE_SECONDS = 30
+"""Live recovery: how long an all-reduce, a commit vote or a state transfer may take before a
+group gives up on the step — a SIGKILLed peer breaks gloo's connections at once, a lost node
+or a hung peer only after this. It is also how long the Lighthouse waits for a group that
+heartbeats but has not asked for the next quorum (``torchkube.elastic.lighthouse``): such a
+group is held in a collective with a peer that is gone, and a quorum formed without it — of
+groups that are all behind, say a replacement and a joiner whose copy broke off — would
+start the job over from its checkpoint beside the group that is ahead."""
+
+
 class LiveStepTime(BaseModel):
     """Where a replica group's steps went, summed over its committed steps after the first
     (the first pays for start-up: the first quorum waits for the other groups to start).

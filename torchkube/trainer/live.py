@@ -58,6 +58,7 @@ from torchft.checkpointing import HTTPTransport
 from torchft.manager import extract_trailing_digits
 
 from torchkube.api.contract import (
+    LIVE_COLLECTIVE_SECONDS,
     LIVE_MIN_REPLICA_GROUPS,
     STANDBY_RELEASED,
     ChaosPhase,
@@ -77,9 +78,7 @@ from torchkube.trainer.reporting import ProgressReporter
 
 log = logging.getLogger("torchkube.trainer")
 
-LIVE_TIMEOUT = timedelta(seconds=30)
-"""How long an all-reduce, a commit vote or a state transfer may take before the group gives
-up on the step. A SIGKILLed peer breaks gloo's connections at once; this bounds a hung one."""
+LIVE_TIMEOUT = timedelta(seconds=LIVE_COLLECTIVE_SECONDS)
 QUORUM_TIMEOUT = timedelta(seconds=120)
 """How long a group waits for a quorum: the Lighthouse forms one as soon as the groups that
 heartbeat have asked, so this only bounds a Lighthouse that is away — its pod replaced (a pod

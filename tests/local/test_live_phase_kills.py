@@ -1,0 +1,74 @@
+"""Live recovery under kills aimed inside its most delicate moments, each landing there
+whatever the load (``torchkube run``'s ``Chaos.in_phases``: the process that reaches the armed
+phase holds still until its worker — its pod — is SIGKILLed):
+
+* the live group **serving** its state to a joining group (the joiner's copy breaks off);
+* a joining group that has **received** a peer's state and not yet taken it;
+* the writer group's rank 0 **committing** a checkpoint (written and marked, not yet renamed
+  into place).
+
+Three replica groups, all training by the step the first phase is armed (the one at which
+worker 2 is killed, so that its replacement's join is the first served), so a live peer is
+always left: the job must finish every step with no
+group ever falling back to a checkpoint, every kill counted as a lost group and none as a
+restart, and no torn checkpoint taken for a committed one.
+"""
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from torchkube.api import TrainingJob
+from torchkube.api.contract import ChaosPhase
+from torchkube.local.runner import Chaos, LocalRun
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "live-recovery.yaml"
+STEPS, KILL_AT, INTERVAL = 300, 20, 20
+MICRO_BATCH_SECONDS = 0.1
+"""Each micro-batch stretched to this: a step of 0.1–0.3 s (three groups to one), so that
+training lasts through the replacements' start-ups (most of the phases need a join)."""
+PHASES = [ChaosPhase.SERVING_STATE, ChaosPhase.RECEIVING_STATE, ChaosPhase.COMMITTING_CHECKPOINT]
+pytestmark = pytest.mark.slow
+
+
+def test_kills_while_serving_receiving_and_committing_cost_no_restart(tmp_path: Path) -> None:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["spec"]["replicas"] = {"min": 1, "max": 3}
+    manifest["spec"]["checkpoint"]["intervalSteps"] = INTERVAL
+    manifest["spec"]["trainer"] |= {"steps": STEPS, "globalBatchSize": 12, "warmupSteps": 5}
+    chaos = Chaos(at_steps=[KILL_AT], worker=2, in_phases=list(PHASES))
+    chaos.in_phases_from_step, chaos.compute_seconds = KILL_AT, MICRO_BATCH_SECONDS
+    out = io.StringIO()
+    run = LocalRun(TrainingJob.model_validate(manifest), tmp_path, chaos=chaos, out=out)
+    summary = run.run()
+    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("worker-*.log")}
+    shown = out.getvalue()[-4000:] + "".join(
+        f"\n--- {name}\n{text[-2500:]}" for name, text in sorted(logs.items())
+    )
+    assert summary.succeeded and summary.steps == STEPS, shown
+
+    # each phase was hit, in order, by a kill that landed inside it
+    assert run.phase_kills == PHASES, shown
+    for phase in PHASES:
+        assert re.search(rf"chaos: SIGKILL worker \d at step \d+ while {phase}\n", out.getvalue())
+    assert any(f"chaos: holding while {phase}" in log for log in logs.values()), shown
+
+    # four groups lost (the step kill and the three aimed ones) and no group ever resumed
+    # from a checkpoint: a live peer was always there to copy from. A group lost again before
+    # it committed a step (a joiner killed while it receives) is the crash-loop rule's to
+    # count; nothing else is a restart
+    assert summary.replica_group_losses == 4, shown
+    assert summary.restarts == summary.replica_group_losses_counted <= 1, shown
+    assert not any("resumed from" in log for log in logs.values()), shown
+
+    # the torn commit was not taken for a checkpoint: every committed folder has its marker,
+    # and the newest is the last interval's, committed by a later writer
+    folders = sorted((tmp_path / "checkpoints").glob("step-*"))
+    assert folders and all((f / "COMPLETE.json").exists() for f in folders), folders
+    final = json.loads((tmp_path / "checkpoints" / "progress.json").read_text())
+    assert final["finished"] and final["lastCheckpointStep"] == STEPS // INTERVAL * INTERVAL
