@@ -226,7 +226,7 @@ def test_under_kueue_consecutive_slots_share_a_rack(
     topology order (the Workload's podIndexLabel): a job of six whole-node workers asking for
     one group of three racks of two nodes has slots 0 and 1 in the first rack, 2 and 3 in the
     second, 4 and 5 in the third — so every rank's data-parallel neighbour shares its rack.
-    Placed by chance, one pairing in 15 would do that."""
+    Placed by chance, one placement in 90 would do that."""
     group = f"rank-{secrets.token_hex(3)}"
     pools = [
         isolated_pool(nodes=2, labels={RACK: f"{group}-rack{rack}", TAS_GROUP: group})

@@ -747,3 +747,17 @@ def test_describe_lists_workers_in_rank_order_with_each_ones_domain() -> None:
     ]
     plain = render.describe(job(**running_status()), pods, [], NOW).splitlines()
     assert "DOMAIN" not in plain[plain.index("Pods:") + 1]
+
+
+def test_the_store_and_lighthouse_come_before_the_workers_in_slot_order() -> None:
+    lighthouse = pod("gpt-lighthouse-x", None)
+    lighthouse["metadata"]["labels"]["torchkube.io/role"] = "lighthouse"
+    pods = [pod("gpt-worker-1-b", 1), lighthouse, pod("gpt-worker-0-a", 0), pod("gpt-rdzv", None)]
+    lines = render.describe(job(**running_status()), pods, [], NOW).splitlines()
+    table = lines[lines.index("Pods:") + 2 : lines.index("Pods:") + 6]
+    assert [row.split()[0] for row in table] == [
+        "gpt-rdzv",
+        "gpt-lighthouse-x",
+        "gpt-worker-0-a",
+        "gpt-worker-1-b",
+    ]

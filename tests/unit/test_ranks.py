@@ -25,6 +25,9 @@ def test_nodes_sort_by_slot_then_as_torch_sorts_them() -> None:
         (2, "10.0.0.1"),
     ]
     assert nodes[1] < nodes[0] and nodes[0] > nodes[2] and nodes[2] >= nodes[2]
+    plain = rdzv._NodeDesc("10.0.0.0", 1, 0)  # sorts as a node without a slot, either way
+    assert sorted([nodes[0], plain, nodes[3]]) == [plain, nodes[3], nodes[0]]
+    assert plain < nodes[0] and nodes[0] > plain and not nodes[0] < plain
 
 
 def test_a_node_survives_the_state_pickle_and_keeps_torch_name() -> None:

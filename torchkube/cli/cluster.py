@@ -235,7 +235,7 @@ def describe(name: str, kubeconfig: str | None, context: str | None, namespace: 
     jobs = _jobs(kubeconfig, context, namespace)
     job = jobs.get(name)
     cluster = jobs.dispatched([job]).get(job["metadata"].get("uid", ""))
-    topology = (job.get("spec") or {}).get("scheduling", {}).get("topology")
+    topology = ((job.get("spec") or {}).get("scheduling") or {}).get("topology")
     domains = jobs.node_domains(topology["level"]) if topology else None
     pods, events = jobs.pods(name), jobs.events(job)
     click.echo(render(job, pods, events, _now(), dispatched_to=cluster, node_domains=domains))

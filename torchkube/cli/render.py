@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from torchkube.api import labels as lbl
 from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
 from torchkube.api.status import (
     UNLABELLED_DOMAIN,
@@ -339,10 +340,13 @@ def pod_ready(pod: dict[str, Any]) -> str:
 def pods_table(
     pods: Sequence[dict[str, Any]], now: datetime, domains: Mapping[str, str] | None = None
 ) -> str:
-    """The job's pods, the store first and then by slot: the workers' rank order
-    (torchkube/elastic/ranks.py). With ``domains`` (node → its domain at the job's topology
-    level), a DOMAIN column."""
-    ordered = sorted(pods, key=lambda q: (p.role(q) != "rendezvous", p.slot(q) or 0, p.created(q)))
+    """The job's pods: the store and the Lighthouse, then the workers by slot — their rank
+    order (torchkube/elastic/ranks.py). With ``domains`` (node → its domain at the job's
+    topology level), a DOMAIN column."""
+    servers = {lbl.ROLE_RENDEZVOUS: 0, lbl.ROLE_LIGHTHOUSE: 1}
+    ordered = sorted(
+        pods, key=lambda q: (servers.get(p.role(q) or "", 2), p.slot(q) or 0, p.created(q))
+    )
     rows = []
     for pod in ordered:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -431,8 +435,8 @@ def describe(
 ) -> str:
     """``torchkube describe``: identity, state (with the topology domains the workers
     occupy, and for a job MultiKueue dispatches the worker cluster ``dispatched_to``), spec,
-    conditions, failures, pods (with a job's topology, each one's domain from
-    ``node_domains``, when the nodes could be read), events."""
+    conditions, failures, pods (each one's domain from ``node_domains``: given for a job with a
+    topology whose nodes could be read), events."""
     meta, status = job.get("metadata", {}), status_of(job)
     written = job.get("status") is not None
     spec = job.get("spec") or {}
@@ -486,8 +490,7 @@ def describe(
     failures = status.failures
     title = f"Failures (last {len(failures)}, oldest first):" if failures else "Failures:"
     out += [title, failures_table(failures, now) if failures else "  <none>"]
-    domains = node_domains if status.topology is not None else None
-    out += ["Pods:", pods_table(pods, now, domains) if pods else "  <none>"]
+    out += ["Pods:", pods_table(pods, now, node_domains) if pods else "  <none>"]
     out += ["Events:", events_table(events, now) if events else "  <none>"]
     return "\n".join(out)
 

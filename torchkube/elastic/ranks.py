@@ -26,27 +26,36 @@ from torchkube.api.contract import Env
 NO_SLOT = -1
 
 
+def _order(node: rdzv._NodeDesc) -> tuple[int, str, int, int]:
+    return (getattr(node, "slot", NO_SLOT), node.addr, node.pid, node.local_id)
+
+
 @dataclass(eq=True, frozen=True, repr=False)
 class SlottedNode(rdzv._NodeDesc):
     """torch's node descriptor (address, pid, id; its ``repr`` in torch's logs) with the
-    pod's slot, which orders it first."""
+    pod's slot, which orders it first; a plain descriptor sorts as one without a slot."""
 
     slot: int = NO_SLOT
 
-    def order(self) -> tuple[int, str, int, int]:
-        return (self.slot, self.addr, self.pid, self.local_id)
-
     def __lt__(self, other: Any) -> bool:
-        return self.order() < other.order()
+        if not isinstance(other, rdzv._NodeDesc):
+            return NotImplemented
+        return _order(self) < _order(other)
 
     def __le__(self, other: Any) -> bool:
-        return self.order() <= other.order()
+        if not isinstance(other, rdzv._NodeDesc):
+            return NotImplemented
+        return _order(self) <= _order(other)
 
     def __gt__(self, other: Any) -> bool:
-        return self.order() > other.order()
+        if not isinstance(other, rdzv._NodeDesc):
+            return NotImplemented
+        return _order(self) > _order(other)
 
     def __ge__(self, other: Any) -> bool:
-        return self.order() >= other.order()
+        if not isinstance(other, rdzv._NodeDesc):
+            return NotImplemented
+        return _order(self) >= _order(other)
 
 
 class _SlottedNodes(rdzv._NodeDescGenerator):
