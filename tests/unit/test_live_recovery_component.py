@@ -42,7 +42,7 @@ def recovery_at_start(rank: int) -> Any:
     recovery.replica_id, recovery.writer, recovery.split = f"job-{rank}", False, None
     recovery.members = SimpleNamespace(slots=[0, 1], max_step=0)
     recovery.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
-    recovery._quorum_taken, recovery._attempt_began = False, None
+    recovery._quorum_taken, recovery._attempt_began, recovery._start = False, None, None
     recovery.heartbeat = Heartbeat(None)  # no launcher: a pause is a no-op
     return recovery
 
@@ -69,6 +69,23 @@ def test_a_joiner_whose_copy_broke_off_does_not_take_the_checkpoint() -> None:
     assert folder.calls == []
     recovery, folder = recovery_at_start(1), Folder()
     recovery.join(folder, restore=folder.load)  # max_step 0: every group starts
+    assert folder.calls == ["read"]
+
+
+def test_a_joiner_whose_copy_broke_off_starts_when_no_group_is_ahead_any_more() -> None:
+    """Two groups, the one serving the copy lost: the joiner is then alone, at step 0, with
+    not even its starting weights; at the first quorum of groups all at step 0 it takes them
+    (the checkpoint, else the weights or the initialisation), as a job that starts does —
+    once, and not while a peer is still ahead."""
+    recovery, folder = recovery_at_start(1), Folder()
+    recovery.members = SimpleNamespace(slots=[0, 1], max_step=64)
+    recovery.join(folder, restore=folder.load)
+    recovery.begin_step()  # the first step: join's own quorum
+    recovery.begin_step()  # a peer still ahead: it copies, or tries again
+    assert folder.calls == []
+    recovery.members.max_step = 0
+    recovery.begin_step()
+    recovery.begin_step()
     assert folder.calls == ["read"]
 
 

@@ -104,6 +104,8 @@ class Env(StrEnum):
 class ChaosPhase(StrEnum):
     """Where a ``torchkube run`` chaos kill may be aimed inside a worker (live recovery)."""
 
+    STARTING = "starting"
+    """A group started (torch imported, its model built), not yet in a quorum."""
     SERVING_STATE = "serving-state"
     """A live group handing its state to a joining group (the joiner waits for it)."""
     RECEIVING_STATE = "receiving-state"
@@ -275,11 +277,11 @@ gives it to torchft's Manager; the operator calls such a job Running while that 
 LIVE_COLLECTIVE_SECONDS = 30
 """Live recovery: how long an all-reduce, a commit vote or a state transfer may take before a
 group gives up on the step — a SIGKILLed peer breaks gloo's connections at once, a lost node
-or a hung peer only after this. It is also how long the Lighthouse waits for a group that
-heartbeats but has not asked for the next quorum (``torchkube.elastic.lighthouse``): such a
-group is held in a collective with a peer that is gone, and a quorum formed without it — of
-groups that are all behind, say a replacement and a joiner whose copy broke off — would
-start the job over from its checkpoint beside the group that is ahead."""
+or a hung peer only after this. The Lighthouse waits twice this for a group that heartbeats
+but has not asked for the next quorum (``torchkube.elastic.lighthouse``): such a group may be
+held in a collective with a peer that is gone, and a quorum formed without it — of groups
+that are all behind, say a replacement and a joiner whose copy broke off — would start the
+job over from its checkpoint beside the group that is ahead."""
 
 
 class LiveStepTime(BaseModel):

@@ -22,12 +22,13 @@ HEARTBEAT_TIMEOUT_MS = 2000
 """A group silent this long is gone (torchft's default is 5 s). Heartbeats come every 100 ms
 from a thread of their own, so a long step never looks like a loss; this is most of what a
 lost pod costs the survivors' next step."""
-JOIN_TIMEOUT_MS = LIVE_COLLECTIVE_SECONDS * 1000
+JOIN_TIMEOUT_MS = 2 * LIVE_COLLECTIVE_SECONDS * 1000
 """How long a quorum waits for groups that heartbeat but have not asked yet: a group held in a
-collective with a lost peer asks once the collective gives up (``LIVE_COLLECTIVE_SECONDS``),
-and a writer saving a checkpoint once it is written. Groups that all asked are answered at
-once, so a step's quorum never waits for it; a quorum formed without such a group — of groups
-all behind it — would take the job back to its checkpoint beside it."""
+collective with a lost peer asks once the collective gives up, up to ``LIVE_COLLECTIVE_SECONDS``
+after the others began to wait, so twice that (torchft's own default) leaves it room; a writer
+saving a checkpoint asks once it is written. Groups that all asked are answered at once, so a
+step's quorum never waits for it; a quorum formed without such a group — of groups all behind
+it — would take the job back to its checkpoint beside it."""
 QUORUM_TICK_MS = 10
 """How often the Lighthouse looks at a quorum no request completes, which is how a lost
 group's heartbeat timeout becomes the survivors' next quorum: torchft's 100 ms adds up to

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +60,7 @@ from torchkube.api.contract import (
 from torchkube.api.ledger import Ledger
 from torchkube.api.standby import stands_by
 from torchkube.api.status import SlowestRank
+from torchkube.api.times import parse_time
 from torchkube.api.worker_launch import live, torchrun_args, trainer_env
 from torchkube.elastic.restarts import RestartBoard
 from torchkube.elastic.warm import workers_of
@@ -417,6 +419,9 @@ class LocalRun:
         show = on_progress or self._print_progress
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self.aims_at_phases:  # an earlier run's armings are not this run's
+            shutil.rmtree(self.arm_dir, ignore_errors=True)
+            self.arm_dir.mkdir()
         started = time.monotonic()
         previous = self._catch_signals()
         grace = float(self.job.spec.checkpoint.termination_grace_period_seconds)
@@ -707,13 +712,9 @@ class LocalRun:
     def _training(self) -> list[int]:
         """The workers alive in the last quorum (recovery live; else every worker alive): a
         Poisson kill's candidates (:func:`kill_candidates`)."""
-        path = self.checkpoint_dir / PROGRESS_FILE
         record = self.progress()
         slots = record.live.training_slots if record and record.live else None
-        try:
-            reported: datetime | None = datetime.fromtimestamp(path.stat().st_mtime, UTC)
-        except OSError:
-            reported = None
+        reported = parse_time(record.updated) if record and record.updated else None
         alive = {i: w.started for i, w in self.workers.items() if w.proc.poll() is None}
         return kill_candidates(alive, slots, reported)
 
@@ -723,19 +724,21 @@ class LocalRun:
     def _phase_chaos(self, record: ProgressReport, now: float, armed: bool) -> None:
         """Kill the worker whose process holds in an armed phase; from
         ``Chaos.in_phases_from_step`` on (``armed``), arm the next phase when none is armed or
-        held (``Chaos.in_phases``)."""
-        self.arm_dir.mkdir(exist_ok=True)
+        held (``Chaos.in_phases``). A holder whose worker is already gone is killed alone: a
+        stopped process is never left behind."""
         for held in sorted(self.arm_dir.glob("held-*")):
             try:
                 pid = int(held.read_text())
             except (OSError, ValueError):
-                continue  # still being written: the next poll reads it
+                continue  # claimed, its pid not written yet: the next poll reads it
             held.unlink()
+            phase = ChaosPhase(held.name.removeprefix("held-"))
             index = self._worker_of(pid)
-            if index is not None:
-                phase = ChaosPhase(held.name.removeprefix("held-"))
+            if index is not None and self._kill_one(index, record.step, record, now, phase):
                 self.phase_kills.append(phase)
-                self._kill_one(index, record.step, record, now, during=phase)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if armed and self.chaos.in_phases and not any(self.arm_dir.iterdir()):
             (self.arm_dir / f"arm-{self.chaos.in_phases.pop(0)}").touch()
 
@@ -748,11 +751,13 @@ class LocalRun:
 
     def _kill_one(
         self, index: int, step: int, record: ProgressReport, now: float, during: str = ""
-    ) -> None:
+    ) -> bool:
+        """SIGKILL worker ``index``'s whole tree (its pod), ``during`` a phase if aimed at one;
+        False when it had already exited."""
         self._kills += 1
         worker = self.workers.get(index)
         if worker is None or worker.proc.poll() is not None:
-            return
+            return False
         where = f" while {during}" if during else ""
         self.out.write(f"\nchaos: SIGKILL worker {index} at step {step}{where}\n")
         if self.live:
@@ -780,6 +785,7 @@ class LocalRun:
             self.waiting[index] = now + self.chaos.replace_after_seconds
         elif self.chaos.restart:
             self._start_worker(index)
+        return True
 
     def _crash(self, record: ProgressReport, now: float) -> None:
         """SIGKILL a training process (``--chaos-crash-at-step``). The worker named by

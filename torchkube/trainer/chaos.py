@@ -10,9 +10,9 @@ loss it accounts for.
 
 A kill can also be aimed inside a phase (:class:`ChaosPhase`: serving or receiving a live
 state copy, committing a checkpoint): the runner arms the phase with a file in
-:attr:`Env.CHAOS_ARM_DIR`, and the first process to reach it claims the arming (removes the
-file: one process holds per arming), says so (``held-<phase>`` with its pid) and stops itself
-there (:func:`hold_if_armed`) until the runner kills its worker.
+:attr:`Env.CHAOS_ARM_DIR`, and the first process to reach it claims the arming (renames the
+file to ``held-<phase>``: one process holds per arming), writes its pid into it and stops
+itself there (:func:`hold_if_armed`) until the runner kills its worker.
 
 A benchmark of sustained failures also stretches every micro-batch to
 :attr:`Env.CHAOS_COMPUTE_SECONDS` (:meth:`ChaosHold.computing`): a CPU step standing for an
@@ -69,10 +69,11 @@ def hold_if_armed(phase: ChaosPhase) -> None:
     folder = os.environ.get(Env.CHAOS_ARM_DIR)
     if not folder:
         return
-    try:
-        os.remove(Path(folder) / f"arm-{phase}")
+    held = Path(folder) / f"held-{phase}"
+    try:  # one step from armed to held: the runner never sees the folder empty between
+        os.rename(Path(folder) / f"arm-{phase}", held)
     except FileNotFoundError:
         return
-    (Path(folder) / f"held-{phase}").write_text(f"{os.getpid()}\n")
+    held.write_text(f"{os.getpid()}\n")
     log.warning("chaos: holding while %s until torchkube run kills this worker", phase)
     os.kill(os.getpid(), signal.SIGSTOP)

@@ -293,6 +293,9 @@ class LiveRecovery:
         self.store_host, self.store_port, self._own_store = replica_store()
         self.manager: Any = None
         self.members: QuorumMembers | None = None
+        self._start: Callable[[], bool] | None = None
+        """A group's starting state (``join``'s ``restore``) while it has none: its first copy
+        broke off."""
         self.live: LiveState | None = None
         self.ckpt: CheckpointManager | None = None
         self.split: tuple[int, int] | None = None  # (groups, this group's rank) of the quorum
@@ -319,6 +322,7 @@ class LiveRecovery:
         scheduler: LambdaLR,
         state: TrainState,
     ) -> StandDown | None:
+        hold_if_armed(ChaosPhase.STARTING)
         if self.live_env.target is not None:  # may stand by: not a training group's report
             standby_record = LiveProgress(replica_groups=0, grad_accum_steps=1, standing_by=True)
             self.progress.update(force=True, live=standby_record)
@@ -368,7 +372,8 @@ class LiveRecovery:
         no group of it is ahead of step 0 (the whole job starts or resumes), every group takes
         the same starting state from ``restore``. A group whose copy broke off (its peer lost
         while serving it) is behind a quorum that is ahead: it takes nothing from the volume
-        and copies at the next quorum. Reading claims nothing: the folder is the
+        and copies at the next quorum, or starts there if no group is ahead any more
+        (:meth:`_start_if_none_ahead`). Reading claims nothing: the folder is the
         writer's alone (claimed as it becomes the writer); another group claiming it here
         could take it from the writer, whose next save would be fenced."""
         self.ckpt = ckpt
@@ -379,6 +384,7 @@ class LiveRecovery:
         behind = self.live.copied_step is None and self.manager.current_step() == 0
         ahead = self.members.max_step if self.members is not None else 0
         if behind and ahead > 0:
+            self._start = restore
             log.warning(
                 "live: the copy of the live state from a peer at step %d broke off; this group "
                 "takes no checkpoint (its peers are ahead), commits nothing, and copies again at "
@@ -400,8 +406,26 @@ class LiveRecovery:
             return self._place
         self._take_quorum()
         self._note_peer_copy()
+        self._start_if_none_ahead()
         self._arrange()
         return self._place
+
+    def _start_if_none_ahead(self) -> None:
+        """A group whose first copy broke off has no state of its own yet (not even its
+        starting weights): once it has copied one, nothing is left to do; in a quorum whose
+        groups are all at step 0 (the peer it copied from was the last one ahead), it takes
+        its starting state as a job that starts does."""
+        if self._start is None:
+            return
+        assert self.live is not None
+        ahead = self.members.max_step if self.members is not None else 0
+        if self.live.copied_step is None and (ahead > 0 or self.manager.current_step() > 0):
+            return
+        restore, self._start = self._start, None
+        if self.live.copied_step is None and restore():
+            state = self.live.state
+            self.manager.load_state_dict({"step": state.step, "batches_committed": state.step})
+            log.info("live: no live peer ahead; resumed from the checkpoint of step %d", state.step)
 
     def _take_quorum(self) -> None:
         began = time.monotonic()
