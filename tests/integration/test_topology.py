@@ -176,12 +176,7 @@ def test_kueue_places_a_queued_job_in_the_one_rack_that_fits_it(
         for i, n in enumerate((1, 1, 3))
     ]
     with tas_queue_made(api_client, namespace, group, workers=3):
-        body = job_manifest(
-            "tas", pools, replicas={"min": 3, "max": 3}, scheduling={"topology": {"level": RACK}}
-        )
-        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
-        body["spec"]["scheduling"].pop("affinity")
-        job = make_job.create(body)
+        job = make_job.create(queued_packed_job("tas", pools, group, RACK, workers=3))
         workers = job.wait_running(3, timeout=90)
         racks = {rack_of(w.spec.node_name, pools) for w in workers}
         assert racks == {pools[2].name}, f"workers on {sorted(racks)}, not the 3-node rack"
@@ -233,15 +228,7 @@ def test_under_kueue_consecutive_slots_share_a_rack(
         for rack in range(3)
     ]
     with tas_queue_made(api_client, namespace, group, workers=6, levels=(TAS_GROUP, *LEVELS)):
-        body = job_manifest(
-            "ranks",
-            pools,
-            replicas={"min": 6, "max": 6},
-            scheduling={"topology": {"level": TAS_GROUP}},
-        )
-        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
-        body["spec"]["scheduling"].pop("affinity")
-        job = make_job.create(body)
+        job = make_job.create(queued_packed_job("ranks", pools, group, TAS_GROUP, workers=6))
         workers = job.wait_running(6, timeout=90)
         by_slot = sorted(workers, key=lambda w: int(w.metadata.labels[lbl.REPLICA_INDEX]))
         racks = [rack_label(w.spec.node_name, pools) for w in by_slot]
@@ -268,15 +255,9 @@ def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
     ]
     with tas_queue_made(api_client, namespace, group, workers=2):
         grace = 5
-        body = job_manifest(
-            "swap",
-            pools,
-            replicas={"min": 2, "max": 2},
-            scheduling={"topology": {"level": RACK}},
-            failurePolicy={"nodeLostGraceSeconds": grace},
+        body = queued_packed_job(
+            "swap", pools, group, RACK, workers=2, failurePolicy={"nodeLostGraceSeconds": grace}
         )
-        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
-        body["spec"]["scheduling"].pop("affinity")
         job = make_job.create(body)
         workers = job.wait_running(2, timeout=90)
         [rack] = {rack_label(w.spec.node_name, pools) for w in workers}
@@ -298,6 +279,23 @@ def test_under_kueue_a_worker_lost_with_its_node_is_replaced_in_its_rack(
         [fresh] = [w for w in running if w.metadata.name not in {x.metadata.name for x in workers}]
         selector = fresh.spec.node_selector or {}
         assert selector.get("kubernetes.io/hostname") == fresh.spec.node_name, selector
+
+
+def queued_packed_job(
+    name: str, pools: list[NodePool], group: str, level: str, workers: int, **spec: Any
+) -> dict[str, Any]:
+    """A job of ``workers`` asking for one ``level`` domain, queued in ``group``'s LocalQueue
+    and placed by Kueue alone (no pool affinity of the test's own)."""
+    body = job_manifest(
+        name,
+        pools,
+        replicas={"min": workers, "max": workers},
+        scheduling={"topology": {"level": level}},
+        **spec,
+    )
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": group}
+    body["spec"]["scheduling"].pop("affinity")
+    return body
 
 
 @contextlib.contextmanager

@@ -15,7 +15,9 @@ so every descriptor in the shared rendezvous state is one of these; torch sorts 
 marks a round complete, and global ranks follow the agents' ranks.
 """
 
+import operator
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,24 +40,23 @@ class SlottedNode(rdzv._NodeDesc):
     slot: int = NO_SLOT
 
     def __lt__(self, other: Any) -> bool:
-        if not isinstance(other, rdzv._NodeDesc):
-            return NotImplemented
-        return _order(self) < _order(other)
+        return _compared(self, other, operator.lt)
 
     def __le__(self, other: Any) -> bool:
-        if not isinstance(other, rdzv._NodeDesc):
-            return NotImplemented
-        return _order(self) <= _order(other)
+        return _compared(self, other, operator.le)
 
     def __gt__(self, other: Any) -> bool:
-        if not isinstance(other, rdzv._NodeDesc):
-            return NotImplemented
-        return _order(self) > _order(other)
+        return _compared(self, other, operator.gt)
 
     def __ge__(self, other: Any) -> bool:
-        if not isinstance(other, rdzv._NodeDesc):
-            return NotImplemented
-        return _order(self) >= _order(other)
+        return _compared(self, other, operator.ge)
+
+
+def _compared(node: SlottedNode, other: Any, op: Callable[[Any, Any], bool]) -> bool:
+    """``op`` on the two nodes' orders; NotImplemented for anything but a node descriptor."""
+    if not isinstance(other, rdzv._NodeDesc):
+        return NotImplemented
+    return op(_order(node), _order(other))
 
 
 class _SlottedNodes(rdzv._NodeDescGenerator):

@@ -380,20 +380,17 @@ class LiveRecovery:
         self._take_quorum()
         self._quorum_taken = True
         assert self.live is not None
-        state = self.live.state
         behind = self.live.copied_step is None and self.manager.current_step() == 0
-        ahead = self.members.max_step if self.members is not None else 0
-        if behind and ahead > 0:
+        if behind and self._ahead() > 0:
             self._start = restore
             log.warning(
                 "live: the copy of the live state from a peer at step %d broke off; this group "
                 "takes no checkpoint (its peers are ahead), commits nothing, and copies again at "
                 "the next quorum",
-                ahead,
+                self._ahead(),
             )
-        elif behind and restore():
-            self.manager.load_state_dict({"step": state.step, "batches_committed": state.step})
-            log.info("live: no live peer ahead; resumed from the checkpoint of step %d", state.step)
+        elif behind:
+            self._start_from(restore)
         self._note_peer_copy()
         self._arrange()
 
@@ -418,11 +415,22 @@ class LiveRecovery:
         if self._start is None:
             return
         assert self.live is not None
-        ahead = self.members.max_step if self.members is not None else 0
-        if self.live.copied_step is None and (ahead > 0 or self.manager.current_step() > 0):
+        copied = self.live.copied_step is not None
+        if not copied and (self._ahead() > 0 or self.manager.current_step() > 0):
             return
         restore, self._start = self._start, None
-        if self.live.copied_step is None and restore():
+        if not copied:
+            self._start_from(restore)
+
+    def _ahead(self) -> int:
+        """The step of the last quorum's groups furthest ahead (0: every one starts)."""
+        return self.members.max_step if self.members is not None else 0
+
+    def _start_from(self, restore: Callable[[], bool]) -> None:
+        """Take the starting state a job that starts takes: the newest checkpoint (the
+        Manager told its step), else the weights or the initialisation ``restore`` applies."""
+        assert self.live is not None
+        if restore():
             state = self.live.state
             self.manager.load_state_dict({"step": state.step, "batches_committed": state.step})
             log.info("live: no live peer ahead; resumed from the checkpoint of step %d", state.step)
