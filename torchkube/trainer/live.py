@@ -79,6 +79,10 @@ from torchkube.trainer.reporting import ProgressReporter
 log = logging.getLogger("torchkube.trainer")
 
 LIVE_TIMEOUT = timedelta(seconds=LIVE_COLLECTIVE_SECONDS)
+CONNECT_TIMEOUT = timedelta(seconds=10)
+"""How long a new quorum's process group waits for its members to connect. They all ask as
+the Lighthouse answers, so one that has not come within seconds was lost in between; a group
+waiting the collective timeout for it holds every survivor a step's worth of seconds."""
 QUORUM_TIMEOUT = timedelta(seconds=120)
 """How long a group waits for a quorum: the Lighthouse forms one as soon as the groups that
 heartbeat have asked, so this only bounds a Lighthouse that is away — its pod replaced (a pod
@@ -161,6 +165,20 @@ def copy_into(current: Any, saved: Any) -> None:
     elif isinstance(current, list | tuple):
         for value, told in zip(current, saved, strict=True):
             copy_into(value, told)
+
+
+class QuickConnectGloo(ProcessGroupGloo):
+    """torchft's gloo group, which gives up on a member missing from a new quorum after
+    :data:`CONNECT_TIMEOUT`, while its collectives keep :data:`LIVE_TIMEOUT` (torchft gives
+    gloo one timeout for both)."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout=CONNECT_TIMEOUT)
+
+    def _create_pg(self, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
+        pg = super()._create_pg(store, rank, world_size)
+        pg._get_backend(torch.device("cpu")).set_timeout(LIVE_TIMEOUT)
+        return pg
 
 
 class AdvertisedTransport(HTTPTransport):
@@ -340,11 +358,7 @@ class LiveRecovery:
             log.info("live: %s: training ended while this group stood by", STANDBY_RELEASED)
             return StandDown(ExitCode.OK, STANDBY_RELEASED)
         self.live = LiveState(model, optimizer, scheduler, state)
-        pg = (
-            ProcessGroupNCCL()
-            if self.info.device.type == "cuda"
-            else ProcessGroupGloo(timeout=LIVE_TIMEOUT)
-        )
+        pg = ProcessGroupNCCL() if self.info.device.type == "cuda" else QuickConnectGloo()
         self.manager = Manager(
             pg=pg,
             load_state_dict=self.live.load_state_dict,
