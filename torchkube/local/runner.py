@@ -790,8 +790,11 @@ class LocalRun:
     def _crash(self, record: ProgressReport, now: float) -> None:
         """SIGKILL a training process (``--chaos-crash-at-step``). The worker named by
         ``--chaos-worker`` may be starting again when the step comes (a replacement still
-        importing): the crash waits for its training process rather than miss it."""
-        if not self._signal_trainer(record, now, signal.SIGKILL, quiet=True):
+        importing, or under recovery live not yet in a quorum): the crash waits until it
+        trains rather than hit its start, which is another loss."""
+        named = self.chaos.worker
+        starting = named is not None and named not in self._training()
+        if starting or not self._signal_trainer(record, now, signal.SIGKILL, quiet=True):
             if self.chaos.worker in (*self.workers, *self.waiting):
                 self.chaos.crash_at_steps.insert(0, record.step)
             else:
