@@ -89,6 +89,13 @@ def test_a_full_rack_is_named_in_the_condition(
         assert worker.spec.node_name in message, message
 
 
+def written(slots: list[int]) -> str:
+    """One or two slots as status.topology.slots writes them: ``2``, ``0-1``, ``0,2``."""
+    if len(slots) == 2:
+        return f"{slots[0]}{'-' if slots[1] == slots[0] + 1 else ','}{slots[1]}"
+    return ",".join(map(str, slots))
+
+
 def rack_label(node: str, pools: list[NodePool]) -> str:
     """The rack label's value on ``node``: what status.topology names."""
     return next(pool.labels[RACK] for pool in pools if node in pool.node_names())
@@ -110,7 +117,7 @@ def test_the_status_names_the_rack_a_packed_job_occupies(
     workers = job.wait_running(2)
     racks = sorted({rack_label(w.spec.node_name, pools) for w in workers})
     assert len(racks) == 1, f"workers spread over racks: {racks}"
-    expected = {"level": RACK, "domains": racks, "domainCount": 1}
+    expected = {"level": RACK, "domains": racks, "domainCount": 1, "slots": {racks[0]: "0-1"}}
     job.wait(lambda: job.status().get("topology") == expected, 15, f"status.topology {expected}")
     spread = topology_condition(job)
     assert spread is None or spread["status"] == "False", spread
@@ -134,7 +141,16 @@ def test_a_preferred_job_too_big_for_a_rack_is_spread_and_says_so(
     assert sorted(per_rack.values()) == [1, 2], per_rack
     [home] = [rack for rack, n in per_rack.items() if n == 2]
     [other] = [rack for rack, n in per_rack.items() if n == 1]
-    expected = {"level": RACK, "domains": sorted(per_rack), "domainCount": 2}
+    slots: dict[str, list[int]] = {}
+    for w in workers:
+        slot = int(w.metadata.labels[lbl.REPLICA_INDEX])
+        slots.setdefault(rack_label(w.spec.node_name, pools), []).append(slot)
+    expected = {
+        "level": RACK,
+        "domains": sorted(per_rack),
+        "domainCount": 2,
+        "slots": {rack: written(sorted(held)) for rack, held in slots.items()},
+    }
     job.wait(lambda: job.status().get("topology") == expected, 15, f"status.topology {expected}")
 
     def reported() -> dict[str, Any] | None:

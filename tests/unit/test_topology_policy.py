@@ -189,20 +189,20 @@ NODES = {"a1": node("rack-a"), "a2": node("rack-a"), "b1": node("rack-b"), "x1":
 @pytest.mark.parametrize(
     ("workers", "expected"),
     [
-        ([pod(0, node="a1"), pod(1, node="a2")], {"rack-a": 2}),
-        ([pod(0, node="a1"), pod(1, node="b1")], {"rack-a": 1, "rack-b": 1}),
+        ([pod(0, node="a1"), pod(1, node="a2")], {"rack-a": [0, 1]}),
+        ([pod(1, node="a1"), pod(0, node="b1")], {"rack-a": [1], "rack-b": [0]}),
         # A Pending worker bound to a node holds its place there; one not placed yet, none.
-        ([pod(0, phase="Pending", node="b1"), pod(1, phase="Pending", node=None)], {"rack-b": 1}),
-        ([pod(0, node="a1"), pod(1, node="x1")], {"rack-a": 1, UNLABELLED_DOMAIN: 1}),
+        ([pod(0, phase="Pending", node="b1"), pod(1, phase="Pending", node=None)], {"rack-b": [0]}),
+        ([pod(0, node="a1"), pod(1, node="x1")], {"rack-a": [0], UNLABELLED_DOMAIN: [1]}),
         # Gone from the node cache: lost with its node, not placed elsewhere.
-        ([pod(0, node="a1"), pod(1, node="gone")], {"rack-a": 1}),
+        ([pod(0, node="a1"), pod(1, node="gone")], {"rack-a": [0]}),
         # On its way out, or ended: no longer there.
-        ([pod(0, node="a1"), pod(1, node="b1", deleting=True)], {"rack-a": 1}),
-        ([pod(0, node="a1"), pod(1, phase="Failed", node="b1", exit_code=1)], {"rack-a": 1}),
+        ([pod(0, node="a1"), pod(1, node="b1", deleting=True)], {"rack-a": [0]}),
+        ([pod(0, node="a1"), pod(1, phase="Failed", node="b1", exit_code=1)], {"rack-a": [0]}),
     ],
 )
-def test_workers_are_counted_in_their_nodes_domains(
-    workers: list[dict[str, Any]], expected: dict[str, int]
+def test_workers_are_counted_in_their_nodes_domains_by_slot(
+    workers: list[dict[str, Any]], expected: dict[str, list[int]]
 ) -> None:
     slimmed = [slim(worker) for worker in workers]
     assert topology.occupied(slimmed, NODES, RACK) == expected
@@ -220,22 +220,36 @@ def placed(mode: str, *nodes: str, **status: Any) -> Plan:
 
 
 @pytest.mark.parametrize(
-    ("nodes", "domains"),
+    ("nodes", "slots"),
     [
-        (("a1", "a2"), ["rack-a"]),
-        (("a1", "b1", "a2"), ["rack-a", "rack-b"]),
-        (("x1", "b1"), [UNLABELLED_DOMAIN, "rack-b"]),
+        (("a1", "a2"), {"rack-a": "0-1"}),
+        (("a1", "b1", "a2"), {"rack-a": "0,2", "rack-b": "1"}),
+        (("x1", "b1"), {UNLABELLED_DOMAIN: "0", "rack-b": "1"}),
     ],
 )
-def test_the_status_lists_the_domains_sorted_once_each(
-    nodes: tuple[str, ...], domains: list[str]
+def test_the_status_lists_the_domains_sorted_once_each_with_their_slots(
+    nodes: tuple[str, ...], slots: dict[str, str]
 ) -> None:
     result = placed("required", *nodes)
     assert result.status.to_wire()["topology"] == {
         "level": RACK,
-        "domains": domains,
-        "domainCount": len(domains),
+        "domains": sorted(slots),
+        "domainCount": len(slots),
+        "slots": slots,
     }
+
+
+@pytest.mark.parametrize(
+    ("slots", "text"),
+    [([0, 1, 2, 3], "0-3"), ([0, 2, 3, 7], "0,2-3,7"), ([5], "5"), ([], "")],
+)
+def test_slots_are_written_as_ranges(slots: list[int], text: str) -> None:
+    assert topology.slot_ranges(slots) == text
+
+
+def test_a_scattered_slot_list_is_cut_at_a_comma() -> None:
+    text = topology.slot_ranges(list(range(0, 400, 2)), limit=20)
+    assert text == "0,2,4,6,8,10,12,14,…", text
 
 
 def test_a_packed_job_has_no_spread_condition() -> None:
@@ -309,7 +323,7 @@ def test_without_topology_no_status_and_a_removed_one_clears_both() -> None:
 
 
 def test_an_ended_job_keeps_where_it_last_ran() -> None:
-    last = {"level": RACK, "domains": ["rack-a"], "domainCount": 1}
+    last = {"level": RACK, "domains": ["rack-a"], "domainCount": 1, "slots": {"rack-a": "0-1"}}
     job = make_job(
         {**running_status(topology=last), "phase": "Succeeded"},
         scheduling={"topology": {"level": RACK}},

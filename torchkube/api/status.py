@@ -16,6 +16,9 @@ MAX_FAILURE_HISTORY = 20
 MAX_TOPOLOGY_DOMAINS = 32
 """status.topology.domains lists at most this many (a job spread over more is the exception,
 and its domainCount says how many)."""
+MAX_SLOT_RANGES = 256
+"""status.topology.slots writes at most this many characters per domain (ranges of slots in
+order are short; a scattered list is cut with an ellipsis)."""
 UNLABELLED_DOMAIN = "<none>"
 """The domain of a worker whose node lacks the topology label: never a label value, which
 cannot contain ``<``."""
@@ -219,6 +222,13 @@ class TopologyStatus(ApiModel):
         ge=0,
         description="How many domains the workers occupy: more than one is a job spread over "
         "domains (the TopologySpread condition says where and what would pack it again).",
+    )
+    slots: dict[str, str] = Field(
+        default_factory=dict,
+        description="The workers in each listed domain, by slot (0-3,8): the order of the "
+        "data-parallel ranks, so a domain with consecutive slots holds neighbouring ranks "
+        "(global rank = slot x nprocPerNode + local rank). Each worker's node: torchkube "
+        f"describe. At most {MAX_SLOT_RANGES} characters a domain, cut with an ellipsis.",
     )
 
 

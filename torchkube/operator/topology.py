@@ -14,14 +14,18 @@ trains slower for it says so.
 """
 
 import json
-from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
 from torchkube.api.spec import TopologySpec
-from torchkube.api.status import MAX_TOPOLOGY_DOMAINS, UNLABELLED_DOMAIN, TopologyStatus
+from torchkube.api.status import (
+    MAX_SLOT_RANGES,
+    MAX_TOPOLOGY_DOMAINS,
+    UNLABELLED_DOMAIN,
+    TopologyStatus,
+)
 from torchkube.operator import conditions as cond
 from torchkube.operator import pods as p
 
@@ -81,18 +85,34 @@ def unschedulable_hint(
 
 def occupied(
     workers: list[dict[str, Any]], nodes: Mapping[str, p.NodeHealth], level: str
-) -> Counter[str]:
-    """Workers per domain: the ``level`` label's value on the node of each worker bound to a
-    node and not on its way out (a Pending one there holds its place), ``UNLABELLED_DOMAIN``
-    for a node without the label. A worker whose node is gone from the node cache is left
-    out: it is lost with its node (``node_loss``), not placed somewhere else."""
-    domains: Counter[str] = Counter()
+) -> dict[str, list[int]]:
+    """The slots of the workers in each domain, in order: the ``level`` label's value on the
+    node of each worker bound to a node and not on its way out (a Pending one there holds its
+    place), ``UNLABELLED_DOMAIN`` for a node without the label. A worker whose node is gone
+    from the node cache is left out: it is lost with its node (``node_loss``), not placed
+    somewhere else."""
+    domains: dict[str, list[int]] = {}
     for pod in workers:
         health = nodes.get(p.node_name(pod) or "")
         if health is None or p.state(pod) not in ("pending", "running"):
             continue
-        domains[health.labels.get(level, UNLABELLED_DOMAIN)] += 1
-    return domains
+        domains.setdefault(health.labels.get(level, UNLABELLED_DOMAIN), []).append(p.slot(pod))
+    return {domain: sorted(slots) for domain, slots in domains.items()}
+
+
+def slot_ranges(slots: list[int], limit: int = MAX_SLOT_RANGES) -> str:
+    """Sorted slots as ranges, ``0-3,8``; past ``limit`` characters cut at a comma with ``…``
+    (the domain's worker count is in the spread condition)."""
+    runs: list[list[int]] = []
+    for slot in slots:
+        if runs and slot == runs[-1][1] + 1:
+            runs[-1][1] = slot
+        else:
+            runs.append([slot, slot])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    if len(text) <= limit:
+        return text
+    return text[: text.rindex(",", 0, limit)] + ",…"
 
 
 SPREAD = "SpreadOverDomains"
@@ -111,10 +131,15 @@ def report(ctx: "Context") -> None:
         ctx.clear(cond.TOPOLOGY_SPREAD, "NoTopology", "scheduling.topology is not set")
         return
     workers = [pod for pod in ctx.owned if p.role(pod) == lbl.ROLE_WORKER]
-    counts = occupied(workers, ctx.nodes, topology.level)
-    domains = sorted(counts)
+    slots = occupied(workers, ctx.nodes, topology.level)
+    counts = {domain: len(held) for domain, held in slots.items()}
+    domains = sorted(slots)
+    listed = domains[:MAX_TOPOLOGY_DOMAINS]
     ctx.status.topology = TopologyStatus(
-        level=topology.level, domains=domains[:MAX_TOPOLOGY_DOMAINS], domain_count=len(domains)
+        level=topology.level,
+        domains=listed,
+        domain_count=len(domains),
+        slots={domain: slot_ranges(slots[domain]) for domain in listed},
     )
     if len(domains) > 1:
         ctx.warn_once(cond.TOPOLOGY_SPREAD, SPREAD, spread_message(topology, counts))
