@@ -1025,6 +1025,23 @@ def waits(run: Run) -> list[str]:
     return lines
 
 
+def lost_node_rows(run: Run) -> list[list[str]]:
+    """Per way: trials whose workers were all in the lost node's rack after the replacement,
+    the racks, and the delete → replacement Running."""
+    from bench.topology_placement import WAYS
+
+    recorded = run.body["extra"]["lost_node"]
+    job = recorded[0]["job"]
+    rows = []
+    for way in WAYS:
+        mine = [t for t in recorded if t["way"] == way]
+        stayed = f"{sum(t['stayed_in_rack'] for t in mine)} of {len(mine)}"
+        back = run[f"lost node, {job}, {way}: node deleted → replacement Running"]
+        racks = run[f"lost node, {job}, {way}: racks after the replacement"]
+        rows.append([way, stayed, shown(racks), shown(back), trials(back), loads_of(back)])
+    return rows
+
+
 def topology(records: dict[str, Body]) -> str:
     """topology_placement: workers in one rack or block and the time to start, with Kueue's
     topology-aware scheduling and without Kueue, against the same jobs asking for none; then
@@ -1040,12 +1057,32 @@ def topology(records: dict[str, Body]) -> str:
         figure_table(run, frag, lambda name: name.removeprefix(short)),
         "",
     ]
+    lost = []
+    if run.body["extra"].get("lost_node"):
+        job = run.body["extra"]["lost_node"][0]["job"]
+        lost = [
+            f"A lost node: {job}, one worker's Node deleted:",
+            "",
+            markdown_table(
+                [
+                    "way",
+                    "all in the lost node's rack after",
+                    "racks",
+                    "deleted → replacement Running",
+                    "trials",
+                    "load per trial",
+                ],
+                lost_node_rows(run),
+            ),
+            "",
+        ]
     return "\n".join(
         [
             f"{run.stamp()} (each trial's load at its start):",
             "",
             markdown_table(headers, placement_rows(run)),
             "",
+            *lost,
             *(shortfall if frag else []),
             *(f"- {line}" for line in waits(run)),
             *(f"- {note}" for note in run.body["notes"]),

@@ -3,8 +3,9 @@ block, how long does it take to start, and what does a job wait with when no rac
 with the real Kueue's topology-aware scheduling and without Kueue (the scheduler's pod
 affinity), against the same jobs without a topology request, in the same run.
 
-Run: ``python -m bench.topology_placement`` (≈ 7 min on 2 cores with the defaults: 3 trials
-per way and size, 3 fragmentation trials per way, one outside Kueue).
+Run: ``python -m bench.topology_placement`` (≈ 10 min on 2 cores with the defaults: 3 trials
+per way and size, 3 lost-node trials per way, 3 fragmentation trials per way, one outside
+Kueue).
 
 The cluster: 64 KWOK nodes of 8 GPUs labelled 4 blocks × 4 racks × 4 nodes
 (``example.com/block``: ``b0``…``b3``, ``example.com/rack``: ``b0-r0``…``b3-r3``, values
@@ -31,6 +32,14 @@ LocalQueue: its Workload's worker pod set carries the ``topologyRequest``, pods 
 Kueue's TopologyUngater names their node) and **Kueue, none** (queued, no request). Per trial:
 apply → every worker seen Running (a watch), the domains the workers' nodes are in at the
 size's level (in one domain or not), the 1-minute load average at the trial's start.
+
+**A lost node**: a job of three whole-node workers (``required: rack`` on the ways that ask,
+so its rack keeps one node free) loses one worker's node — the Node deleted, as a cloud
+provider removes a machine. torchkube force-deletes the lost pod and creates its replacement at
+once; without Kueue the replacement's pod affinity keeps it beside the survivors, with Kueue
+its node comes from the Workload's assignment, from which Kueue swaps the deleted node out for
+another in the rack (its node hot swap). Timed: the delete request → the replacement Running;
+recorded: the racks the workers run in after it. The node is re-created after each trial.
 
 **Fragmentation**: one node of every rack is held by other work, so the cluster has 48 free
 nodes but no rack with room for a 4-worker ``required: rack`` job (``pendingTimeoutSeconds:
@@ -64,9 +73,10 @@ from typing import Any
 from kubernetes import client
 
 from bench.common import Figure, Results, command_line, load_average, log, rotated, spread
-from bench.kube import BENCH_LABEL, PodWatch, Stack, job_body, stack
+from bench.kube import BENCH_LABEL, PodTimes, PodWatch, Stack, job_body, stack
 from bench.operator_scale import all_running
 from bench.queued_start import KUEUE_API, QUEUE, ensure_local_queue, is_active
+from testbed import faults
 from testbed.kueue import Kueue
 from testbed.kwok import GPU_RESOURCE, NodePool, kwok_toleration
 from testbed.wait import wait_for
@@ -354,6 +364,138 @@ class Placement:
         )
 
 
+# ----------------------------------------------------------------------------- a lost node
+LOST_NODE_CAP_S = 240
+"""How long a trial waits for the lost worker's replacement to run before it gives up."""
+
+
+class LostNode:
+    """The lost-node case: a job of a rack's nodes but one (``--lost-node-workers``,
+    ``required: rack`` on the ways that ask) loses a worker's node — the Node deleted, as a
+    cloud provider removes a machine: torchkube replaces the lost pod at once (Kueue's
+    topology-aware scheduling swaps the node out of the Workload's assignment at once too).
+    Timed: the delete request → the replacement Running beside the survivors; and the racks
+    the workers run in after it. The node is re-created (same name and labels) once the
+    trial's job is gone."""
+
+    def __init__(
+        self, results: Results, size: Size, labels: dict[str, dict[str, str]],
+        pools: list[NodePool],
+    ) -> None:  # fmt: skip
+        self.results, self.size, self.labels = results, size, labels
+        self.pool_of = {node: pool.name for pool in pools for node in pool.node_names()}
+        self.back: dict[str, Figure] = {}
+        self.racks: dict[str, Figure] = {}
+        for way in WAYS:
+            title = f"lost node, {size.label}, {way}"
+            self.back[way] = results.figure(f"{title}: node deleted → replacement Running", "s")
+            self.racks[way] = results.figure(f"{title}: racks after the replacement", "")
+
+    def trial(self, bench: Stack, namespace: str, way: str, serial: int) -> None:
+        name, workers = f"n{serial}", self.size.workers
+        with PodWatch(bench.api, namespace, workers_of(name)) as pods:
+            bench.create_job(namespace, trial_job(name, self.size, way))
+            all_running(pods, workers, 180, f"lost node, {self.size.label}, {way}")
+            with pods.cond:
+                before = {p.uid: p.node for p in pods.live(job=name)}
+            packed = in_one_domain(before.values(), self.labels, RACK)
+            lost = sorted(node for node in before.values() if node)[0]
+            load = load_average()
+            deleted_at = time.monotonic()
+            faults.delete_node(bench.api, lost, wait=False)
+            try:
+                back = (
+                    pods.wait(
+                        lambda seen: replaced(seen, before, lost, workers),
+                        LOST_NODE_CAP_S,
+                        "the replacement",
+                    )
+                    - deleted_at
+                )
+            except TimeoutError as exc:
+                log(f"lost node, {way}: {exc}")
+                back = None
+            with pods.cond:
+                after = {p.uid: p.node for p in pods.live(job=name)}
+        racks = domains_of([n for n in after.values() if n], self.labels, RACK)
+        lost_rack = rack_of(self.labels, lost)
+        log(
+            f"lost node, {self.size.label}, {way}: {lost} ({lost_rack}) deleted, replacement "
+            + ("not Running" if back is None else f"Running {back:.2f}s later")
+            + f", workers in {len(racks)} rack(s): {', '.join(racks)}, load {load:.1f}"
+        )
+        finish(bench, namespace)
+        bench.cluster.ensure_pool_nodes(self.pool_of[lost])
+        bench.cluster.wait_pool_ready(self.pool_of[lost])
+        if back is not None:
+            self.back[way].add(back, load)
+            self.racks[way].add(len(racks), load)
+        self.results.extra.setdefault("lost_node", []).append(
+            {
+                "way": way,
+                "job": self.size.label,
+                "packed_before": packed,
+                "lost_node": lost,
+                "lost_rack": lost_rack,
+                "replacement_running_s": None if back is None else round(back, 3),
+                "racks_after": racks,
+                "stayed_in_rack": racks == [lost_rack],
+                "workers_replaced": len(set(after) - set(before)),
+                "load_at_delete": load,
+            }
+        )
+
+    def table(self) -> None:
+        trials = self.results.extra.get("lost_node", [])
+        rows = []
+        for way in WAYS:
+            mine = [t for t in trials if t["way"] == way]
+            stayed = sum(t["stayed_in_rack"] for t in mine)
+            rows.append(
+                [
+                    way,
+                    f"{stayed} of {len(mine)}",
+                    spread(self.racks[way]),
+                    spread(self.back[way]),
+                    ", ".join(f"{x:.1f}" for x in self.back[way].loads),
+                ]
+            )
+        headers = ["way", "all in the lost node's rack", "racks", "deleted → Running", "load"]
+        title = f"lost node: {self.size.label}, one worker's node deleted"
+        self.results.tables[title] = (headers, rows)
+
+
+def replaced(
+    seen: Mapping[str, PodTimes], before: Mapping[str, str | None], lost: str, workers: int
+) -> float | None:
+    """When the job is whole again after ``lost`` went: ``workers`` live workers all Running,
+    none on ``lost``, at least one new (not in ``before``, by uid); the instant the last new
+    one was seen Running. None until then."""
+    live = [p for p in seen.values() if p.deleted is None and p.terminated is None]
+    fresh = [p for p in live if p.uid not in before]
+    if len(live) != workers or not fresh or any(p.running is None for p in live):
+        return None
+    if any(p.node == lost for p in live):
+        return None
+    return max(p.running or 0.0 for p in fresh)
+
+
+def lost_node(
+    bench: Stack, namespace: str, results: Results, pools: list[NodePool], args: argparse.Namespace
+) -> None:
+    """The lost-node case, the four ways rotated trial by trial."""
+    if not args.lost_node_trials:
+        return
+    size = Size(args.lost_node_workers, "rack", "required")
+    case = LostNode(results, size, node_labels(pools), pools)
+    serial = 0
+    for trial in range(args.lost_node_trials):
+        for way in rotated(WAYS, trial):
+            serial += 1
+            case.trial(bench, namespace, way, serial)
+    case.table()
+
+
 # ----------------------------------------------------------------------------- fragmentation
 JOB_HOLDS, POD_HOLDS = "queued jobs", "pods outside Kueue"
 """What holds one node of every rack in the fragmentation case: other TrainingJobs admitted
@@ -620,6 +762,7 @@ def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
                         serial += 1
                         placement.trial(bench, namespace, way, size, serial)
             placement.table()
+            lost_node(bench, namespace, results, pools, args)
             fragmentation(bench, namespace, results, pools, args)
         finally:
             kueue.stop()
@@ -652,6 +795,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=90,
         help="seconds a job may take to start once such a rack is freed",
+    )
+    parser.add_argument(
+        "--lost-node-trials", type=int, default=3, help="per way, one worker's node deleted"
+    )
+    parser.add_argument(
+        "--lost-node-workers",
+        type=int,
+        default=3,
+        help="the lost-node job's workers: fewer than a rack's nodes, so the rack has room",
     )
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--racks", type=int, default=4, help="per block")
@@ -692,6 +844,11 @@ def main(argv: list[str] | None = None) -> None:
         "Kueue) or Queued=True with Kueue's topology message (Kueue); a rack freed: its holder "
         "job deleted → the job's workers all Running; the freed rack: without Kueue the job's "
         "own (its running workers hold it), with Kueue each trial the next rack",
+        f"lost node: a job of {args.lost_node_workers} whole-node workers (required rack on "
+        "the ways that ask; a rack has room for one more) Running, the Node of one worker "
+        "deleted (the first of their nodes by name); timed: the delete request → a new worker "
+        "Running and none on the lost node; the racks the workers run in then; the node "
+        "re-created after the trial's job is gone; the four ways rotated",
         f"outside Kueue: the same racks held by bare pods (no queue), Kueue's way alone, a "
         f"rack freed by deleting its pod (grace 0), the job given {args.outside_kueue_cap:.0f} "
         "s to start",
