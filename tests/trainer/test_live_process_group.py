@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from torchkube.trainer import live
 
-CONNECT = timedelta(seconds=1)
+CONNECT = timedelta(seconds=2)
 
 
 @pytest.fixture
@@ -53,3 +53,37 @@ def test_a_connected_collective_waits_longer_than_the_connect_timeout(store_addr
     for thread in threads:
         thread.join(timeout=30)
     assert sums == {0: 8.0, 1: 8.0}
+
+
+def test_a_group_stuck_behind_a_failed_neighbour_fails_when_the_neighbours_close(
+    store_address: str,
+) -> None:
+    """Four groups in a ring, group 0 lost (its connections closed) before the all-reduce:
+    its neighbours fail at once; group 2, whose neighbours are alive, fails only when they
+    close theirs after their error — within seconds, not the 30 s collective timeout."""
+    connected, survivors_done = threading.Barrier(4), threading.Barrier(3)
+    failed_after: dict[int, float] = {}
+
+    def member(rank: int) -> None:
+        group = live.QuickConnectGloo()
+        group.configure(store_address, f"group-{rank}", rank, 4)
+        connected.wait()
+        if rank == 0:
+            group.close_after_error(None)
+            return
+        began = time.monotonic()
+        try:
+            group.allreduce([torch.ones(1 << 20)], dist.AllreduceOptions()).wait()
+        except RuntimeError as error:
+            failed_after[rank] = time.monotonic() - began
+            group.close_after_error(error)
+        survivors_done.wait(timeout=60)  # each keeps its group until all failed, as a trainer
+        # keeps its own until the next quorum
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(failed_after) == [1, 2, 3], failed_after
+    assert max(failed_after.values()) < live.LIVE_TIMEOUT.total_seconds() / 3, failed_after

@@ -38,10 +38,12 @@ Refused at admission (``spec._live_recovery_is_supported``): tensor parallelism,
 and ``hsdp`` (whose replicate dimension inside the pod torchft's would duplicate).
 """
 
+import gc
 import logging
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -180,6 +182,19 @@ class QuickConnectGloo(ProcessGroupGloo):
         pg._get_backend(torch.device("cpu")).set_timeout(LIVE_TIMEOUT)
         return pg
 
+    def close_after_error(self, error: BaseException | None) -> None:
+        """Close this group's connections as soon as a collective failed. In a ring a lost
+        group's neighbours see the loss at once, but a group further round waits for data
+        from a neighbour that gave up — until the collective timeout, while the Lighthouse
+        holds the next quorum for it (it heartbeats and has not asked). Closing them fails
+        its wait now. gloo closes a group's sockets only when nothing holds it any more, and
+        the error's frames hold the collective's work: they are cleared first. The next
+        quorum connects a new group."""
+        if error is not None and error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)
+        self._pg = None
+        gc.collect()
+
 
 class AdvertisedTransport(HTTPTransport):
     """torchft's HTTP state transfer, advertised at :attr:`LiveEnv.host` rather than at the
@@ -310,6 +325,7 @@ class LiveRecovery:
         """Where the writer group tells standbys how many groups train."""
         self.store_host, self.store_port, self._own_store = replica_store()
         self.manager: Any = None
+        self.pg: ProcessGroupNCCL | QuickConnectGloo | None = None
         self.members: QuorumMembers | None = None
         self._start: Callable[[], bool] | None = None
         """A group's starting state (``join``'s ``restore``) while it has none: its first copy
@@ -359,6 +375,7 @@ class LiveRecovery:
             return StandDown(ExitCode.OK, STANDBY_RELEASED)
         self.live = LiveState(model, optimizer, scheduler, state)
         pg = ProcessGroupNCCL() if self.info.device.type == "cuda" else QuickConnectGloo()
+        self.pg = pg
         self.manager = Manager(
             pg=pg,
             load_state_dict=self.live.load_state_dict,
@@ -466,6 +483,9 @@ class LiveRecovery:
         began = time.monotonic()
         if not self.manager.should_commit():
             self._discarded()
+            if isinstance(self.pg, QuickConnectGloo):  # NCCL's torchft aborts on error itself
+                error = self.manager.errored()
+                self.pg.close_after_error(getattr(error, "original_exception", error))
             return False
         self._vote = time.monotonic() - began
         return True
