@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
 from bench import topology_placement as tp
-from bench.kube import BENCH_LABEL
+from bench.kube import BENCH_LABEL, PodTimes
 from torchkube.api import TrainingJob
 
 
@@ -86,3 +86,24 @@ def test_kueues_topology_has_the_three_levels_and_the_queue_holds_every_gpu() ->
     quota = {r["name"]: r["nominalQuota"] for r in group["flavors"][0]["resources"]}
     assert quota["nvidia.com/gpu"] == "512"
     assert set(group["coveredResources"]) == set(quota)
+
+
+def _pod(
+    uid: str, node: str, running: float | None = 1.0, deleted: float | None = None
+) -> PodTimes:
+    return PodTimes(uid, uid, {}, 0.0, node=node, running=running, deleted=deleted)
+
+
+def test_a_lost_node_is_replaced_once_a_new_worker_runs_and_none_is_left_on_it() -> None:
+    before = {"a": "n1", "b": "n2", "c": "n3"}
+    old = {uid: _pod(uid, node) for uid, node in before.items()}
+    # the lost pod still live on the deleted node: not whole yet
+    assert tp.replaced(old, before, "n1", 3) is None
+    gone = {**old, "a": _pod("a", "n1", deleted=2.0)}
+    pending = {**gone, "d": _pod("d", "n4", running=None)}
+    assert tp.replaced(pending, before, "n1", 3) is None
+    whole = {**gone, "d": _pod("d", "n4", running=3.5)}
+    assert tp.replaced(whole, before, "n1", 3) == 3.5
+    # a new pod on the lost node (it came back) does not count as the job whole elsewhere
+    back = {**gone, "d": _pod("d", "n1", running=3.5)}
+    assert tp.replaced(back, before, "n1", 3) is None
