@@ -189,7 +189,8 @@ class QuickConnectGloo(ProcessGroupGloo):
         holds the next quorum for it (it heartbeats and has not asked). Closing them fails
         its wait now. gloo closes a group's sockets only when nothing holds it any more, and
         the error's frames hold the collective's work: they are cleared first. The next
-        quorum connects a new group."""
+        quorum connects a new group: the Lighthouse bumps the quorum id when a member reports
+        a failed commit, as this group does, and torchft reconfigures on a new id only."""
         if error is not None and error.__traceback__ is not None:
             traceback.clear_frames(error.__traceback__)
         self._pg = None
