@@ -389,8 +389,10 @@ def queued(records: dict[str, Body]) -> str:
 
 # ----------------------------------------------------------------------------- healing
 def operator_recovery(records: dict[str, Body]) -> str:
-    """operator_recovery: a worker's replacement, and a lost node's workers, both operators."""
+    """operator_recovery: a worker's replacement, and a lost node's workers: torchkube, the
+    peer, and (where recorded) the limit — the bare client's replacer."""
     run = Run("operator_recovery", records["operator_recovery"])
+    limited = f"worker Failed → replacement created, {LIMIT}" in run.figures
     rows = []
     for what in (
         "worker Failed → replacement created",
@@ -399,30 +401,32 @@ def operator_recovery(records: dict[str, Body]) -> str:
         "worker force-deleted → replacement Running",
     ):
         ours, theirs = run[f"{what}, torchkube"], run[f"{what}, Kubeflow"]
-        rows.append([what, shown(ours), shown(theirs), trials_text([ours, theirs])])
-        rows[-1] += [f"{loads_of(ours)}; {loads_of(theirs)}", versus(ours, theirs, run.cores)]
+        shown_all = [ours, theirs, *([run[f"{what}, {LIMIT}"]] if limited else [])]
+        rows.append([what, *(shown(f) for f in shown_all), trials_text(shown_all)])
+        rows[-1] += ["; ".join(loads_of(f) for f in shown_all), versus(ours, theirs, run.cores)]
+        if limited:
+            rows[-1].append(versus(run[f"{what}, {LIMIT}"], ours, run.cores))
+    headers = ["", "torchkube", run.peer("Kubeflow")]
+    headers += [f"the limit ({LIMIT})"] if limited else []
+    headers += ["trials", "load per trial", "Kubeflow ÷ torchkube"]
+    headers += ["torchkube ÷ the limit"] if limited else []
     node = "node loss: NotReady → all 5 workers Running on healthy nodes"
     healthy = "node loss: workers Running on healthy nodes 125 s after NotReady"
     ours, theirs = run[f"{node}, torchkube"], run[f"{healthy}, Kubeflow"]
+    limit_line = (
+        f"; the limit: {shown(run[f'{node}, {LIMIT}'])} (load {loads_of(run[f'{node}, {LIMIT}'])})"
+        if limited
+        else ""
+    )
     return "\n".join(
         [
             f"{run.stamp()}:",
             "",
-            markdown_table(
-                [
-                    "",
-                    "torchkube",
-                    run.peer("Kubeflow"),
-                    "trials",
-                    "load per trial",
-                    "Kubeflow ÷ torchkube",
-                ],
-                rows,
-            ),
+            markdown_table(headers, rows),
             "",
             f"A lost node (grace {run.body['config']['grace']} s): "
-            f"{verdict_line(run, f'{node}, torchkube')} (load {loads_of(ours)}); Kubeflow had "
-            f"{theirs['median']:g} of 5 workers on healthy nodes 125 s after "
+            f"{verdict_line(run, f'{node}, torchkube')} (load {loads_of(ours)}){limit_line}; "
+            f"Kubeflow had {theirs['median']:g} of 5 workers on healthy nodes 125 s after "
             f"NotReady ({trials_text([theirs])}).",
             "",
         ]

@@ -7,16 +7,27 @@ seconds, peak memory), so a scenario is written once and run for all, alternatin
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kubernetes.client.exceptions import ApiException
+
 from bench import kubeflow
-from bench.common import LIMIT
-from bench.kube import PodTimes, Stack, job_body, metric_delta, parse_metrics
+from bench.common import LIMIT, log
+from bench.kube import (
+    NodeWatch,
+    PodTimes,
+    PodWatch,
+    Stack,
+    job_body,
+    metric_delta,
+    parse_metrics,
+)
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
 from torchkube.operator.builders import worker_pod
@@ -203,12 +214,83 @@ def bare_pods(namespace: str, job: str, workers: int, gpus: int, group: str) -> 
     return pods
 
 
+class Replacer:
+    """The least a recovery can do, for one bare job: a pod that failed or was deleted gets a
+    new pod in its slot the moment a watch shows it; the pods of a node NotReady for ``grace``
+    seconds are force-deleted and replaced then. No accounting, no status, no backoff, one
+    request per replacement: what an operator adds is beyond it. Stopped with the bench."""
+
+    def __init__(
+        self, bench: Stack, core: Any, namespace: str, templates: list[dict[str, Any]],
+        grace: float, count: Callable[[int], None],
+    ) -> None:  # fmt: skip
+        self.core, self.namespace, self.grace, self.count = core, namespace, grace, count
+        self.templates = {pod["metadata"]["labels"][lbl.REPLICA_INDEX]: pod for pod in templates}
+        self.handled: set[str] = set()
+        self.made = 0
+        job = templates[0]["metadata"]["labels"][BARE_LABEL]
+        self.pods = PodWatch(bench.api, namespace, f"{BARE_LABEL}={job}").__enter__()
+        self.nodes = NodeWatch(bench.api).__enter__()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set():
+            with self.pods.cond:
+                due = self._due()
+                if not due:
+                    self.pods.cond.wait(0.05)
+                    continue
+            for pod, force in due:
+                try:
+                    self._replace(pod, force)
+                except ApiException as error:  # its namespace going away at the scenario's end
+                    log(f"{LIMIT}: {pod.name} not replaced: {error.status} {error.reason}")
+
+    def _due(self) -> list[tuple[PodTimes, bool]]:
+        """The pods to replace now, each once: (pod, whether to force-delete it first)."""
+        now = time.monotonic()
+        lost_nodes = {
+            n.name
+            for n in list(self.nodes.nodes.values())
+            if n.not_ready is not None and now - n.not_ready >= self.grace
+        }
+        due = []
+        for pod in self.pods.pods.values():
+            if pod.uid in self.handled:
+                continue
+            gone = pod.deleted is not None or pod.phase == "Failed"
+            if gone or pod.node in lost_nodes:
+                self.handled.add(pod.uid)
+                due.append((pod, not gone))
+        return due
+
+    def _replace(self, pod: PodTimes, force: bool) -> None:
+        if force:
+            self.core.delete_namespaced_pod(
+                pod.name, self.namespace, grace_period_seconds=0, _preload_content=False
+            )
+        self.made += 1
+        slot = pod.labels.get(lbl.REPLICA_INDEX, "")
+        body = copy.deepcopy(self.templates[slot])
+        body["metadata"]["name"] = f"{body['metadata']['name']}-r{self.made}"
+        self.core.create_namespaced_pod(self.namespace, body, _preload_content=False)
+        self.count(2 if force else 1)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.pods.__exit__()
+        self.nodes.__exit__()
+
+
 @dataclass
 class BareClient:
     """The physical limit: the pods torchkube would create for the job, created by a client
     with no operator, from :data:`BARE_THREADS` threads at once, with no client-side rate
     limit. What it takes to bring them to Running is the cluster's part alone (API server,
-    scheduler, nodes); an operator's time beyond it is the operator's."""
+    scheduler, nodes); an operator's time beyond it is the operator's. Asked for recovery
+    (``resilient``), a :class:`Replacer` replaces the job's lost pods as fast as a watch sees
+    them."""
 
     bench: Stack
     name: str = LIMIT
@@ -217,6 +299,7 @@ class BareClient:
     _sent: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _core: Any = None
+    _replacers: list[Replacer] = field(default_factory=list)
 
     def _client(self) -> Any:
         """A client of its own whose connection pool serves every thread at once."""
@@ -245,17 +328,31 @@ class BareClient:
         resilient: Resilience | None = None,
         queue: str | None = None,
     ) -> None:
-        if resilient or queue:
-            raise ValueError("the bare client has no failure policy and no queue to wait in")
+        if queue:
+            raise ValueError("the bare client has no queue to wait in")
         core = self._client()
 
         def create(pod: dict[str, Any]) -> None:
             core.create_namespaced_pod(namespace, pod)
-            with self._lock:
-                self._sent += 1
+            self._count(1)
 
+        templates = bare_pods(namespace, job, workers, gpus, group)
+        if resilient:
+            self._replacers.append(
+                Replacer(self.bench, core, namespace, templates, resilient.node_grace, self._count)
+            )
         with ThreadPoolExecutor(BARE_THREADS) as pool:
-            list(pool.map(create, bare_pods(namespace, job, workers, gpus, group)))
+            list(pool.map(create, templates))
+
+    def _count(self, requests: int) -> None:
+        with self._lock:
+            self._sent += requests
+
+    def stop(self) -> None:
+        """Its replacers' watches ended."""
+        for replacer in self._replacers:
+            replacer.stop()
+        self._replacers.clear()
 
     def slot(self, pod: PodTimes) -> str:
         return pod.labels.get(lbl.REPLICA_INDEX, "")
@@ -287,30 +384,31 @@ def contenders(
     operator in each of ``configs`` started beside it on the same cluster (built by pin,
     installed, its start not timed); stops the peers afterwards. Two configurations would both
     reconcile every PyTorchJob, so with more than one each is confined to a namespace of its
-    own (its ``home``)."""
-    players: list[Contender] = [Torchkube(bench), *([BareClient(bench)] if limit else [])]
-    if not peers:
-        yield players
-        return
-    build = kubeflow.build()
-    kubeflow.install(bench.api, build)
+    own (its ``home``). The bare client's replacers stop with it."""
+    bare = [BareClient(bench)] if limit else []
+    players: list[Contender] = [Torchkube(bench), *bare]
     started: list[Kubeflow] = []
     try:
-        for config in configs:
-            home = bench.namespace("kubeflow") if len(configs) > 1 else None
-            log_name = "kubeflow-operator" + ("" if config == kubeflow.DEFAULT else "-raised")
-            operator = kubeflow.KubeflowOperator(
-                build,
-                bench.cluster.kubeconfig,
-                bench.cluster.log_dir / f"{log_name}.log",
-                config=config,
-                namespace=home,
-            ).start(bench.api)
-            started.append(Kubeflow(operator, name=config.name, home=home))
+        if peers:
+            build = kubeflow.build()
+            kubeflow.install(bench.api, build)
+            for config in configs:
+                home = bench.namespace("kubeflow") if len(configs) > 1 else None
+                log_name = "kubeflow-operator" + ("" if config == kubeflow.DEFAULT else "-raised")
+                operator = kubeflow.KubeflowOperator(
+                    build,
+                    bench.cluster.kubeconfig,
+                    bench.cluster.log_dir / f"{log_name}.log",
+                    config=config,
+                    namespace=home,
+                ).start(bench.api)
+                started.append(Kubeflow(operator, name=config.name, home=home))
         yield [*players, *started]
     finally:
         for peer in started:
             peer.operator.stop()
+        for client_ in bare:
+            client_.stop()
 
 
 def settle(contender: Contender, quiet: float = 3.0, limit: float = 60.0) -> None:

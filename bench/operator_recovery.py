@@ -1,10 +1,17 @@
 """Operator recovery, side by side: a failed or deleted worker, and a lost node → replacements,
-and how fast, for torchkube and Kubeflow's training-operator on one cluster.
+and how fast, for torchkube, Kubeflow's training-operator and the physical limit on one
+cluster.
 
-Run: ``python -m bench.operator_recovery`` (≈ 15 min; ``--quick`` for one trial each;
-``--no-peers`` for torchkube alone).
+Run: ``python -m bench.operator_recovery`` (≈ 20 min; ``--quick`` for one trial each;
+``--no-peers`` without Kubeflow; ``--no-limit`` without the limit).
 
-On the real control plane with KWOK nodes, both operators running at once:
+The limit (``bench.contenders.Replacer``): torchkube's own worker pods created by a bare
+client with no operator and replaced by a watch of its own — a pod Failed or deleted gets a
+new pod in its slot the moment the watch shows it, the pods of a node NotReady for the grace
+are force-deleted and replaced then. It keeps no status and counts nothing: an operator's time
+beyond it is what its decisions cost.
+
+On the real control plane with KWOK nodes, all of them running at once:
 
 1. **Failed or deleted worker.** Each operator runs an 8-worker job (1 GPU each) asking for its
    own recovery: torchkube's failure policy, Kubeflow's ``restartPolicy: ExitCode``. Trials
@@ -38,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import (
+    LIMIT,
     Figure,
-    Reference,
     Results,
     Target,
     command_line,
@@ -48,7 +55,7 @@ from bench.common import (
     log,
     spread,
 )
-from bench.contenders import PEER, Contender, Resilience, contenders
+from bench.contenders import BareClient, Contender, Resilience, contenders
 from bench.kube import NodeWatch, PodTimes, PodWatch, Stack, stack
 from testbed import faults
 from testbed.kwok import NodePool
@@ -58,6 +65,14 @@ TARGET_AFTER_GRACE = 5.0
 WORKERS = 8
 NODE_JOB_WORKERS = 5
 GROUP_LABEL = "bench.torchkube.dev/group"
+
+
+def stop_replacing(players: list[Contender]) -> None:
+    """The limit's replacers stopped before their namespace goes: they would replace every
+    pod its deletion takes."""
+    for player in players:
+        if isinstance(player, BareClient):
+            player.stop()
 
 
 def replacement_of(
@@ -141,6 +156,7 @@ class WorkerFaults:
                 for player in self.players:
                     namespace, watch = jobs[player.name]
                     self.trial(bench, player, namespace, watch, fault, trial // 2)
+            stop_replacing(self.players)
             for namespace, _ in jobs.values():
                 bench.delete_namespace(namespace, force=True)
 
@@ -200,30 +216,34 @@ class WorkerFaults:
         )
 
     def compare(self) -> None:
-        if PEER not in {p.name for p in self.players}:
+        """torchkube beside each other contender: the peer's median ÷ ours, and ours ÷ the
+        limit's (the bare client's replacer)."""
+        names = [p.name for p in self.players if p.name != "torchkube"]
+        if not names:
             return
         rows = []
         for fault in self.FAULTS:
-            ours, theirs = self.figures[("torchkube", fault)], self.figures[(PEER, fault)]
+            ours = self.figures[("torchkube", fault)]
             for what in ("created", "running", "whole"):
-                mine, peer = getattr(ours, what), getattr(theirs, what)
-                if mine.stats and peer.stats:
-                    mine.reference = Reference(
-                        peer.stats.median, f"{PEER}, same run: {fmt(peer.stats.median, 's')}"
+                mine = getattr(ours, what)
+                others = [getattr(self.figures[(name, fault)], what) for name in names]
+                if not (mine.stats and all(other.stats for other in others)):
+                    continue
+                row = [mine.name.removesuffix(", torchkube"), spread(mine)]
+                for name, other in zip(names, others, strict=True):
+                    assert other.stats is not None and mine.stats is not None
+                    ratio = (
+                        mine.stats.median / other.stats.median
+                        if name == LIMIT
+                        else other.stats.median / mine.stats.median
                     )
-                    ratio = mine.reference.ratio(mine.stats.median)
-                    rows.append(
-                        [
-                            mine.name.removesuffix(", torchkube"),
-                            spread(mine),
-                            spread(peer),
-                            fmt(ratio, "x"),
-                        ]
-                    )
-        self.results.tables["worker faults: median [min – max]"] = (
-            ["figure", "torchkube", f"{PEER} v1.8.1", f"{PEER} ÷ torchkube"],
-            rows,
-        )
+                    row += [spread(other), fmt(ratio, "x")]
+                rows.append(row)
+        headers = ["figure", "torchkube"]
+        for name in names:
+            ratio = "torchkube ÷ limit" if name == LIMIT else f"{name} ÷ torchkube"
+            headers += [name, ratio]
+        self.results.tables["worker faults: median [min – max]"] = (headers, rows)
 
 
 class NodeLoss:
@@ -332,6 +352,7 @@ class NodeLoss:
         log(f"{player.name}, node loss {trial + 1}: NotReady after {detected:.1f}s; {outcome}")
         if done is None:
             self.results.notes.append(f"{player.name}, node loss trial {trial + 1}: {outcome}")
+        stop_replacing([player])
         bench.delete_namespace(namespace, force=True)
         for pool in (doomed, first, spare):
             cluster.remove_pool(pool.name)
@@ -352,6 +373,12 @@ def main(argv: list[str] | None = None) -> None:
         "--whole-timeout", type=float, default=180, help="how long a job may take to heal"
     )
     parser.add_argument("--no-peers", dest="peers", action="store_false")
+    parser.add_argument(
+        "--no-limit",
+        dest="limit",
+        action="store_false",
+        help="leave out the bare client's replacer (the physical limit of a replacement)",
+    )
     parser.add_argument("--quick", action="store_true", help="one trial each")
     args = parser.parse_args(argv)
     if args.quick:
@@ -365,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch,
         stack(pools, Path(scratch)) as bench,
-        contenders(bench, args.peers) as players,
+        contenders(bench, args.peers, limit=args.limit) as players,
     ):
         faults_ = WorkerFaults(results, players, args.whole_timeout)
         faults_.run(bench, args.trials)
@@ -388,6 +415,11 @@ def main(argv: list[str] | None = None) -> None:
         "loss trial ends --peer-wait seconds after NotReady + grace if the job has not healed",
         "API requests per replaced worker: torchkube's writes, Kubeflow's client-go requests, "
         "between the fault and the job being whole again",
+        f"{LIMIT}: the physical limit of a replacement — torchkube's own worker pods created "
+        "by a bare client with no operator, and replaced by a watch of its own: a pod Failed "
+        "or deleted gets a new pod in its slot the moment the watch shows it (one create), "
+        "the pods of a node NotReady for the grace are force-deleted and replaced then; no "
+        "status, no accounting, no backoff; trials alternate with the operators' jobs",
     ]
     results.write()
 

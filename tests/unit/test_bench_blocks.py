@@ -395,3 +395,35 @@ def test_topology_counts_the_packed_trials_and_gives_no_ratio_on_two() -> None:
     assert "racks held by pods outside Kueue" in two and "0 of 1 started within 90 s" in two
     three = blocks.topology({"topology_placement": topology_record(3)})
     assert three.count("| 2.00× |") == 2, "asking ÷ the same path without, of the medians"
+
+
+def recovery(limit: bool) -> dict[str, Any]:
+    """An operator_recovery record of three trials a contender, with the limit or without."""
+    figures: FIGURES = {}
+    names = {"torchkube": 0.05, "Kubeflow": 0.04, **({"bare client": 0.02} if limit else {})}
+    for fault in ("Failed", "force-deleted"):
+        for what in ("replacement created", "replacement Running"):
+            for name, median in names.items():
+                values = [median * f for f in (0.9, 1.0, 1.1)]
+                figures[f"worker {fault} → {what}, {name}"] = ("s", values, [1.0] * 3)
+    node = "node loss: NotReady → all 5 workers Running on healthy nodes"
+    for name in ("torchkube", *(["bare client"] if limit else [])):
+        figures[f"{node}, {name}"] = ("s", [4.5, 4.7, 5.1], [1.0] * 3)
+    healthy = "node loss: workers Running on healthy nodes 125 s after NotReady, Kubeflow"
+    figures[healthy] = ("pods", [1.0, 1.0, 1.0], [1.0] * 3)
+    body = record("operator_recovery", figures, config={"grace": 5})
+    ours = next(f for f in body["figures"] if f["name"] == f"{node}, torchkube")
+    ours |= {"target": "≤ grace + 5 s = 10 s", "verdict": "met"}
+    return body
+
+
+def test_recovery_puts_the_limit_beside_torchkube_when_recorded() -> None:
+    with_limit = blocks.operator_recovery({"operator_recovery": recovery(limit=True)})
+    assert "the limit (bare client)" in with_limit and "torchkube ÷ the limit" in with_limit
+    row = next(
+        line for line in with_limit.splitlines() if "worker Failed → replacement created" in line
+    )
+    assert "2.50×" in row, row  # torchkube 0.05 s ÷ the limit's 0.02 s
+    assert "; the limit: " in with_limit
+    without = blocks.operator_recovery({"operator_recovery": recovery(limit=False)})
+    assert "the limit" not in without
