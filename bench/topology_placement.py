@@ -14,16 +14,16 @@ process per block. Kueue v0.17.0 (testbed.kueue) beside it with a Topology of th
 rack, ``kubernetes.io/hostname``, a ResourceFlavor of the 64 nodes pointing at it, a
 ClusterQueue holding all 512 GPUs (a job never waits for quota) and a LocalQueue.
 
-Every worker takes a whole node (8 GPUs), so where it runs says what placed it. The sizes
+A worker takes a whole node (8 GPUs) unless its size says otherwise, so where it runs says
+what placed it. The sizes
 and what they ask (``--sizes``), chosen so that each asks for something the layout has:
 
 - **4 workers, required rack**: a rack is 4 nodes, so the job fills one rack exactly;
 - **16 workers, required block**: a block is 16 nodes, one block exactly;
-- **64 workers, preferred block**: the whole cluster. No block has room for it, so
-  ``required`` could never start it; ``preferred`` must start it over the fewest blocks (4).
-  The share "in one domain" is 0 by construction here (no domain has room): what the size
-  measures is what asking costs at 64 workers (the scheduler's inter-pod affinity over 64
-  pods, Kueue's placement of 64) and that a preferred job too big for a domain still runs.
+- **64 workers of 2 GPUs, required block**: four workers a node, so a block holds the job
+  exactly (64 whole-node workers would be the whole cluster, which no block has room for):
+  what asking costs at 64 workers, the scheduler's inter-pod affinity over 64 pods and
+  Kueue's placement of 64, packed.
 
 Four ways, rotated trial by trial (bench.common.rotated), size by size: **without Kueue,
 topology** (the job's pod-affinity term, torchkube/operator/topology.py), **without Kueue,
@@ -107,16 +107,18 @@ ASKING = {WITHOUT_NONE: WITHOUT, KUEUE_NONE: KUEUE}
 # ----------------------------------------------------------------------------- the layout
 @dataclass(frozen=True)
 class Size:
-    """A job of the placement case: ``workers`` whole-node workers asking ``mode`` at the
-    level named ``level`` (``rack`` or ``block``)."""
+    """A job of the placement case: ``workers`` workers of ``gpus`` GPUs each (a whole node
+    by default) asking ``mode`` at the level named ``level`` (``rack`` or ``block``)."""
 
     workers: int
     level: str
     mode: str
+    gpus: int = GPUS_PER_NODE
 
     @property
     def label(self) -> str:
-        return f"{self.workers} workers, {self.mode} {self.level}"
+        each = "" if self.gpus == GPUS_PER_NODE else f" of {self.gpus} GPUs"
+        return f"{self.workers} workers{each}, {self.mode} {self.level}"
 
     @property
     def key(self) -> str:
@@ -127,17 +129,23 @@ class Size:
         ``nodes`` nodes, a block ``racks`` racks): the goal of 100 % in one domain holds only
         then."""
         room = nodes if self.level == "rack" else racks * nodes
-        return self.workers <= room
+        return self.workers <= room * (GPUS_PER_NODE // self.gpus)
 
 
 def parse_sizes(text: str) -> list[Size]:
-    """``4:rack:required,16:block:required``: workers, level and mode of each size."""
+    """``4:rack:required,64:block:required:2``: workers, level, mode and optionally the GPUs
+    of each worker (a whole node without)."""
     sizes = []
     for part in text.split(","):
-        workers, level, mode = part.split(":")
-        if level not in LEVELS or mode not in ("required", "preferred"):
-            raise argparse.ArgumentTypeError(f"{part}: level rack|block, mode required|preferred")
-        sizes.append(Size(int(workers), level, mode))
+        workers, level, mode, *gpus = part.split(":")
+        each = int(gpus[0]) if gpus else GPUS_PER_NODE
+        if level not in LEVELS or mode not in ("required", "preferred") or len(gpus) > 1:
+            raise argparse.ArgumentTypeError(
+                f"{part}: workers:level:mode[:gpus], level rack|block, mode required|preferred"
+            )
+        if each < 1 or GPUS_PER_NODE % each:
+            raise argparse.ArgumentTypeError(f"{part}: GPUs a worker must divide {GPUS_PER_NODE}")
+        sizes.append(Size(int(workers), level, mode, each))
     return sizes
 
 
@@ -232,7 +240,7 @@ def trial_job(name: str, size: Size, way: str, pending_timeout: int | None = Non
     """The benchmark's TrainingJob (bench.kube.job_body: whole-node workers on the
     benchmark's nodes) asking for ``size``'s topology unless ``way`` asks none, queued in the
     LocalQueue on Kueue's ways."""
-    body = job_body(name, size.workers, gpus=GPUS_PER_NODE, group=NODE_GROUP)
+    body = job_body(name, size.workers, gpus=size.gpus, group=NODE_GROUP)
     scheduling = body["spec"]["scheduling"]
     if way in (WITHOUT, KUEUE):
         scheduling["topology"] = {"level": size.key, "mode": size.mode}
@@ -777,8 +785,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sizes",
         type=parse_sizes,
-        default=parse_sizes("4:rack:required,16:block:required,64:block:preferred"),
-        help="workers:level:mode of each placement job (level rack or block)",
+        default=parse_sizes("4:rack:required,16:block:required,64:block:required:2"),
+        help="workers:level:mode[:gpus] of each placement job (level rack or block; gpus a "
+        "worker, a whole node without)",
     )
     parser.add_argument("--trials", type=int, default=3, help="per way and size")
     parser.add_argument(

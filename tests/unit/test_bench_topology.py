@@ -45,14 +45,18 @@ def test_a_node_without_the_label_never_makes_a_job_look_packed() -> None:
 
 
 def test_sizes_name_their_level_and_say_whether_one_domain_has_room() -> None:
-    four, sixteen, all_of_it = tp.parse_sizes(
-        "4:rack:required,16:block:required,64:block:preferred"
+    four, sixteen, all_of_it, quarters = tp.parse_sizes(
+        "4:rack:required,16:block:required,64:block:preferred,64:block:required:2"
     )
     assert four.key == tp.RACK and four.label == "4 workers, required rack"
     assert four.fits(racks=4, nodes=4) and sixteen.fits(racks=4, nodes=4)
-    assert not all_of_it.fits(racks=4, nodes=4)
-    with pytest.raises(argparse.ArgumentTypeError):
-        tp.parse_sizes("4:zone:required")
+    assert not all_of_it.fits(racks=4, nodes=4), "64 whole nodes: the cluster, no block"
+    assert quarters.label == "64 workers of 2 GPUs, required block"
+    assert quarters.fits(racks=4, nodes=4), "four a node: one block of 16 nodes holds 64"
+    assert tp.trial_job("j", quarters, tp.KUEUE)["spec"]["resources"]["gpus"] == 2
+    for wrong in ("4:zone:required", "4:rack:required:3", "4:rack:required:2:1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            tp.parse_sizes(wrong)
 
 
 def test_only_the_asking_ways_carry_a_topology_and_only_kueues_a_queue() -> None:
