@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from bench import kubeflow
 from bench.common import LIMIT, log
 from bench.kube import (
+    NodeTimes,
     NodeWatch,
     PodTimes,
     PodWatch,
@@ -214,11 +216,20 @@ def bare_pods(namespace: str, job: str, workers: int, gpus: int, group: str) -> 
     return pods
 
 
+def not_ready_since(node: NodeTimes) -> float:
+    """When ``node`` turned NotReady (wall clock): its Ready condition's lastTransitionTime,
+    the clock an operator's grace runs on (torchkube's does), else when the watch saw it."""
+    if node.transition:
+        return dt.datetime.fromisoformat(node.transition.replace("Z", "+00:00")).timestamp()
+    return node.not_ready_wall or time.time()
+
+
 class Replacer:
     """The least a recovery can do, for one bare job: a pod that failed or was deleted gets a
     new pod in its slot the moment a watch shows it; the pods of a node NotReady for ``grace``
     seconds are force-deleted and replaced then. No accounting, no status, no backoff, one
-    request per replacement: what an operator adds is beyond it. Stopped with the bench."""
+    request per replacement: what an operator adds is beyond it. The grace runs from the
+    node's lastTransitionTime, as an operator's does. Stopped with the bench."""
 
     def __init__(
         self, bench: Stack, core: Any, namespace: str, templates: list[dict[str, Any]],
@@ -249,11 +260,11 @@ class Replacer:
 
     def _due(self) -> list[tuple[PodTimes, bool]]:
         """The pods to replace now, each once: (pod, whether to force-delete it first)."""
-        now = time.monotonic()
+        now = time.time()
         lost_nodes = {
             n.name
             for n in list(self.nodes.nodes.values())
-            if n.not_ready is not None and now - n.not_ready >= self.grace
+            if n.not_ready is not None and now - not_ready_since(n) >= self.grace
         }
         due = []
         for pod in self.pods.pods.values():
