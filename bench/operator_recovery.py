@@ -47,6 +47,7 @@ from pathlib import Path
 from bench.common import (
     LIMIT,
     Figure,
+    Reference,
     Results,
     Target,
     command_line,
@@ -55,7 +56,7 @@ from bench.common import (
     log,
     spread,
 )
-from bench.contenders import BareClient, Contender, Resilience, contenders
+from bench.contenders import PEER, BareClient, Contender, Resilience, contenders
 from bench.kube import NodeWatch, PodTimes, PodWatch, Stack, stack
 from testbed import faults
 from testbed.kwok import NodePool
@@ -232,6 +233,10 @@ class WorkerFaults:
                 row = [mine.name.removesuffix(", torchkube"), spread(mine)]
                 for name, other in zip(names, others, strict=True):
                     assert other.stats is not None and mine.stats is not None
+                    if name == PEER:
+                        mine.reference = Reference(
+                            other.stats.median, f"{PEER}, same run: {fmt(other.stats.median, 's')}"
+                        )
                     ratio = (
                         mine.stats.median / other.stats.median
                         if name == LIMIT

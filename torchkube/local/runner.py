@@ -795,7 +795,7 @@ class LocalRun:
         named = self.chaos.worker
         starting = named is not None and named not in self._training()
         if starting or not self._signal_trainer(record, now, signal.SIGKILL, quiet=True):
-            if self.chaos.worker in (*self.workers, *self.waiting):
+            if named in (*self.workers, *self.waiting):
                 self.chaos.crash_at_steps.insert(0, record.step)
             else:
                 self.out.write(f"\nchaos: no training process to SIGKILL at step {record.step}\n")

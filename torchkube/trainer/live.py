@@ -375,10 +375,9 @@ class LiveRecovery:
             log.info("live: %s: training ended while this group stood by", STANDBY_RELEASED)
             return StandDown(ExitCode.OK, STANDBY_RELEASED)
         self.live = LiveState(model, optimizer, scheduler, state)
-        pg = ProcessGroupNCCL() if self.info.device.type == "cuda" else QuickConnectGloo()
-        self.pg = pg
+        self.pg = ProcessGroupNCCL() if self.info.device.type == "cuda" else QuickConnectGloo()
         self.manager = Manager(
-            pg=pg,
+            pg=self.pg,
             load_state_dict=self.live.load_state_dict,
             state_dict=self.live.state_dict,
             min_replica_size=LIVE_MIN_REPLICA_GROUPS,
