@@ -64,7 +64,7 @@ def test_one_group_trains_checkpoints_and_resumes_from_the_volume(
     assert first["step"] == 6 and first["finished"], first
     assert first["live"]["replicaGroups"] == 1 and first["live"]["gradAccumSteps"] == 2, first
     assert first["lastCheckpointStep"] == 6 and (tmp_path / "step-6").is_dir()
-    assert "live: replica group live-0, rank 0 of 1 replica group" in trainer_log.text
+    assert "live: replica group live-00000, rank 0 of 1 replica group" in trainer_log.text
 
     assert run(spec(9), run_env) == ExitCode.OK
     second = json.loads((tmp_path / "progress.json").read_text())
