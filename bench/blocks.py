@@ -139,6 +139,7 @@ def scale(records: dict[str, Body]) -> str:
     names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
     if f"8 workers, idle: apply → all Running, {LIMIT}" in run.figures:
         names.insert(1, LIMIT)
+    every_pod = "8 workers, idle: apply → all pods Running, torchkube" in run.figures
     rows = []
     for condition in CONDITIONS:
         for n in SIZES:
@@ -153,18 +154,32 @@ def scale(records: dict[str, Body]) -> str:
                     ratio = f"torchkube is {versus(figure, ours, run.cores)} it"
                 else:
                     ratio = versus(ours, figure, run.cores, n if name == "Kubeflow" else None)
+                all_pods = (
+                    [shown(run[f"{n} workers, {condition}: apply → all pods Running, {name}"])]
+                    if every_pod
+                    else []
+                )
                 rows.append(
                     [
                         str(n),
                         condition,
                         label,
                         shown(figure),
+                        *all_pods,
                         trials(figure),
                         loads_of(figure),
                         ratio,
                     ]
                 )
-    headers = ["workers", "", "pods of", "apply → all Running", "trials", "load per trial"]
+    running = ["apply → all workers Running", "all pods Running"] if every_pod else []
+    headers = [
+        "workers",
+        "",
+        "pods of",
+        *(running or ["apply → all Running"]),
+        "trials",
+        "load per trial",
+    ]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     floors = []
     for n in SIZES:

@@ -44,6 +44,9 @@ class Contender(Protocol):
     name: str
     selector: str
     """Label selector of its worker pods."""
+    pod_selector: str
+    """Label selector of every pod of its jobs: the workers and what else a job runs
+    (torchkube's rendezvous store, Kubeflow's Master)."""
     home: str | None
     """The one namespace its operator watches, where all its jobs go; ``None``: it watches
     every namespace and each job may have a fresh one."""
@@ -67,6 +70,14 @@ class Contender(Protocol):
 
     def slot(self, pod: PodTimes) -> str:
         """Which replica a pod is: its replacement has the same slot."""
+        ...
+
+    def is_worker(self, pod: PodTimes) -> bool:
+        """Whether ``pod`` (one of :attr:`pod_selector`'s) is a worker."""
+        ...
+
+    def pod_counts(self, workers: int) -> tuple[int, int]:
+        """A job of ``workers``: how many of its pods are workers, and how many pods in all."""
         ...
 
     def restart(self, bench: Stack) -> None:
@@ -100,6 +111,7 @@ class Torchkube:
     bench: Stack
     name: str = "torchkube"
     selector: str = f"{lbl.ROLE}={lbl.ROLE_WORKER}"
+    pod_selector: str = lbl.JOB_NAME
     home: str | None = None
 
     def submit(
@@ -127,6 +139,12 @@ class Torchkube:
     def slot(self, pod: PodTimes) -> str:
         return pod.labels.get(lbl.REPLICA_INDEX, "")
 
+    def is_worker(self, pod: PodTimes) -> bool:
+        return pod.labels.get(lbl.ROLE) == lbl.ROLE_WORKER
+
+    def pod_counts(self, workers: int) -> tuple[int, int]:
+        return workers, workers + 1  # and its rendezvous store
+
     def restart(self, bench: Stack) -> None:
         bench.restart_operator()
 
@@ -153,6 +171,7 @@ class Kubeflow:
     operator: kubeflow.KubeflowOperator
     name: str = PEER
     selector: str = kubeflow.JOB_LABEL
+    pod_selector: str = kubeflow.JOB_LABEL
     home: str | None = None
 
     def submit(
@@ -180,6 +199,12 @@ class Kubeflow:
         return (
             f"{labels.get(kubeflow.REPLICA_TYPE_LABEL)}-{labels.get(kubeflow.REPLICA_INDEX_LABEL)}"
         )
+
+    def is_worker(self, pod: PodTimes) -> bool:
+        return pod.labels.get(kubeflow.REPLICA_TYPE_LABEL, "").lower() == "worker"
+
+    def pod_counts(self, workers: int) -> tuple[int, int]:
+        return workers - 1, workers  # a Master and workers-1 Workers
 
     def restart(self, bench: Stack) -> None:
         self.operator = self.operator.restarted(bench.api)
@@ -306,6 +331,7 @@ class BareClient:
     bench: Stack
     name: str = LIMIT
     selector: str = BARE_LABEL
+    pod_selector: str = BARE_LABEL
     home: str | None = None
     _sent: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -367,6 +393,12 @@ class BareClient:
 
     def slot(self, pod: PodTimes) -> str:
         return pod.labels.get(lbl.REPLICA_INDEX, "")
+
+    def is_worker(self, pod: PodTimes) -> bool:
+        return True
+
+    def pod_counts(self, workers: int) -> tuple[int, int]:
+        return workers, workers  # no store: the limit of the workers alone
 
     def restart(self, bench: Stack) -> None:
         """Nothing runs between its jobs."""

@@ -26,7 +26,9 @@ Every single-job figure is taken twice: ``idle`` and ``loaded`` (one busy proces
 beside the cluster for the whole condition; see :mod:`bench.load`). A torchkube job of N
 workers is N worker pods plus its rendezvous store pod; a PyTorchJob of N is a Master and N-1
 Workers, their pods carrying the same training (the trainer's command and environment, the
-checkpoint claim mounted). Only worker pods are timed.
+checkpoint claim mounted). created, bound and Running are the worker pods' (Kubeflow's N-1
+Workers: its Master is counted apart, since training-operator creates Master and Workers in
+either order); **all pods Running** adds the rest (torchkube's store, Kubeflow's Master).
 
 Scenarios (``--only``):
 
@@ -52,6 +54,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import kubeflow
@@ -69,7 +72,7 @@ from bench.common import (
     spread,
 )
 from bench.contenders import PEER, Contender, contenders, settle
-from bench.kube import PodWatch, Stack, gpu_pools, stack
+from bench.kube import PodTimes, PodWatch, Stack, gpu_pools, stack
 from bench.load import CONDITIONS, cpu_load
 
 TARGET_RUNNING_IDLE_8 = 0.3
@@ -87,30 +90,50 @@ Key = tuple[str, str, int]
 """(operator, condition, workers)"""
 
 
-def all_created(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
-    return watch.wait(
-        lambda seen: len(seen) >= pods and max(p.seen for p in seen.values()),
-        timeout,
-        f"{pods} worker pods of {what}",
-    )
+def counted_pods(
+    seen: dict[str, PodTimes], which: Callable[[PodTimes], bool] | None
+) -> list[PodTimes]:
+    return [pod for pod in seen.values() if which is None or which(pod)]
 
 
-def all_bound(watch: PodWatch) -> float:
+def all_created(
+    watch: PodWatch,
+    pods: int,
+    timeout: float,
+    what: str,
+    which: Callable[[PodTimes], bool] | None = None,
+) -> float:
+    """When the watch saw the last of ``pods`` pods (those ``which`` accepts, else all)."""
+
+    def last_seen(seen: dict[str, PodTimes]) -> float | None:
+        mine = counted_pods(seen, which)
+        return max(p.seen for p in mine) if len(mine) >= pods else None
+
+    return watch.wait(last_seen, timeout, f"{pods} pods of {what}")
+
+
+def all_bound(watch: PodWatch, which: Callable[[PodTimes], bool] | None = None) -> float:
     """When the scheduler's last binding was seen: created → bound is the scheduler's share,
     bound → Running the node's."""
     with watch.cond:
-        return max(p.bound or 0.0 for p in watch.pods.values())
+        return max(p.bound or 0.0 for p in counted_pods(watch.pods, which))
 
 
-def all_running(watch: PodWatch, pods: int, timeout: float, what: str) -> float:
-    return watch.wait(
-        lambda seen: (
-            sum(p.running is not None for p in seen.values()) >= pods
-            and max(p.running or 0 for p in seen.values())
-        ),
-        timeout,
-        f"{pods} Running workers of {what}",
-    )
+def all_running(
+    watch: PodWatch,
+    pods: int,
+    timeout: float,
+    what: str,
+    which: Callable[[PodTimes], bool] | None = None,
+) -> float:
+    """When the watch saw the last of ``pods`` pods (those ``which`` accepts, else all)
+    Running."""
+
+    def last_running(seen: dict[str, PodTimes]) -> float | None:
+        started = [p.running for p in counted_pods(seen, which) if p.running is not None]
+        return max(started) if len(started) >= pods else None
+
+    return watch.wait(last_running, timeout, f"{pods} Running pods of {what}")
 
 
 SPENT = {
@@ -174,6 +197,7 @@ class SideBySide:
         self.sizes, self.conditions, self.label = sizes, conditions, label
         self.created: dict[Key, Figure] = {}
         self.running: dict[Key, Figure] = {}
+        self.every_pod: dict[Key, Figure] = {}
         self.bound: dict[Key, Figure] = {}
         self.per_pod: dict[Key, Figure] = {}
         self.cpu: dict[Key, Figure] = {}
@@ -194,6 +218,7 @@ class SideBySide:
                 "s",
                 target=Target(TARGET_RUNNING_IDLE_8) if idle_8 else None,
             )
+            self.every_pod[key] = results.figure(f"{title}: apply → all pods Running, {name}", "s")
         for key in self.keys():
             name, condition, n = key
             title = f"{n} workers{label}, {condition}"
@@ -228,24 +253,29 @@ class SideBySide:
     ) -> None:
         namespace = contender.home or bench.namespace(f"scale{workers}")
         name = f"job{workers}"
+        worker_pods, pods = contender.pod_counts(workers)
+        is_worker = contender.is_worker
         requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
-        with PodWatch(bench.api, namespace, contender.selector) as watch:
+        with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             load = load_average()
             used_before = self._cpu_used(bench, contender)
             started = time.monotonic()
             contender.submit(bench, namespace, name, workers)
             timeout = 120 + workers
-            created = all_created(watch, workers, timeout, contender.name) - started
-            running = all_running(watch, workers, timeout, contender.name) - started
+            what = f"{contender.name}'s job of {workers}"
+            created = all_created(watch, worker_pods, timeout, what, is_worker) - started
+            running = all_running(watch, worker_pods, timeout, what, is_worker) - started
             used = self._cpu_used(bench, contender, used_before)
-            bound = all_bound(watch) - started
-            extra = len(watch.pods) - workers
+            every_pod = all_running(watch, pods, timeout, what) - started
+            bound = all_bound(watch, is_worker) - started
+            extra = len(watch.pods) - pods
         settle(contender)
         requests = contender.requests() - requests_before
         cpu = contender.cpu_seconds() - cpu_before
         log(
             f"{contender.name}, {condition}, {workers} workers{self.label}: created "
-            f"{created:.2f}s, bound {bound:.2f}s, Running {running:.2f}s, {requests:.0f} requests,"
+            f"{created:.2f}s, bound {bound:.2f}s, Running {running:.2f}s (all {pods} pods "
+            f"{every_pod:.2f}s), {requests:.0f} requests,"
             f" CPU {cpu:.2f}s"
             + (f", {extra} EXTRA pods" if extra else "")
             + ("" if record else " (warm-up, not recorded)")
@@ -254,6 +284,7 @@ class SideBySide:
             key = (contender.name, condition, workers)
             self.created[key].add(created, load)
             self.running[key].add(running, load)
+            self.every_pod[key].add(every_pod, load)
             self.bound[key].add(bound, load)
             self.per_pod[key].add(requests / workers, load)
             self.cpu[key].add(cpu, load)
@@ -267,6 +298,9 @@ class SideBySide:
                     "all_created_s": round(created, 3),
                     "all_bound_s": round(bound, 3),
                     "all_running_s": round(running, 3),
+                    "worker_pods": worker_pods,
+                    "pods": pods,
+                    "all_pods_running_s": round(every_pod, 3),
                     "extra_pods": extra,
                     "requests": requests,
                     "operator_cpu_s": round(cpu, 2),
@@ -283,6 +317,7 @@ class SideBySide:
         shows every operator's medians and ranges, another the bound times, another where the
         CPU went."""
         self.cpu_table()
+        self.every_pod_table()
         self.against_limit()
         peers = [name for name in self.names if name not in ("torchkube", LIMIT)]
         if PEER not in peers:
@@ -329,6 +364,23 @@ class SideBySide:
             f"apply → all workers bound to a node{self.label} (the scheduler's part done; "
             "Running adds the nodes'): median [min – max]"
         ] = (["load", "workers", "torchkube", *peers, *ratios], bound_rows)
+
+    def every_pod_table(self) -> None:
+        """Every contender's workers and all its pods side by side: a job's other pods
+        (torchkube's rendezvous store, Kubeflow's Master) can come before or after its
+        workers, and a Master created last holds the training back as much as a worker."""
+        rows = []
+        for condition in self.conditions:
+            for n in self.sizes:
+                cells = []
+                for name in self.names:
+                    key = (name, condition, n)
+                    cells += [spread(self.running[key]), spread(self.every_pod[key])]
+                rows.append([condition, str(n), *cells])
+        header = [f"{name}: {part}" for name in self.names for part in ("workers", "all pods")]
+        self.results.tables[
+            f"apply → all workers Running and all pods Running{self.label}: median [min – max]"
+        ] = (["load", "workers", *header], rows)
 
     def against_limit(self) -> None:
         """torchkube ÷ the bare client (the same pods, no operator), of the medians, against
@@ -568,8 +620,11 @@ def notes(args: argparse.Namespace) -> list[str]:
     if single:
         out += [
             "created/Running: from the job create request to the last worker pod seen by a "
-            "watch (created) and seen Running; node creation is not timed; one 8-worker warm-up "
-            "job per operator and cluster is not counted",
+            "watch (created) and seen Running (Kubeflow's workers: its N-1 Worker pods, the "
+            "Master counted apart); all pods Running: the last of every pod of the job "
+            "(torchkube's N workers and its rendezvous store, Kubeflow's Master and N-1 "
+            f"Workers, the {LIMIT}'s N pods); node creation is not timed; one 8-worker "
+            "warm-up job per operator and cluster is not counted",
             "both operators run at once on one cluster, jobs alternating in an order that "
             "rotates trial by trial (and size by size), so none always goes first; idle: "
             "nothing else added; loaded: one busy process per core beside the cluster "
