@@ -182,13 +182,19 @@ def scale(records: dict[str, Body]) -> str:
     ]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     floors = []
+    trial_keys = ["all Running"] + (["all pods Running"] if every_pod else [])
     for n in SIZES:
-        key = f"{n} workers, {{}}: apply → all Running, Kubeflow"
-        each = "; ".join(
-            ", ".join(fmt(v, "s") for v in run[key.format(c)]["values"]) for c in CONDITIONS
-        )
         pods, both = throttle(n, qps, burst), throttle(2 * n, qps, burst)
-        floors.append([str(n), fmt(pods, "s"), fmt(both, "s"), each])
+        each = [
+            "; ".join(
+                ", ".join(
+                    fmt(v, "s") for v in run[f"{n} workers, {c}: apply → {k}, Kubeflow"]["values"]
+                )
+                for c in CONDITIONS
+            )
+            for k in trial_keys
+        ]
+        floors.append([str(n), fmt(pods, "s"), fmt(both, "s"), *each])
     targets = [
         "8 workers, idle: apply → all Running, torchkube",
         "512 workers, idle: apply → all created, torchkube",
@@ -214,7 +220,11 @@ def scale(records: dict[str, Body]) -> str:
                     "workers",
                     "N pod creates",
                     "N pods and N Services",
-                    "its trials (idle; loaded)",
+                    *(
+                        ["its trials, all Workers (idle; loaded)", "its trials, all pods"]
+                        if every_pod
+                        else ["its trials (idle; loaded)"]
+                    ),
                 ],
                 floors,
             ),
