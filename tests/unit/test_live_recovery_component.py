@@ -1,15 +1,21 @@
 """Live recovery: the checkpoint folder belongs to the writer group alone. Every group of a
 job that starts from the volume reads the newest checkpoint; if the group that does not
 write also claimed the folder while reading, it could do so after the writer (on a loaded
-machine it is a step behind), and the writer's own next save would be fenced off."""
+machine it is a step behind), and the writer's own next save would be fenced off.
+
+And a step whose commit vote a lost group broke is finished among the survivors with the
+gradients already computed."""
 
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+from torch import nn
+
 from torchkube.api.contract import LiveProgress
 from torchkube.elastic.heartbeat import Heartbeat
 from torchkube.trainer.checkpoint import TrainState
-from torchkube.trainer.live import LiveRecovery, QuorumMembers
+from torchkube.trainer.live import REDUCTION_QUORUMS, LiveRecovery, QuorumMembers
 from torchkube.trainer.recovery import Place
 
 
@@ -100,3 +106,88 @@ def test_the_quorums_members_are_read_from_the_lighthouses_answer_by_slot() -> N
     assert manager._client._quorum(step=4) is answer
     assert members.slots == [0, 3, 12] and members.max_step == 7
     assert manager._client.should_commit() is True  # everything else reaches torchft's client
+
+
+class Votes:
+    """A Manager through a step whose group is lost during the reduction: the reduction
+    scribbles on its buffer and the vote is lost ``lost`` times; each quorum after one has a
+    group fewer, and its reduction averages with that quorum's other survivor."""
+
+    def __init__(self, lost: int, ahead: bool = False) -> None:
+        self.lost, self.quorums, self.groups = lost, 0, 3
+        self.step, self.ahead = 5, ahead
+
+    def start_quorum(self) -> None:
+        self.quorums += 1
+        self.groups = 2
+        if self.ahead:  # a peer committed the step: this group copies its state
+            self.step += 1
+
+    def allreduce(self, tensor: Any) -> Any:
+        if self.lost:
+            tensor.add_(1000.0)
+        else:
+            tensor.add_(2.0).div_(2)
+        return SimpleNamespace(wait=lambda: None)
+
+    def should_commit(self) -> bool:
+        if self.lost:
+            self.lost -= 1
+            return False
+        return True
+
+    def num_participants(self) -> int:
+        return self.groups
+
+    def participating_rank(self) -> int:
+        return 0
+
+    def current_step(self) -> int:
+        return self.step
+
+
+def recovery_reducing(lost: int, ahead: bool = False) -> tuple[Any, nn.Module]:
+    recovery = recovery_at_start(0)
+    recovery.manager = Votes(lost, ahead)
+    recovery.pg, recovery.ckpt = None, Folder()
+    recovery.live.state.step = 5
+    model = nn.Linear(2, 1)
+    model(torch.ones(3, 2)).sum().backward()
+    return recovery, model
+
+
+def test_a_lost_vote_is_taken_again_after_the_same_reduction_among_the_survivors() -> None:
+    """The step's gradients are not computed again: the next quorum reduces the ones this
+    group computed (not the half-summed buffer the broken reduction left) and commits."""
+    recovery, model = recovery_reducing(lost=1)
+    own = [p.grad.clone() for p in model.parameters()]
+    recovery.reduce(model)
+    assert recovery.commit() is True
+    assert recovery.manager.quorums == 1
+    for param, mine in zip(model.parameters(), own, strict=True):
+        assert param.grad is not None and param.grad.allclose((mine + 2.0) / 2)
+    assert recovery.record.discarded_steps == 1
+    assert recovery.record.steps_finished_among_survivors == 1
+    assert recovery.record.replica_groups == 2
+
+
+def test_a_step_whose_votes_are_lost_in_every_quorum_tried_is_computed_again() -> None:
+    recovery, model = recovery_reducing(lost=REDUCTION_QUORUMS)
+    recovery.reduce(model)
+    assert recovery.commit() is False
+    assert recovery.manager.quorums == REDUCTION_QUORUMS - 1
+    assert recovery.record.discarded_steps == REDUCTION_QUORUMS
+    assert recovery.record.steps_finished_among_survivors == 0
+
+
+def test_a_group_whose_next_quorum_is_ahead_computes_that_quorums_step_afresh() -> None:
+    """A peer whose reduction had finished committed the step; this group copies its state in
+    the next quorum, so the gradients it holds belong to a step it has passed: no reduction of
+    them, and the step it computes next is that quorum's, with no quorum taken again."""
+    recovery, model = recovery_reducing(lost=1, ahead=True)
+    recovery.reduce(model)
+    assert recovery.commit() is False
+    assert recovery.manager.quorums == 1
+    assert recovery.record.steps_finished_among_survivors == 0
+    recovery.begin_step()
+    assert recovery.manager.quorums == 1

@@ -110,6 +110,9 @@ class ChaosPhase(StrEnum):
     """A live group handing its state to a joining group (the joiner waits for it)."""
     RECEIVING_STATE = "receiving-state"
     """A joining group that has received a peer's state and not yet taken it."""
+    REDUCING = "reducing"
+    """A training group with its step's gradients computed, not yet in the cross-group
+    reduction: its peers' reduction fails, mid-step."""
     COMMITTING_CHECKPOINT = "committing-checkpoint"
     """The writer group's rank 0 with a checkpoint written and marked, not yet renamed into
     place."""
@@ -347,8 +350,15 @@ class LiveProgress(BaseModel):
     discarded_steps: int = Field(
         default=0,
         ge=0,
-        description="Step attempts this group did not commit (a peer failed mid-step); the "
-        "step counter stays, the step is tried again at the new size.",
+        description="Commit votes this group lost (a peer failed mid-step); the step counter "
+        "stays, and the step's reduction is done again in the next quorum (after "
+        "several lost votes, the step is computed again).",
+    )
+    steps_finished_among_survivors: int = Field(
+        default=0,
+        ge=0,
+        description="Steps committed after a lost vote by reducing the gradients already "
+        "computed again among the next quorum's groups, instead of computing the step again.",
     )
     joined_from_peer_step: int | None = Field(
         default=None, description="The step whose live state this group copied from a peer."

@@ -14,7 +14,9 @@ across pods goes through torchft's Manager instead (its fault-tolerant all-reduc
 begins with a quorum of the replica groups alive, formed by torchft's Lighthouse. So:
 
 * a group that dies mid-step fails the step's all-reduce; the survivors do not commit that
-  attempt (the step counter stays), and from the next quorum on they train without it;
+  attempt (the step counter stays), but they keep the gradients they computed: the next
+  quorum, without the lost group, reduces those again and commits the step, and they train
+  on without it;
 * the global batch stays the spec's: it is dealt out over the groups of the current quorum
   (``data.Layout``), so fewer groups accumulate more micro-batches each;
 * a group that starts while others train (the lost pod's replacement) is behind the quorum's
@@ -90,6 +92,10 @@ QUORUM_TIMEOUT = timedelta(seconds=120)
 heartbeat have asked, so this only bounds a Lighthouse that is away — its pod replaced (a pod
 start), or its node lost at the defaults (about 40 s to NotReady, ``nodeLostGraceSeconds``
 30 s, then a pod start). Past it the groups restart from the newest checkpoint."""
+REDUCTION_QUORUMS = 3
+"""How many quorums a step's reduction is tried in before the step is computed again: a group
+lost mid-step fails the vote once, its survivors' next quorum finishes the step; a second
+loss before that quorum's vote costs one more."""
 LIGHTHOUSE_RETRY = timedelta(seconds=0.5)
 """How often a group asks again for a quorum the Lighthouse could not answer (it is away)."""
 QUORUM_RETRIES = round(QUORUM_TIMEOUT / LIGHTHOUSE_RETRY) - 1
@@ -219,16 +225,29 @@ def replica_store() -> tuple[str, int, dist.TCPStore | None]:
     return "127.0.0.1", store.port, store
 
 
-def average_gradients(manager: Any, model: nn.Module) -> None:
-    """Average the accumulated gradients over the quorum's groups, in one message, through
-    the Manager: a peer lost during it fails the step's commit vote instead of the process.
-    (torchft's DDP wrapper would overlap this with the backward pass, but its comm hook fails an
-    assertion when the all-reduce errors, which is exactly the case that matters here.)"""
-    grads = [local_shards(p.grad) for p in model.parameters() if p.grad is not None]
+def local_gradients(model: nn.Module) -> list[torch.Tensor]:
+    """This process's gradients (its shards under FSDP), as the backward passes left them."""
+    return [local_shards(p.grad) for p in model.parameters() if p.grad is not None]
+
+
+def all_reduced(manager: Any, grads: list[torch.Tensor]) -> torch.Tensor | None:
+    """``grads`` averaged over the quorum's groups, in one message, through the Manager, into
+    a buffer of their own: a peer lost during it fails the step's commit vote instead of the
+    process, and the gradients keep this group's values until the step commits, so the
+    reduction can be done again among the survivors. (torchft's DDP wrapper would overlap
+    this with the backward pass, but its comm hook fails an assertion when the all-reduce
+    errors, which is exactly the case that matters here.)"""
     if not grads:
-        return
+        return None
     flat = torch.cat([g.reshape(-1) for g in grads])
     manager.allreduce(flat).wait()
+    return flat
+
+
+def write_back(grads: list[torch.Tensor], flat: torch.Tensor | None) -> None:
+    """The averaged gradients into the model's, for the optimizer."""
+    if flat is None:
+        return
     offset = 0
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
@@ -292,10 +311,13 @@ class QuorumMembers:
         return getattr(self._client, name)
 
 
+def describe_groups(groups: int) -> str:
+    return f"{groups} replica group{'s' if groups != 1 else ''}"
+
+
 def describe_split(groups: int, layout: Layout) -> str:
     return (
-        f"{groups} replica group{'s' if groups != 1 else ''}, {layout.describe()} "
-        f"(global batch {layout.global_batch_size})"
+        f"{describe_groups(groups)}, {layout.describe()} (global batch {layout.global_batch_size})"
     )
 
 
@@ -340,6 +362,8 @@ class LiveRecovery:
         self._quorum_taken = False  # the first quorum, taken by join(), serves the first step
         self._attempt_began: float | None = None  # the first attempt at the step to commit
         self._quorum = self._allreduce = self._vote = 0.0
+        self._grads: list[torch.Tensor] = []
+        self._reduced: torch.Tensor | None = None
         self.steps_done = 0
 
     def checkpoint_env(self, run_env: RunEnv) -> RunEnv:
@@ -432,11 +456,14 @@ class LiveRecovery:
         if self._quorum_taken:
             self._quorum_taken = False
             return self._place
+        self._quorum_and_place()
+        return self._place
+
+    def _quorum_and_place(self) -> None:
         self._take_quorum()
         self._note_peer_copy()
         self._start_if_none_ahead()
         self._arrange()
-        return self._place
 
     def _start_if_none_ahead(self) -> None:
         """A group whose first copy broke off has no state of its own yet (not even its
@@ -475,19 +502,54 @@ class LiveRecovery:
         self._quorum = time.monotonic() - began
 
     def reduce(self, model: nn.Module) -> None:
+        hold_if_armed(ChaosPhase.REDUCING)
+        self._grads = local_gradients(model)
+        self._reduce()
+
+    def _reduce(self) -> None:
         began = time.monotonic()
-        average_gradients(self.manager, model)
+        self._reduced = all_reduced(self.manager, self._grads)
         self._allreduce = time.monotonic() - began
 
     def commit(self) -> bool:
-        began = time.monotonic()
-        if not self.manager.should_commit():
-            self._discarded()
-            if isinstance(self.pg, QuickConnectGloo):  # NCCL's torchft aborts on error itself
-                error = self.manager.errored()
-                self.pg.close_after_error(getattr(error, "original_exception", error))
+        """The commit vote; a vote lost to a group that failed mid-step is taken again, up to
+        :data:`REDUCTION_QUORUMS` times, after the same reduction in the next quorum: the
+        survivors' gradients are still theirs (:func:`all_reduced`), so the step is finished
+        among them with the quorum's global batch less the lost group's share, instead of
+        being computed again. A group that finds the quorum ahead of it (a peer committed
+        the step) copies that peer's state there, as a joiner does: its gradients belong to
+        a step it has passed, so it computes the quorum's step afresh, in that quorum."""
+        try:
+            for attempt in range(REDUCTION_QUORUMS):
+                if attempt > 0 and not self._reduced_in_next_quorum():
+                    return False
+                began = time.monotonic()
+                if self.manager.should_commit():
+                    self._vote = time.monotonic() - began
+                    write_back(self._grads, self._reduced)
+                    if attempt > 0:
+                        self._finished_among_survivors()
+                    return True
+                self._lost_vote(again=attempt + 1 < REDUCTION_QUORUMS)
             return False
-        self._vote = time.monotonic() - began
+        finally:
+            self._grads, self._reduced = [], None
+
+    def _lost_vote(self, again: bool) -> None:
+        self._discarded(again)
+        if isinstance(self.pg, QuickConnectGloo):  # NCCL's torchft aborts on error itself
+            error = self.manager.errored()
+            self.pg.close_after_error(getattr(error, "original_exception", error))
+
+    def _reduced_in_next_quorum(self) -> bool:
+        """The step's reduction again, in the next quorum; False when that quorum was ahead
+        and this group copied its state: the quorum's step is then computed afresh."""
+        step = self.manager.current_step()
+        self._quorum_and_place()
+        if self.manager.current_step() != step:
+            self._quorum_taken = True  # the next attempt is this quorum's step
+            return False
+        self._reduce()
         return True
 
     def committed(self, state: TrainState) -> None:
@@ -586,15 +648,28 @@ class LiveRecovery:
             )
         self.publish()
 
-    def _discarded(self) -> None:
+    def _discarded(self, again: bool) -> None:
         self.record = self.record.model_copy(
             update={"discarded_steps": self.record.discarded_steps + 1}
         )
         assert self.live is not None
         log.warning(
-            "live: step %d not committed (a replica group failed during it): the step counter "
-            "stays and the step is tried again with the next quorum",
+            "live: step %d not committed (a replica group failed during it): %s",
             self.live.state.step + 1,
+            "its reduction is done again among the next quorum's groups, with the gradients "
+            "already computed"
+            if again
+            else "the step counter stays and the step is computed again with the next quorum",
+        )
+
+    def _finished_among_survivors(self) -> None:
+        finished = self.record.steps_finished_among_survivors + 1
+        self.record = self.record.model_copy(update={"steps_finished_among_survivors": finished})
+        assert self.live is not None
+        log.info(
+            "live: step %d committed among %s without computing it again",
+            self.live.state.step + 1,
+            describe_groups(self.record.replica_groups),
         )
 
     def _timed(self, seconds: float) -> None:

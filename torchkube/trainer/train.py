@@ -162,7 +162,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             recovery.reduce(model)
             committed = recovery.commit()
             stop_now, save_now = agreement.result()
-            if not committed:  # live: a group was lost during it; the step is tried again
+            if not committed:  # live: groups lost in every quorum tried; computed again
                 optimizer.zero_grad(set_to_none=True)
                 if not stop_now:
                     continue
@@ -185,7 +185,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                     with heartbeat.pausing("evaluation"):
                         report.eval(state, evaluate(model, eval_data, spec, info, workload.loss_fn))
             ckpt.poll()
-            if here.writer:  # live: the writer group alone
+            if recovery.place().writer:  # live: the writer group of the step's last quorum
                 with heartbeat.pausing("checkpoint"):
                     if state.step == spec.steps:
                         ckpt.save(state.step, blocking=True)
@@ -203,10 +203,10 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             log.warning(
                 "stopped at step %d after the emergency checkpoint (step-%s)",
                 state.step,
-                ckpt.last_step if here.writer else "written by the writer group",
+                ckpt.last_step if recovery.place().writer else "written by the writer group",
             )
             return 128 + (stop.signum or signal.SIGTERM)
-        if spec.export_format == "hf" and info.is_main and here.writer:
+        if spec.export_format == "hf" and info.is_main and recovery.place().writer:
             with heartbeat.pausing("export"):  # minutes for a large model: not a hang
                 export_final(spec, run_env, ckpt.last_step)
         report.finished(state)
