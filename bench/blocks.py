@@ -363,6 +363,7 @@ def queued(records: dict[str, Body]) -> str:
     """queued_start: every contender through Kueue, admitted and all Running."""
     run = Run("queued_start", records["queued_start"])
     names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
+    all_pods = "8 workers through Kueue: apply → all pods Running, torchkube" in run.figures
     rows = []
     for n in SIZES:
         key = f"{n} workers through Kueue: apply → {{}}, {{}}"
@@ -377,7 +378,8 @@ def queued(records: dict[str, Body]) -> str:
                 if name == "torchkube"
                 else versus(ours, running, run.cores, n if name == "Kubeflow" else None)
             )
-            rows.append([str(n), label, shown(admission), shown(running)])
+            every_pod = [shown(run[key.format("all pods Running", name)])] if all_pods else []
+            rows.append([str(n), label, shown(admission), shown(running), *every_pod])
             rows[-1] += [trials(running), loads_of(running), ratio]
     trial_rows = run.body["extra"]["trials"]
     slowest = max(trial_rows, key=lambda t: t["admitted_s"])
@@ -395,7 +397,11 @@ def queued(records: dict[str, Body]) -> str:
                     "workers",
                     "job of",
                     "apply → Workload admitted",
-                    "apply → all Running",
+                    *(
+                        ["apply → all workers Running", "all pods Running"]
+                        if all_pods
+                        else ["apply → all Running"]
+                    ),
                     "trials",
                     "load per trial",
                     "÷ torchkube, all Running",

@@ -23,7 +23,9 @@ Workloads and worker pods:
 - **admitted**: job create sent → its Workload first seen ``Admitted`` (the operator's or
   Kueue's jobframework's Workload made, Kueue's scheduler admits it);
 - **created**: → the last worker pod seen;
-- **Running**: → the last worker seen ``Running``.
+- **Running**: → the last worker seen ``Running`` (Kubeflow's workers: its N-1 Workers);
+- **all pods Running**: → the last pod of the job seen ``Running`` (torchkube's rendezvous
+  store and Kubeflow's Master too).
 
 The load average is taken at each trial's start and end; the peers' client limits, which pace
 them, are written beside the figures (bench/kubeflow.py).
@@ -164,6 +166,7 @@ class QueuedStart:
         self.admitted: dict[Key, Figure] = {}
         self.created: dict[Key, Figure] = {}
         self.running: dict[Key, Figure] = {}
+        self.every_pod: dict[Key, Figure] = {}
         self.kueue_cpu: dict[Key, list[float]] = {}
         self.operator_cpu: dict[Key, list[float]] = {}
         for n in sizes:
@@ -178,6 +181,9 @@ class QueuedStart:
                 self.running[key] = results.figure(
                     f"{title}: apply → all Running, {player.name}", "s"
                 )
+                self.every_pod[key] = results.figure(
+                    f"{title}: apply → all pods Running, {player.name}", "s"
+                )
                 self.kueue_cpu[key], self.operator_cpu[key] = [], []
 
     def trial(self, bench: Stack, contender: Contender, workers: int, record: bool = True) -> None:
@@ -185,9 +191,11 @@ class QueuedStart:
         ensure_local_queue(bench, namespace)
         wait_quota_free(bench)
         name = f"job{workers}"
+        worker_pods, every = contender.pod_counts(workers)
+        is_worker = contender.is_worker
         cpu_before = contender.cpu_seconds()
         with (
-            PodWatch(bench.api, namespace, contender.selector) as pods,
+            PodWatch(bench.api, namespace, contender.pod_selector) as pods,
             WorkloadWatch(bench.api, namespace) as queued,
         ):
             load = load_average()
@@ -196,15 +204,18 @@ class QueuedStart:
             contender.submit(bench, namespace, name, workers, queue=QUEUE)
             timeout = 120 + workers
             admitted = queued.wait_admitted(timeout, contender.name) - started
-            created = all_created(pods, workers, timeout, contender.name) - started
-            running = all_running(pods, workers, timeout, contender.name) - started
+            what = f"{contender.name}'s job of {workers}"
+            created = all_created(pods, worker_pods, timeout, what, is_worker) - started
+            running = all_running(pods, worker_pods, timeout, what, is_worker) - started
             kueue = bench.component_cpu_seconds().get("kueue", 0.0) - kueue_before
+            every_pod = all_running(pods, every, timeout, what) - started
             load_end = load_average()
         settle(contender)
         cpu = contender.cpu_seconds() - cpu_before
         log(
             f"{contender.name}, {workers} workers through Kueue: admitted {admitted:.2f}s, "
-            f"created {created:.2f}s, Running {running:.2f}s, Kueue CPU {kueue:.2f}s, "
+            f"created {created:.2f}s, Running {running:.2f}s (all {every} pods "
+            f"{every_pod:.2f}s), Kueue CPU {kueue:.2f}s, "
             f"operator CPU {cpu:.2f}s, load {load:.1f} → {load_end:.1f}"
             + ("" if record else " (warm-up, not recorded)")
         )
@@ -213,6 +224,7 @@ class QueuedStart:
             self.admitted[key].add(admitted, load)
             self.created[key].add(created, load)
             self.running[key].add(running, load)
+            self.every_pod[key].add(every_pod, load)
             self.kueue_cpu[key].append(kueue)
             self.operator_cpu[key].append(cpu)
             self.results.extra.setdefault("trials", []).append(
@@ -222,6 +234,9 @@ class QueuedStart:
                     "admitted_s": round(admitted, 3),
                     "all_created_s": round(created, 3),
                     "all_running_s": round(running, 3),
+                    "worker_pods": worker_pods,
+                    "pods": every,
+                    "all_pods_running_s": round(every_pod, 3),
                     "kueue_cpu_s": round(kueue, 2),
                     "operator_cpu_s": round(cpu, 2),
                     "load_at_start": load,
@@ -249,6 +264,7 @@ class QueuedStart:
                         spread(self.admitted[key]),
                         spread(self.created[key]),
                         spread(self.running[key]),
+                        spread(self.every_pod[key]),
                         ratio_of_medians(self.running[key], ours) if player.name in peers else "",
                         fmt(median_of(self.kueue_cpu[key]), "s"),
                         fmt(median_of(self.operator_cpu[key]), "s"),
@@ -263,7 +279,8 @@ class QueuedStart:
                 "job of",
                 "admitted",
                 "all created",
-                "all Running",
+                "all workers Running",
+                "all pods Running",
                 "÷ torchkube",
                 "Kueue CPU",
                 "operator CPU",
@@ -344,7 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     results.notes += [
         "admitted/created/Running: from the job create request to its Workload first seen "
-        "Admitted, the last worker pod seen, and seen Running (watches); one 8-worker warm-up "
+        "Admitted, the last worker pod seen, and seen Running (watches; Kubeflow's workers are "
+        "its N-1 Workers, its Master counted apart); all pods Running: every pod of the job "
+        "(torchkube's rendezvous store, Kubeflow's Master); one 8-worker warm-up "
         "job per contender is not counted; load: 1-minute load average at each trial's start "
         "(the table's range; start and end of each trial in the JSON)",
         "Kueue v0.17.0 built from source, as a process; integrations.frameworks "
