@@ -40,6 +40,9 @@ faults it injected, never from a pace:
 - *training efficiency*: the undisturbed run's seconds per step (its first step to its last)
   ÷ this run's (same trial, same seed);
 - *goodput*: the time spent training steps that were kept ÷ the wall time (start-up included);
+- *steps finished among the survivors*: the steps whose vote a lost group broke that the
+  survivors' next quorum committed with the gradients already computed (``live: step N
+  committed among``, distinct steps);
 - *steps computed twice*, and *starts from a checkpoint*: the groups that began from the
   newest checkpoint because no live peer was ahead (``live: no live peer ahead; resumed from``
   in their logs) — every group lost at once, or, as each undisturbed run here shows once, a
@@ -58,6 +61,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import tempfile
 import threading
 import time
@@ -116,6 +120,8 @@ LIGHTHOUSE_FAULT, STARTING_FAULT, TRAINING_FAULT = (
     "a training group (mid-step, between steps, or saving)",
 )
 NO_PEER = "live: no live peer ahead; resumed from"
+FINISHED = re.compile(r"live: step (\d+) committed among \d+ replica groups? without computing")
+"""A step whose vote a lost group broke, committed by the survivors' next quorum."""
 
 
 def job(args: argparse.Namespace, seed: int, spares: int = 0) -> TrainingJob:
@@ -182,7 +188,9 @@ def run_once(args: argparse.Namespace, way: Way, seed: int) -> dict[str, Any]:
         load = load_average()
         logs = sorted(run.log_dir.glob("worker-*.log"))
         seen = timeline.Timeline.of(logs)
-        whole_job = sum(path.read_text().count(NO_PEER) for path in logs)
+        texts = [path.read_text() for path in logs]
+        whole_job = sum(text.count(NO_PEER) for text in texts)
+        finished = {int(step) for text in texts for step in FINISHED.findall(text)}
     found = timeline.figures(seen, launched)
     commits = sum(1 for e in seen.events if e.kind == "commit")
     discards = sum(1 for e in seen.events if e.kind == "discard")
@@ -211,6 +219,7 @@ def run_once(args: argparse.Namespace, way: Way, seed: int) -> dict[str, Any]:
         ),
         "goodput": found.goodput if found else None,
         "steps_computed_twice": found.steps_computed_twice if found else None,
+        "steps_finished_among_survivors": len(finished),
         "whole_job_restarts": whole_job,
         "final_loss": summary.loss,
         "wall_seconds": summary.wall_seconds,
@@ -325,6 +334,7 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
                 fmt_share(t["committed_share"]),
                 fmt_share(t["goodput"]),
                 str(t["steps_computed_twice"]),
+                str(t.get("steps_finished_among_survivors", "–")),
                 str(t["whole_job_restarts"]),
                 "–" if t["final_loss"] is None else f"{t['final_loss']:.4f}",
                 outcome(t),
@@ -341,6 +351,7 @@ def tables(results: Results, trials: list[dict[str, Any]]) -> None:
             "steps committed",
             "goodput",
             "steps computed twice",
+            "steps finished among the survivors",
             "starts from a checkpoint",
             "final loss",
             "outcome",
