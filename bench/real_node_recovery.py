@@ -46,7 +46,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure, Reference, Results, Target, command_line, load_average, log
+from bench.common import (
+    Figure,
+    Reference,
+    Results,
+    Target,
+    command_line,
+    load_average,
+    log,
+    rotated,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER_TAG = "torchkube/trainer:test"  # the tests' image: one archive, one import
@@ -343,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
             figures[case]["recorded"] = results.figure(f"{labels[case]}: Hang in the status", "s")
     with bench_cluster() as bench:
         for index in range(args.trials):
-            for case in cases:
+            for case in rotated(cases, index):
                 run_trial(bench, case, index, figures[case])
     if "spare" in figures:
         spare = figures["spare"]["again"]
@@ -359,7 +368,8 @@ def main(argv: list[str] | None = None) -> None:
         "training again: the fault → the first progress report past the checkpoint the resumed "
         "round started from, at world size 2 (progress.json read every 0.1 s from the fault on, "
         "beside and independently of the pod's end and the status)",
-        "trials alternate between the cases; load average: the 1-minute one at each figure",
+        "trials alternate between the cases, in an order that rotates trial by trial; load "
+        "average: the 1-minute one at each figure",
     ]
     results.extra["load_average_end"] = load_average()
     results.write()
