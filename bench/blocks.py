@@ -139,7 +139,7 @@ def scale(records: dict[str, Body]) -> str:
     names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
     if f"8 workers, idle: apply → all Running, {LIMIT}" in run.figures:
         names.insert(1, LIMIT)
-    every_pod = "8 workers, idle: apply → all pods Running, torchkube" in run.figures
+    has_all_pods = "8 workers, idle: apply → all pods Running, torchkube" in run.figures
     rows = []
     for condition in CONDITIONS:
         for n in SIZES:
@@ -156,7 +156,7 @@ def scale(records: dict[str, Body]) -> str:
                     ratio = versus(ours, figure, run.cores, n if name == "Kubeflow" else None)
                 all_pods = (
                     [shown(run[f"{n} workers, {condition}: apply → all pods Running, {name}"])]
-                    if every_pod
+                    if has_all_pods
                     else []
                 )
                 rows.append(
@@ -171,7 +171,7 @@ def scale(records: dict[str, Body]) -> str:
                         ratio,
                     ]
                 )
-    running = ["apply → all workers Running", "all pods Running"] if every_pod else []
+    running = ["apply → all workers Running", "all pods Running"] if has_all_pods else []
     headers = [
         "workers",
         "",
@@ -182,7 +182,7 @@ def scale(records: dict[str, Body]) -> str:
     ]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     floors = []
-    trial_keys = ["all Running"] + (["all pods Running"] if every_pod else [])
+    trial_keys = ["all Running"] + (["all pods Running"] if has_all_pods else [])
     for n in SIZES:
         pods, both = throttle(n, qps, burst), throttle(2 * n, qps, burst)
         each = [
@@ -222,7 +222,7 @@ def scale(records: dict[str, Body]) -> str:
                     "N pods and N Services",
                     *(
                         ["its trials, all Workers (idle; loaded)", "its trials, all pods"]
-                        if every_pod
+                        if has_all_pods
                         else ["its trials (idle; loaded)"]
                     ),
                 ],
@@ -363,7 +363,7 @@ def queued(records: dict[str, Body]) -> str:
     """queued_start: every contender through Kueue, admitted and all Running."""
     run = Run("queued_start", records["queued_start"])
     names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
-    all_pods = "8 workers through Kueue: apply → all pods Running, torchkube" in run.figures
+    has_all_pods = "8 workers through Kueue: apply → all pods Running, torchkube" in run.figures
     rows = []
     for n in SIZES:
         key = f"{n} workers through Kueue: apply → {{}}, {{}}"
@@ -378,8 +378,8 @@ def queued(records: dict[str, Body]) -> str:
                 if name == "torchkube"
                 else versus(ours, running, run.cores, n if name == "Kubeflow" else None)
             )
-            every_pod = [shown(run[key.format("all pods Running", name)])] if all_pods else []
-            rows.append([str(n), label, shown(admission), shown(running), *every_pod])
+            all_pods = [shown(run[key.format("all pods Running", name)])] if has_all_pods else []
+            rows.append([str(n), label, shown(admission), shown(running), *all_pods])
             rows[-1] += [trials(running), loads_of(running), ratio]
     trial_rows = run.body["extra"]["trials"]
     slowest = max(trial_rows, key=lambda t: t["admitted_s"])
@@ -399,7 +399,7 @@ def queued(records: dict[str, Body]) -> str:
                     "apply → Workload admitted",
                     *(
                         ["apply → all workers Running", "all pods Running"]
-                        if all_pods
+                        if has_all_pods
                         else ["apply → all Running"]
                     ),
                     "trials",

@@ -43,7 +43,8 @@ BARE_THREADS = 32
 class Contender(Protocol):
     name: str
     selector: str
-    """Label selector of its worker pods."""
+    """Label selector of the pods the recovery and fleet benchmarks count as its workers
+    (Kubeflow's: its Master and Workers alike)."""
     pod_selector: str
     """Label selector of every pod of its jobs: the workers and what else a job runs
     (torchkube's rendezvous store, Kubeflow's Master)."""

@@ -96,6 +96,24 @@ def counted_pods(
     return [pod for pod in seen.values() if which is None or which(pod)]
 
 
+def last_of(
+    watch: PodWatch,
+    pods: int,
+    instant: Callable[[PodTimes], float | None],
+    timeout: float,
+    what: str,
+    which: Callable[[PodTimes], bool] | None,
+) -> float:
+    """Once ``pods`` of the watched pods (those ``which`` accepts, else all) have an
+    ``instant``, the latest of them."""
+
+    def latest(seen: dict[str, PodTimes]) -> float | None:
+        times = [t for p in counted_pods(seen, which) if (t := instant(p)) is not None]
+        return max(times) if len(times) >= pods else None
+
+    return watch.wait(latest, timeout, what)
+
+
 def all_created(
     watch: PodWatch,
     pods: int,
@@ -104,12 +122,7 @@ def all_created(
     which: Callable[[PodTimes], bool] | None = None,
 ) -> float:
     """When the watch saw the last of ``pods`` pods (those ``which`` accepts, else all)."""
-
-    def last_seen(seen: dict[str, PodTimes]) -> float | None:
-        mine = counted_pods(seen, which)
-        return max(p.seen for p in mine) if len(mine) >= pods else None
-
-    return watch.wait(last_seen, timeout, f"{pods} pods of {what}")
+    return last_of(watch, pods, lambda p: p.seen, timeout, f"{pods} pods of {what}", which)
 
 
 def all_bound(watch: PodWatch, which: Callable[[PodTimes], bool] | None = None) -> float:
@@ -128,12 +141,8 @@ def all_running(
 ) -> float:
     """When the watch saw the last of ``pods`` pods (those ``which`` accepts, else all)
     Running."""
-
-    def last_running(seen: dict[str, PodTimes]) -> float | None:
-        started = [p.running for p in counted_pods(seen, which) if p.running is not None]
-        return max(started) if len(started) >= pods else None
-
-    return watch.wait(last_running, timeout, f"{pods} Running pods of {what}")
+    what = f"{pods} Running pods of {what}"
+    return last_of(watch, pods, lambda p: p.running, timeout, what, which)
 
 
 SPENT = {

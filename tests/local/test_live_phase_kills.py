@@ -15,24 +15,17 @@ group ever falling back to a checkpoint, every kill counted as a lost group and 
 restart, and no torn checkpoint taken for a committed one.
 """
 
-import io
 import json
 import re
 from pathlib import Path
 
 import pytest
-import yaml
+from live_runs import three_groups
 
-from torchkube.api import TrainingJob
 from torchkube.api.contract import ChaosPhase
-from torchkube.local.runner import Chaos, LocalRun
+from torchkube.local.runner import Chaos
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "live-recovery.yaml"
 STEPS, KILL_AT, INTERVAL = 300, 20, 20
-MICRO_BATCH_SECONDS = 0.1
-"""Each micro-batch stretched to this: a step of 0.1–0.3 s (three groups to one), so that
-training lasts through the replacements' start-ups (most of the phases need a join)."""
 PHASES = [
     ChaosPhase.SERVING_STATE,
     ChaosPhase.RECEIVING_STATE,
@@ -43,25 +36,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_kills_while_serving_receiving_and_committing_cost_no_restart(tmp_path: Path) -> None:
-    manifest = yaml.safe_load(EXAMPLE.read_text())
-    manifest["spec"]["replicas"] = {"min": 1, "max": 3}
-    manifest["spec"]["checkpoint"]["intervalSteps"] = INTERVAL
-    manifest["spec"]["trainer"] |= {"steps": STEPS, "globalBatchSize": 12, "warmupSteps": 5}
     chaos = Chaos(at_steps=[KILL_AT], worker=2, in_phases=list(PHASES))
-    chaos.in_phases_from_step, chaos.compute_seconds = KILL_AT, MICRO_BATCH_SECONDS
-    out = io.StringIO()
-    run = LocalRun(TrainingJob.model_validate(manifest), tmp_path, chaos=chaos, out=out)
-    summary = run.run()
-    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("worker-*.log")}
-    shown = out.getvalue()[-4000:] + "".join(
-        f"\n--- {name}\n{text[-2500:]}" for name, text in sorted(logs.items())
-    )
+    found = three_groups(tmp_path, STEPS, chaos, KILL_AT, checkpoint_interval=INTERVAL)
+    run, summary, logs, shown = found.run, found.summary, found.logs, found.shown
     assert summary.succeeded and summary.steps == STEPS, shown
 
     # each phase was hit, in order, by a kill that landed inside it
     assert run.phase_kills == PHASES, shown
     for phase in PHASES:
-        assert re.search(rf"chaos: SIGKILL worker \d at step \d+ while {phase}\n", out.getvalue())
+        assert re.search(rf"chaos: SIGKILL worker \d at step \d+ while {phase}\n", found.out)
     assert any(f"chaos: holding while {phase}" in log for log in logs.values()), shown
 
     # five groups lost (the step kill and the four aimed ones) and no group ever resumed from
