@@ -319,41 +319,64 @@ def fast_scheduler(records: dict[str, Body]) -> str:
     )
 
 
-def fleet(records: dict[str, Body]) -> str:
-    """operator_scale's fleet: 64 jobs × 64 workers, one operator after the other."""
-    run = Run("operator_scale_fleet", records["operator_scale_fleet"])
+def fleet_contenders(run: Run) -> tuple[str, list[str]]:
+    """The fleet's figure prefix and its contenders: torchkube, the peer, the limit."""
     config = run.body["config"]
-    head = {
-        name: f"{config['jobs']} jobs × {config['per_job']} workers, {name}: "
-        for name in ("torchkube", "Kubeflow")
-    }
-    whats = [
-        f["name"].removeprefix(head["torchkube"])
+    prefix = f"{config['jobs']} jobs × {config['per_job']} workers, "
+    found = [
+        f["name"].removeprefix(prefix).removesuffix(": all Running")
         for f in run.body["figures"]
-        if f["name"].startswith(head["torchkube"])
+        if f["name"].startswith(prefix) and f["name"].endswith(": all Running")
+    ]
+    order = {"torchkube": 0, LIMIT: 2}
+    return prefix, sorted(found, key=lambda name: order.get(name, 1))
+
+
+def fleet(records: dict[str, Body]) -> str:
+    """operator_scale's fleet: 64 jobs × 64 workers, the contenders one after the other."""
+    run = Run("operator_scale_fleet", records["operator_scale_fleet"])
+    prefix, names = fleet_contenders(run)
+    ours_head = f"{prefix}torchkube: "
+    whats = [
+        f["name"].removeprefix(ours_head)
+        for f in run.body["figures"]
+        if f["name"].startswith(ours_head)
     ]
     rows = []
     for what in whats:
-        ours, theirs = (run[head[name] + what] for name in ("torchkube", "Kubeflow"))
-        if "÷" in what:
-            rows.append(
-                [what, f"no ratio: {trials_text([ours])}", f"no ratio: {trials_text([theirs])}"]
-            )
+        row = [what]
+        for name in names:
+            figure = run.figures.get(f"{prefix}{name}: {what}")
+            if figure is None:
+                row.append("")
+            elif "÷" in what and short_of_trials([figure]):
+                row.append(f"{shown(figure)} ({trials_text([figure])}: no verdict)")
+            else:
+                row.append(shown(figure))
+        rows.append(row)
+    ours = run[f"{ours_head}all Running"]
+    lines = []
+    for name in names[1:]:
+        theirs = run[f"{prefix}{name}: all Running"]
+        if name == LIMIT:
+            lines.append(f"torchkube ÷ the limit, all Running: {versus(theirs, ours, run.cores)}.")
         else:
-            rows.append([what, shown(ours), shown(theirs)])
-    ours, theirs = run[head["torchkube"] + "all Running"], run[head["Kubeflow"] + "all Running"]
-    differ = loads_differ([ours, theirs], run.cores)
+            config = run.body["config"]
+            throttled = config["jobs"] * config["per_job"] if name == "Kubeflow" else None
+            ratio = versus(ours, theirs, run.cores, throttled)
+            lines.append(f"{run.peer(name)} ÷ torchkube, all Running: {ratio}.")
     return "\n".join(
         [
             f"{run.stamp()}:",
             "",
-            markdown_table(["", "torchkube", run.peer("Kubeflow")], rows),
+            markdown_table(["", *(contender_label(run, n) for n in names)], rows),
             "",
-            f"{trials_text([ours, theirs]).capitalize()}, one operator after the other, load "
-            f"{loads_of(ours)} at torchkube's start and {loads_of(theirs)} at Kubeflow's"
-            + ("; the loads differ" if differ else "")
-            + ": no ratio and no verdict.",
+            "Trials per contender: "
+            + ", ".join(f"{n} {len(run[f'{prefix}{n}: all Running']['values'])}" for n in names)
+            + ", in an order that rotates trial by trial; the steady state after each "
+            "operator's first trial only.",
             "",
+            *(part for line in lines for part in (line, "")),
         ]
     )
 
@@ -794,9 +817,11 @@ def readme(records: dict[str, Body]) -> str:
 
     def against_limit(what: str, run: Run, key: str) -> None:
         """The same pods created with no operator: how far torchkube is from the limit."""
-        if key + LIMIT not in run.figures:
+        if "{}" not in key:
+            key += "{}"
+        if key.format(LIMIT) not in run.figures:
             return
-        mine, limit = run[key + "torchkube"], run[key + LIMIT]
+        mine, limit = run[key.format("torchkube")], run[key.format(LIMIT)]
         rows.append([what, shown(mine), f"{contender_label(run, LIMIT)}: {shown(limit)}"])
         rows[-1] += [trials_text([mine, limit]), f"{loads_of(mine)}; {loads_of(limit)}"]
         rows[-1].append(f"torchkube ÷ limit: {versus(limit, mine, run.cores)}")
@@ -855,15 +880,14 @@ def readme(records: dict[str, Body]) -> str:
             peer,
             pods=512,
         )
-    key = "64 jobs × 64 workers, {}: all Running"
-    compare(
-        "64 jobs × 64 workers, one operator after the other: all Running",
-        flt,
-        key.format("torchkube"),
-        key.format("Kubeflow"),
-        "Kubeflow",
-        pods=flt.body["config"]["jobs"] * flt.body["config"]["per_job"],
-    )
+    prefix, fleet_names = fleet_contenders(flt)
+    title = f"{prefix.removesuffix(', ')}, one after the other: all Running"
+    against_limit(title, flt, f"{prefix}{{}}: all Running")
+    for peer in fleet_names[1:]:
+        if peer != LIMIT:
+            key = f"{prefix}{{}}: all Running"
+            pods = flt.body["config"]["jobs"] * flt.body["config"]["per_job"]
+            compare(title, flt, key.format("torchkube"), key.format(peer), peer, pods=pods)
     for case in ("no spare", "1 spare"):
         alone(
             f"real kubelet nodes, a worker pod deleted, {case}: training again",

@@ -470,13 +470,19 @@ def run_fast_scheduler(args: argparse.Namespace, results: Results, scratch: Path
 
 
 class Fleet:
-    """The many-jobs figures of one operator."""
+    """The many-jobs figures of one contender: its start, and for an operator what the start
+    cost it and its steady state afterwards (the bare client has neither)."""
 
-    def __init__(self, results: Results, name: str, jobs: int, per_job: int) -> None:
+    def __init__(
+        self, results: Results, name: str, jobs: int, per_job: int, operator: bool = True
+    ) -> None:
         title = f"{jobs} jobs × {per_job} workers, {name}"
-        self.name, self.jobs, self.per_job = name, jobs, per_job
+        self.name, self.jobs, self.per_job, self.operator = name, jobs, per_job, operator
         self.running = results.figure(f"{title}: all Running", "s")
+        self.every_pod = results.figure(f"{title}: all pods Running", "s")
         self.created = results.figure(f"{title}: all created", "s")
+        if not operator:
+            return
         self.cpu_per_pod = results.figure(f"{title}: operator CPU per pod", "ms")
         self.requests_per_pod = results.figure(f"{title}: API requests per pod", "req")
         self.rss = results.figure(f"{title}: operator peak RSS", "MiB")
@@ -492,35 +498,44 @@ class Fleet:
         self.results = results
 
     def trial(self, bench: Stack, contender: Contender, steady_minutes: float) -> None:
+        """One start of every job at once; the steady state after it when ``steady_minutes``."""
         total = self.jobs * self.per_job
+        worker_pods, pods = (self.jobs * n for n in contender.pod_counts(self.per_job))
+        is_worker = contender.is_worker
         contender.restart(bench)
         namespace = bench.namespace("fleet")
         requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
-        with PodWatch(bench.api, namespace, contender.selector) as watch:
+        with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             load = load_average()
             started = time.monotonic()
             for index in range(self.jobs):
                 contender.submit(bench, namespace, f"job{index:02d}", self.per_job)
-            created = all_created(watch, total, 900, contender.name) - started
-            running = all_running(watch, total, 900, contender.name) - started
-        settle(contender, quiet=5.0, limit=180.0)
-        requests = contender.requests() - requests_before
-        cpu = contender.cpu_seconds() - cpu_before
-        rss = contender.peak_rss() / 2**20
+            what = contender.name
+            created = all_created(watch, worker_pods, 900, what, is_worker) - started
+            running = all_running(watch, worker_pods, 900, what, is_worker) - started
+            every_pod = all_running(watch, pods, 900, what) - started
         self.created.add(created, load)
         self.running.add(running, load)
-        self.cpu_per_pod.add(cpu * 1000 / total, load)
-        self.requests_per_pod.add(requests / total, load)
-        self.rss.add(rss, load)
-        log(
-            f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
-            f"Running {running:.1f}s, CPU {cpu:.1f}s, {requests:.0f} requests, "
-            f"peak RSS {rss:.0f} MiB; steady state for {steady_minutes:g} min"
-        )
-        per_minute = self.steady_state(contender, steady_minutes)
-        self.results.extra.setdefault("fleet_steady_state", []).append(
-            {"operator": contender.name, "per_minute": per_minute}
-        )
+        self.every_pod.add(every_pod, load)
+        said = f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
+        said += f"Running {running:.1f}s (all {pods} pods {every_pod:.1f}s, load {load:.1f})"
+        if self.operator:
+            settle(contender, quiet=5.0, limit=180.0)
+            requests = contender.requests() - requests_before
+            cpu = contender.cpu_seconds() - cpu_before
+            rss = contender.peak_rss() / 2**20
+            self.cpu_per_pod.add(cpu * 1000 / total, load)
+            self.requests_per_pod.add(requests / total, load)
+            self.rss.add(rss, load)
+            said += f", CPU {cpu:.1f}s, {requests:.0f} requests, peak RSS {rss:.0f} MiB"
+        if self.operator and steady_minutes:
+            log(f"{said}; steady state for {steady_minutes:g} min")
+            per_minute = self.steady_state(contender, steady_minutes)
+            self.results.extra.setdefault("fleet_steady_state", []).append(
+                {"operator": contender.name, "per_minute": per_minute}
+            )
+        else:
+            log(said)
         bench.delete_namespace(namespace, wait=900, force=True)
 
     def steady_state(self, contender: Contender, minutes: float) -> list[dict[str, float]]:
@@ -549,17 +564,23 @@ class Fleet:
 
 
 def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None:
+    """Every contender ``trials_fleet`` times, in an order that rotates trial by trial; each
+    operator's steady state after its first trial only (ten quiet minutes say the same each
+    time, and would triple the run)."""
     pools = gpu_pools(args.fleet_nodes, args.fleet_domains)
-    with stack(pools, scratch) as bench, contenders(bench, args.peers) as players:
-        fleets = {p.name: Fleet(results, p.name, args.jobs, args.per_job) for p in players}
-        for _ in range(args.trials_fleet):
-            for player in players:
-                fleets[player.name].trial(bench, player, args.steady_minutes)
-        ours = fleets["torchkube"].running
-        theirs = fleets[PEER].running.stats if PEER in fleets else None
-        if ours.stats and theirs:
-            peer = theirs.median
-            ours.reference = Reference(peer, f"{PEER} v1.8.1, same run: {fmt(peer, 's')}")
+    config = kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
+    with (
+        stack(pools, scratch) as bench,
+        contenders(bench, args.peers, (config,), limit=args.limit) as players,
+    ):
+        fleets = {
+            p.name: Fleet(results, p.name, args.jobs, args.per_job, operator=p.name != LIMIT)
+            for p in players
+        }
+        for trial in range(args.trials_fleet):
+            for player in rotated(players, trial):
+                steady = args.steady_minutes if trial == 0 else 0.0
+                fleets[player.name].trial(bench, player, steady)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -581,7 +602,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--per-job", type=int, default=64, help="workers per fleet job")
     parser.add_argument("--fleet-nodes", type=int, default=512)
     parser.add_argument("--fleet-domains", type=int, default=4)
-    parser.add_argument("--trials-fleet", type=int, default=1)
+    parser.add_argument("--trials-fleet", type=int, default=3)
     parser.add_argument("--steady-minutes", type=float, default=10.0)
     parser.add_argument(
         "--only", choices=["single", "fast-scheduler", "fleet"], help="one scenario only"
@@ -594,14 +615,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="raised_peer",
         action="store_false",
         help="single jobs: only Kubeflow's default configuration, not also the one with its "
-        "client limits raised",
+        "client limits raised; the fleet: the default configuration instead of the raised one",
     )
     parser.add_argument(
         "--no-limit",
         dest="limit",
         action="store_false",
-        help="single jobs and fast scheduler: leave out the bare client (the same pods "
-        "created with no operator, the physical limit)",
+        help="leave out the bare client (the same pods created with no operator, the "
+        "physical limit)",
     )
     parser.add_argument(
         "--quick",
@@ -649,14 +670,24 @@ def notes(args: argparse.Namespace) -> list[str]:
     if fleet:
         out.append(
             f"fleet: {args.jobs} jobs × {args.per_job} workers on {args.fleet_nodes} nodes, "
-            "the operators one after the other (each restarted fresh before its trial, the "
-            "other one running idle beside it), every job created at once in a fresh "
-            "namespace, no warm-up job, idle only (nothing else running); created/Running: "
-            "from the first create request to the last worker pod seen by a watch (created) "
-            "and seen Running; then the steady state: reconciles and CPU per minute for "
+            "the contenders one after the other in an order that rotates trial by trial "
+            "(each operator restarted fresh before its trial, the other one running idle "
+            "beside it), every job created at once in a fresh namespace, no warm-up job, "
+            "idle only (nothing else running); created/Running: from the first create "
+            "request to the last worker pod seen by a watch (created) and seen Running "
+            "(Kubeflow's workers: each job's N-1 Worker pods, its Master counted apart); all "
+            "pods Running: every pod of every job (torchkube's rendezvous stores, Kubeflow's "
+            "Masters); after each operator's first trial "
+            f"only, the steady state: reconciles and CPU per minute for "
             f"{args.steady_minutes:g} minutes while nothing changes, and the last third's "
             "reconcile rate ÷ the first third's"
         )
+        if args.limit:
+            out.append(
+                f"{LIMIT} (the physical limit): torchkube's own worker pods of each job, "
+                "created job after job by a client with no operator from 32 threads, no "
+                f"client rate limit; torchkube ÷ {LIMIT} of the medians"
+            )
     out.append(
         f"{PEER}: training-operator {kubeflow.RELEASE} built from its Go module by "
         "hack/build-peers.sh, default flags (one controller thread, as its manifests deploy "
@@ -664,6 +695,9 @@ def notes(args: argparse.Namespace) -> list[str]:
         "worker of the same job does (the trainer's command and environment, the checkpoint "
         "claim mounted; bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians"
     )
+    if fleet and not single:
+        peer = kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
+        out.append(f"peer client limits: {peer.describe()}")
     if single:
         out.append(
             f"peer client limits: {kubeflow.DEFAULT.describe()}"
