@@ -6,9 +6,11 @@ machine it is a step behind), and the writer's own next save would be fenced off
 And a step whose commit vote a lost group broke is finished among the survivors with the
 gradients already computed."""
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -180,13 +182,18 @@ def test_a_step_whose_votes_are_lost_in_every_quorum_tried_is_computed_again() -
     assert recovery.record.steps_finished_among_survivors == 0
 
 
-def test_a_group_whose_next_quorum_is_ahead_computes_that_quorums_step_afresh() -> None:
+def test_a_group_whose_next_quorum_is_ahead_computes_that_quorums_step_afresh(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A peer whose reduction had finished committed the step; this group copies its state in
     the next quorum, so the gradients it holds belong to a step it has passed: no reduction of
-    them, and the step it computes next is that quorum's, with no quorum taken again."""
+    them, and the step it computes next is that quorum's, with no quorum taken again — and
+    the log says so, not only that the reduction would be done again."""
     recovery, model = recovery_reducing(lost=1, ahead=True)
     recovery.reduce(model)
-    assert recovery.commit() is False
+    with caplog.at_level(logging.INFO, logger="torchkube.trainer"):
+        assert recovery.commit() is False
+    assert "a peer committed step" in caplog.text and "afresh" in caplog.text
     assert recovery.manager.quorums == 1
     assert recovery.record.steps_finished_among_survivors == 0
     recovery.begin_step()

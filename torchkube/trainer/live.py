@@ -548,6 +548,12 @@ class LiveRecovery:
         self._quorum_and_place()
         if self.manager.current_step() != step:
             self._quorum_taken = True  # the next attempt is this quorum's step
+            log.info(
+                "live: a peer committed step %d meanwhile; this group copied its state and "
+                "computes step %d afresh (its own gradients were of a step passed)",
+                self.manager.current_step(),
+                self.manager.current_step() + 1,
+            )
             return False
         self._reduce()
         return True
@@ -657,7 +663,7 @@ class LiveRecovery:
             "live: step %d not committed (a replica group failed during it): %s",
             self.live.state.step + 1,
             "its reduction is done again among the next quorum's groups, with the gradients "
-            "already computed"
+            "already computed, unless a peer committed it meanwhile"
             if again
             else "the step counter stays and the step is computed again with the next quorum",
         )
