@@ -355,6 +355,13 @@ def fleet(records: dict[str, Body]) -> str:
                 row.append(shown(figure))
         rows.append(row)
     ours = run[f"{ours_head}all Running"]
+    counts = {name: len(run[f"{prefix}{name}: all Running"]["values"]) for name in names}
+    if len(set(counts.values())) == 1:
+        trial_counts = trials_text([ours]) + (" per contender" if len(names) > 1 else "")
+    else:
+        trial_counts = "; ".join(
+            f"{n} trials of {contender_label(run, c)}" for c, n in counts.items()
+        )
     lines = []
     for name in names[1:]:
         theirs = run[f"{prefix}{name}: all Running"]
@@ -371,10 +378,8 @@ def fleet(records: dict[str, Body]) -> str:
             "",
             markdown_table(["", *(contender_label(run, n) for n in names)], rows),
             "",
-            "Trials per contender: "
-            + ", ".join(f"{n} {len(run[f'{prefix}{n}: all Running']['values'])}" for n in names)
-            + ", in an order that rotates trial by trial; the steady state after each "
-            "operator's first trial only.",
+            f"{trial_counts.capitalize()}, in an order that rotates trial by trial; the steady "
+            "state after each operator's first trial only.",
             "",
             *(part for line in lines for part in (line, "")),
         ]
@@ -386,6 +391,8 @@ def queued(records: dict[str, Body]) -> str:
     """queued_start: every contender through Kueue, admitted and all Running."""
     run = Run("queued_start", records["queued_start"])
     names = ["torchkube", "Kubeflow", "Kubeflow, client 500/s"]
+    if f"8 workers through Kueue: apply → all Running, {LIMIT}" in run.figures:
+        names.append(LIMIT)
     has_all_pods = "8 workers through Kueue: apply → all pods Running, torchkube" in run.figures
     rows = []
     for n in SIZES:
@@ -395,12 +402,13 @@ def queued(records: dict[str, Body]) -> str:
             admission, running = (
                 run[key.format(what, name)] for what in ("Workload admitted", "all Running")
             )
-            label = name if name == "torchkube" else run.peer(name)
-            ratio = (
-                ""
-                if name == "torchkube"
-                else versus(ours, running, run.cores, n if name == "Kubeflow" else None)
-            )
+            label = contender_label(run, name)
+            if name == "torchkube":
+                ratio = ""
+            elif name == LIMIT:
+                ratio = f"torchkube ÷ the limit: {versus(running, ours, run.cores)}"
+            else:
+                ratio = versus(ours, running, run.cores, n if name == "Kubeflow" else None)
             all_pods = [shown(run[key.format("all pods Running", name)])] if has_all_pods else []
             rows.append([str(n), label, shown(admission), shown(running), *all_pods])
             rows[-1] += [trials(running), loads_of(running), ratio]
@@ -408,9 +416,9 @@ def queued(records: dict[str, Body]) -> str:
     slowest = max(trial_rows, key=lambda t: t["admitted_s"])
     admitted = [t["admitted_s"] for t in trial_rows]
     kueue = [t["kueue_cpu_s"] for t in trial_rows if t["workers"] == 512]
-    label = (
-        slowest["operator"] if slowest["operator"] == "torchkube" else run.peer(slowest["operator"])
-    )
+    label = slowest["operator"]
+    if label not in ("torchkube", LIMIT):
+        label = run.peer(label)
     return "\n".join(
         [
             f"{run.stamp()} (each trial's load at its start):",
@@ -871,6 +879,7 @@ def readme(records: dict[str, Body]) -> str:
         pods=512,
     )
     key = "512 workers through Kueue: apply → all Running, "
+    against_limit("512 workers through Kueue: apply → all Running", kueue, key)
     for peer in ("Kubeflow", "Kubeflow, client 500/s"):
         compare(
             "512 workers through Kueue: apply → all Running",

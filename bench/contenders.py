@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from bench import kubeflow
@@ -32,6 +34,7 @@ from bench.kube import (
 )
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
+from torchkube.operator import workloads
 from torchkube.operator.builders import worker_pod
 from torchkube.policy.queue import QUEUE_LABEL
 
@@ -242,6 +245,26 @@ def bare_pods(namespace: str, job: str, workers: int, gpus: int, group: str) -> 
     return pods
 
 
+def bare_workload(
+    namespace: str, job: str, workers: int, gpus: int, group: str, queue: str
+) -> dict[str, Any]:
+    """The Workload torchkube makes for such a job, its workers' pod set alone (the bare
+    client makes no store) and no owner. The pods need nothing from the admission: the
+    benchmark's ResourceFlavor asks for the node label and toleration they already carry."""
+    body = job_body(job, workers, gpus=gpus, group=group)
+    body["metadata"] |= {
+        "namespace": namespace,
+        "uid": "00000000-0000-0000-0000-000000000000",
+        "labels": {QUEUE_LABEL: queue},
+    }
+    made = workloads.workload(TrainingJob.model_validate(body), workloads.Priority())
+    made["metadata"] = {"name": f"bare-{job}", "namespace": namespace}
+    made["spec"]["podSets"] = [
+        pod_set for pod_set in made["spec"]["podSets"] if pod_set["name"] == workloads.WORKERS
+    ]
+    return made
+
+
 def not_ready_since(node: NodeTimes) -> float:
     """When ``node`` turned NotReady (wall clock): its Ready condition's lastTransitionTime,
     the clock an operator's grace runs on (torchkube's does), else when the watch saw it."""
@@ -366,9 +389,11 @@ class BareClient:
         resilient: Resilience | None = None,
         queue: str | None = None,
     ) -> None:
-        if queue:
-            raise ValueError("the bare client has no queue to wait in")
+        """Create the job's pods; with ``queue``, once a Workload of theirs made first is
+        admitted there (see :meth:`_admitted`)."""
         core = self._client()
+        if queue:
+            self._admitted(namespace, bare_workload(namespace, job, workers, gpus, group, queue))
 
         def create(pod: dict[str, Any]) -> None:
             core.create_namespaced_pod(namespace, pod)
@@ -381,6 +406,33 @@ class BareClient:
             )
         with ThreadPoolExecutor(BARE_THREADS) as pool:
             list(pool.map(create, templates))
+
+    def _admitted(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create ``body`` and return once Kueue has admitted it: what any integration must
+        do before its pods, and no more — one create, one watch from that create's version
+        (no event between them is missed). Owned by nothing, so Kueue itself lifts its
+        finalizer when the namespace goes."""
+        custom = k8s.CustomObjectsApi(self._client().api_client)
+        where = (workloads.API_GROUP, workloads.API_VERSION, namespace, "workloads")
+        created = cast(dict[str, Any], custom.create_namespaced_custom_object(*where, body))
+        self._count(1)
+        if workloads.read(created).admitted:
+            return
+        name = body["metadata"]["name"]
+        stream = k8s_watch.Watch()
+        events = stream.stream(
+            custom.list_namespaced_custom_object,
+            *where,
+            field_selector=f"metadata.name={name}",
+            resource_version=created["metadata"]["resourceVersion"],
+            timeout_seconds=600,
+        )
+        self._count(1)
+        for event in events:
+            if workloads.read(cast(dict[str, Any], event["object"])).admitted:
+                stream.stop()
+                return
+        raise RuntimeError(f"the bare client's Workload {namespace}/{name} was not admitted")
 
     def _count(self, requests: int) -> None:
         with self._lock:

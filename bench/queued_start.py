@@ -1,6 +1,7 @@
 """Queued start, side by side: apply a job that names a Kueue queue → its Workload admitted →
 every worker pod Running, for torchkube's TrainingJob and Kubeflow's PyTorchJob through the
-same real Kueue on one cluster.
+same real Kueue on one cluster, and the physical limit beside them: a client with no operator
+that makes the same Workload and, once it is admitted, the same pods.
 
 Run: ``python -m bench.queued_start`` (≈ 15 min on 2 cores with the defaults: 3 trials of 8
 and 64 workers, 2 of 512, per contender). ``--no-raised-peer`` leaves out Kubeflow with its
@@ -44,7 +45,17 @@ from typing import Any
 from kubernetes import client
 
 from bench import kubeflow
-from bench.common import Figure, Results, command_line, fmt, load_average, log, rotated, spread
+from bench.common import (
+    LIMIT,
+    Figure,
+    Results,
+    command_line,
+    fmt,
+    load_average,
+    log,
+    rotated,
+    spread,
+)
 from bench.contenders import PEER, Contender, contenders, settle
 from bench.kube import BENCH_LABEL, PodWatch, Stack, WorkloadWatch, gpu_pools, stack
 from bench.operator_scale import all_created, all_running
@@ -249,7 +260,7 @@ class QueuedStart:
         """Every contender's medians and ranges side by side, and each peer's ratio of
         Running medians to torchkube's."""
         rows = []
-        peers = [p.name for p in self.players if p.name != "torchkube"]
+        peers = [p.name for p in self.players if p.name not in ("torchkube", LIMIT)]
         for n in self.sizes:
             ours = self.running[("torchkube", n)]
             for player in self.players:
@@ -265,7 +276,7 @@ class QueuedStart:
                         spread(self.created[key]),
                         spread(self.running[key]),
                         spread(self.every_pod[key]),
-                        ratio_of_medians(self.running[key], ours) if player.name in peers else "",
+                        self._ratio(player.name, self.running[key], ours, peers),
                         fmt(median_of(self.kueue_cpu[key]), "s"),
                         fmt(median_of(self.operator_cpu[key]), "s"),
                         f"{min(loads):.1f}–{max(loads):.1f}",
@@ -289,6 +300,15 @@ class QueuedStart:
             rows,
         )
 
+    @staticmethod
+    def _ratio(name: str, theirs: Figure, ours: Figure, peers: list[str]) -> str:
+        """A peer's median ÷ torchkube's; for the limit, torchkube's ÷ the limit's."""
+        if name in peers:
+            return ratio_of_medians(theirs, ours)
+        if name == LIMIT:
+            return f"torchkube ÷ it: {ratio_of_medians(ours, theirs)}"
+        return ""
+
 
 def ratio_of_medians(theirs: Figure, ours: Figure) -> str:
     """How many times torchkube's median the peer's is (``–`` when either is missing)."""
@@ -304,7 +324,10 @@ def median_of(values: list[float]) -> float | None:
 def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
     pools = gpu_pools(args.nodes, args.domains)
     configs = (kubeflow.DEFAULT, kubeflow.RAISED) if args.raised_peer else (kubeflow.DEFAULT,)
-    with stack(pools, scratch) as bench, contenders(bench, True, configs) as players:
+    with (
+        stack(pools, scratch) as bench,
+        contenders(bench, True, configs, limit=args.limit) as players,
+    ):
         # Kueue after the PyTorchJob CRD (contenders installed it): its integration's
         # controller starts at once instead of polling for the API.
         kueue = Kueue(bench.cluster, frameworks=[PYTORCHJOB]).start()
@@ -351,6 +374,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only Kubeflow's default configuration, not also the one with its client "
         "limits raised",
     )
+    parser.add_argument(
+        "--no-limit",
+        dest="limit",
+        action="store_false",
+        help="leave out the bare client (the physical limit: a Workload of the same pods, "
+        "then the pods once it is admitted, with no operator)",
+    )
     return parser.parse_args(argv)
 
 
@@ -374,6 +404,17 @@ def main(argv: list[str] | None = None) -> None:
         "ClusterQueue with all their GPUs as quota (one job at a time never waits for quota), "
         "a LocalQueue per namespace, Active before the trial",
         peer_note(args.raised_peer),
+        *(
+            [
+                f"{LIMIT} (the physical limit): the Workload torchkube makes for the job, its "
+                "workers' pod set alone and owned by nothing, created by a client with no "
+                "operator, which watches it from that create's version and, once Kueue "
+                "admits it, creates torchkube's own worker pods for the job from 32 threads, "
+                "no client rate limit; torchkube ÷ the limit of the medians"
+            ]
+            if args.limit
+            else []
+        ),
         f"PyTorchJob: a Master and N-1 Workers whose pods carry what a torchkube worker of the "
         f"same job does (bench/kubeflow.py); ÷ torchkube = the peer's Running median ÷ "
         f"torchkube's; {PEER} {kubeflow.RELEASE} is the reference",

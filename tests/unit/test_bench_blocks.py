@@ -189,17 +189,45 @@ def test_the_fleet_on_one_trial_each_gives_no_ratio_and_says_the_loads_differ() 
         )
     body = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64})
     shown = blocks.fleet({"operator_scale_fleet": body})
-    assert "| all Running | 139.5 s | 418.5 s |" in shown
-    assert "| no ratio: 1 trial | no ratio: 1 trial |" in shown and "0.70" not in shown
-    assert "load 2.2 at torchkube's start and 4.7 at Kubeflow's; the loads differ" in shown
+    assert "| all Running | 139.5 s | 418.5 s |" in shown and "1 trial per contender" in shown
+    assert shown.count("0.70× (1 trial: no verdict)") == 2
+    assert "÷ torchkube, all Running: none: 1 and 1 trials; loads differ: 2.2 vs 4.7" in shown
 
 
-def queued_record() -> dict[str, Any]:
+def test_the_fleet_on_three_rotated_trials_sets_torchkube_between_the_limit_and_the_peer() -> None:
+    """Three trials per contender: torchkube ÷ the bare client and the peer ÷ torchkube, of
+    the medians; the bare client has no operator rows, and the steady state's one trial per
+    operator is shown without a verdict."""
+    figures: FIGURES = {}
+    peer = "Kubeflow, client 500/s"
+    for name, running in (("torchkube", 120.0), (peer, 180.0), ("bare client", 100.0)):
+        head = f"64 jobs × 64 workers, {name}: "
+        figures[head + "all Running"] = ("s", [running - 5, running, running + 5], [1.0] * 3)
+        if name != "bare client":
+            figures[head + "operator CPU per pod"] = ("ms", [5.0, 6.0, 7.0], [1.0] * 3)
+            figures[head + "steady state, reconcile rate last third ÷ first third"] = (
+                "x",
+                [0.9],
+                [1.0],
+            )
+    body = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64})
+    shown = blocks.fleet({"operator_scale_fleet": body})
+    header = next(line for line in shown.splitlines() if line.startswith("|  |"))
+    assert header.index("torchkube") < header.index("Kubeflow v1.9.3") < header.index("bare")
+    assert "| operator CPU per pod | 6 ms [5 ms – 7 ms] | 6 ms [5 ms – 7 ms] |  |" in shown
+    assert "3 trials per contender, in an order that rotates" in shown
+    assert "torchkube ÷ the limit, all Running: 1.20×." in shown
+    assert "Kubeflow v1.9.3, client 500/s ÷ torchkube, all Running: 1.50×." in shown
+    assert "0.90× (1 trial: no verdict)" in shown
+
+
+def queued_record(*extra: str) -> dict[str, Any]:
+    """``extra``: contenders beside torchkube and both Kubeflow configurations."""
     figures: FIGURES = {}
     trials = []
     for n in blocks.SIZES:
         count = 2 if n == 512 else 3
-        for name in ("torchkube", "Kubeflow", "Kubeflow, client 500/s"):
+        for name in ("torchkube", "Kubeflow", "Kubeflow, client 500/s", *extra):
             admitted = [0.1 + i / 100 for i in range(count)]
             if n == 512 and name == "Kubeflow, client 500/s":
                 admitted[0] = 2.34
@@ -222,6 +250,15 @@ def test_queued_names_the_slowest_admission_instead_of_a_range_that_missed_it() 
     assert "| 8 | Kubeflow v1.8.1, default client limits |" in shown and "| 1.00× |" in shown
     rows_512 = [line for line in shown.splitlines() if line.startswith("| 512 | Kubeflow")]
     assert all(line.endswith("| none: 2 and 2 trials |") for line in rows_512)
+
+
+def test_queued_sets_torchkube_beside_the_limit_through_the_same_kueue() -> None:
+    """The bare client (a Workload, then its pods once admitted, no operator) is a row of its
+    own whose ratio reads torchkube ÷ the limit, the other way round from a peer's."""
+    shown = blocks.queued({"queued_start": queued_record("bare client")})
+    (row,) = [line for line in shown.splitlines() if line.startswith("| 8 | bare client")]
+    assert "the same pods, no operator (the limit)" in row
+    assert row.endswith("| torchkube ÷ the limit: 1.00× |")
 
 
 def real_record() -> dict[str, Any]:

@@ -566,6 +566,22 @@ def test_the_bare_client_creates_torchkubes_own_worker_pods_and_nothing_claims_t
     assert {p["metadata"]["labels"][BARE_LABEL] for p in pods} == {"j"}
 
 
+def test_the_bare_clients_workload_asks_for_its_workers_alone_and_has_no_owner() -> None:
+    """Through Kueue the limit makes what torchkube makes for the same job, less the store it
+    does not create: the workers' pod set, in the queue, owned by nothing (Kueue lifts the
+    finalizer of such a Workload itself when it is deleted)."""
+    from bench.contenders import bare_workload
+    from torchkube.operator import workloads
+
+    made = bare_workload("ns", "j", 64, 1, "scale", "bench")
+    assert made["kind"] == "Workload" and made["metadata"] == {"name": "bare-j", "namespace": "ns"}
+    assert made["spec"]["queueName"] == "bench"
+    (pod_set,) = made["spec"]["podSets"]
+    assert pod_set["name"] == workloads.WORKERS and pod_set["count"] == 64
+    container = pod_set["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
 def test_contenders_take_turns_going_first() -> None:
     from bench.common import rotated
 

@@ -186,8 +186,10 @@ def test_the_fleet_records_notes_describe_the_fleet() -> None:
     from bench.operator_scale import notes, parse_args
 
     fleet = " ".join(notes(parse_args(["--only", "fleet"])))
-    assert "one after the other" in fleet and "no warm-up job" in fleet
+    assert "one after the other in an order that rotates trial by trial" in fleet
+    assert "no warm-up job" in fleet and "after each operator's first trial only" in fleet
     assert "alternating" not in fleet and "loaded" not in fleet and "warm-up job per" not in fleet
+    assert "v1.9.3, client limit 500 requests/s" in fleet, "the raised peer, by default"
     single = " ".join(notes(parse_args(["--only", "single"])))
     assert "jobs alternating" in single and "fleet" not in single
     assert "fleet:" in " ".join(notes(parse_args([]))), "a run of every scenario says both"
