@@ -74,6 +74,47 @@ def test_a_key_changed_while_reconciling_is_queued_again_after() -> None:
     assert KEY in controller.dirty and controller.queue.empty()
 
 
+def _workload_of_demo() -> dict[str, Any]:
+    owner = {"kind": "TrainingJob", "name": "demo", "controller": True}
+    return {"metadata": {"name": "w", "namespace": "ns", "ownerReferences": [owner]}}
+
+
+def test_kueues_admission_wakes_a_job_inside_its_spacing_at_once() -> None:
+    """A pod event inside the spacing waits for it (bursts gather into one reconcile); the
+    Workload's admission, the one thing the job's pods wait for, does not: it came 0.05 s
+    after the job's first reconcile, which made the Workload, and waited out the rest."""
+    workload = _workload_of_demo()
+
+    async def scenario() -> tuple[bool, bool]:
+        controller = _controller()
+        controller.not_before[KEY] = asyncio.get_running_loop().time() + 10.0
+        controller.enqueue(KEY)
+        spaced = controller.queue.empty()
+        controller.workload_changed(workload)
+        at_once = controller.queue.get_nowait() == KEY
+        for handle in controller.timers.values():
+            handle.cancel()
+        return spaced, at_once
+
+    assert asyncio.run(scenario()) == (True, True)
+
+
+def test_an_admission_during_a_reconcile_is_served_right_after_it() -> None:
+    workload = _workload_of_demo()
+
+    async def scenario() -> bool:
+        controller = _controller()
+        controller.active.add(KEY)
+        controller.workload_changed(workload)
+        controller.active.discard(KEY)
+        controller.not_before[KEY] = asyncio.get_running_loop().time() + 10.0
+        controller.dirty.discard(KEY)
+        controller.enqueue(KEY)  # what the reconcile's end does with a dirty key
+        return controller.queue.get_nowait() == KEY
+
+    assert asyncio.run(scenario())
+
+
 def _pod(name: str, **meta: Any) -> dict[str, Any]:
     return {"metadata": {"name": name, **meta}, "spec": {}, "status": {"phase": "Running"}}
 

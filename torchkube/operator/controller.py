@@ -76,6 +76,11 @@ class Controller:
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.not_before: dict[Key, float] = {}
         """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
+        self.unspaced: set[Key] = set()
+        """Jobs whose next reconcile skips the spacing: an event that unblocks them came."""
+        self.workload_versions: dict[Key, int] = {}
+        """The resourceVersion of each job's Workload as its watch last showed it: the list
+        of its Workloads asks for no older (see ``QueueClient.observe``)."""
         self.memory: dict[Key, JobMemory] = {}
         self.executor = Executor(kube, queues, leader, lambda: self.acting, settings.workers)
         self.stopping = False
@@ -120,12 +125,16 @@ class Controller:
         self.snapshot.attach(jobs, pods, nodes, children)
 
     # ------------------------------------------------------------------ the queue
-    def enqueue(self, key: Key, delay: float = 0.0) -> None:
+    def enqueue(self, key: Key, delay: float = 0.0, spaced: bool = True) -> None:
         """Reconcile ``key`` now (or as soon as its spacing allows), or after ``delay`` seconds.
         Delayed requeues of one key are deduplicated: a single timer per key, and an earlier
-        one wins over a later one, so a burst of events cannot multiply the reconcile rate."""
+        one wins over a later one, so a burst of events cannot multiply the reconcile rate.
+        An event that is not ``spaced`` skips the spacing (see :meth:`workload_changed`)."""
         loop = asyncio.get_running_loop()
-        delay = max(delay, self.not_before.get(key, 0.0) - loop.time())
+        if not spaced:
+            self.unspaced.add(key)
+        if key not in self.unspaced:
+            delay = max(delay, self.not_before.get(key, 0.0) - loop.time())
         if delay > 0:
             when = loop.time() + delay
             pending = self.timers.get(key)
@@ -171,12 +180,17 @@ class Controller:
         return memory is not None and version == memory.cache.quiet_write
 
     def workload_changed(self, body: Mapping[str, Any]) -> None:
-        """Wake the job whose Kueue Workload changed (admitted, evicted); release Kueue's
-        finalizer from one being deleted."""
+        """Wake the job whose Kueue Workload changed (admitted, evicted) at once, not after
+        the job's spacing: the spacing gathers bursts of pod events into one reconcile, and a
+        Workload changes a few times in a job's life, each time the one thing its pods wait
+        for. Release Kueue's finalizer from one being deleted."""
         key = queueing.job_key_of(dict(body))
         if key is None:
             return
-        self.enqueue(key)
+        version = resource_version(dict(body))
+        if version > self.workload_versions.get(key, 0):
+            self.workload_versions[key] = version
+        self.enqueue(key, spaced=False)
         if self.acting and self.queues is not None and queueing.finalizer_to_remove(dict(body)):
             self.executor.release_workload(key, dict(body))
 
@@ -211,6 +225,7 @@ class Controller:
                 await self.leader.leading.wait()  # standbys keep their caches warm, no more
             key = await self.queue.get()
             self.queued.discard(key)
+            self.unspaced.discard(key)
             if self.leader is not None and not self.leader.leading.is_set():
                 self.enqueue(key)  # lost the lease while waiting: keep it for the next leader
                 continue
@@ -265,6 +280,7 @@ class Controller:
         if body is None:
             self.memory.pop(key, None)
             self.not_before.pop(key, None)
+            self.workload_versions.pop(key, None)
             timer = self.timers.pop(key, None)
             if timer is not None:
                 timer.cancel()
@@ -277,7 +293,8 @@ class Controller:
             await asyncio.to_thread(self._report_invalid, key, body, error, memory)
             return
         memory.trouble.invalid = None
-        queue = await self.snapshot.queue(job)
+        seen = self.workload_versions.get(key)
+        queue = await self.snapshot.queue(job, str(seen) if seen else None)
         await self.snapshot.refresh_progress(job, pods, memory)
         thinking = time.perf_counter()
         observed = self.snapshot.observed(key, job, pods, memory, queue)

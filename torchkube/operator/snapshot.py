@@ -103,13 +103,16 @@ class Snapshot:
         ]
 
     # ------------------------------------------------------------------ beyond the caches
-    async def queue(self, job: TrainingJob) -> QueueObservation | None:
-        """The job's Workload (and what comes with it) for a job with a queue-name label."""
+    async def queue(
+        self, job: TrainingJob, seen_version: str | None = None
+    ) -> QueueObservation | None:
+        """The job's Workload (and what comes with it) for a job with a queue-name label, no
+        older than the ``seen_version`` its watch showed."""
         if queue_name(job) is None:
             return None
         if self.queues is None:
             return QueueObservation(kueue="disabled")
-        return await asyncio.to_thread(self.queues.observe, job)
+        return await asyncio.to_thread(self.queues.observe, job, seen_version)
 
     async def refresh_progress(
         self, job: TrainingJob, pods: list[dict[str, Any]], memory: JobMemory
