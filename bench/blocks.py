@@ -890,7 +890,7 @@ def readme(records: dict[str, Body]) -> str:
             pods=512,
         )
     prefix, fleet_names = fleet_contenders(flt)
-    title = f"{prefix.removesuffix(', ')}, one after the other: all Running"
+    title = f"{prefix.removesuffix(', ')} at once, contenders in turn: all Running"
     against_limit(title, flt, f"{prefix}{{}}: all Running")
     for peer in fleet_names[1:]:
         if peer != LIMIT:
