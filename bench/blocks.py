@@ -148,12 +148,9 @@ def scale(records: dict[str, Body]) -> str:
             for name in names:
                 figure = run[key + name]
                 label = contender_label(run, name)
-                if name == "torchkube":
-                    ratio = ""
-                elif name == LIMIT:
-                    ratio = f"torchkube is {versus(figure, ours, run.cores)} it"
-                else:
-                    ratio = versus(ours, figure, run.cores, n if name == "Kubeflow" else None)
+                ratio = ratio_against(run, name, ours, figure, n)
+                if name == LIMIT:
+                    ratio = f"torchkube is {ratio} it"
                 all_pods = (
                     [shown(run[f"{n} workers, {condition}: apply → all pods Running, {name}"])]
                     if has_all_pods
@@ -233,6 +230,19 @@ def scale(records: dict[str, Body]) -> str:
             "",
         ]
     )
+
+
+def ratio_against(
+    run: Run, name: str, ours: dict[str, Any], theirs: dict[str, Any], pods: int | None
+) -> str:
+    """The ratio a contender's figure ``theirs`` stands in against torchkube's ``ours``:
+    torchkube ÷ the limit for the bare client, the peer ÷ torchkube for a peer (for Kubeflow
+    v1.8.1 with its throttle's share of ``pods`` creates), none for torchkube itself."""
+    if name == "torchkube":
+        return ""
+    if name == LIMIT:
+        return versus(theirs, ours, run.cores)
+    return versus(ours, theirs, run.cores, pods if name == "Kubeflow" else None)
 
 
 def contender_label(run: Run, name: str) -> str:
@@ -362,16 +372,12 @@ def fleet(records: dict[str, Body]) -> str:
         trial_counts = "; ".join(
             f"{n} trials of {contender_label(run, c)}" for c, n in counts.items()
         )
+    pods = run.body["config"]["jobs"] * run.body["config"]["per_job"]
     lines = []
     for name in names[1:]:
-        theirs = run[f"{prefix}{name}: all Running"]
-        if name == LIMIT:
-            lines.append(f"torchkube ÷ the limit, all Running: {versus(theirs, ours, run.cores)}.")
-        else:
-            config = run.body["config"]
-            throttled = config["jobs"] * config["per_job"] if name == "Kubeflow" else None
-            ratio = versus(ours, theirs, run.cores, throttled)
-            lines.append(f"{run.peer(name)} ÷ torchkube, all Running: {ratio}.")
+        ratio = ratio_against(run, name, ours, run[f"{prefix}{name}: all Running"], pods)
+        said = "torchkube ÷ the limit" if name == LIMIT else f"{run.peer(name)} ÷ torchkube"
+        lines.append(f"{said}, all Running: {ratio}.")
     return "\n".join(
         [
             f"{run.stamp()}:",
@@ -403,12 +409,9 @@ def queued(records: dict[str, Body]) -> str:
                 run[key.format(what, name)] for what in ("Workload admitted", "all Running")
             )
             label = contender_label(run, name)
-            if name == "torchkube":
-                ratio = ""
-            elif name == LIMIT:
-                ratio = f"torchkube ÷ the limit: {versus(running, ours, run.cores)}"
-            else:
-                ratio = versus(ours, running, run.cores, n if name == "Kubeflow" else None)
+            ratio = ratio_against(run, name, ours, running, n)
+            if name == LIMIT:
+                ratio = f"torchkube ÷ the limit: {ratio}"
             all_pods = [shown(run[key.format("all pods Running", name)])] if has_all_pods else []
             rows.append([str(n), label, shown(admission), shown(running), *all_pods])
             rows[-1] += [trials(running), loads_of(running), ratio]
@@ -816,7 +819,7 @@ def readme(records: dict[str, Body]) -> str:
         mine, peers = run[ours], run[theirs]
         label = run.peer(peer) if peer.startswith("Kubeflow") else peer
         rows.append([what, shown(mine), f"{label}: {shown(peers)}", trials_text([mine, peers])])
-        ratio = versus(mine, peers, run.cores, pods if peer == "Kubeflow" else None)
+        ratio = ratio_against(run, peer, mine, peers, pods)
         rows[-1] += [f"{loads_of(mine)}; {loads_of(peers)}", ratio]
 
     def alone(what: str, run: Run, ours: str) -> None:
@@ -824,15 +827,14 @@ def readme(records: dict[str, Body]) -> str:
         rows.append([what, shown(mine), "", trials_text([mine]), loads_of(mine), ""])
 
     def against_limit(what: str, run: Run, key: str) -> None:
-        """The same pods created with no operator: how far torchkube is from the limit."""
-        if "{}" not in key:
-            key += "{}"
+        """The same pods created with no operator: how far torchkube is from the limit.
+        ``key``: the figure's name with ``{}`` for the contender's."""
         if key.format(LIMIT) not in run.figures:
             return
         mine, limit = run[key.format("torchkube")], run[key.format(LIMIT)]
         rows.append([what, shown(mine), f"{contender_label(run, LIMIT)}: {shown(limit)}"])
         rows[-1] += [trials_text([mine, limit]), f"{loads_of(mine)}; {loads_of(limit)}"]
-        rows[-1].append(f"torchkube ÷ limit: {versus(limit, mine, run.cores)}")
+        rows[-1].append(f"torchkube ÷ limit: {ratio_against(run, LIMIT, mine, limit, None)}")
 
     total = "kill → next step"
     compare(
@@ -856,7 +858,7 @@ def readme(records: dict[str, Body]) -> str:
             against_limit(
                 f"{n} workers, {condition}: apply → all Running",
                 single,
-                f"{n} workers, {condition}: apply → all Running, ",
+                f"{n} workers, {condition}: apply → all Running, {{}}",
             )
         for peer in ("Kubeflow", "Kubeflow, client 500/s"):
             key = f"512 workers, {condition}: apply → all Running, "
@@ -869,7 +871,7 @@ def readme(records: dict[str, Body]) -> str:
                 pods=512,
             )
     key = "512 workers, scheduler at 500 req/s, idle: apply → all Running, "
-    against_limit("the same, kube-scheduler at 500 requests/s", fast, key)
+    against_limit("the same, kube-scheduler at 500 requests/s", fast, key + "{}")
     compare(
         "the same, kube-scheduler at 500 requests/s",
         fast,
@@ -879,7 +881,7 @@ def readme(records: dict[str, Body]) -> str:
         pods=512,
     )
     key = "512 workers through Kueue: apply → all Running, "
-    against_limit("512 workers through Kueue: apply → all Running", kueue, key)
+    against_limit("512 workers through Kueue: apply → all Running", kueue, key + "{}")
     for peer in ("Kubeflow", "Kubeflow, client 500/s"):
         compare(
             "512 workers through Kueue: apply → all Running",
@@ -891,11 +893,11 @@ def readme(records: dict[str, Body]) -> str:
         )
     prefix, fleet_names = fleet_contenders(flt)
     title = f"{prefix.removesuffix(', ')} at once, contenders in turn: all Running"
-    against_limit(title, flt, f"{prefix}{{}}: all Running")
+    key = f"{prefix}{{}}: all Running"
+    against_limit(title, flt, key)
+    pods = flt.body["config"]["jobs"] * flt.body["config"]["per_job"]
     for peer in fleet_names[1:]:
         if peer != LIMIT:
-            key = f"{prefix}{{}}: all Running"
-            pods = flt.body["config"]["jobs"] * flt.body["config"]["per_job"]
             compare(title, flt, key.format("torchkube"), key.format(peer), peer, pods=pods)
     for case in ("no spare", "1 spare"):
         alone(

@@ -563,15 +563,20 @@ class Fleet:
         return samples
 
 
+def fleet_peer(args: argparse.Namespace) -> kubeflow.PeerConfig:
+    """The fleet's one peer: Kubeflow with its client limits raised, unless asked for the
+    default configuration (``--no-raised-peer``)."""
+    return kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
+
+
 def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None:
     """Every contender ``trials_fleet`` times, in an order that rotates trial by trial; each
     operator's steady state after its first trial only (ten quiet minutes say the same each
     time, and would triple the run)."""
     pools = gpu_pools(args.fleet_nodes, args.fleet_domains)
-    config = kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
     with (
         stack(pools, scratch) as bench,
-        contenders(bench, args.peers, (config,), limit=args.limit) as players,
+        contenders(bench, args.peers, (fleet_peer(args),), limit=args.limit) as players,
     ):
         fleets = {
             p.name: Fleet(results, p.name, args.jobs, args.per_job, operator=p.name != LIMIT)
@@ -696,8 +701,7 @@ def notes(args: argparse.Namespace) -> list[str]:
         "claim mounted; bench/kubeflow.py); ratio = Kubeflow ÷ torchkube, of the medians"
     )
     if fleet and not single:
-        peer = kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
-        out.append(f"peer client limits: {peer.describe()}")
+        out.append(f"peer client limits: {fleet_peer(args).describe()}")
     if single:
         out.append(
             f"peer client limits: {kubeflow.DEFAULT.describe()}"
