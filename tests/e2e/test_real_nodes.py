@@ -52,7 +52,9 @@ pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_TAG = "torchkube/trainer:test"
 APP_UID = 10001  # the trainer image's user (Dockerfile APP_UID)
-STEPS = 400
+# Long enough (~35 s at world size 1) that a worker whose container starts after the first
+# round closed (5 s after the first agent joined) still joins it: the launcher's scale-up.
+STEPS = 1200
 CHECKPOINT_EVERY = 20
 NODE_LOST_GRACE_S = 5
 NODE_MONITOR_GRACE_S = 20
@@ -434,7 +436,10 @@ class RealJob(Job):
         return int(saved)
 
     def describe(self) -> str:
-        listed = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in self.pods()]
+        listed = [
+            (p.metadata.name, p.status.phase, p.spec.node_name, _container_states(p))
+            for p in self.pods()
+        ]
         return f"status={self.status()} pods={listed} progress={self.progress()}"
 
     def wait_finished(self) -> str:
@@ -452,6 +457,22 @@ class RealJob(Job):
             self.cluster, "delete", "trainingjob", "-n", self.namespace, self.name, "--wait=false"
         )
         delete_volume(self.api, self.volume)
+
+
+def _container_states(pod: Any) -> list[str]:
+    """Each container's state in a line: when it started, or why it waits or ended — what
+    tells a worker that joined late from one that never started."""
+    states = []
+    for status in pod.status.container_statuses or []:
+        state = status.state
+        if state.running is not None:
+            states.append(f"{status.name} running since {state.running.started_at}")
+        elif state.waiting is not None:
+            states.append(f"{status.name} waiting: {state.waiting.reason}")
+        elif state.terminated is not None:
+            ended = state.terminated
+            states.append(f"{status.name} exited {ended.exit_code} at {ended.finished_at}")
+    return states
 
 
 def _power_on_lost_nodes(cluster: Cluster) -> dict[str, list[str]]:
