@@ -25,10 +25,14 @@ rotated order, each trial with its own seed:
 
 A CPU step of the tiny model takes milliseconds, so every micro-batch is stretched to
 ``--micro-batch-seconds`` (``Chaos.compute_seconds``, standing for an accelerator's compute):
-with four groups a step is ``--steps-seconds``, at least 4× the failure detection (the
+with every group a step is ``step_seconds`` (4 s by default), at least 4× the failure detection (the
 Lighthouse's heartbeat timeout, scaled down with the step from its 2 s to
-``--heartbeat-timeout-ms``); fewer groups share the same global batch, so a step of three takes
-4/3 as long, as it would on GPUs. Losses land mid-step in proportion, during a replacement's
+``--heartbeat-timeout-ms``); fewer groups share the same global batch, so a step of seven of
+eight groups takes 8/7 as long, as it would on GPUs. Eight groups by default: each loss takes an
+eighth of the job's capacity until its replacement has started (torchft's test: a 30th); with
+four, a loss of the last groups trained before any replacement is back starts the job over
+from its checkpoint, which a 2-core machine's 10 s replacement start makes the common case at
+one loss per 1.4 steps. Losses land mid-step in proportion, during a replacement's
 start and its copy of the state, during the writer group's checkpoint saves, and on the
 Lighthouse.
 
@@ -388,14 +392,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.live_sustained", description=__doc__)
     parser.add_argument("--trials", type=int, default=3, help="runs per way, each its own seed")
     parser.add_argument("--steps", type=int, default=50, help="steps of every run")
-    parser.add_argument("--groups", type=int, default=4, help="replica groups (pods)")
-    parser.add_argument("--global-batch", type=int, default=48, help="sequences per step")
+    parser.add_argument("--groups", type=int, default=8, help="replica groups (pods)")
+    parser.add_argument("--global-batch", type=int, default=96, help="sequences per step")
     parser.add_argument("--micro-batch", type=int, default=4, help="the example's micro-batch")
     parser.add_argument(
         "--micro-batch-seconds",
         type=float,
         default=4 / 3,
-        help="each micro-batch's stretched compute: with 4 groups, 3 micro-batches a step",
+        help="each micro-batch's stretched compute: with 8 groups of 96 sequences, 3 "
+        "micro-batches a step",
     )
     parser.add_argument(
         "--heartbeat-timeout-ms",
@@ -408,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cap-minutes",
         type=float,
-        default=8.0,
+        default=14.0,
         help="a run still short of its steps then is stopped (SIGTERM, as a deletion) and "
         "recorded as not finished within the cap, apart from a run that failed",
     )
@@ -468,9 +473,9 @@ def summarise(results: Results, trials: list[dict[str, Any]], args: argparse.Nam
         f"replacement still starting); the hot spares' way adds {SPARES} standby groups.",
         "torchft's figures (30 groups of 10 L40S, ≈ 11 s a step): a loss every 60 s, 82.3 % "
         "of steps committed and 81.2 % training efficiency; every 15 s, 30.2 % committed. "
-        "With 4 groups here, each loss takes a quarter of the job's capacity until its "
-        "replacement has started (torch imported on a 2-core machine, about 10 s) — a 30th "
-        "there.",
+        f"With {args.groups} groups here, each loss takes 1/{args.groups} of the job's "
+        "capacity until its replacement has started (torch imported on a 2-core machine, "
+        "about 10 s) — a 30th there.",
     ]
 
 
