@@ -25,14 +25,14 @@ rotated order, each trial with its own seed:
 
 A CPU step of the tiny model takes milliseconds, so every micro-batch is stretched to
 ``--micro-batch-seconds`` (``Chaos.compute_seconds``, standing for an accelerator's compute):
-with every group a step is ``step_seconds`` (4 s by default), at least 4× the failure detection (the
-Lighthouse's heartbeat timeout, scaled down with the step from its 2 s to
+with every group a step is ``step_seconds`` (4 s by default), at least 4× the failure
+detection (the Lighthouse's heartbeat timeout, scaled down with the step from its 2 s to
 ``--heartbeat-timeout-ms``); fewer groups share the same global batch, so a step of seven of
-eight groups takes 8/7 as long, as it would on GPUs. Eight groups by default: each loss takes an
-eighth of the job's capacity until its replacement has started (torchft's test: a 30th); with
-four, a loss of the last groups trained before any replacement is back starts the job over
-from its checkpoint, which a 2-core machine's 10 s replacement start makes the common case at
-one loss per 1.4 steps. Losses land mid-step in proportion, during a replacement's
+eight groups takes 8/7 as long, as it would on GPUs. Eight groups by default: each loss takes
+an eighth of the job's capacity until its replacement has started (torchft's test: a 30th);
+with four, a loss of the last groups trained before any replacement is back starts the job
+over from its checkpoint, which a 2-core machine's 10 s replacement start makes the common
+case at one loss per 1.4 steps. Losses land mid-step in proportion, during a replacement's
 start and its copy of the state, during the writer group's checkpoint saves, and on the
 Lighthouse.
 

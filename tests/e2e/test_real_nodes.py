@@ -53,7 +53,8 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINER_TAG = "torchkube/trainer:test"
 APP_UID = 10001  # the trainer image's user (Dockerfile APP_UID)
 # Long enough (~35 s at world size 1) that a worker whose container starts after the first
-# round closed (5 s after the first agent joined) still joins it: the launcher's scale-up.
+# round closed (5 s after the first agent joined) still joins the run: the launcher's
+# scale-up.
 STEPS = 1200
 CHECKPOINT_EVERY = 20
 NODE_LOST_GRACE_S = 5
