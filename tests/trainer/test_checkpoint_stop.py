@@ -3,7 +3,9 @@
 Each rank polls its share of an async save on its own, so when SIGTERM lands one rank may have
 committed the save another still holds as in flight. Deciding alone, the first would write
 the current step while the second did not, and would then fail in the save's collectives when
-the second exited."""
+the second exited. Rank 0 commits, and only once every rank's share is written: its view says
+whether a write is still under way (finish it, write nothing more) or done (write the step
+the stop came at, however late the other rank's poll would notice)."""
 
 import os
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from trainer_harness import free_port, worker_env
 
 HERE = Path(__file__).parent
@@ -29,8 +32,8 @@ RANK = textwrap.dedent(
     trainer = make_trainer(info, Path(sys.argv[1]))
     trainer.train(1)
     trainer.ckpt.save(1)  # async
-    if info.rank == 0:
-        trainer.ckpt.wait()  # rank 0 has committed it; rank 1 still holds it as in flight
+    if info.rank == int(sys.argv[2]):
+        trainer.ckpt.wait()  # this rank is done with it; the other still holds it as in flight
     trainer.train(1)
     trainer.ckpt.save_on_stop(2)
     print(f"rank {info.rank}: last checkpoint step {trainer.ckpt.last_step}", flush=True)
@@ -40,13 +43,20 @@ RANK = textwrap.dedent(
 )
 
 
-def test_ranks_agree_on_the_emergency_checkpoint_when_one_has_committed_the_save(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("done_on_rank", "written"),
+    [
+        pytest.param(0, ["step-1", "step-2"], id="committed: the stop's step is written"),
+        pytest.param(1, ["step-1"], id="rank 0 still in flight: it is finished, nothing more"),
+    ],
+)
+def test_ranks_agree_on_the_emergency_checkpoint_when_one_is_done_with_the_save(
+    done_on_rank: int, written: list[str], tmp_path: Path
 ) -> None:
     port = str(free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK, str(tmp_path / "ckpt")],
+            [sys.executable, "-c", RANK, str(tmp_path / "ckpt"), str(done_on_rank)],
             env=worker_env(
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
@@ -73,6 +83,7 @@ def test_ranks_agree_on_the_emergency_checkpoint_when_one_has_committed_the_save
             raise
     for proc, output in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, output
+    last = written[-1].removeprefix("step-")
     for rank, output in enumerate(outputs):
-        assert f"rank {rank}: last checkpoint step 1" in output, output
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-1"]
+        assert f"rank {rank}: last checkpoint step {last}" in output, output
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == written

@@ -584,7 +584,9 @@ class CheckpointManager:
         The ranks decide together. Each polls its share of an async save on its own, so at
         the stop one rank may already have committed the save another is still writing; a
         rank that then wrote the current step alone would wait for ever in the save's
-        collectives (or fail when the others exit).
+        collectives (or fail when the others exit). Whether a save is in flight is rank 0's
+        view: it commits only once every rank's share is written, so a save it has
+        committed is done everywhere, however late another rank's poll would notice.
         """
         if self.folder is None:
             return
@@ -593,7 +595,8 @@ class CheckpointManager:
             in_flight = self._pending.step if self._pending is not None else None
             self.wait()
             failed = in_flight is not None and self.last_step != in_flight
-            flags = torch.tensor([int(in_flight is not None), int(failed)], dtype=torch.int32)
+            committing = in_flight is not None and self.info.is_main
+            flags = torch.tensor([int(committing), int(failed)], dtype=torch.int32)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.info.control_group)
             if flags[0] and not flags[1]:
                 if self.last_step != step and self.info.is_main:
