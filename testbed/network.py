@@ -36,7 +36,14 @@ def pick_supernet(tries: int = 64) -> ipaddress.IPv4Network:
 
 
 def create_bridge(name: str, address: str) -> None:
-    run(["ip", "link", "add", "name", name, "type", "bridge"], f"bridge {name}")
+    """A bridge with a MAC address of its own, derived from its IPv4 ``address`` (unique on
+    this machine): without one, Linux gives a bridge the lowest of its ports' addresses and
+    changes it as pods are plugged in and out, and every other pod's cached gateway address
+    goes dead until its ARP entry expires — tens of seconds in which the host cannot reach it.
+    """
+    octets = ipaddress.IPv4Interface(address).ip.packed
+    mac = "02:fe:" + ":".join(f"{octet:02x}" for octet in octets)  # locally administered
+    run(["ip", "link", "add", "name", name, "address", mac, "type", "bridge"], f"bridge {name}")
     add_address(name, address)
     run(["ip", "link", "set", name, "up"], f"bridge {name}")
 
