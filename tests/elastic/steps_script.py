@@ -8,7 +8,7 @@ continues after the last line. (Keeping the count in a second file raced: a
 worker stopped between the two writes lost a step.) With ``CRASH_AT_STEP``, rank 0 exits
 ``CRASH_EXIT_CODE`` at that step, once. With ``TERM_SECONDS``, a worker sent SIGTERM
 touches ``$OUT/terminating-<agent>`` and takes that long to exit, as the trainer's emergency
-checkpoint does.
+checkpoint does, then touches ``$OUT/terminated-<agent>`` as it exits.
 """
 
 import os
@@ -29,6 +29,7 @@ def _checkpoint_on_sigterm(out: Path, seconds: float) -> None:
     def checkpoint(*_: object) -> None:
         (out / f"terminating-{os.environ.get('AGENT', '?')}").touch()
         time.sleep(seconds)
+        (out / f"terminated-{os.environ.get('AGENT', '?')}").touch()
         os._exit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, checkpoint)

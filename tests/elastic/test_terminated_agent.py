@@ -3,7 +3,10 @@ is going on: it never re-joins a rendezvous, not even one a new store serves und
 address. A suspension deletes the store pod with the workers, so an agent often sees its store
 go a moment before its own SIGTERM arrives; before, that agent took the signal for part of the
 store loss, waited for the store, joined the round of the next admission and trained in it
-from a Terminating pod until its grace period ran out."""
+from a Terminating pod until its grace period ran out. And a signal that came while torchrun
+waited for the workers it had stopped for the lost store ended that wait: the launcher, a
+pod's first process, exited while its workers still wrote their emergency checkpoint, and the
+pod's end killed them mid-write (a preempted job on real nodes resumed 82 steps back)."""
 
 import signal
 import subprocess
@@ -45,6 +48,9 @@ def test_sigterm_while_the_workers_stop_for_a_lost_store_ends_the_agent(
         except subprocess.TimeoutExpired:
             code = None
         assert code == TERMINATED, (tmp_path / "a.log").read_text()[-3000:]
+        assert (tmp_path / "terminated-a").exists(), (
+            "the agent exited before its worker finished stopping (its emergency checkpoint)"
+        )
         resumed = len(steps(tmp_path))
         wait_for(
             lambda: any(w == 1 for _, w, _ in steps(tmp_path)[resumed:]),

@@ -28,7 +28,9 @@ adds:
   sent SIGTERM, often a moment after its store pod went: the launcher stops its workers (their
   emergency checkpoint), leaves the rendezvous and exits ``128+N``, even when the signal came
   while it stopped them for the lost store or waited for the store to come back. It never
-  re-joins, so a Terminating pod cannot train in the round a new store serves.
+  re-joins, so a Terminating pod cannot train in the round a new store serves; and it exits
+  only once its workers have (or the shutdown timeout has passed): a signal ends torchrun's
+  wait for them, and the launcher's exit ends the pod's every process.
 * **A join timeout is said as one.** When the store answers but fewer than ``--nnodes`` min
   agents came within ``join_timeout`` (the other pods still pulling their image, their node
   still being provisioned), the launcher exits with ``ExitCode.JOIN_TIMEOUT`` (76) and
@@ -124,7 +126,8 @@ def _signal_of(error: BaseException) -> int | None:
     return next((int(signum) for signum in signals if signum is not None), None)
 
 
-def _terminated(signum: int, error: BaseException) -> int:
+def _terminated(signum: int, error: BaseException, args: list[str]) -> int:
+    torchrun.finish_stopping_workers(_shutdown_timeout(args))
     torchrun.leave()  # deleted or preempted: the others need not wait for its keep-alive
     _report(f"stopped by signal {signum}: {error}")
     return 128 + signum
@@ -184,6 +187,11 @@ def _option(argv: list[str], name: str) -> str | None:
             if arg.startswith(f"--{spelling}="):
                 return arg.split("=", 1)[1]
     return None
+
+
+def _shutdown_timeout(argv: list[str]) -> float:
+    """``--shutdown-timeout``: how long the workers may take to stop (torchrun's default 30)."""
+    return float(_option(argv, "shutdown-timeout") or 30)
 
 
 def _join_timeout(argv: list[str]) -> float:
@@ -369,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run_rounds(args, (marker, hang_marker), budget)
     except SignalException as error:  # it came between two rounds, waiting for the store
-        return _terminated(int(error.sigval), error)
+        return _terminated(int(error.sigval), error, args)
     finally:
         done.set()
         if watchdog is not None:
@@ -395,7 +403,7 @@ def _run_rounds(args: list[str], markers: tuple[Path, Path], budget: float) -> i
                 raise
             signum = _signal_of(error)
             if signum is not None:
-                return _terminated(signum, error)
+                return _terminated(signum, error, args)
             why = _rendezvous_lost(error)
             if why is None:
                 code = _exit_code(error)

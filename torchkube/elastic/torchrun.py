@@ -70,6 +70,7 @@ Around it, this module adds:
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -357,6 +358,19 @@ def healthy_workers() -> set[int]:
         return set()
     pcontext = agent._pcontext
     return set(pcontext.pids().values()) if pcontext is not None else set()
+
+
+def finish_stopping_workers(timeout: float) -> None:
+    """Stop the workers of the current agent and wait for them, up to ``timeout`` seconds
+    (SIGKILL after). A signal that comes while torchrun waits for workers it is stopping
+    (after a lost store) ends torchrun's wait, not the workers' stop; the launcher, a pod's
+    first process, must not exit before them: the pod's end would kill them mid-way through
+    their emergency checkpoint. A worker already stopping takes the repeated SIGTERM as the
+    same request."""
+    agent = _Tracked.agent
+    pcontext = agent._pcontext if agent is not None else None
+    if pcontext is not None:
+        pcontext.close(signal.SIGTERM, max(1, int(timeout)))
 
 
 def leave() -> bool:
