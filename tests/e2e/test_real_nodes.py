@@ -565,7 +565,12 @@ class Scenario:
         **spec: Any,
     ) -> Iterator[RealJob]:
         """``spec`` fields over :func:`_job_manifest`'s (a mapping merged key by key); the
-        opening also waits for the spares ``replicas`` asks for to stand by."""
+        opening also waits for the spares ``replicas`` asks for to stand by.
+
+        Two workers exactly unless ``replicas`` says otherwise: the opening waits for both to
+        train, and with ``min: 1`` a worker whose pod started late (its kubelet refused the
+        checkpoint claim at first, then retried after its backoff) left the first round to
+        the other, which trained every step at world size 1 in a few seconds."""
         spares = int(spec.get("replicas", {}).get("spares", 0))
         with real_job(
             self.cluster,
@@ -577,6 +582,7 @@ class Scenario:
             name=name,
         ) as job:
             manifest = _job_manifest(job.name, job.namespace, steps, every)
+            manifest["spec"]["replicas"] = {"min": 2, "max": 2}
             for key, value in spec.items():
                 default = manifest["spec"].get(key)
                 manifest["spec"][key] = {**default, **value} if isinstance(default, dict) else value
@@ -989,7 +995,8 @@ def test_scale_down_on_real_nodes_counts_no_failure(
     first (the node authorizer had not yet linked the just-bound pod to it) and retry after
     its backoff."""
     steps, every = 600, 50
-    with scenario.training("realnodes-scale", "shrink", steps, every) as job:
+    elastic = {"min": 1, "max": 2}
+    with scenario.training("realnodes-scale", "shrink", steps, every, replicas=elastic) as job:
         at = int(job.progress()["step"])
         say(f"kubectl scale tj/{job.name} --replicas=1 at step {at}")
         _kubectl(real_cluster, "scale", "-n", job.namespace, f"tj/{job.name}", "--replicas=1")
@@ -1287,7 +1294,7 @@ USER_PATH_UNEXERCISED = (
     "torchkube_job_topology_",
 )
 RELEASE, OPERATOR_NS = "torchkube", "torchkube-system"
-USER_STEPS = 400
+USER_STEPS = STEPS  # its workers may start apart too, on a cluster just installed
 
 
 def _helm(cluster: Cluster, home: Path, *args: str) -> str:
@@ -1900,6 +1907,7 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
     ):
         _real_queue(api, "realnodes", [low.namespace, high.namespace])
         manifest = _job_manifest(low.name, low.namespace, steps, every)
+        manifest["spec"]["replicas"] = {"min": 2, "max": 2}  # both train: see Scenario.training
         low.apply(_queued(manifest, "realnodes", "kueue-low"))
 
         def past_first_checkpoint() -> bool:
