@@ -16,6 +16,12 @@ trainer on CPU) with the quick start's tiny GPT and 2 workers. Three cases:
   --chaos-crash-at-step``): both launchers live on and restart the round in place, so nothing
   waits for a keep-alive to expire and detection is on the critical path.
 
+The limit runs the ``gone`` case too (:mod:`bench.bare_recovery`): a static world of two with
+no agent, whose survivor's end hands a world of one at once to a standby process that imported
+torch and the trainer beforehand — what no restart can skip; torchkube ÷ the limit says how
+far its launcher is from it. Its split: detection (kill → the survivor's process seen ended),
+hand-over (→ the standby told, in place of the re-rendezvous), then as below.
+
 Plain torchrun runs the ``gone`` case as the reference, in the same benchmark run, interleaved
 with torchkube's trials (:mod:`bench.plain_torchrun`: two agents, the rendezvous store inside
 the first): with torchrun's default rendezvous settings, and with the settings torchkube passes
@@ -61,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.bare_recovery import BareRestart
 from bench.common import (
     Figure,
     Reference,
@@ -81,6 +88,8 @@ REFERENCES = {
     "torchrun-same-settings": "plain torchrun, torchkube's rendezvous settings",
 }
 HOST_LOSS = "torchrun-store-host-killed"
+LIMIT = "limit"
+LIMIT_LABEL = "the limit: the survivor alone at once, a standby with torch imported (1:2)"
 
 _TORCH_LOG = re.compile(r"^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) ")
 _PY_LOG = re.compile(r"^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2}),(\d{3}) ")
@@ -200,6 +209,35 @@ def split_recovery(lines: list[LogLine], killed_at: float) -> Split:
     )
 
 
+def split_handover(
+    lines: list[LogLine], killed_at: float, noticed_at: float, handed_at: float
+) -> Split:
+    """The limit's milestones: the harness saw the survivor end (``noticed_at``) and gave the
+    standby its world (``handed_at``); the standby's log has the resume and the steps."""
+    after = sorted(
+        (x for x in lines if x.at >= handed_at and x.source == "standby.log"), key=lambda x: x.at
+    )
+    resumed = next((x for x in after if _RESUMED.search(x.text)), None)
+    if resumed is None:
+        raise ValueError("no 'resumed from' in the standby's log after the hand-over")
+    step = next((x for x in after if x.at >= resumed.at and _STEP.search(x.text)), None)
+    if step is None:
+        raise ValueError("no training step in the standby's log after the resume")
+    load_match, step_match = _RESUMED.search(resumed.text), _STEP.search(step.text)
+    assert load_match is not None and step_match is not None
+    load = float(load_match.group(1))
+    resumed_from = re.search(r"step-(\d+)", resumed.text)
+    return Split(
+        detection=noticed_at - killed_at,
+        rendezvous=handed_at - noticed_at,
+        worker_start=(resumed.at - load) - handed_at,
+        checkpoint_load=load,
+        first_step=step.at - resumed.at,
+        resumed_step=int(resumed_from.group(1)) if resumed_from else -1,
+        first_new_step=int(step_match.group(1)),
+    )
+
+
 # ----------------------------------------------------------------------------- the runs
 def job_manifest(case: str, steps: int, interval: int) -> dict[str, Any]:
     """The quick start's job (tiny GPT, 2 CPU workers), logging every step."""
@@ -255,9 +293,9 @@ def back_at_step(lines: list[LogLine], killed_at: float, step: int, split: Split
     return None
 
 
-def worker_logs(log_dir: Path, killed_at: float) -> list[LogLine]:
+def worker_logs(log_dir: Path, killed_at: float, pattern: str = "worker-*.log") -> list[LogLine]:
     year = dt.datetime.fromtimestamp(killed_at).year
-    return [ln for p in sorted(log_dir.glob("worker-*.log")) for ln in read_log(p, year)]
+    return [ln for p in sorted(log_dir.glob(pattern)) for ln in read_log(p, year)]
 
 
 def run_trial(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
@@ -313,6 +351,26 @@ def run_reference(case: str, args: argparse.Namespace, workdir: Path) -> Trial:
     return Trial(split, back, load, outcome, victim == "host")
 
 
+def run_limit(args: argparse.Namespace, workdir: Path) -> Trial:
+    """The ``gone`` job's kill with nothing but a standby to take over (bench.bare_recovery)."""
+    from torchkube.api import TrainingJob
+
+    job = TrainingJob.model_validate(job_manifest("gone", args.steps, args.interval))
+    result = BareRestart(job, workdir).run(args.kill_step, timeout=args.reference_timeout)
+    load = load_average()
+    killed, noticed, handed = result.killed_at, result.noticed_at, result.handed_at
+    if killed is None or noticed is None or handed is None:
+        return Trial(None, None, load, f"no kill or no hand-over (exit codes {result.exit_codes})")
+    lines = worker_logs(result.log_dir, killed, "*.log")
+    outcome = "" if result.finished else f"training did not finish (exit {result.exit_codes})"
+    try:
+        split = split_handover(lines, killed, noticed, handed)
+    except ValueError as error:
+        return Trial(None, None, load, f"{error}; {outcome}".rstrip("; "), True)
+    back = back_at_step(lines, killed, args.kill_step, split)
+    return Trial(split, back, load, outcome, True)
+
+
 PARTS = ("detection", "rendezvous", "worker_start", "checkpoint_load", "first_step")
 
 
@@ -348,10 +406,19 @@ class CaseFigures:
             self.back.add(trial.back_at_step, trial.load)
 
 
-def compare(results: Results, ours: Figure, references: dict[str, CaseFigures]) -> None:
-    """torchkube's ``gone`` total against each plain-torchrun reference of the same run."""
+def compare(
+    results: Results, ours: Figure, references: dict[str, CaseFigures], limit: CaseFigures | None
+) -> None:
+    """torchkube's ``gone`` total against each plain-torchrun reference of the same run, and
+    against the limit."""
     rows = []
     mine = ours.stats
+    if limit is not None and mine is not None and (floor := limit.total.stats) is not None:
+        ratio = results.figure("torchkube ÷ the limit, kill → next step", "x")
+        ratio.add(mine.median / floor.median, ours.loads[-1])
+        rows.append(
+            [LIMIT_LABEL, spread(limit.total), f"torchkube ÷ it: {fmt(ratio.values[0], 'x')}"]
+        )
     for case, figures in references.items():
         theirs = figures.total.stats
         if mine is None or theirs is None:
@@ -389,16 +456,18 @@ def main(argv: list[str] | None = None) -> None:
         args.trials, args.reference_trials = 1, 0
     cases = [c for c in args.cases.split(",") if c]
     references = list(REFERENCES) if args.reference_trials and "gone" in cases else []
+    limits = [LIMIT] if args.trials and "gone" in cases and not args.quick else []
     results = Results("recovery_e2e", command_line("bench.recovery_e2e", argv), config=vars(args))
     labels = {
         "gone": "killed, never back (1:2)",
         "replaced": "killed, replaced (2:2)",
         "crashed": "trainer crashed, restarted in place (2:2)",
         **{case: f"{REFERENCES[case]} (1:2)" for case in references},
+        LIMIT: LIMIT_LABEL,
     }
     figures = {
         case: CaseFigures.of(results, labels[case], Target(TARGET_TOTAL) if case in cases else None)
-        for case in [*cases, *references]
+        for case in [*cases, *limits, *references]
     }
     host_loss = results.figure(
         "plain torchrun, store's agent killed: trials where training went on", "trials"
@@ -409,12 +478,14 @@ def main(argv: list[str] | None = None) -> None:
     for trial in range(rounds):
         # interleaved, each round starting with the next case, so the machine's load drifts
         # over every case alike and none always runs first
-        due = [c for c in cases if trial < args.trials]
+        due = [c for c in [*cases, *limits] if trial < args.trials]
         due += [c for c in references if trial < args.reference_trials]
         for case in rotated(due, trial):
             workdir = base / f"{case}-{trial}"
             if case in REFERENCES:
                 result = run_reference(case, args, workdir)
+            elif case == LIMIT:
+                result = run_limit(args, workdir)
             else:
                 result = run_trial(case, args, workdir)
             rows.append(trial_row(case, trial, result))
@@ -444,7 +515,12 @@ def main(argv: list[str] | None = None) -> None:
             + "; torchkube's store is a process (a pod) of its own, so the 'gone' case above "
             "kills worker 0 with the store untouched"
         )
-        compare(results, figures["gone"].total, {c: figures[c] for c in references})
+        compare(
+            results,
+            figures["gone"].total,
+            {c: figures[c] for c in references},
+            figures[LIMIT] if limits else None,
+        )
     results.tables["every trial (seconds)"] = (
         [
             "case",

@@ -43,9 +43,11 @@ def around(median: float, trials: int) -> list[float]:
     return [median + i - (trials - 1) / 2 for i in range(trials)]
 
 
-def e2e(trials: int, peer_load: float = 1.0) -> dict[str, Any]:
+def e2e(trials: int, peer_load: float = 1.0, limit: float | None = None) -> dict[str, Any]:
     figures: FIGURES = {}
     cases = {case: 10.0 * (i + 1) for i, case in enumerate(blocks.E2E_CASES)}
+    if limit is not None:
+        cases[blocks.E2E_LIMIT] = limit
     for case, total in cases.items():
         loads = [peer_load if case.startswith("plain") else 1.0] * trials
         for part, value in (("kill → next step", total), ("detection", 0.5)):
@@ -464,3 +466,12 @@ def test_recovery_puts_the_limit_beside_torchkube_when_recorded() -> None:
     assert "; the limit: " in with_limit
     without = blocks.operator_recovery({"operator_recovery": recovery(limit=False)})
     assert "the limit" not in without
+
+
+def test_recovery_e2e_sets_the_limit_beside_torchkube_when_recorded() -> None:
+    shown = blocks.recovery_e2e({"recovery_e2e": e2e(3, limit=2.0)})
+    rows = [line for line in shown.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| torchkube: the worker never returns |"), rows
+    assert rows[2].startswith(f"| {blocks.E2E_LIMIT_SAID} |"), rows
+    assert rows[2].endswith("| torchkube ÷ it: 5.00× |"), "torchkube's 10 s ÷ the limit's 2 s"
+    assert blocks.E2E_LIMIT_SAID not in blocks.recovery_e2e({"recovery_e2e": e2e(3)})

@@ -25,6 +25,7 @@ from bench.recovery_e2e import (
     back_at_step,
     job_manifest,
     line_time,
+    split_handover,
     split_recovery,
 )
 from bench.trainer_throughput import throughput
@@ -597,3 +598,23 @@ def test_a_queued_trial_starts_only_once_no_workload_holds_the_quota() -> None:
     assert quota_free({})
     assert not quota_free({"status": {"reservingWorkloads": 1, "admittedWorkloads": 1}})
     assert not quota_free({"status": {"pendingWorkloads": 1}})
+
+
+def test_split_handover_times_the_limit_from_the_harness_and_the_standby() -> None:
+    t = dt.datetime(2026, 11, 23, 7, 0, 0).timestamp()
+    lines = [
+        LogLine(t - 1, "worker-0.log", "x INFO torchkube: step 45/100 | loss"),
+        LogLine(t + 0.4, "worker-1.log", "x INFO torchkube: resumed from /c/step-1 (w) in 9.0s"),
+        LogLine(t + 1.5, "standby.log", "x INFO torchkube: resumed from /c/step-40 (w) in 0.25s"),
+        LogLine(t + 1.6, "standby.log", "x INFO torchkube: step 41/100 | loss 3.1"),
+    ]
+    split = split_handover(lines, t, noticed_at=t + 0.3, handed_at=t + 0.31)
+    assert split.detection == pytest.approx(0.3)
+    assert split.rendezvous == pytest.approx(0.01)  # the hand-over
+    assert split.worker_start == pytest.approx(1.25 - 0.31)
+    assert split.checkpoint_load == pytest.approx(0.25)
+    assert split.first_step == pytest.approx(0.1)
+    assert split.total == pytest.approx(1.6)
+    assert (split.resumed_step, split.first_new_step) == (40, 41)
+    with pytest.raises(ValueError, match="standby"):
+        split_handover(lines[:2], t, noticed_at=t + 0.3, handed_at=t + 0.31)
