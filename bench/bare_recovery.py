@@ -35,14 +35,17 @@ POLL_SECONDS = 0.01
 STANDBY = "standby"
 
 STANDBY_PROGRAM = """
-import json, os, sys
-import torch, torch.distributed  # what a worker start would import, done before the run
+import importlib, json, os, sys
+from torchkube.elastic.warm import PRELOAD, TRAINER_PRELOAD
+for module in PRELOAD + TRAINER_PRELOAD:  # what torchkube's warm server imports for its workers
+    importlib.import_module(module)
 from torchkube.trainer.entrypoint import exit_with, main
 print("standby: torch and the trainer imported", flush=True)
 os.environ.update(json.loads(sys.stdin.readline()))
 exit_with(main())
 """
-"""Waits with everything imported for one line: the environment of its world of one."""
+"""Waits, with what torchkube's warm workers find imported, for one line: the environment of
+its world of one."""
 
 
 @dataclass
