@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkube.api import TrainingJob
-from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
+from torchkube.api.contract import Env, chaos_hold_steps_value, read_progress
 from torchkube.api.worker_launch import trainer_env
 from torchkube.local.processes import kill_tree, stopped
 from torchkube.local.runner import free_port
@@ -96,14 +96,6 @@ class BareRestart:
         self.processes.append(process)
         return process
 
-    def progress(self) -> ProgressReport | None:
-        try:
-            return ProgressReport.model_validate_json(
-                (self.checkpoint_dir / PROGRESS_FILE).read_text()
-            )
-        except (OSError, ValueError):
-            return None
-
     def run(self, kill_step: int, timeout: float) -> BareResult:
         """Train; kill worker 0 at ``kill_step``; hand over to the standby when worker 1's
         process ends; wait for the standby to end (``timeout`` seconds in all)."""
@@ -144,7 +136,7 @@ class BareRestart:
                     kill_tree(process.pid)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=30)
-        record = self.progress()
+        record = read_progress(self.checkpoint_dir)
         return BareResult(
             killed_at,
             noticed_at,

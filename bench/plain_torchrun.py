@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from torchkube.api import TrainingJob
-from torchkube.api.contract import PROGRESS_FILE, Env, ProgressReport, chaos_hold_steps_value
+from torchkube.api.contract import Env, ProgressReport, chaos_hold_steps_value, read_progress
 from torchkube.api.worker_launch import torchrun_args, trainer_env
 from torchkube.elastic.warm import workers_of
 from torchkube.local.processes import children_of, kill_tree, stopped
@@ -135,12 +135,7 @@ class PlainTorchrun:
         return agent
 
     def progress(self) -> ProgressReport | None:
-        try:
-            return ProgressReport.model_validate_json(
-                (self.checkpoint_dir / PROGRESS_FILE).read_text()
-            )
-        except (OSError, ValueError):
-            return None
+        return read_progress(self.checkpoint_dir)
 
     def run(
         self,

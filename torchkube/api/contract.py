@@ -432,6 +432,15 @@ class ProgressReport(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def read_progress(folder: Path) -> ProgressReport | None:
+    """The report rank 0 keeps in ``folder`` (a job's checkpoint folder); None before the
+    first one, or while it cannot be read."""
+    try:
+        return ProgressReport.model_validate_json((folder / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 PREPARED_MARKER = "PREPARED.json"
 """In the data folder of ``spec.data``: the :class:`PrepareReport` of the prepare step that
 wrote it. A later step for the same source and tokenizer finds it and does nothing."""

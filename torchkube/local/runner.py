@@ -51,11 +51,11 @@ from typing import Any, TextIO
 
 from torchkube.api import TrainingJob
 from torchkube.api.contract import (
-    PROGRESS_FILE,
     ChaosPhase,
     Env,
     ProgressReport,
     chaos_hold_steps_value,
+    read_progress,
 )
 from torchkube.api.ledger import Ledger
 from torchkube.api.standby import stands_by
@@ -402,12 +402,7 @@ class LocalRun:
     # ------------------------------------------------------------------ observation
     def progress(self) -> ProgressReport | None:
         """The trainer's report from the work dir (the contract's ProgressReport)."""
-        try:
-            return ProgressReport.model_validate_json(
-                (self.checkpoint_dir / PROGRESS_FILE).read_text()
-            )
-        except (OSError, ValueError):
-            return None
+        return read_progress(self.checkpoint_dir)
 
     def _termination_message(self, index: int) -> str:
         path = self.log_dir / f"worker-{index}.termination"
