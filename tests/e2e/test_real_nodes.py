@@ -711,6 +711,28 @@ def _followed_tails(folder: Path, lines: int) -> str:
     )
 
 
+STOP_MILESTONES = re.compile(
+    r"received SIG|Closing process|checkpoint step-\d+ committed|stopped at step|stopped by"
+    r"|training failed|RuntimeError: \[|could not leave|re-joining"
+)
+"""The lines of a stopped round's logs that say how its stop went: the signal, torchrun
+stopping its workers, the save, the trainer's and the launcher's ends."""
+
+
+def _stop_milestones(folder: Path) -> str:
+    """Each kept log's :data:`STOP_MILESTONES` lines, short enough for an assertion message
+    (the part of a failed run's output that is always shown)."""
+    return "\n".join(
+        f"{log.stem}: "
+        + " | ".join(
+            line.strip()[:160]
+            for line in log.read_text(errors="replace").splitlines()
+            if STOP_MILESTONES.search(line)
+        )
+        for log in sorted(folder.glob("*.log"))
+    )
+
+
 def _resumed_after(job: RealJob, before: dict[str, Any]) -> Callable[[], dict[str, Any] | None]:
     """A report written after a resume from a checkpoint, past the step it resumed at (or the
     final one, when the rest of the run took less than a poll)."""
@@ -1934,9 +1956,11 @@ def test_a_preempted_job_checkpoints_waits_and_resumes_from_that_checkpoint(
             wait_for(preempted, 60, what="the low job preempted", describe_last=low.describe)
             try:
                 emergency_step = low.stop_checkpoint(before, every)
-            except AssertionError:
+            except AssertionError as wrong:
                 say(f"the stopped round's logs:\n{_followed_tails(kept, 40)}")
-                raise
+                raise AssertionError(
+                    f"{wrong}\nhow the round stopped:\n{_stop_milestones(kept)}"
+                ) from None
         say(f"preempted: stop checkpoint at step {emergency_step}")
         for pod in low.pods():  # a stopped pod still there holds its node: show what it does
             if pod.metadata.name in stopped_round:
