@@ -15,21 +15,18 @@ training processes, though not of one that keeps them (live recovery, torchft).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.plain_torchrun import end_all, worker_env
 from torchkube.api import TrainingJob
 from torchkube.api.contract import Env, chaos_hold_steps_value, read_progress
-from torchkube.api.worker_launch import trainer_env
 from torchkube.local.processes import kill_tree, stopped
 from torchkube.local.runner import free_port
-from torchkube.local.threads import threads_per_process
 
 POLL_SECONDS = 0.01
 STANDBY = "standby"
@@ -73,17 +70,6 @@ class BareRestart:
         self.log_dir = workdir / "logs"
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def env(self, index: int) -> dict[str, str]:
-        """A worker's environment as torchkube's pods give it, less the launcher's."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
-        env |= trainer_env(self.job, index)
-        cpus = len(os.sched_getaffinity(0))
-        return env | {
-            Env.CHECKPOINT_DIR: str(self.checkpoint_dir),
-            Env.METRICS_PORT: "0",
-            "OMP_NUM_THREADS": str(threads_per_process(cpus, 2, 1)),
-        }
-
     def _start(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
             command,
@@ -106,15 +92,23 @@ class BareRestart:
         world |= {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
         trainer = [sys.executable, "-m", "torchkube.trainer"]
         try:
-            standby = self._start(STANDBY, [sys.executable, "-c", STANDBY_PROGRAM], self.env(1))
+            standby = self._start(
+                STANDBY,
+                [sys.executable, "-c", STANDBY_PROGRAM],
+                worker_env(self.job, 1, self.checkpoint_dir),
+            )
             doomed = self._start(
                 "worker-0",
                 trainer,
-                self.env(0)
+                worker_env(self.job, 0, self.checkpoint_dir)
                 | world
                 | {"RANK": "0", Env.CHAOS_HOLD_AT_STEPS: chaos_hold_steps_value([kill_step])},
             )
-            survivor = self._start("worker-1", trainer, self.env(1) | world | {"RANK": "1"})
+            survivor = self._start(
+                "worker-1",
+                trainer,
+                worker_env(self.job, 1, self.checkpoint_dir) | world | {"RANK": "1"},
+            )
             while time.monotonic() < deadline and standby.poll() is None:
                 if killed_at is None:
                     if survivor.poll() is not None:
@@ -131,11 +125,7 @@ class BareRestart:
                     handed_at = time.time()
                 time.sleep(POLL_SECONDS)
         finally:
-            for process in self.processes:
-                if process.poll() is None:
-                    kill_tree(process.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=30)
+            end_all(self.processes)
         record = read_progress(self.checkpoint_dir)
         return BareResult(
             killed_at,

@@ -834,28 +834,28 @@ def readme(records: dict[str, Body]) -> str:
         mine = run[ours]
         rows.append([what, shown(mine), "", trials_text([mine]), loads_of(mine), ""])
 
+    def beside_limit(what: str, run: Run, ours: str, limit: str, label: str) -> None:
+        """torchkube's figure ``ours`` beside the limit's: how far torchkube is from it."""
+        mine, floor = run[ours], run[limit]
+        rows.append([what, shown(mine), f"{label}: {shown(floor)}"])
+        rows[-1] += [trials_text([mine, floor]), f"{loads_of(mine)}; {loads_of(floor)}"]
+        rows[-1].append(f"torchkube ÷ limit: {ratio_against(run, LIMIT, mine, floor, None)}")
+
     def against_limit(what: str, run: Run, key: str) -> None:
-        """The same pods created with no operator: how far torchkube is from the limit.
-        ``key``: the figure's name with ``{}`` for the contender's."""
-        if key.format(LIMIT) not in run.figures:
-            return
-        mine, limit = run[key.format("torchkube")], run[key.format(LIMIT)]
-        rows.append([what, shown(mine), f"{contender_label(run, LIMIT)}: {shown(limit)}"])
-        rows[-1] += [trials_text([mine, limit]), f"{loads_of(mine)}; {loads_of(limit)}"]
-        rows[-1].append(f"torchkube ÷ limit: {ratio_against(run, LIMIT, mine, limit, None)}")
+        """The same pods created with no operator. ``key``: the figure's name with ``{}`` for
+        the contender's."""
+        if key.format(LIMIT) in run.figures:
+            ours, limit = key.format("torchkube"), key.format(LIMIT)
+            beside_limit(what, run, ours, limit, contender_label(run, LIMIT))
 
     total = "kill → next step"
     if f"{E2E_LIMIT}: {total}" in e2e.figures:
-        mine, floor = e2e[f"{NEVER_BACK}: {total}"], e2e[f"{E2E_LIMIT}: {total}"]
-        rows.append(
-            [
-                "a worker SIGKILLed, never back: training again",
-                shown(mine),
-                f"{E2E_LIMIT_SAID}: {shown(floor)}",
-                trials_text([mine, floor]),
-                f"{loads_of(mine)}; {loads_of(floor)}",
-                f"torchkube ÷ limit: {versus(floor, mine, e2e.cores)}",
-            ]
+        beside_limit(
+            "a worker SIGKILLed, never back: training again",
+            e2e,
+            f"{NEVER_BACK}: {total}",
+            f"{E2E_LIMIT}: {total}",
+            E2E_LIMIT_SAID,
         )
     compare(
         "a worker SIGKILLed, never back: training again",

@@ -52,6 +52,28 @@ def torchkube_rdzv_conf(job: TrainingJob) -> tuple[str, str]:
     return ",".join(parts), monitor
 
 
+def worker_env(job: TrainingJob, index: int, checkpoint_dir: Path) -> dict[str, str]:
+    """Worker ``index``'s environment as torchkube's pods give it, less the launcher's, for
+    one of two workers on this machine writing to ``checkpoint_dir``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+    env |= trainer_env(job, index)
+    cpus = len(os.sched_getaffinity(0))
+    return env | {
+        Env.CHECKPOINT_DIR: str(checkpoint_dir),
+        Env.METRICS_PORT: "0",
+        "OMP_NUM_THREADS": str(threads_per_process(cpus, AGENTS, 1)),
+    }
+
+
+def end_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Kill what is still running of ``processes`` (each with its tree) and reap them all."""
+    for process in processes:
+        if process.poll() is None:
+            kill_tree(process.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+
+
 @dataclass
 class PlainResult:
     """What a run with one kill left behind."""
@@ -108,15 +130,8 @@ class PlainTorchrun:
         return [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "torchkube.trainer"]
 
     def env(self, index: int, hold_at: int | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
-        env |= trainer_env(self.job, index)
-        cpus = len(os.sched_getaffinity(0))
-        env |= {
-            Env.CHECKPOINT_DIR: str(self.checkpoint_dir),
-            Env.METRICS_PORT: "0",
-            "OMP_NUM_THREADS": str(threads_per_process(cpus, AGENTS, 1)),
-            "LOGLEVEL": "INFO",  # the agents' rendezvous milestones, with times
-        }
+        env = worker_env(self.job, index, self.checkpoint_dir)
+        env["LOGLEVEL"] = "INFO"  # the agents' rendezvous milestones, with times
         if not self.share_store:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         if hold_at is not None:
@@ -196,11 +211,7 @@ class PlainTorchrun:
                     self._start(doomed_index)
                 time.sleep(0.1)
         finally:
-            for agent in self.agents:
-                if agent.poll() is None:
-                    kill_tree(agent.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    agent.wait(timeout=30)
+            end_all(self.agents)
         record = self.progress()
         return PlainResult(
             killed_at,
