@@ -126,8 +126,8 @@ def _signal_of(error: BaseException) -> int | None:
     return next((int(signum) for signum in signals if signum is not None), None)
 
 
-def _terminated(signum: int, error: BaseException, args: list[str]) -> int:
-    torchrun.finish_stopping_workers(_shutdown_timeout(args))
+def _terminated(signum: int, error: BaseException) -> int:
+    torchrun.finish_stopping_workers()
     torchrun.leave()  # deleted or preempted: the others need not wait for its keep-alive
     _report(f"stopped by signal {signum}: {error}")
     return 128 + signum
@@ -187,11 +187,6 @@ def _option(argv: list[str], name: str) -> str | None:
             if arg.startswith(f"--{spelling}="):
                 return arg.split("=", 1)[1]
     return None
-
-
-def _shutdown_timeout(argv: list[str]) -> float:
-    """``--shutdown-timeout``: how long the workers may take to stop (torchrun's default 30)."""
-    return float(_option(argv, "shutdown-timeout") or 30)
 
 
 def _join_timeout(argv: list[str]) -> float:
@@ -377,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run_rounds(args, (marker, hang_marker), budget)
     except SignalException as error:  # it came between two rounds, waiting for the store
-        return _terminated(int(error.sigval), error, args)
+        return _terminated(int(error.sigval), error)
     finally:
         done.set()
         if watchdog is not None:
@@ -403,7 +398,7 @@ def _run_rounds(args: list[str], markers: tuple[Path, Path], budget: float) -> i
                 raise
             signum = _signal_of(error)
             if signum is not None:
-                return _terminated(signum, error, args)
+                return _terminated(signum, error)
             why = _rendezvous_lost(error)
             if why is None:
                 code = _exit_code(error)

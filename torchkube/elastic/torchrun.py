@@ -360,8 +360,8 @@ def healthy_workers() -> set[int]:
     return set(pcontext.pids().values()) if pcontext is not None else set()
 
 
-def finish_stopping_workers(timeout: float) -> None:
-    """Stop the workers of the current agent and wait for them, up to ``timeout`` seconds
+def finish_stopping_workers() -> None:
+    """Stop the workers of the current agent and wait for them, up to its shutdown timeout
     (SIGKILL after). A signal that comes while torchrun waits for workers it is stopping
     (after a lost store) ends torchrun's wait, not the workers' stop; the launcher, a pod's
     first process, must not exit before them: the pod's end would kill them mid-way through
@@ -369,8 +369,8 @@ def finish_stopping_workers(timeout: float) -> None:
     same request."""
     agent = _Tracked.agent
     pcontext = agent._pcontext if agent is not None else None
-    if pcontext is not None:
-        pcontext.close(signal.SIGTERM, max(1, int(timeout)))
+    if agent is not None and pcontext is not None:
+        pcontext.close(signal.SIGTERM, agent._shutdown_timeout)
 
 
 def leave() -> bool:
