@@ -178,11 +178,15 @@ def _namespace(api: Any, name: str) -> str:
     return name
 
 
+def _kubectl_argv(cluster: Cluster, *args: str) -> list[str]:
+    return [str(cluster.binaries().path("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args]
+
+
 def _run_kubectl(
     cluster: Cluster, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(cluster.binaries().path("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args],
+        _kubectl_argv(cluster, *args),
         input=stdin,
         capture_output=True,
         text=True,
@@ -683,13 +687,12 @@ def _following_logs(
     """``kubectl logs -f`` of each pod into ``folder/<pod>.log`` while the context lasts: the
     log of a pod that is then deleted (a stopped round) stays readable after it is gone."""
     folder.mkdir(parents=True, exist_ok=True)
-    kubectl = [str(cluster.binaries().path("kubectl")), "--kubeconfig", str(cluster.kubeconfig)]
     followers = []
     for pod in pods:
         with (folder / f"{pod}.log").open("wb") as out:
             followers.append(
                 subprocess.Popen(
-                    [*kubectl, "logs", "-f", "-n", namespace, pod],
+                    _kubectl_argv(cluster, "logs", "-f", "-n", namespace, pod),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
@@ -1390,28 +1393,27 @@ def _metrics_endpoint_state(api: Any, pod_name: str, port: int = 8080) -> str:
             ["ip", *what, pod.status.pod_ip], capture_output=True, text=True, check=False
         )
         parts.append(f"ip {' '.join(what)}: {shown.stdout.strip()}{shown.stderr.strip()}")
-    for what in (
-        ["iptables-save"],
-        [
-            "curl",
-            "-s",
-            "-m",
-            "3",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            f"http://{pod.status.pod_ip}:8081/healthz",
-        ],
-    ):
-        with contextlib.suppress(OSError):
-            shown = subprocess.run(what, capture_output=True, text=True, check=False)
-            lines = [
-                line
-                for line in (shown.stdout + shown.stderr).splitlines()
-                if what[0] != "iptables-save" or pod.status.pod_ip in line or f"{port}" in line
-            ]
-            parts.append(f"{what[0]}: " + "\n  ".join(lines[:40]))
+    health = next(
+        (
+            f"http://{pod.status.pod_ip}:{exposed.container_port}/healthz"
+            for container in pod.spec.containers
+            for exposed in container.ports or []
+            if exposed.name == "health"
+        ),
+        None,
+    )
+    with contextlib.suppress(OSError):  # either tool may be missing
+        rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=False)
+        naming = [
+            line
+            for line in rules.stdout.splitlines()
+            if pod.status.pod_ip in line or str(port) in line
+        ]
+        parts.append("iptables rules naming it: " + ("\n  ".join(naming[:40]) or "none"))
+        if health is not None:
+            curl = ["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", health]
+            answered = subprocess.run(curl, capture_output=True, text=True, check=False)
+            parts.append(f"GET {health}: {answered.stdout}{answered.stderr}")
     with contextlib.suppress(OSError):
         tracked = Path("/proc/net/nf_conntrack").read_text().splitlines()
         to_pod = [line for line in tracked if f"dst={pod.status.pod_ip} " in line]
