@@ -17,11 +17,16 @@ SCRIPT = Path(__file__).parent / "elastic" / "steps_script.py"
 
 
 def rdzv_args(
-    port: int, *, nnodes: str = "1:2", max_restarts: int = 10, join_timeout: int = 90
+    port: int,
+    *,
+    nnodes: str = "1:2",
+    max_restarts: int = 10,
+    join_timeout: int = 90,
+    keep_alive: int = 1,
 ) -> list[str]:
     conf = (
         f"is_host=false,join_timeout={join_timeout},last_call_timeout=2,close_timeout=5,"
-        "keep_alive_interval=1,keep_alive_max_attempt=3"
+        f"keep_alive_interval={keep_alive},keep_alive_max_attempt=3"
     )
     return [
         f"--nnodes={nnodes}",

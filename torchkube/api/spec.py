@@ -231,7 +231,9 @@ class RendezvousSpec(ApiModel):
         default=2,
         ge=1,
         le=600,
-        description="Agent heartbeat period; a silent agent is dropped after three missed beats.",
+        description="torch's keep-alive period: an agent is dropped after three missed "
+        "keep-alives at the latest; a dead one sooner, once its beats in the store stop "
+        "(about 0.5 s).",
     )
     store: StoreSpec = Field(
         default_factory=StoreSpec,

@@ -1,0 +1,77 @@
+"""How an agent judges the participants it waits on by their counters in the store
+(torchkube/elastic/liveness.py), against a real TCPStore in this process."""
+
+import contextlib
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from torchkube.elastic import liveness
+
+
+@pytest.fixture(scope="module")
+def store() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def test_beats_are_fast_for_small_rounds_and_bounded_in_total_for_large_ones() -> None:
+    assert liveness.beat_seconds(2, keep_alive_seconds=2) == liveness.FASTEST_BEAT_SECONDS
+    assert liveness.beat_seconds(512, keep_alive_seconds=2) == pytest.approx(0.5)
+    assert liveness.beat_seconds(8192, keep_alive_seconds=2) == 2, "never slower than torch"
+    assert liveness.silence_seconds(0.1) == liveness.SHORTEST_SILENCE_SECONDS
+    assert liveness.silence_seconds(0.5) == pytest.approx(2.5)
+
+
+def test_only_a_counter_that_stood_still_for_the_whole_silence_is_dead(store: TCPStore) -> None:
+    beating, still, absent = "t1.beating", "t1.still", "t1.absent"
+    store.add(beating, 1)
+    store.add(still, 1)
+    watch = liveness.Watch(silence=0.5)
+    keys = [beating, still, absent]
+    assert watch.dead(store, keys, now=10.0) == [], "first seen: nobody is judged yet"
+    store.add(beating, 1)
+    assert watch.dead(store, keys, now=10.3) == []
+    store.add(beating, 1)
+    assert watch.dead(store, keys, now=10.6) == [still], "a key with no counter is never judged"
+    store.add(still, 1)
+    assert watch.dead(store, keys, now=10.7) == [], "a counter that moves again is alive"
+
+
+def test_beats_count_in_the_store_until_stopped(store: TCPStore) -> None:
+    beats = liveness.Beats(liveness.connect_beside(store), "t2.agent", period=0.05)
+    beats.start()
+    assert store.add("t2.agent", 0) >= 1, "the first beat is sent before start returns"
+    watch = liveness.Watch(silence=0.3)
+    assert watch.dead(store, ["t2.agent"], now=0.0) == []
+    time.sleep(0.2)
+    assert watch.dead(store, ["t2.agent"], now=1.0) == [], "it beat meanwhile"
+    beats.stop()
+    time.sleep(0.2)
+    watch.dead(store, ["t2.agent"], now=2.0)
+    assert watch.dead(store, ["t2.agent"], now=2.4) == ["t2.agent"]
+
+
+def test_beats_go_on_while_the_agents_own_client_waits_for_a_key(store: TCPStore) -> None:
+    """torch's agent waits on its client for keys (a round's master address, the exit
+    barrier); a counter sent through that client would stand still meanwhile."""
+    agents_client = TCPStore(
+        "127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=1.5)
+    )
+    beats = liveness.Beats(liveness.connect_beside(agents_client), "t3.agent", period=0.05)
+
+    def wait_for_a_key_nobody_sets() -> None:
+        with contextlib.suppress(Exception):  # it times out
+            agents_client.get("t3.never")
+
+    waiting = threading.Thread(target=wait_for_a_key_nobody_sets)
+    beats.start()
+    before = store.add("t3.agent", 0)
+    waiting.start()
+    time.sleep(0.5)
+    during = store.add("t3.agent", 0)
+    beats.stop()
+    waiting.join()
+    assert during >= before + 5, f"{during - before} beats in 0.5 s while the agent waited"
