@@ -23,9 +23,10 @@ def rdzv_args(
     max_restarts: int = 10,
     join_timeout: int = 90,
     keep_alive: int = 1,
+    last_call: int = 2,
 ) -> list[str]:
     conf = (
-        f"is_host=false,join_timeout={join_timeout},last_call_timeout=2,close_timeout=5,"
+        f"is_host=false,join_timeout={join_timeout},last_call_timeout={last_call},close_timeout=5,"
         f"keep_alive_interval={keep_alive},keep_alive_max_attempt=3"
     )
     return [

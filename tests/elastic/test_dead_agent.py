@@ -40,3 +40,33 @@ def test_a_killed_agent_is_dropped_at_once_and_its_replacement_trains(
             kill_agent(tmp_path, name)
     log = (tmp_path / "a.log").read_text()
     assert "stopped beating" in log and "dropped from round" in log, log[-3000:]
+
+
+LAST_CALL = 40
+"""Seconds torch would wait for a second agent before a round of one starts."""
+
+
+def test_a_round_reformed_without_a_killed_agent_starts_without_the_last_call(
+    store: int, tmp_path: Path
+) -> None:
+    """An elastic job (1 to 2 agents) whose second agent is lost for good carries on alone
+    at once: the round re-forming after the loss waits for no last call."""
+    args = rdzv_args(store, nnodes="1:2", keep_alive=KEEP_ALIVE, last_call=LAST_CALL)
+    env = {"STEPS": "100000", "STEP_SECONDS": "0.05"}
+    agents = {name: launch(args, tmp_path, name, **env) for name in ("a", "b")}
+    try:
+        wait_for(lambda: trained_together(tmp_path, 10), 120, "two agents training", tmp_path)
+        kill_agent(tmp_path, "b")
+        killed, last = time.monotonic(), steps(tmp_path)[-1][0]
+        wait_for(
+            lambda: any(s > last and w == 1 for s, w, _ in steps(tmp_path)),
+            LAST_CALL / 2,
+            "a training alone past the kill",
+            tmp_path,
+        )
+        print(f"training alone {time.monotonic() - killed:.1f}s after the kill")
+    finally:
+        for name in agents:
+            kill_agent(tmp_path, name)
+    log = (tmp_path / "a.log").read_text()
+    assert "starts at once with 1 agents" in log, log[-3000:]

@@ -222,7 +222,9 @@ class RendezvousSpec(ApiModel):
         default=5,
         ge=0,
         le=3600,
-        description="After min workers joined, how long to wait for more before starting.",
+        description="After min workers joined a job's first round, or a growing one, how long "
+        "to wait for more before starting. A round re-formed because a worker is gone starts "
+        "as soon as every other worker of the last round is back in it or gone too.",
     )
     close_timeout_seconds: int = Field(
         default=10, ge=1, le=3600, description="Time to close a rendezvous round on shutdown."

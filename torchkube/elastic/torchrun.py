@@ -32,11 +32,8 @@ Around it, this module adds:
   hang) does not close the rendezvous (that would end the job), so the others would wait for
   its keep-alive to expire (``keep_alive_interval × keep_alive_max_attempt``) before a round
   without it could form. :func:`leave` takes it out of the participants right away.
-* **A dead agent is dropped at once** (:mod:`torchkube.elastic.liveness`): an agent that died
-  without leaving (its node lost, its processes SIGKILLed) held the survivors and its own
-  replacement out of a new round until its keep-alive expired. Each agent beats on a counter
-  of its own in the store, and an agent waiting for a round drops a participant whose counter
-  stood still for half a second or so, as torch's expiry would have done seconds later.
+* **A lost agent costs half a second, not a keep-alive expiry and a last call**
+  (:mod:`torchkube.elastic.lost_agents`).
 * **A round forms as soon as its agents are there.** torch's waiting agents read the shared
   state once a second (a fixed poll, and a one-second cache of the state), so each hand-over of
   a re-forming round — the survivor back in, the spare off its list, the round complete, the
@@ -80,11 +77,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.api.contract import Env
-from torchkube.elastic import liveness
+from torchkube.elastic import lost_agents
 
 LEAVE_SECONDS = 5.0
 TORCH_POLL_SECONDS = 1
@@ -131,14 +127,6 @@ class _Tracked:
     failures: Any = None
     """The failures of the workers' last check (``RunResult.failures``)."""
     restarted: Callable[[int, Any], None] | None = None
-    beats: liveness.Beats | None = None
-    """The counter in the store of this launcher's agent (:mod:`torchkube.elastic.liveness`)."""
-    beating_for: Any = None
-    """The node the beats stand for."""
-    judges: dict[Any, "_Judge"] = {}
-    """Each node's judgement of the participants it waits on."""
-    dropped: set[str] = set()
-    """The counters of agents this one dropped from the rendezvous (each is told once)."""
 
 
 def track() -> None:
@@ -162,7 +150,7 @@ def track() -> None:
         _Tracked.handler = self
         _Tracked.poll = poll_seconds(self._settings.max_nodes)
         self._state_holder._cache_duration = _Tracked.poll
-        _beat_for(self)
+        lost_agents.beat_for(self, lone(self._settings.max_nodes))
         try:
             info = original(self)
         except (RendezvousGracefulExitError, RendezvousClosedError) as error:
@@ -173,6 +161,7 @@ def track() -> None:
             _Tracked.timed_out = _join_timed_out(self)
             raise
         _Tracked.joined = True
+        lost_agents.remember_round(self)
         if _Tracked.standing_by is not None:
             waited = time.monotonic() - _Tracked.standing_by
             _Tracked.standing_by = None
@@ -191,7 +180,7 @@ def track() -> None:
     handler_class._keep_alive = keep_alive_unless_lone
     _close_only_at_the_end(handler_class)
     _spare_when_full(handler_class)
-    _drop_silent_participants()
+    lost_agents.judge_when_joining()
     _poll_sooner()
     from torchkube.elastic import ranks
 
@@ -318,82 +307,6 @@ def _spare_when_full(handler_class: Any) -> None:
     handler_class.num_nodes_waiting = num_nodes_waiting
 
 
-@dataclass(frozen=True)
-class _Judge:
-    store: Any
-    """The agent's client of the store (the judgement runs on the agent's thread)."""
-    holder: Any
-    """The agent's copy of the shared state, which torch's expiry edits."""
-    watch: liveness.Watch
-
-
-def _beat_for(handler: Any) -> None:
-    """Beat for ``handler``'s node from now on (see :mod:`torchkube.elastic.liveness`), and
-    judge the others at the same pace; nothing for a lone agent, whom nobody waits on."""
-    node, settings = handler._this_node, handler._settings
-    if _Tracked.beating_for == node:
-        return
-    if _Tracked.beats is not None:
-        _Tracked.beats.stop()
-    _Tracked.beats, _Tracked.beating_for = None, node
-    if lone(settings.max_nodes):
-        return
-    beat = liveness.beat_seconds(settings.max_nodes, settings.keep_alive_interval.total_seconds())
-    key = liveness.beat_key(settings.run_id, node)
-    _Tracked.beats = liveness.Beats(liveness.connect_beside(handler._store), key, beat)
-    _Tracked.beats.start()
-    watch = liveness.Watch(liveness.silence_seconds(beat))
-    _Tracked.judges[node] = _Judge(handler._store, handler._state_holder, watch)
-
-
-def _drop_silent_participants() -> None:
-    """See the module docstring: a waiting agent drops the participants whose counters stood
-    still, then writes the state (a keep-alive of its own: torch's action that only writes)."""
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        _Action,
-        _RendezvousJoinOp,
-    )
-
-    join_class: Any = _RendezvousJoinOp
-    join = join_class.__call__
-
-    def join_call(self: Any, ctx: Any, deadline: float) -> Any:
-        if _dropped_silent(ctx):
-            return _Action.KEEP_ALIVE
-        return join(self, ctx, deadline)
-
-    join_class.__call__ = join_call
-
-
-EXPIRED = datetime(1970, 1, 1, tzinfo=UTC)
-"""A keep-alive so old that torch's own expiry takes the participant out of the state."""
-
-
-def _dropped_silent(ctx: Any) -> bool:
-    """Whether this agent took silent participants out of its copy of the state (as torch's
-    expiry does: participants, wait list, the round's end when nobody is left)."""
-    judge, state, settings = _Tracked.judges.get(ctx.node), ctx.state, ctx.settings
-    if judge is None or state.closed:
-        return False
-    watch = judge.watch
-    others = liveness.keys_of(settings.run_id, (n for n in state.participants if n != ctx.node))
-    silent = watch.dead(judge.store, list(others), time.monotonic())
-    if not silent:
-        return False
-    for key in silent:
-        state.last_heartbeats[others[key]] = EXPIRED
-        if key not in _Tracked.dropped:
-            _Tracked.dropped.add(key)
-            expiry = settings.keep_alive_interval * settings.keep_alive_max_attempt
-            _say(
-                f"agent {others[key]} stopped beating {watch.silence:.1f}s ago: dropped from "
-                f"round {state.round} of the rendezvous (its keep-alive would have kept it "
-                f"there up to {expiry.total_seconds():.0f}s)"
-            )
-    judge.holder._sanitize()
-    return True
-
-
 def lone(max_nodes: int) -> bool:
     """Whether this agent's rendezvous (of at most ``max_nodes`` agents) is its own alone,
     which nobody can wait to join: under live recovery each pod is a torchrun world of one
@@ -474,8 +387,7 @@ def leave() -> bool:
     handler = _Tracked.handler
     if handler is None:
         return False
-    if _Tracked.beats is not None:
-        _Tracked.beats.stop()
+    lost_agents.stop_beating()
     try:
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + LEAVE_SECONDS)
