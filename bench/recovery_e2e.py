@@ -538,7 +538,9 @@ def main(argv: list[str] | None = None) -> None:
     results.notes += [
         "torchkube's rendezvous settings are the TrainingJob defaults: keep-alive 2 s × 3, last "
         "call 5 s, torchrun --monitor-interval 0.5 s; its rendezvous store is its own process; "
-        "plain torchrun's defaults: keep-alive 5 s × 3, last call 30 s, monitor 0.1 s",
+        "its launcher drops a lost agent once its beats stop (0.5 s), and a round re-formed "
+        "after a loss starts without the last call; plain torchrun's defaults: keep-alive "
+        "5 s × 3, last call 30 s, monitor 0.1 s",
         "settings vs design: 'plain torchrun, default settings' − 'plain torchrun, torchkube's "
         "settings' is what the settings buy; what is left against torchkube is design",
         "the trainer logs nothing between process start and the checkpoint load, so 'worker "
