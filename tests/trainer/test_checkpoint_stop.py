@@ -20,6 +20,7 @@ HERE = Path(__file__).parent
 
 RANK = textwrap.dedent(
     """
+    import os
     import sys
     from pathlib import Path
 
@@ -39,6 +40,7 @@ RANK = textwrap.dedent(
     print(f"rank {info.rank}: last checkpoint step {trainer.ckpt.last_step}", flush=True)
     trainer.ckpt.close()
     distributed.teardown()
+    os._exit(0)  # torch's native threads may abort the interpreter's finalisation (SIGABRT)
     """
 )
 

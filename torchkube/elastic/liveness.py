@@ -57,8 +57,8 @@ class Beats:
     over a connection of its own: torch's agent blocks on its connection while it waits for
     a key (a round's master address, the other agents' ranks, the exit barrier), and beats
     sent through it would stop meanwhile, as a dead agent's do. The first beat is sent
-    before :meth:`start` returns, so an agent is never in the shared state without a
-    counter."""
+    before :meth:`start` returns, so an agent enters the shared state with a counter
+    whenever the store answers."""
 
     def __init__(self, connect: Callable[[], Any], key: str, period: float) -> None:
         self._connect, self._key, self._period = connect, key, period

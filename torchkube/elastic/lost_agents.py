@@ -8,7 +8,10 @@ Two of torch's waits stood between a lost agent and the survivors training again
   torchkube's defaults), and no round can form without it. Here every agent beats on a
   counter of its own (:mod:`torchkube.elastic.liveness`), and an agent waiting for a round
   drops a participant whose counter stood still, as torch's expiry would have done later:
-  it marks the keep-alive expired and lets torch's own expiry take it out of the state.
+  it marks the keep-alive expired and lets torch's own expiry take it out of the state. Only
+  a round that forms or breaks up (an agent waits to get in) is judged: a whole round that
+  trains is left to torch's expiry, so that a spare standing by never restarts a healthy
+  job for a participant's beats delayed past the silence.
 * **The last call.** Once ``min_nodes`` agents are in, torch waits ``last_call_timeout`` for
   more before the round starts. That is right for a job's first round, whose agents arrive
   over seconds, and for a round that grows (the newcomers' pods came one by one). A round
@@ -42,6 +45,8 @@ def _say(message: str) -> None:
 class _Judge:
     """One agent's view of the others: their counters, and the last round it knew."""
 
+    node: Any
+    """The agent's own node descriptor."""
     store: Any
     """The agent's client of the store (judging runs on the agent's own thread)."""
     holder: Any
@@ -55,29 +60,38 @@ class _Judge:
 
 
 class _Beating:
-    beats: liveness.Beats | None = None
+    """The launcher runs one agent at a time: the latest handler's node beats and judges."""
+
     node: Any = None
-    """The node the beats stand for (the launcher runs one agent at a time)."""
-    judges: dict[Any, _Judge] = {}
-    """Each node's judge: a test may run several handlers in one process."""
+    beats: liveness.Beats | None = None
+    judge: _Judge | None = None
 
 
 def beat_for(handler: Any, lone: bool) -> None:
-    """Beat for ``handler``'s node from now on, and judge the others at the same pace; not
-    for a lone agent (a rendezvous of its own, which nobody waits on)."""
-    node, settings = handler._this_node, handler._settings
+    """Beat for ``handler``'s node from now on, and judge the others at the same pace. Not
+    for a lone agent (a rendezvous of its own, which nobody waits on), nor where the silence
+    would outlast torch's own expiry (the beats' pace is bounded for the whole job: from
+    several thousand agents on), nor for a store that is not a TCPStore."""
+    node, settings, store = handler._this_node, handler._settings, handler._store
     if _Beating.node == node:
         return
     stop_beating()
-    _Beating.node = node
-    if lone:
-        return
+    _Beating.node, _Beating.judge = node, None
     beat = liveness.beat_seconds(settings.max_nodes, settings.keep_alive_interval.total_seconds())
+    silence = liveness.silence_seconds(beat)
+    expiry = (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds()
+    if lone or silence >= expiry or not hasattr(store, "host"):
+        return
     key = liveness.beat_key(settings.run_id, node)
-    _Beating.beats = liveness.Beats(liveness.connect_beside(handler._store), key, beat)
+    _Beating.beats = liveness.Beats(liveness.connect_beside(store), key, beat)
     _Beating.beats.start()
-    watch = liveness.Watch(liveness.silence_seconds(beat))
-    _Beating.judges[node] = _Judge(handler._store, handler._state_holder, watch)
+    judge_as(node, store, handler._state_holder, silence)
+
+
+def judge_as(node: Any, store: Any, holder: Any, silence: float) -> None:
+    """Judge the others for ``node`` (whose copy of the shared state ``holder`` is), by their
+    counters in ``store``, dead after ``silence`` seconds."""
+    _Beating.judge = _Judge(node, store, holder, liveness.Watch(silence))
 
 
 def stop_beating() -> None:
@@ -89,14 +103,18 @@ def stop_beating() -> None:
 
 def remember_round(handler: Any) -> None:
     """Note the round ``handler``'s agent just joined, to know later who left it."""
-    judge = _Beating.judges.get(handler._this_node)
-    if judge is not None:
+    judge = _Beating.judge
+    if judge is not None and judge.node == handler._this_node:
         _remember(judge, handler._state_holder.state)
 
 
 def _remember(judge: _Judge, state: Any) -> None:
-    judge.known = frozenset({*state.participants, *state.wait_list, *state.redundancy_list})
-    judge.known_round = state.round
+    """Add what ``state`` shows of its round to what the judge knows of it: its agents leave
+    it one by one, and every one of them is still expected in the next round."""
+    seen = {*state.participants, *state.wait_list, *state.redundancy_list}
+    if judge.known_round != state.round:
+        judge.known = frozenset()
+    judge.known, judge.known_round = judge.known | seen, state.round
 
 
 def judge_when_joining() -> None:
@@ -112,18 +130,31 @@ def judge_when_joining() -> None:
     join = join_class.__call__
 
     def join_call(self: Any, ctx: Any, deadline: float) -> Any:
-        judge = _Beating.judges.get(ctx.node)
-        if judge is None or ctx.state.closed:
-            return join(self, ctx, deadline)
-        if ctx.state.complete:
-            _remember(judge, ctx.state)
-        if _dropped_silent(judge, ctx):
+        judge, state = _Beating.judge, ctx.state
+        if (
+            judge is None
+            or judge.node != ctx.node
+            or state.closed
+            or (state.complete and ctx.node in state.participants)
+        ):
+            return join(self, ctx, deadline)  # in a round already: nothing to judge
+        if state.complete:
+            _remember(judge, state)
+        if _breaking(state) and _dropped_silent(judge, ctx):
             return _Action.KEEP_ALIVE
         if _starts_at_once(judge, ctx):
             return _Action.MARK_RENDEZVOUS_COMPLETE
         return join(self, ctx, deadline)
 
     join_class.__call__ = join_call
+
+
+def _breaking(state: Any) -> bool:
+    """Whether the round is forming, or breaking up (an agent waits to get in: every
+    participant restarts into a new round). A whole round that trains is not judged: a spare
+    standing by would otherwise restart a healthy job for a participant's beats delayed past
+    the silence (lost packets, a stalled node), where torch's expiry tolerates seconds."""
+    return not state.complete or bool(state.wait_list)
 
 
 def _dropped_silent(judge: _Judge, ctx: Any) -> bool:
@@ -163,7 +194,8 @@ def absent_from_reform(
         or len(state.participants) < min_nodes
     ):
         return []
-    return [node for node in known if node not in state.participants and node != me]
+    expected = known | state.wait_list  # the wait list: agents on their way in
+    return [node for node in expected if node not in state.participants and node != me]
 
 
 def _starts_at_once(judge: _Judge, ctx: Any) -> bool:
