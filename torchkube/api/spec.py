@@ -235,7 +235,7 @@ class RendezvousSpec(ApiModel):
         le=600,
         description="torch's keep-alive period: an agent is dropped after three missed "
         "keep-alives at the latest; a dead one sooner, once its beats in the store stop "
-        "(about 0.5 s).",
+        "(0.5 s up to 102 workers, longer for larger jobs).",
     )
     store: StoreSpec = Field(
         default_factory=StoreSpec,
