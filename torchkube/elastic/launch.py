@@ -82,6 +82,7 @@ from torchkube.api.hang import parse_configured
 from torchkube.api.times import rfc3339
 from torchkube.elastic import termination, torchrun, warm
 from torchkube.elastic.restarts import RestartBoard, board_id
+from torchkube.elastic.say import PREFIX, say
 from torchkube.elastic.watchdog import Board, Watchdog
 
 POLL_SECONDS = 0.2
@@ -242,15 +243,15 @@ def _announce_warmth() -> None:
 
     def warmed(seconds: float | None, error: BaseException | None = None) -> None:
         if error is not None:
-            _log(f"the worker server failed after {seconds:.1f}s ({error}): workers will fail")
+            say(f"the worker server failed after {seconds:.1f}s ({error}): workers will fail")
         elif seconds is not None:
-            _log(f"workers start warm: their server imported torch in {seconds:.1f}s")
+            say(f"workers start warm: their server imported torch in {seconds:.1f}s")
         if not path:
             return
         try:
             Path(path).touch()
         except OSError as error:
-            _log(f"cannot create {path} ({error}): the pod's startup probe will not pass")
+            say(f"cannot create {path} ({error}): the pod's startup probe will not pass")
 
     if warm.enabled():
         warm.when_ready(warmed)
@@ -258,14 +259,10 @@ def _announce_warmth() -> None:
         warmed(None)
 
 
-def _log(message: str) -> None:
-    print(f"torchkube: {message}", file=sys.stderr, flush=True)
-
-
 def _report(message: str) -> None:
     """One line on stderr and the container's termination message (``torchkube run`` points
     ``TORCHKUBE_TERMINATION_LOG`` at a file of its own), above its committed-step line."""
-    line = message if message.startswith("torchkube:") else f"torchkube: {message}"
+    line = message if message.startswith(PREFIX) else f"{PREFIX}{message}"
     print(line, file=sys.stderr, flush=True)
     termination.write(message)
 
@@ -284,7 +281,7 @@ def _start_watchdog(folder: Path, args: list[str], hang_marker: Path) -> Watchdo
     board = Board(_option(args, "rdzv-endpoint"), _option(args, "rdzv-id") or "none")
     where = os.environ.get(Env.POD_NAME) or socket.gethostname()
     return Watchdog(
-        folder / "heartbeats", configured, board, where, hung, _log, torchrun.healthy_workers
+        folder / "heartbeats", configured, board, where, hung, say, torchrun.healthy_workers
     ).start()
 
 
@@ -313,7 +310,7 @@ def _report_in_place_restarts(args: list[str]) -> None:
         )
         posted = board.post(record)
         since = "no step committed" if committed is None else f"committed from step {committed}"
-        _log(
+        say(
             f"a worker failed with exit code {code}: restarting the workers in place "
             f"(restart {count}, {since}; "
             f"{'reported to' if posted else 'store away, not reported to'} the operator)"
@@ -338,7 +335,7 @@ def _ended(error: BaseException, markers: tuple[Path, Path]) -> int | None:
         _report(hang.read_text())
         return ExitCode.HUNG
     if _caused_by(error, torchrun.StandbyReleased):
-        _log("the rendezvous closed while this spare stood by: training is over")
+        say("the rendezvous closed while this spare stood by: training is over")
         _report(STANDBY_RELEASED)
         return ExitCode.OK
     return None
@@ -411,7 +408,7 @@ def _run_rounds(args: list[str], markers: tuple[Path, Path], budget: float) -> i
             now = time.monotonic()
             if lost_since is None or now - started > HEALTHY_RUN_SECONDS:
                 lost_since = now
-            _log(f"{why}; re-joining through a new connection to the store")
+            say(f"{why}; re-joining through a new connection to the store")
             if not _wait_for_store(_option(args, "rdzv-endpoint"), lost_since + budget):
                 _report(
                     f"{why} for {time.monotonic() - lost_since:.0f}s "

@@ -25,20 +25,16 @@ An agent judged gone while it was alive (its beats starved for the whole silence
 more round, never a wrong one: it finds itself out of the round, and joins the next.
 """
 
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from torchkube.elastic import liveness
+from torchkube.elastic.say import say
 
 EXPIRED = datetime(1970, 1, 1, tzinfo=UTC)
 """A keep-alive so old that torch's own expiry takes the participant out of the state."""
-
-
-def _say(message: str) -> None:
-    print(f"torchkube: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -170,7 +166,7 @@ def _dropped_silent(judge: _Judge, ctx: Any) -> bool:
         if node not in judge.told:
             judge.told.add(node)
             expiry = settings.keep_alive_interval * settings.keep_alive_max_attempt
-            _say(
+            say(
                 f"agent {node} stopped beating {judge.watch.silence:.1f}s ago: dropped from "
                 f"round {state.round} of the rendezvous (its keep-alive would have kept it "
                 f"there up to {expiry.total_seconds():.0f}s)"
@@ -208,7 +204,7 @@ def _starts_at_once(judge: _Judge, ctx: Any) -> bool:
     if len(judge.watch.dead(judge.store, list(keys), time.monotonic())) < len(absent):
         return False
     gone = ", ".join(sorted(repr(node) for node in absent))
-    _say(
+    say(
         f"round {state.round} starts at once with {len(state.participants)} agents: the last "
         f"round's {gone} stopped beating (the last call waits only for a first or growing round)"
     )

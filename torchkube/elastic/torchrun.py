@@ -73,7 +73,6 @@ Around it, this module adds:
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,16 +80,13 @@ from typing import Any
 
 from torchkube.api.contract import Env
 from torchkube.elastic import lost_agents
+from torchkube.elastic.say import say
 
 LEAVE_SECONDS = 5.0
 TORCH_POLL_SECONDS = 1
 """torch's poll of a waiting agent (its only ``_delay`` of a fixed whole second)."""
 FASTEST_POLL_SECONDS = 0.1
 READS_PER_SECOND = 256
-
-
-def _say(message: str) -> None:
-    print(f"torchkube: {message}", file=sys.stderr, flush=True)
 
 
 class StandbyReleased(Exception):
@@ -166,7 +162,7 @@ def track() -> None:
             waited = time.monotonic() - _Tracked.standing_by
             _Tracked.standing_by = None
             round_ = self._state_holder.state.round
-            _say(f"the spare joins round {round_} after standing by for {waited:.0f}s")
+            say(f"the spare joins round {round_} after standing by for {waited:.0f}s")
         return info
 
     handler_class.next_rendezvous = next_rendezvous
@@ -193,7 +189,7 @@ def track() -> None:
         if _Tracked.standing_by is None:
             _Tracked.standing_by = time.monotonic()
             round_, workers = self._state.round, self._settings.max_nodes
-            _say(f"standing by as a spare: round {round_} already has its {workers} workers")
+            say(f"standing by as a spare: round {round_} already has its {workers} workers")
         add_to_redundancy_list(self)
 
     executor_class._add_to_redundancy_list = _add_to_redundancy_list
@@ -392,6 +388,6 @@ def leave() -> bool:
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + LEAVE_SECONDS)
     except Exception as error:  # the store is away: the keep-alive expiry does it instead
-        _say(f"could not leave the rendezvous ({error}); the others wait for its keep-alive")
+        say(f"could not leave the rendezvous ({error}); the others wait for its keep-alive")
         return False
     return True
