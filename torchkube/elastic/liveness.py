@@ -12,12 +12,10 @@ Here each agent also beats on a counter of its own in the store (:class:`Beats`,
 ``add`` of a few bytes every :func:`beat_seconds`), and an agent waiting for a round judges
 the participants it waits on by their counters (:class:`Watch`): a counter that has not moved
 for :func:`silence_seconds` belongs to a dead agent, which the waiting agent then drops from
-the state as torch's own expiry would (``torchkube.elastic.torchrun``). Counters are compared
-by the judge's own clock, so agents' clocks never matter. A participant with no counter (the
-store was replaced and lost them) is never judged: torch's expiry still covers it.
-
-A live agent wrongly judged dead (its beat thread starved for the whole silence) costs one
-more round, not correctness: it finds itself out of the round and joins the next one.
+the state as torch's own expiry would (:mod:`torchkube.elastic.lost_agents`). Counters are
+compared by the judge's own clock, so agents' clocks never matter. A participant with no
+counter (the store was replaced and lost them) is never judged: torch's expiry still covers
+it.
 """
 
 import threading

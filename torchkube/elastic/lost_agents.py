@@ -27,7 +27,7 @@ more round, never a wrong one: it finds itself out of the round, and joins the n
 
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from torchkube.elastic import liveness
@@ -75,13 +75,17 @@ def beat_for(handler: Any, lone: bool) -> None:
     _Beating.node, _Beating.judge = node, None
     beat = liveness.beat_seconds(settings.max_nodes, settings.keep_alive_interval.total_seconds())
     silence = liveness.silence_seconds(beat)
-    expiry = (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds()
-    if lone or silence >= expiry or not hasattr(store, "host"):
+    if lone or silence >= _expiry(settings).total_seconds() or not hasattr(store, "host"):
         return
     key = liveness.beat_key(settings.run_id, node)
     _Beating.beats = liveness.Beats(liveness.connect_beside(store), key, beat)
     _Beating.beats.start()
     judge_as(node, store, handler._state_holder, silence)
+
+
+def _expiry(settings: Any) -> timedelta:
+    """How long after its last keep-alive torch itself takes an agent out of the state."""
+    return settings.keep_alive_interval * settings.keep_alive_max_attempt
 
 
 def judge_as(node: Any, store: Any, holder: Any, silence: float) -> None:
@@ -165,11 +169,10 @@ def _dropped_silent(judge: _Judge, ctx: Any) -> bool:
         state.last_heartbeats[node] = EXPIRED
         if node not in judge.told:
             judge.told.add(node)
-            expiry = settings.keep_alive_interval * settings.keep_alive_max_attempt
             say(
                 f"agent {node} stopped beating {judge.watch.silence:.1f}s ago: dropped from "
                 f"round {state.round} of the rendezvous (its keep-alive would have kept it "
-                f"there up to {expiry.total_seconds():.0f}s)"
+                f"there up to {_expiry(settings).total_seconds():.0f}s)"
             )
     judge.holder._sanitize()
     return True
