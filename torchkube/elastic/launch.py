@@ -59,7 +59,6 @@ adds:
 Run: ``python -m torchkube.elastic.launch [torchrun arguments] script-or--m-module [args]``.
 """
 
-import logging
 import os
 import signal
 import socket
@@ -84,6 +83,7 @@ from torchkube.elastic import termination, torchrun, warm
 from torchkube.elastic.restarts import RestartBoard, board_id
 from torchkube.elastic.say import PREFIX, say
 from torchkube.elastic.watchdog import Board, Watchdog
+from torchkube.process_exit import exit_process
 
 POLL_SECONDS = 0.2
 REJOIN_DELAY_SECONDS = 1.0
@@ -418,17 +418,9 @@ def _run_rounds(args: list[str], markers: tuple[Path, Path], budget: float) -> i
 
 
 def exit_with(code: int) -> NoReturn:
-    """Exit with ``code`` once the output is flushed, skipping the interpreter's finalisation.
-
-    By then torch's native threads (the store client's, the agent's timers) may still be
-    alive, and a C++ thread destroyed while joinable aborts the process: SIGABRT after the
-    result was printed, which turns a permanent error (exit 3) or a success into a retried
-    crash. Seen under CPU load only, so the launcher never takes the chance.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """End the launcher with ``code``: no exit hooks (multiprocessing's would wait for workers
+    an error left behind), no finalisation (:mod:`torchkube.process_exit`)."""
+    exit_process(code, run_exit_hooks=False)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,12 @@ Configuration errors are caught before torch is imported and reported as one lin
 code 3, which the operator treats as permanent. See docs/trainer.md for all exit codes.
 """
 
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from torchkube.api.contract import ExitCode
+from torchkube.process_exit import exit_process
 from torchkube.trainer.loader import ConfigError, load_config, preflight
 from torchkube.trainer.permanent_error import report_permanent_error
 
@@ -34,10 +34,7 @@ def main(argv: Sequence[str] | None = None, workload: "Workload | None" = None) 
 
 
 def exit_with(code: int) -> NoReturn:
-    """Exit with ``code``; a failed worker exits at once, without waiting for a checkpoint
+    """End the trainer with ``code`` (:mod:`torchkube.process_exit`). A finished run runs its
+    ``atexit`` hooks first; a failed one exits at once, without waiting for a checkpoint
     thread that may be stuck on a dead peer."""
-    if code != ExitCode.OK:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    exit_process(code, run_exit_hooks=code == ExitCode.OK)
