@@ -81,6 +81,7 @@ from bench.common import (
     spread,
 )
 from bench.plain_torchrun import PlainTorchrun
+from torchkube.api.worker_launch import TORCHRUN_MONITOR_INTERVAL
 
 TARGET_TOTAL = 20.0
 REFERENCES = {
@@ -537,7 +538,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     results.notes += [
         "torchkube's rendezvous settings are the TrainingJob defaults: keep-alive 2 s × 3, last "
-        "call 5 s, torchrun --monitor-interval 0.5 s; its rendezvous store is its own process; "
+        f"call 5 s, torchrun --monitor-interval {TORCHRUN_MONITOR_INTERVAL} s; its rendezvous "
+        "store is its own process; "
         "its launcher drops a lost agent once its beats stop (0.5 s), and a round re-formed "
         "after a loss starts without the last call; plain torchrun's defaults: keep-alive "
         "5 s × 3, last call 30 s, monitor 0.1 s",

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from testbed.ports import free_port
+from torchkube.api.worker_launch import TORCHRUN_MONITOR_INTERVAL
 from torchkube.elastic.warm import workers_of
 
 SCRIPT = Path(__file__).parent / "elastic" / "steps_script.py"
@@ -37,7 +38,7 @@ def rdzv_args(
         "--rdzv-id=test-job",
         f"--rdzv-conf={conf}",
         f"--max-restarts={max_restarts}",
-        "--monitor-interval=0.5",
+        f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}",
         "--local-addr=127.0.0.1",
     ]
 

@@ -31,6 +31,7 @@ from bench.recovery_e2e import (
 from bench.trainer_throughput import throughput
 from testbed.cluster import scheduler_configuration
 from torchkube.api import TrainingJob
+from torchkube.api.worker_launch import TORCHRUN_MONITOR_INTERVAL
 
 
 @pytest.mark.parametrize("values", [[3.0], [1.0, 2.0], [5, 1, 4, 2, 3], [0.3, 0.1, 9.0, 2.5]])
@@ -250,7 +251,8 @@ def test_plain_torchrun_gets_torchkubes_settings_or_its_own_defaults(tmp_path: P
     ours = PlainTorchrun(job, tmp_path, "torchkube").command(host=True)
     conf = next(a for a in ours if a.startswith("--rdzv-conf="))
     assert "last_call_timeout=5" in conf and "keep_alive_interval=2" in conf
-    assert conf.endswith(",is_host=true") and "--monitor-interval=0.5" in ours
+    assert conf.endswith(",is_host=true")
+    assert f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}" in ours
     defaults = PlainTorchrun(job, tmp_path, "defaults").command(host=False)
     assert "--rdzv-conf=is_host=false" in defaults
     assert not any(a.startswith("--monitor-interval") for a in defaults)
