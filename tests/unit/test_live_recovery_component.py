@@ -7,17 +7,27 @@ And a step whose commit vote a lost group broke is finished among the survivors 
 gradients already computed."""
 
 import logging
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torchft.checkpointing import HTTPTransport
 
 from torchkube.api.contract import LiveProgress
 from torchkube.elastic.heartbeat import Heartbeat
+from torchkube.trainer import cross_group
 from torchkube.trainer.checkpoint import TrainState
-from torchkube.trainer.live import REDUCTION_QUORUMS, LiveRecovery, QuorumMembers
+from torchkube.trainer.live import (
+    REDUCTION_QUORUMS,
+    AdvertisedTransport,
+    LiveRecovery,
+    QuorumMembers,
+    adds_gradients,
+)
 from torchkube.trainer.recovery import Place
 
 
@@ -49,8 +59,10 @@ def recovery_at_start(rank: int) -> Any:
     recovery.live_env = SimpleNamespace(target=None)
     recovery.replica_id, recovery.writer, recovery.split = f"job-{rank}", False, None
     recovery.members = SimpleNamespace(slots=[0, 1], max_step=0)
+    recovery.transport = SimpleNamespace(finishing=False, source_finishing=False)
     recovery.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
     recovery._quorum_taken, recovery._attempt_began, recovery._start = False, None, None
+    recovery._votes_lost, recovery._adds_gradients, recovery._update = 0, True, None
     recovery.heartbeat = Heartbeat(None)  # no launcher: a pause is a no-op
     return recovery
 
@@ -72,7 +84,7 @@ def test_a_joiner_whose_copy_broke_off_does_not_take_the_checkpoint() -> None:
     there. It keeps what it has, its step is not committed, and it copies at the next
     quorum."""
     recovery, folder = recovery_at_start(1), Folder()
-    recovery.members = SimpleNamespace(slots=[0, 1], max_step=64)
+    recovery.members.max_step = 64
     recovery.join(folder, restore=folder.load)
     assert folder.calls == []
     recovery, folder = recovery_at_start(1), Folder()
@@ -86,7 +98,7 @@ def test_a_joiner_whose_copy_broke_off_starts_when_no_group_is_ahead_any_more() 
     (the checkpoint, else the weights or the initialisation), as a job that starts does —
     once, and not while a peer is still ahead."""
     recovery, folder = recovery_at_start(1), Folder()
-    recovery.members = SimpleNamespace(slots=[0, 1], max_step=64)
+    recovery.members.max_step = 64
     recovery.join(folder, restore=folder.load)
     recovery.begin_step()  # the first step: join's own quorum
     recovery.begin_step()  # a peer still ahead: it copies, or tries again
@@ -100,7 +112,11 @@ def test_a_joiner_whose_copy_broke_off_starts_when_no_group_is_ahead_any_more() 
 def test_the_quorums_members_are_read_from_the_lighthouses_answer_by_slot() -> None:
     """torchft keeps only the quorum's size; the progress record names its groups' slots, so
     the operator can tell a standby spare (a running pod outside them) from a training group."""
-    answer = SimpleNamespace(replica_ids=["job-12:5f0c", "job-0:9a1b", "job-3:77de"], max_step=7)
+    answer = SimpleNamespace(
+        quorum_id=4,
+        replica_ids=["job-12:5f0c", "job-0:9a1b", "job-3:77de"],
+        max_step=7,
+    )
     client = SimpleNamespace(_quorum=lambda **_: answer, should_commit=lambda: True)
     manager = SimpleNamespace(_client=client)
     members = QuorumMembers.watch(manager)
@@ -110,14 +126,60 @@ def test_the_quorums_members_are_read_from_the_lighthouses_answer_by_slot() -> N
     assert manager._client.should_commit() is True  # everything else reaches torchft's client
 
 
+def answer(quorum_id: int, groups: int) -> SimpleNamespace:
+    ids = [f"job-{slot}:{slot:04x}" for slot in range(groups)]
+    return SimpleNamespace(quorum_id=quorum_id, replica_ids=ids, max_step=9)
+
+
+class Lighthouse:
+    """torchft's client through a Lighthouse that is lost and started afresh: the new one
+    answers the first group to ask with a quorum of its own (the others' heartbeats are not
+    in yet), then, asked again, with the quorum of every group."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers, self.asked = list(answers), 0
+
+    def _quorum(self, **_: Any) -> Any:
+        self.asked += 1
+        found = self.answers.pop(0)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+
+def test_a_group_the_new_lighthouse_answers_alone_asks_again() -> None:
+    """Measured before: a Lighthouse killed mid-run came back in a second, answered the first
+    of eight groups with a quorum of one, and that group trained a step alone — eight
+    groups' micro-batches, 32 s — while the seven others waited for it."""
+    lighthouse = Lighthouse(answer(7, 8), RuntimeError("tcp connect error"), answer(1, 1))
+    lighthouse.answers.append(answer(2, 8))
+    members = QuorumMembers.watch(SimpleNamespace(_client=lighthouse))
+    assert len(members._quorum(step=3).replica_ids) == 8
+    with pytest.raises(RuntimeError):
+        members._quorum(step=4)
+    assert len(members._quorum(step=4).replica_ids) == 8 and lighthouse.asked == 4
+    assert members.slots == list(range(8))
+
+
+def test_a_smaller_quorum_is_taken_from_the_same_lighthouse_or_when_asked_again() -> None:
+    """Groups lost for good: the answer asked again is the small one, and it is taken."""
+    lighthouse = Lighthouse(answer(7, 8), answer(8, 3), answer(1, 2), answer(2, 2))
+    members = QuorumMembers.watch(SimpleNamespace(_client=lighthouse))
+    assert len(members._quorum().replica_ids) == 8
+    assert len(members._quorum().replica_ids) == 3  # the same Lighthouse: groups lost
+    assert len(members._quorum().replica_ids) == 2 and lighthouse.asked == 4
+
+
 class Votes:
     """A Manager through a step whose group is lost during the reduction: the reduction
     scribbles on its buffer and the vote is lost ``lost`` times; each quorum after one has a
-    group fewer, and its reduction averages with that quorum's other survivor."""
+    group fewer, and its reduction sums with that quorum's other survivor's message (``peer``:
+    gradients of 2.0, a loss of 4.0)."""
 
     def __init__(self, lost: int, ahead: bool = False) -> None:
         self.lost, self.quorums, self.groups = lost, 0, 3
         self.step, self.ahead = 5, ahead
+        self.sent: list[torch.Tensor] = []
 
     def start_quorum(self) -> None:
         self.quorums += 1
@@ -125,11 +187,13 @@ class Votes:
         if self.ahead:  # a peer committed the step: this group copies its state
             self.step += 1
 
-    def allreduce(self, tensor: Any) -> Any:
+    def allreduce(self, tensor: Any, reduce_op: Any) -> Any:
+        assert reduce_op == dist.ReduceOp.SUM
+        self.sent.append(tensor.clone())
         if self.lost:
             tensor.add_(1000.0)
         else:
-            tensor.add_(2.0).div_(2)
+            tensor.add_(peer_message(tensor))
         return SimpleNamespace(wait=lambda: None)
 
     def should_commit(self) -> bool:
@@ -148,12 +212,26 @@ class Votes:
         return self.step
 
 
+def linear() -> nn.Module:
+    return nn.Linear(2, 1)
+
+
+def peer_message(like: torch.Tensor) -> torch.Tensor:
+    """Another group's message for :func:`linear`'s parameters: gradients of 2.0, loss 4.0."""
+    shapes = [p.detach() for p in linear().parameters()]
+    message = cross_group.outgoing(
+        shapes, [torch.full_like(p, 2.0) for p in shapes], torch.tensor(4.0), contributes=True
+    )
+    assert message.shape == like.shape
+    return message
+
+
 def recovery_reducing(lost: int, ahead: bool = False) -> tuple[Any, nn.Module]:
     recovery = recovery_at_start(0)
     recovery.manager = Votes(lost, ahead)
     recovery.pg, recovery.ckpt = None, Folder()
     recovery.live.state.step = 5
-    model = nn.Linear(2, 1)
+    model = linear()
     model(torch.ones(3, 2)).sum().backward()
     return recovery, model
 
@@ -163,11 +241,12 @@ def test_a_lost_vote_is_taken_again_after_the_same_reduction_among_the_survivors
     group computed (not the half-summed buffer the broken reduction left) and commits."""
     recovery, model = recovery_reducing(lost=1)
     own = [p.grad.clone() for p in model.parameters()]
-    recovery.reduce(model)
+    recovery.reduce(model, torch.tensor(2.0))
     assert recovery.commit() is True
     assert recovery.manager.quorums == 1
     for param, mine in zip(model.parameters(), own, strict=True):
         assert param.grad is not None and param.grad.allclose((mine + 2.0) / 2)
+    assert float(recovery.step_loss(torch.tensor(2.0))) == 3.0  # the two groups' mean
     assert recovery.record.discarded_steps == 1
     assert recovery.record.steps_finished_among_survivors == 1
     assert recovery.record.replica_groups == 2
@@ -175,7 +254,7 @@ def test_a_lost_vote_is_taken_again_after_the_same_reduction_among_the_survivors
 
 def test_a_step_whose_votes_are_lost_in_every_quorum_tried_is_computed_again() -> None:
     recovery, model = recovery_reducing(lost=REDUCTION_QUORUMS)
-    recovery.reduce(model)
+    recovery.reduce(model, torch.tensor(2.0))
     assert recovery.commit() is False
     assert recovery.manager.quorums == REDUCTION_QUORUMS - 1
     assert recovery.record.discarded_steps == REDUCTION_QUORUMS
@@ -190,7 +269,7 @@ def test_a_group_whose_next_quorum_is_ahead_computes_that_quorums_step_afresh(
     them, and the step it computes next is that quorum's, with no quorum taken again — and
     the log says so, not only that the reduction would be done again."""
     recovery, model = recovery_reducing(lost=1, ahead=True)
-    recovery.reduce(model)
+    recovery.reduce(model, torch.tensor(2.0))
     with caplog.at_level(logging.INFO, logger="torchkube.trainer"):
         assert recovery.commit() is False
     assert "a peer committed step" in caplog.text and "afresh" in caplog.text
@@ -198,3 +277,94 @@ def test_a_group_whose_next_quorum_is_ahead_computes_that_quorums_step_afresh(
     assert recovery.record.steps_finished_among_survivors == 0
     recovery.begin_step()
     assert recovery.manager.quorums == 1
+
+
+def test_only_a_group_that_joined_a_quorum_finishing_a_broken_step_adds_no_gradients() -> None:
+    assert adds_gradients(copied_from_a_group_finishing=True, own_votes_lost=0) is False
+    assert adds_gradients(copied_from_a_group_finishing=False, own_votes_lost=0) is True
+    # a survivor that copied a peer which committed the step computes the next one afresh
+    assert adds_gradients(copied_from_a_group_finishing=True, own_votes_lost=1) is True
+
+
+def test_a_group_tells_the_group_that_copies_from_it_that_it_is_finishing_a_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchft's answer to a joiner does not say which groups lost their vote; the metadata
+    the joiner reads from the peer it copies from does, and the copy goes to the same URL."""
+    survivor = AdvertisedTransport("127.0.0.1", timedelta(seconds=5))
+    joiner = AdvertisedTransport("127.0.0.1", timedelta(seconds=5))
+    fetched: list[str] = []
+    monkeypatch.setattr(
+        HTTPTransport, "recv_checkpoint", lambda self, rank, md, step, t: fetched.append(md)
+    )
+    try:
+        assert survivor.metadata() == survivor.address()
+        survivor.finishing = True
+        joiner.recv_checkpoint(0, survivor.metadata(), 12, timedelta(seconds=1))
+        assert joiner.source_finishing and fetched == [survivor.address()]
+        survivor.finishing = False
+        joiner.recv_checkpoint(0, survivor.metadata(), 13, timedelta(seconds=1))
+        assert not joiner.source_finishing and fetched[-1] == survivor.address()
+    finally:
+        survivor.shutdown()
+        joiner.shutdown()
+
+
+def test_a_joiner_in_the_quorum_finishing_a_broken_step_computes_nothing_and_takes_the_update(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The survivors of a group lost mid-step hold that step's gradients; a replacement that
+    joins the quorum they finish it in copies the state and would compute the step before the
+    reduction — a whole step the survivors wait — for the lost group's share of the data, and
+    the average would count it. It computes nothing, sends zeros counted as no group, and takes
+    the survivors' update, their mean loss with it."""
+    recovery = recovery_at_start(0)
+    recovery.manager = Votes(lost=0)
+    transport = SimpleNamespace(finishing=False, source_finishing=False)
+    recovery.transport = transport
+
+    def copies_from_a_survivor() -> None:
+        transport.source_finishing = True  # what the survivor's metadata said
+
+    recovery.manager.start_quorum = copies_from_a_survivor
+    recovery.pg, recovery.ckpt, recovery._start = None, Folder(), None
+    recovery.live.copied_step, recovery.live.state.step = 5, 5
+    with caplog.at_level(logging.INFO, logger="torchkube.trainer"):
+        recovery.join(Folder(), lambda: False)
+    assert transport.finishing is False  # it lost no vote: a group copying from it computes
+    assert recovery.computes() is False
+    assert "finishing step 6, which a lost group broke" in caplog.text
+    model = linear()  # a joiner's parameters have no gradients: it computed none
+    recovery.reduce(model, torch.zeros(()))
+    assert not recovery.manager.sent[0].any(), "a joiner's message must add nothing"
+    assert recovery.commit() is True
+    for param in model.parameters():
+        assert param.grad is not None and param.grad.eq(2.0).all()  # the survivor's, ÷ 1
+    assert float(recovery.step_loss(torch.zeros(()))) == 4.0
+    assert recovery.computes() is True  # its next step is a step like any other
+
+
+def test_a_survivor_says_it_is_finishing_in_the_quorum_after_its_lost_vote() -> None:
+    recovery, model = recovery_reducing(lost=1)
+    said: list[bool] = []
+    recovery.transport = SimpleNamespace(finishing=False, source_finishing=False)
+    start = recovery.manager.start_quorum
+
+    def start_quorum() -> None:
+        said.append(recovery.transport.finishing)
+        start()
+
+    recovery.manager.start_quorum = start_quorum
+    recovery.reduce(model, torch.tensor(2.0))
+    assert recovery.commit() is True and said == [True]
+
+
+def test_the_average_counts_the_groups_that_contributed() -> None:
+    shapes = [torch.zeros(2), torch.zeros(3)]
+    one = cross_group.outgoing(shapes, [torch.ones(2), None], torch.tensor(1.0), True)
+    two = cross_group.outgoing(shapes, [torch.full((2,), 3.0), None], torch.tensor(3.0), True)
+    idle = cross_group.outgoing(shapes, [torch.full((2,), 9.0), None], torch.tensor(9.0), False)
+    update = cross_group.average(one + two + idle, shapes)
+    assert update.contributors == 2 and float(update.loss) == 2.0
+    assert update.grads[0] is not None and update.grads[0].eq(2.0).all()
+    assert update.grads[1] is None  # no contributor had a gradient for it

@@ -4,7 +4,9 @@ Before every step each replica group (a pod) asks the Lighthouse for a quorum; i
 the groups alive, which of them are behind and whom they copy the state from. A group whose
 heartbeats stop for ``--heartbeat-timeout-ms`` is left out of the next quorum: that, not a
 restart, is how the survivors go on without a lost pod. It holds no training state, so its
-own loss costs the groups only their next quorum (they wait for it to come back).
+own loss costs the groups only their next quorum: they wait for it to come back, and a group
+that the new Lighthouse answers alone before the others' heartbeats are in asks again
+(``torchkube.trainer.live.QuorumMembers``).
 
 Run: ``python -m torchkube.elastic.lighthouse --port 29510``.
 """

@@ -54,6 +54,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import ReduceOp
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -71,7 +72,7 @@ from torchkube.api.contract import (
 )
 from torchkube.api.trainer import TrainerSpec
 from torchkube.elastic.heartbeat import Heartbeat
-from torchkube.trainer import distributed, standby
+from torchkube.trainer import cross_group, distributed, standby
 from torchkube.trainer.chaos import hold_if_armed
 from torchkube.trainer.checkpoint import CheckpointManager, TrainState
 from torchkube.trainer.data import Layout
@@ -203,17 +204,36 @@ class QuickConnectGloo(ProcessGroupGloo):
         gc.collect()
 
 
+FINISHING = "finishing-a-broken-step;"
+"""What a group's state-transfer metadata begins with while its next quorum finishes a step
+its last vote lost (torchft's answer to a joining group does not say which groups lost
+theirs)."""
+
+
 class AdvertisedTransport(HTTPTransport):
     """torchft's HTTP state transfer, advertised at :attr:`LiveEnv.host` rather than at the
-    host name, which torchft's own uses and which no other pod can resolve."""
+    host name, which torchft's own uses and which no other pod can resolve. Its metadata,
+    which a joining group reads from the peer it copies from, also says whether that peer is
+    finishing a step a lost group broke (:data:`FINISHING`)."""
 
     def __init__(self, host: str, timeout: timedelta) -> None:
         self.host = host  # before torchft's constructor, which may ask for the address
+        self.finishing = False
+        """Set by this group before its quorum: its last vote was lost."""
+        self.source_finishing = False
+        """Whether the peer this group last copied its state from was finishing a step."""
         super().__init__(timeout=timeout, num_chunks=0)
 
     def address(self) -> str:
         port = self._server.socket.getsockname()[1]
         return f"http://{self.host}:{port}/checkpoint/"
+
+    def metadata(self) -> str:
+        return (FINISHING if self.finishing else "") + self.address()
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        self.source_finishing = metadata.startswith(FINISHING)
+        return super().recv_checkpoint(src_rank, metadata.removeprefix(FINISHING), step, timeout)
 
 
 def replica_store() -> tuple[str, int, dist.TCPStore | None]:
@@ -225,33 +245,32 @@ def replica_store() -> tuple[str, int, dist.TCPStore | None]:
     return "127.0.0.1", store.port, store
 
 
-def local_gradients(model: nn.Module) -> list[torch.Tensor]:
-    """This process's gradients (its shards under FSDP), as the backward passes left them."""
-    return [local_shards(p.grad) for p in model.parameters() if p.grad is not None]
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
 
 
-def all_reduced(manager: Any, grads: list[torch.Tensor]) -> torch.Tensor | None:
-    """``grads`` averaged over the quorum's groups, in one message, through the Manager, into
-    a buffer of their own: a peer lost during it fails the step's commit vote instead of the
+def summed(manager: Any, message: torch.Tensor) -> torch.Tensor:
+    """``message`` (:func:`cross_group.outgoing`) summed over the quorum's groups, in place,
+    through the Manager: a peer lost during it fails the step's commit vote instead of the
     process, and the gradients keep this group's values until the step commits, so the
     reduction can be done again among the survivors. (torchft's DDP wrapper would overlap
     this with the backward pass, but its comm hook fails an assertion when the all-reduce
     errors, which is exactly the case that matters here.)"""
-    if not grads:
-        return None
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    manager.allreduce(flat).wait()
-    return flat
+    manager.allreduce(message, reduce_op=ReduceOp.SUM).wait()
+    return message
 
 
-def write_back(grads: list[torch.Tensor], flat: torch.Tensor | None) -> None:
-    """The averaged gradients into the model's, for the optimizer."""
-    if flat is None:
-        return
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
+def take_average(params: list[nn.Parameter], update: cross_group.Average) -> None:
+    """The contributors' mean gradients into the parameters', for the optimizer: the same
+    update in every group, a joining group that computed none included."""
+    for param, grad in zip(params, update.grads, strict=True):
+        if grad is None:
+            param.grad = None
+            continue
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        local = local_shards(param.grad)
+        local.copy_(grad.view_as(local))
 
 
 def take_a_place(
@@ -287,10 +306,18 @@ def take_a_place(
 class QuorumMembers:
     """Which replica groups the last quorum holds, by slot. torchft's Manager keeps only their
     number; the Lighthouse's answer names them (``<job>-<slot>:<uuid>``), so the Manager's
-    client is watched as it answers, and everything else is passed through to it."""
+    client is watched as it answers, and everything else is passed through to it.
+
+    It also asks again when a Lighthouse that started afresh (its quorum ids begin again)
+    answers with fewer groups than the last quorum: a new Lighthouse knows no group until
+    each heartbeats, so the first group to ask — its heartbeats not yet in from the others —
+    gets a quorum of its own, and would train a step alone (as long as all the groups' steps
+    together) while the others wait for it. Asked again, it joins the quorum the others have
+    been waiting in; if they are gone, it gets the same small quorum again and goes on."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
+        self._last: Any = None
         self.slots: list[int] = []
         self.max_step = 0
         """The step of the quorum's groups furthest ahead (0: the whole job starts)."""
@@ -302,6 +329,16 @@ class QuorumMembers:
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
         result = self._client._quorum(*args, **kwargs)
+        if lone_after_restart(self._last, result):
+            log.warning(
+                "live: the Lighthouse came back and answered with a quorum of %s of the last "
+                "quorum's %d: asking again, so that no group trains a step alone while the "
+                "others wait for it",
+                describe_groups(len(result.replica_ids)),
+                len(self._last.replica_ids),
+            )
+            result = self._client._quorum(*args, **kwargs)
+        self._last = result
         ids = (replica_id.split(":")[0] for replica_id in result.replica_ids)
         self.slots = sorted(extract_trailing_digits(replica_id) for replica_id in ids)
         self.max_step = result.max_step
@@ -309,6 +346,25 @@ class QuorumMembers:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+def lone_after_restart(last: Any, answer: Any) -> bool:
+    """Whether ``answer`` comes from a Lighthouse that started after the one that answered
+    ``last`` (quorum ids begin again) and holds fewer groups than ``last``."""
+    return (
+        last is not None
+        and answer.quorum_id < last.quorum_id
+        and len(answer.replica_ids) < len(last.replica_ids)
+    )
+
+
+def adds_gradients(copied_from_a_group_finishing: bool, own_votes_lost: int) -> bool:
+    """Whether a group computes its step's gradients and adds them to the quorum's average.
+    Not a group that just copied its state, in this quorum, from a peer finishing a step a
+    lost group broke, while it lost no vote itself (it joins): the survivors computed that
+    step's gradients before the loss and wait only for the reduction; computing its own would
+    hold them a whole step, for a share of the data that was the lost group's."""
+    return not (copied_from_a_group_finishing and own_votes_lost == 0)
 
 
 def describe_groups(groups: int) -> str:
@@ -350,6 +406,7 @@ class LiveRecovery:
         self.manager: Any = None
         self.pg: ProcessGroupNCCL | QuickConnectGloo | None = None
         self.members: QuorumMembers | None = None
+        self.transport: AdvertisedTransport | None = None
         self._start: Callable[[], bool] | None = None
         """A group's starting state (``join``'s ``restore``) while it has none: its first copy
         broke off."""
@@ -362,8 +419,12 @@ class LiveRecovery:
         self._quorum_taken = False  # the first quorum, taken by join(), serves the first step
         self._attempt_began: float | None = None  # the first attempt at the step to commit
         self._quorum = self._allreduce = self._vote = 0.0
-        self._grads: list[torch.Tensor] = []
+        self._params: list[nn.Parameter] = []
+        self._loss: torch.Tensor | None = None  # this group's loss of the step, for its message
         self._reduced: torch.Tensor | None = None
+        self._update: cross_group.Average | None = None  # the last step committed
+        self._votes_lost = 0  # in a row, since this group last committed a step
+        self._adds_gradients = True
         self.steps_done = 0
 
     def checkpoint_env(self, run_env: RunEnv) -> RunEnv:
@@ -400,6 +461,7 @@ class LiveRecovery:
             return StandDown(ExitCode.OK, STANDBY_RELEASED)
         self.live = LiveState(model, optimizer, scheduler, state)
         self.pg = ProcessGroupNCCL() if self.info.device.type == "cuda" else QuickConnectGloo()
+        self.transport = AdvertisedTransport(self.live_env.host, LIVE_TIMEOUT)
         self.manager = Manager(
             pg=self.pg,
             load_state_dict=self.live.load_state_dict,
@@ -417,7 +479,7 @@ class LiveRecovery:
             lighthouse_addr=self.live_env.lighthouse,
             replica_id=self.replica_id,
             hostname=self.live_env.host,
-            checkpoint_transport=AdvertisedTransport(self.live_env.host, LIVE_TIMEOUT),
+            checkpoint_transport=self.transport,
         )
         self.members = QuorumMembers.watch(self.manager)
         return None
@@ -433,6 +495,7 @@ class LiveRecovery:
         could take it from the writer, whose next save would be fenced."""
         self.ckpt = ckpt
         self._take_quorum()
+        self._decide_contribution()
         self._quorum_taken = True
         assert self.live is not None
         behind = self.live.copied_step is None and self.manager.current_step() == 0
@@ -457,7 +520,22 @@ class LiveRecovery:
             self._quorum_taken = False
             return self._place
         self._quorum_and_place()
+        self._decide_contribution()
         return self._place
+
+    def _decide_contribution(self) -> None:
+        """After a step's quorum (not the quorums a broken step's reduction is tried in
+        again, where a group sends what it sent before): see :func:`adds_gradients`."""
+        assert self.transport is not None
+        adds = adds_gradients(self.transport.source_finishing, self._votes_lost)
+        if not adds:
+            log.info(
+                "live: joined the quorum finishing step %d, which a lost group broke: this "
+                "group adds no gradients to it (its peers computed theirs before the loss) "
+                "and takes its update",
+                self.manager.current_step() + 1,
+            )
+        self._adds_gradients = adds
 
     def _quorum_and_place(self) -> None:
         self._take_quorum()
@@ -497,19 +575,34 @@ class LiveRecovery:
         began = time.monotonic()
         if self._attempt_began is None:
             self._attempt_began = began
+        if self.transport is not None:  # what a group that copies from this one reads
+            self.transport.finishing = self._votes_lost > 0
+            self.transport.source_finishing = False
         with self.heartbeat.pausing("quorum"):  # a Lighthouse away is waited for, not a hang
             self.manager.start_quorum()  # a group behind the quorum copies the state here
         self._quorum = time.monotonic() - began
 
-    def reduce(self, model: nn.Module) -> None:
-        hold_if_armed(ChaosPhase.REDUCING)
-        self._grads = local_gradients(model)
+    def computes(self) -> bool:
+        return self._adds_gradients
+
+    def reduce(self, model: nn.Module, loss: torch.Tensor) -> None:
+        if self._adds_gradients:
+            hold_if_armed(ChaosPhase.REDUCING)
+        self._params, self._loss = trainable(model), loss
         self._reduce()
 
     def _reduce(self) -> None:
+        assert self._loss is not None
         began = time.monotonic()
-        self._reduced = all_reduced(self.manager, self._grads)
+        shapes = [local_shards(p.detach()) for p in self._params]
+        grads = [None if p.grad is None else local_shards(p.grad) for p in self._params]
+        message = cross_group.outgoing(shapes, grads, self._loss, self._adds_gradients)
+        self._reduced = summed(self.manager, message)
         self._allreduce = time.monotonic() - began
+
+    def step_loss(self, own: torch.Tensor) -> torch.Tensor:
+        """The loss of the step just committed: the mean over the groups that computed it."""
+        return self._update.loss if self._update is not None else own
 
     def commit(self) -> bool:
         """The commit vote; a vote lost to a group that failed mid-step is taken again, up to
@@ -526,14 +619,19 @@ class LiveRecovery:
                 began = time.monotonic()
                 if self.manager.should_commit():
                     self._vote = time.monotonic() - began
-                    write_back(self._grads, self._reduced)
+                    assert self._reduced is not None
+                    shapes = [local_shards(p.detach()) for p in self._params]
+                    self._update = cross_group.average(self._reduced, shapes)
+                    take_average(self._params, self._update)
+                    self._votes_lost, self._adds_gradients = 0, True
                     if attempt > 0:
                         self._finished_among_survivors()
                     return True
+                self._votes_lost += 1
                 self._lost_vote(again=attempt + 1 < REDUCTION_QUORUMS)
             return False
         finally:
-            self._grads, self._reduced = [], None
+            self._params, self._loss, self._reduced = [], None, None
 
     def _lost_vote(self, again: bool) -> None:
         self._discarded(again)

@@ -80,13 +80,24 @@ class Recovery(Protocol):
         """Before a step's compute: its place (live: after the step's quorum)."""
         ...
 
-    def reduce(self, model: nn.Module) -> None:
-        """After the backward passes: average the gradients across what the world left out."""
+    def computes(self) -> bool:
+        """Whether this step's gradients are computed here (after :meth:`begin_step`); False:
+        live, a group that joined the quorum finishing a step a lost group broke, whose peers
+        computed theirs already."""
+        ...
+
+    def reduce(self, model: nn.Module, loss: torch.Tensor) -> None:
+        """After the backward passes: average the gradients across what the world left out
+        (``loss``: this process's loss of the step)."""
         ...
 
     def commit(self) -> bool:
         """Whether the step's update may be applied; False: the attempt is discarded and the
         step tried again."""
+        ...
+
+    def step_loss(self, own: torch.Tensor) -> torch.Tensor:
+        """The committed step's loss to report, given this process's own (``own``)."""
         ...
 
     def committed(self, state: TrainState) -> None:
@@ -134,11 +145,17 @@ class RestartRecovery:
     def begin_step(self) -> Place:
         return self._place
 
-    def reduce(self, model: nn.Module) -> None:
+    def computes(self) -> bool:
+        return True
+
+    def reduce(self, model: nn.Module, loss: torch.Tensor) -> None:
         """The world's DDP or FSDP already averaged the gradients in the backward pass."""
 
     def commit(self) -> bool:
         return True
+
+    def step_loss(self, own: torch.Tensor) -> torch.Tensor:
+        return own  # the reporter averages it over the world's ranks
 
     def committed(self, state: TrainState) -> None:
         pass

@@ -151,15 +151,18 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 report.layout = layout
             agreement.start(save=info.is_main and here.writer and ckpt.due(state.step + 1))
             timer.start()
-            with chaos.computing(layout.grad_accum_steps):
-                loss, data_wait = accumulate(
-                    model,
-                    loader.micro_batches(state.consumed_samples),
-                    layout.grad_accum_steps,
-                    spec,
-                    workload.loss_fn,
-                )
-            recovery.reduce(model)
+            if recovery.computes():
+                with chaos.computing(layout.grad_accum_steps):
+                    loss, data_wait = accumulate(
+                        model,
+                        loader.micro_batches(state.consumed_samples),
+                        layout.grad_accum_steps,
+                        spec,
+                        workload.loss_fn,
+                    )
+            else:
+                loss, data_wait = torch.zeros((), device=info.device), 0.0
+            recovery.reduce(model, loss)
             committed = recovery.commit()
             stop_now, save_now = agreement.result()
             if not committed:  # live: groups lost in every quorum tried; computed again
@@ -177,7 +180,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
                 report.step(state, data_wait, float(scheduler.get_last_lr()[0]), waited)
                 at_log = state.step % spec.log_interval_steps == 0
                 if at_log or state.step == spec.steps or stop_now:
-                    report.log(state, loss, grad_norm)
+                    report.log(state, recovery.step_loss(loss), grad_norm)
                     recovery.publish()
                 chaos.after(state.step)
                 at_eval = eval_data is not None and state.step % spec.eval_interval_steps == 0
