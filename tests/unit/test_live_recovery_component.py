@@ -27,6 +27,7 @@ from torchkube.trainer.live import (
     LiveRecovery,
     QuorumMembers,
     adds_gradients,
+    quorum_key,
 )
 from torchkube.trainer.recovery import Place
 
@@ -121,7 +122,8 @@ def test_the_quorums_members_are_read_from_the_lighthouses_answer_by_slot() -> N
     manager = SimpleNamespace(_client=client)
     members = QuorumMembers.watch(manager)
     assert manager._client is members and members.slots == []
-    assert manager._client._quorum(step=4) is answer
+    found = manager._client._quorum(step=4)
+    assert found.replica_ids == answer.replica_ids and found.quorum_id == quorum_key(answer)
     assert members.slots == [0, 3, 12] and members.max_step == 7
     assert manager._client.should_commit() is True  # everything else reaches torchft's client
 
@@ -159,6 +161,24 @@ def test_a_group_the_new_lighthouse_answers_alone_asks_again() -> None:
         members._quorum(step=4)
     assert len(members._quorum(step=4).replica_ids) == 8 and lighthouse.asked == 4
     assert members.slots == list(range(8))
+
+
+def test_a_restarted_lighthouse_whose_id_is_the_same_still_gets_a_new_process_group() -> None:
+    """Measured before: a Lighthouse started afresh answered six of eight groups with quorum id
+    1 — the id their last quorum of eight had under the Lighthouse before it — so torchft kept
+    the group of eight, and the six's reduction waited for the two others until it timed out
+    (30 s). The id torchft sees changes with the members, and only with them or the id."""
+    eight, six = answer(1, 8), answer(1, 6)
+    six.replica_ids = eight.replica_ids[:6]
+    lighthouse = Lighthouse(eight, answer(1, 8), six, six)
+    members = QuorumMembers.watch(SimpleNamespace(_client=lighthouse))
+    first = members._quorum().quorum_id
+    assert members._quorum().quorum_id == first  # the same quorum: the same group
+    assert members._quorum().quorum_id != first and lighthouse.asked == 4
+    assert members.slots == list(range(6))
+    again = answer(1, 8)
+    again.replica_ids = list(reversed(again.replica_ids))
+    assert quorum_key(again) == first  # every member computes the same id
 
 
 def test_a_smaller_quorum_is_taken_from_the_same_lighthouse_or_when_asked_again() -> None:

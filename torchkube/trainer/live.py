@@ -41,6 +41,7 @@ and ``hsdp`` (whose replicate dimension inside the pod torchft's would duplicate
 """
 
 import gc
+import hashlib
 import logging
 import os
 import signal
@@ -308,12 +309,21 @@ class QuorumMembers:
     number; the Lighthouse's answer names them (``<job>-<slot>:<uuid>``), so the Manager's
     client is watched as it answers, and everything else is passed through to it.
 
-    It also asks again when a Lighthouse that started afresh (its quorum ids begin again)
-    answers with fewer groups than the last quorum: a new Lighthouse knows no group until
-    each heartbeats, so the first group to ask — its heartbeats not yet in from the others —
-    gets a quorum of its own, and would train a step alone (as long as all the groups' steps
-    together) while the others wait for it. Asked again, it joins the quorum the others have
-    been waiting in; if they are gone, it gets the same small quorum again and goes on."""
+    Two things it mends when the Lighthouse is lost and started afresh (its quorum ids begin
+    again at 1, as the groups' own ids were after its last start):
+
+    * The new Lighthouse knows no group until each heartbeats, so the first groups to ask —
+      the others' heartbeats not in yet — get a quorum of their own, and would train a step
+      among themselves (a step of all the groups' micro-batches, for one group) while the
+      others wait for them. A group answered with fewer groups than the last quorum by a
+      Lighthouse that started afresh (:func:`lone_after_restart`) asks again, and joins the
+      quorum the others have been waiting in; if they are gone, it gets the same small
+      quorum again and goes on.
+    * torchft connects a new process group only when the quorum id changes, and a new
+      Lighthouse's ids may equal the old one's: a quorum of other groups under the same id
+      kept the old group, whose collectives then waited for groups not in the step, until
+      they timed out. Each answer's id is replaced by one of the id and the members together
+      (:func:`quorum_key`): the same for every member, new whenever either changes."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -342,18 +352,37 @@ class QuorumMembers:
         ids = (replica_id.split(":")[0] for replica_id in result.replica_ids)
         self.slots = sorted(extract_trailing_digits(replica_id) for replica_id in ids)
         self.max_step = result.max_step
-        return result
+        return KeyedAnswer(result, quorum_key(result))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
 
+class KeyedAnswer:
+    """torchft's answer to a quorum request with the quorum id replaced (:func:`quorum_key`)."""
+
+    def __init__(self, answer: Any, quorum_id: int) -> None:
+        self._answer, self.quorum_id = answer, quorum_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._answer, name)
+
+
+def quorum_key(answer: Any) -> int:
+    """A quorum id of the Lighthouse's id and the quorum's members together: the same in every
+    member's answer, and new whenever either changes."""
+    members = ",".join(sorted(answer.replica_ids))
+    digest = hashlib.blake2b(f"{answer.quorum_id}|{members}".encode(), digest_size=6).digest()
+    return int.from_bytes(digest, "big")
+
+
 def lone_after_restart(last: Any, answer: Any) -> bool:
-    """Whether ``answer`` comes from a Lighthouse that started after the one that answered
-    ``last`` (quorum ids begin again) and holds fewer groups than ``last``."""
+    """Whether ``answer`` holds fewer groups than ``last`` under a quorum id that did not grow:
+    a Lighthouse bumps its id whenever a quorum's members change, so it comes from one that
+    started after the one that answered ``last``."""
     return (
         last is not None
-        and answer.quorum_id < last.quorum_id
+        and answer.quorum_id <= last.quorum_id
         and len(answer.replica_ids) < len(last.replica_ids)
     )
 
