@@ -19,7 +19,7 @@ from torchft.checkpointing import HTTPTransport
 
 from torchkube.api.contract import LiveProgress
 from torchkube.elastic.heartbeat import Heartbeat
-from torchkube.trainer import cross_group
+from torchkube.trainer import cross_group, live
 from torchkube.trainer.checkpoint import TrainState
 from torchkube.trainer.live import (
     REDUCTION_QUORUMS,
@@ -149,45 +149,58 @@ class Lighthouse:
         return found
 
 
-def test_a_group_the_new_lighthouse_answers_alone_asks_again() -> None:
+@pytest.fixture
+def no_wait_for_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "RESTARTED_LIGHTHOUSE_WAIT", timedelta(0))
+
+
+def test_a_group_the_new_lighthouse_answers_alone_asks_again(no_wait_for_heartbeats: None) -> None:
     """Measured before: a Lighthouse killed mid-run came back in a second, answered the first
     of eight groups with a quorum of one, and that group trained a step alone — eight
-    groups' micro-batches, 32 s — while the seven others waited for it."""
-    lighthouse = Lighthouse(answer(7, 8), RuntimeError("tcp connect error"), answer(1, 1))
+    groups' micro-batches, 32 s — while the seven others waited for it. Asked again at once,
+    it got the same quorum of one: the others' heartbeats were not in yet."""
+    lone = answer(1, 1)
+    lighthouse = Lighthouse(answer(7, 8), RuntimeError("tcp connect error"), lone, lone)
     lighthouse.answers.append(answer(2, 8))
     members = QuorumMembers.watch(SimpleNamespace(_client=lighthouse))
     assert len(members._quorum(step=3).replica_ids) == 8
     with pytest.raises(RuntimeError):
         members._quorum(step=4)
-    assert len(members._quorum(step=4).replica_ids) == 8 and lighthouse.asked == 4
+    assert len(members._quorum(step=4).replica_ids) == 8 and lighthouse.asked == 5
     assert members.slots == list(range(8))
 
 
-def test_a_restarted_lighthouse_whose_id_is_the_same_still_gets_a_new_process_group() -> None:
+def test_a_restarted_lighthouse_whose_id_is_the_same_still_gets_a_new_process_group(
+    no_wait_for_heartbeats: None,
+) -> None:
     """Measured before: a Lighthouse started afresh answered six of eight groups with quorum id
     1 — the id their last quorum of eight had under the Lighthouse before it — so torchft kept
     the group of eight, and the six's reduction waited for the two others until it timed out
     (30 s). The id torchft sees changes with the members, and only with them or the id."""
     eight, six = answer(1, 8), answer(1, 6)
     six.replica_ids = eight.replica_ids[:6]
-    lighthouse = Lighthouse(eight, answer(1, 8), six, six)
+    asks = live.RESTARTED_LIGHTHOUSE_ASKS
+    lighthouse = Lighthouse(eight, answer(1, 8), *[six] * (1 + asks))
     members = QuorumMembers.watch(SimpleNamespace(_client=lighthouse))
     first = members._quorum().quorum_id
     assert members._quorum().quorum_id == first  # the same quorum: the same group
-    assert members._quorum().quorum_id != first and lighthouse.asked == 4
+    assert members._quorum().quorum_id != first and not lighthouse.answers
     assert members.slots == list(range(6))
     again = answer(1, 8)
     again.replica_ids = list(reversed(again.replica_ids))
     assert quorum_key(again) == first  # every member computes the same id
 
 
-def test_a_smaller_quorum_is_taken_from_the_same_lighthouse_or_when_asked_again() -> None:
-    """Groups lost for good: the answer asked again is the small one, and it is taken."""
-    lighthouse = Lighthouse(answer(7, 8), answer(8, 3), answer(1, 2), answer(2, 2))
+def test_a_smaller_quorum_is_taken_from_the_same_lighthouse_or_after_asking_again(
+    no_wait_for_heartbeats: None,
+) -> None:
+    """Groups lost for good: the answers asked again are the small one, and it is taken."""
+    small = [answer(1, 2)] * (1 + live.RESTARTED_LIGHTHOUSE_ASKS)
+    lighthouse = Lighthouse(answer(7, 8), answer(8, 3), *small)
     members = QuorumMembers.watch(SimpleNamespace(_client=lighthouse))
     assert len(members._quorum().replica_ids) == 8
     assert len(members._quorum().replica_ids) == 3  # the same Lighthouse: groups lost
-    assert len(members._quorum().replica_ids) == 2 and lighthouse.asked == 4
+    assert len(members._quorum().replica_ids) == 2 and not lighthouse.answers
 
 
 class Votes:

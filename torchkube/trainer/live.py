@@ -98,6 +98,13 @@ REDUCTION_QUORUMS = 3
 """How many quorums a step's reduction is tried in before the step is computed again: a group
 lost mid-step fails the vote once, its survivors' next quorum finishes the step; a second
 loss before that quorum's vote costs one more."""
+RESTARTED_LIGHTHOUSE_WAIT = timedelta(seconds=1)
+"""How long a group that a Lighthouse started afresh answered with a smaller quorum waits
+before it asks again: the other groups heartbeat every 100 ms once their client has connected
+again, and a quorum asked for before their heartbeats are in is answered without them."""
+RESTARTED_LIGHTHOUSE_ASKS = 3
+"""How many times such a group asks again before it takes the smaller quorum (its other
+groups are gone)."""
 LIGHTHOUSE_RETRY = timedelta(seconds=0.5)
 """How often a group asks again for a quorum the Lighthouse could not answer (it is away)."""
 QUORUM_RETRIES = round(QUORUM_TIMEOUT / LIGHTHOUSE_RETRY) - 1
@@ -339,14 +346,19 @@ class QuorumMembers:
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
         result = self._client._quorum(*args, **kwargs)
-        if lone_after_restart(self._last, result):
-            log.warning(
-                "live: the Lighthouse came back and answered with a quorum of %s of the last "
-                "quorum's %d: asking again, so that no group trains a step alone while the "
-                "others wait for it",
-                describe_groups(len(result.replica_ids)),
-                len(self._last.replica_ids),
-            )
+        for attempt in range(RESTARTED_LIGHTHOUSE_ASKS):
+            if not lone_after_restart(self._last, result):
+                break
+            if attempt == 0:
+                log.warning(
+                    "live: the Lighthouse came back and answered with a quorum of %s of the "
+                    "last quorum's %d: asking again in %.0f s, once the others' heartbeats are "
+                    "in, so that no group trains a step alone while the others wait for it",
+                    describe_groups(len(result.replica_ids)),
+                    len(self._last.replica_ids),
+                    RESTARTED_LIGHTHOUSE_WAIT.total_seconds(),
+                )
+            time.sleep(RESTARTED_LIGHTHOUSE_WAIT.total_seconds())
             result = self._client._quorum(*args, **kwargs)
         self._last = result
         ids = (replica_id.split(":")[0] for replica_id in result.replica_ids)
