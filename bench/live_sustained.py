@@ -105,17 +105,31 @@ class Way:
     loss), with ``spares`` hot spares standing by."""
 
     name: str
+    key: str
+    """Its name on the command line (``--ways``)."""
     rate: float | None
     spares: int = 0
 
 
 WAYS = (
-    Way(UNDISTURBED, None),
-    Way("one loss per 5.5 steps", 5.5),
-    Way("one loss per 1.4 steps", 1.4),
-    Way(f"one loss per 1.4 steps, {SPARES} hot spares", 1.4, SPARES),
+    Way(UNDISTURBED, UNDISTURBED, None),
+    Way("one loss per 5.5 steps", "5.5", 5.5),
+    Way("one loss per 1.4 steps", "1.4", 1.4),
+    Way(f"one loss per 1.4 steps, {SPARES} hot spares", "1.4-spares", 1.4, SPARES),
 )
 BY_NAME = {way.name: way for way in WAYS}
+BY_KEY = {way.key: way for way in WAYS}
+
+
+def chosen(keys: Sequence[str] | None) -> tuple[Way, ...]:
+    """The ways ``--ways`` names (all of them by default), the undisturbed one always: it is
+    every other way's reference."""
+    if keys is None:
+        return WAYS
+    wanted = {UNDISTURBED, *keys}
+    return tuple(way for way in WAYS if way.key in wanted)
+
+
 TORCHFT = {5.5: (82.3, 81.2), 1.4: (30.2, None)}
 """torchft's published figures at each rate: (% of steps committed, % training efficiency)."""
 LIGHTHOUSE_FAULT, STARTING_FAULT, TRAINING_FAULT = (
@@ -239,7 +253,7 @@ def measure(
     after every run, so a session cut short keeps what it measured."""
     trials: list[dict[str, Any]] = []
     for trial in range(args.trials):
-        for position, way in enumerate(rotated(WAYS, trial), start=1):
+        for position, way in enumerate(rotated(chosen(args.ways), trial), start=1):
             log(f"trial {trial + 1}, {way.name}")
             found = run_once(args, way, seed=args.seed + trial)
             found |= {"trial": trial + 1, "position": position}
@@ -274,7 +288,7 @@ def figures(results: Results, trials: list[dict[str, Any]], cap_minutes: float, 
     reference = {
         t["trial"]: per_step(t) for t in trials if t["way"] == UNDISTURBED and t["succeeded"]
     }
-    for way in (w.name for w in WAYS):
+    for way in (w.name for w in WAYS if any(t["way"] == w.name for t in trials)):
         rate = BY_NAME[way].rate
         runs = [t for t in trials if t["way"] == way]
         committed_target = efficiency_target = None
@@ -418,6 +432,13 @@ def main(argv: list[str] | None = None) -> None:
         "recorded as not finished within the cap, apart from a run that failed",
     )
     parser.add_argument("--seed", type=int, default=1, help="the first trial's seed")
+    parser.add_argument(
+        "--ways",
+        type=lambda text: text.split(","),
+        default=None,
+        help=f"only these ways (of {', '.join(BY_KEY)}; comma-separated), beside the "
+        "undisturbed one, their reference",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the record goes")
     parser.add_argument(
         "--from-record",
@@ -427,6 +448,8 @@ def main(argv: list[str] | None = None) -> None:
         "kept) into its figures, tables and notes",
     )
     args = parser.parse_args(argv)
+    if args.ways is not None and (unknown := set(args.ways) - set(BY_KEY)):
+        parser.error(f"unknown ways {sorted(unknown)}; use {', '.join(BY_KEY)}")
     if args.from_record is not None:
         rederive(args.from_record, args.out)
         return

@@ -620,3 +620,10 @@ def test_split_handover_times_the_limit_from_the_harness_and_the_standby() -> No
     assert (split.resumed_step, split.first_new_step) == (40, 41)
     with pytest.raises(ValueError, match="standby"):
         split_handover(lines[:2], t, noticed_at=t + 0.3, handed_at=t + 0.31)
+
+
+def test_a_focused_sustained_run_keeps_its_undisturbed_reference() -> None:
+    from bench.live_sustained import WAYS, chosen
+
+    assert [way.key for way in chosen(["1.4"])] == ["undisturbed", "1.4"]
+    assert chosen(None) == WAYS
