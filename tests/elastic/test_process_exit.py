@@ -19,9 +19,9 @@ exit_with({code})
 """
 
 
-def _agent(code: int) -> subprocess.CompletedProcess[str]:
+def _run(script: str, code: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", AGENT.format(code=code)],
+        [sys.executable, "-c", script.format(code=code)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -30,7 +30,7 @@ def _agent(code: int) -> subprocess.CompletedProcess[str]:
 
 def test_the_exit_code_is_the_result_and_finalisation_is_skipped() -> None:
     for code in (0, 3):
-        agent = _agent(code)
+        agent = _run(AGENT, code)
         assert agent.returncode == code, agent.stderr
         assert agent.stdout == "result printed\n", "output lost on the way out"
 
@@ -50,22 +50,13 @@ exit_with({code})
 """
 
 
-def _trainer(code: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", TRAINER.format(code=code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_a_finished_trainer_runs_its_exit_hooks_and_skips_finalisation() -> None:
-    trainer = _trainer(0)
+    trainer = _run(TRAINER, 0)
     assert trainer.returncode == 0, trainer.stderr
     assert trainer.stdout == "result printed\nexit hook ran\n"
 
 
 def test_a_failed_trainer_exits_at_once() -> None:
-    trainer = _trainer(1)
+    trainer = _run(TRAINER, 1)
     assert trainer.returncode == 1, trainer.stderr
     assert trainer.stdout == "result printed\n"
