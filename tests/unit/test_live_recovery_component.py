@@ -55,7 +55,7 @@ def recovery_at_start(rank: int) -> Any:
     )
     recovery.live = SimpleNamespace(copied_step=None, state=TrainState())
     recovery.spec = SimpleNamespace(global_batch_size=4, micro_batch_size=2)
-    recovery.info = SimpleNamespace(is_main=True, data_rank=0, data_size=1)
+    recovery.info = SimpleNamespace(is_main=True, data_rank=0, data_size=1, world_size=1)
     recovery.progress = SimpleNamespace(enabled=False, update=lambda **_: None)
     recovery.live_env = SimpleNamespace(target=None)
     recovery.replica_id, recovery.writer, recovery.split = f"job-{rank}", False, None
@@ -63,7 +63,7 @@ def recovery_at_start(rank: int) -> Any:
     recovery.transport = SimpleNamespace(finishing=False, source_finishing=False)
     recovery.record = LiveProgress(replica_groups=0, grad_accum_steps=1)
     recovery._quorum_taken, recovery._attempt_began, recovery._start = False, None, None
-    recovery._votes_lost, recovery._adds_gradients, recovery._update = 0, True, None
+    recovery._votes_lost, recovery._adds_gradients, recovery._step_loss = 0, True, None
     recovery.heartbeat = Heartbeat(None)  # no launcher: a pause is a no-op
     return recovery
 
@@ -209,10 +209,15 @@ class Votes:
     group fewer, and its reduction sums with that quorum's other survivor's message (``peer``:
     gradients of 2.0, a loss of 4.0)."""
 
-    def __init__(self, lost: int, ahead: bool = False) -> None:
+    def __init__(self, lost: int, ahead: bool = False, peer_computed: bool = True) -> None:
         self.lost, self.quorums, self.groups = lost, 0, 3
-        self.step, self.ahead = 5, ahead
+        self.step, self.ahead, self.peer_computed = 5, ahead, peer_computed
         self.sent: list[torch.Tensor] = []
+        self.errors: list[Exception] = []
+
+    def report_error(self, error: Exception) -> None:
+        self.errors.append(error)  # torchft: this group's next vote is lost
+        self.lost = max(self.lost, 1)
 
     def start_quorum(self) -> None:
         self.quorums += 1
@@ -225,7 +230,7 @@ class Votes:
         self.sent.append(tensor.clone())
         if self.lost:
             tensor.add_(1000.0)
-        else:
+        elif self.peer_computed:
             tensor.add_(peer_message(tensor))
         return SimpleNamespace(wait=lambda: None)
 
@@ -397,7 +402,51 @@ def test_the_average_counts_the_groups_that_contributed() -> None:
     one = cross_group.outgoing(shapes, [torch.ones(2), None], torch.tensor(1.0), True)
     two = cross_group.outgoing(shapes, [torch.full((2,), 3.0), None], torch.tensor(3.0), True)
     idle = cross_group.outgoing(shapes, [torch.full((2,), 9.0), None], torch.tensor(9.0), False)
-    update = cross_group.average(one + two + idle, shapes)
-    assert update.contributors == 2 and float(update.loss) == 2.0
+    total = one + two + idle
+    assert cross_group.contributors(total) == 2
+    update = cross_group.average(total, shapes)
+    assert float(update.loss) == 2.0
     assert update.grads[0] is not None and update.grads[0].eq(2.0).all()
     assert update.grads[1] is None  # no contributor had a gradient for it
+
+
+def test_every_group_sends_the_same_element_type_whatever_gradients_it_holds() -> None:
+    """A joiner holds no gradients; a survivor's are the parameters' type (bf16 here): two
+    element types would not sum."""
+    shapes = [torch.zeros(2, dtype=torch.bfloat16)]
+    grads = [torch.ones(2, dtype=torch.bfloat16)]
+    survivor = cross_group.outgoing(shapes, grads, torch.ones(()), True)
+    joiner = cross_group.outgoing(shapes, [None], torch.zeros(()), False)
+    assert survivor.dtype == joiner.dtype == torch.bfloat16 and survivor.shape == joiner.shape
+
+
+def test_a_step_no_group_computed_is_not_committed() -> None:
+    """A joiner whose survivors were lost before their reduction is alone with nothing to
+    add: a commit would step the schedule on no gradients and skip a global batch."""
+    recovery, model = recovery_reducing(lost=0)
+    recovery.manager.peer_computed, recovery._adds_gradients = False, False
+    before = [p.detach().clone() for p in model.parameters()]
+    recovery.reduce(model, torch.zeros(()))
+    assert recovery.commit() is False
+    assert len(recovery.manager.errors) == REDUCTION_QUORUMS
+    for param, was in zip(model.parameters(), before, strict=True):
+        assert param.detach().equal(was)
+
+
+def test_a_group_computing_afresh_does_not_say_it_is_finishing() -> None:
+    """After its votes were lost in every quorum tried, a group computes the step again: a
+    joiner copying from it then must compute too."""
+    recovery, model = recovery_reducing(lost=REDUCTION_QUORUMS)
+    said: list[bool] = []
+    start = recovery.manager.start_quorum
+
+    def start_quorum() -> None:
+        said.append(recovery.transport.finishing)
+        start()
+
+    recovery.manager.start_quorum = start_quorum
+    recovery.reduce(model, torch.tensor(2.0))
+    assert recovery.commit() is False
+    recovery.begin_step()
+    assert said == [True] * (REDUCTION_QUORUMS - 1) + [False]
+    assert recovery.computes() is True

@@ -13,6 +13,7 @@ adds zero to it, as its data did), a gradient only for the parameters some contr
 one for, and the contributors' mean loss for the log.
 """
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,8 +32,7 @@ def outgoing(
     """This process's message: ``grads`` (its local gradient per parameter, None where it has
     none; ``shapes``: the parameters' local tensors, for the sizes of the missing ones) and its
     step ``loss``, or zeros throughout when it does not contribute."""
-    present = [g for g in grads if g is not None]
-    dtype = present[0].dtype if present else torch.float32
+    dtype = message_dtype(shapes)
     device = shapes[0].device if shapes else loss.device
     parts = [
         g.detach().reshape(-1).to(dtype)
@@ -48,27 +48,38 @@ def outgoing(
     return torch.cat(parts)
 
 
+def message_dtype(shapes: Sequence[torch.Tensor]) -> torch.dtype:
+    """The message's element type: the parameters' (promoted), the same in every group
+    whatever gradients a group holds — messages of two element types would not sum."""
+    return functools.reduce(torch.promote_types, (p.dtype for p in shapes), torch.bfloat16)
+
+
+def contributors(summed: torch.Tensor) -> int:
+    """How many groups' messages ``summed`` adds up (0: none computed the step)."""
+    return round(float(summed[-1]))
+
+
 @dataclass(frozen=True)
 class Average:
     """What the summed messages say, the same in every group."""
 
     grads: list[torch.Tensor | None]
-    """Per parameter, the contributors' mean gradient (flat); None where none had one."""
+    """Per parameter, the contributors' mean gradient (flat views of the summed message);
+    None where none had one."""
     loss: torch.Tensor
-    """The contributors' mean step loss (0 when none contributed)."""
-    contributors: int
+    """The contributors' mean step loss."""
 
 
 def average(summed: torch.Tensor, shapes: Sequence[torch.Tensor]) -> Average:
     """The update in ``summed`` (the quorum's sum of :func:`outgoing` messages of parameters
-    shaped as ``shapes``)."""
-    count = round(float(summed[-1]))
-    divisor = max(count, 1)
+    shaped as ``shapes``, from at least one contributor), divided in place: no copy of the
+    gradients outlives the step."""
+    summed[:-1].div_(max(contributors(summed), 1))  # the flags too: only their sign is read
     grads: list[torch.Tensor | None] = []
+    offset = sum(p.numel() for p in shapes)
+    flags = summed[offset : offset + len(shapes)].tolist()
     offset = 0
-    for p in shapes:
-        grads.append(summed[offset : offset + p.numel()] / divisor)
+    for p, flag in zip(shapes, flags, strict=True):
+        grads.append(summed[offset : offset + p.numel()] if flag > 0 else None)
         offset += p.numel()
-    flags = summed[offset : offset + len(shapes)]
-    grads = [g if flag > 0 else None for g, flag in zip(grads, flags.tolist(), strict=True)]
-    return Average(grads, summed[-_TAIL] / divisor, count)
+    return Average(grads, summed[-_TAIL].clone())

@@ -463,7 +463,7 @@ class LiveRecovery:
         self._params: list[nn.Parameter] = []
         self._loss: torch.Tensor | None = None  # this group's loss of the step, for its message
         self._reduced: torch.Tensor | None = None
-        self._update: cross_group.Average | None = None  # the last step committed
+        self._step_loss: torch.Tensor | None = None  # the last step committed's, its groups' mean
         self._votes_lost = 0  # in a row, since this group last committed a step
         self._adds_gradients = True
         self.steps_done = 0
@@ -569,6 +569,10 @@ class LiveRecovery:
         again, where a group sends what it sent before): see :func:`adds_gradients`."""
         assert self.transport is not None
         adds = adds_gradients(self.transport.source_finishing, self._votes_lost)
+        if self.info.world_size > 1:  # the group's processes compute together or not at all
+            agreed = torch.tensor([1.0 if adds else 0.0])
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.info.control_group)
+            adds = bool(agreed.item())
         if not adds:
             log.info(
                 "live: joined the quorum finishing step %d, which a lost group broke: this "
@@ -578,8 +582,8 @@ class LiveRecovery:
             )
         self._adds_gradients = adds
 
-    def _quorum_and_place(self) -> None:
-        self._take_quorum()
+    def _quorum_and_place(self, finishing: bool = False) -> None:
+        self._take_quorum(finishing)
         self._note_peer_copy()
         self._start_if_none_ahead()
         self._arrange()
@@ -612,12 +616,13 @@ class LiveRecovery:
             self.manager.load_state_dict({"step": state.step, "batches_committed": state.step})
             log.info("live: no live peer ahead; resumed from the checkpoint of step %d", state.step)
 
-    def _take_quorum(self) -> None:
+    def _take_quorum(self, finishing: bool = False) -> None:
+        """``finishing``: the quorum finishes the step this group's last vote lost."""
         began = time.monotonic()
         if self._attempt_began is None:
             self._attempt_began = began
         if self.transport is not None:  # what a group that copies from this one reads
-            self.transport.finishing = self._votes_lost > 0
+            self.transport.finishing = finishing
             self.transport.source_finishing = False
         with self.heartbeat.pausing("quorum"):  # a Lighthouse away is waited for, not a hang
             self.manager.start_quorum()  # a group behind the quorum copies the state here
@@ -643,7 +648,7 @@ class LiveRecovery:
 
     def step_loss(self, own: torch.Tensor) -> torch.Tensor:
         """The loss of the step just committed: the mean over the groups that computed it."""
-        return self._update.loss if self._update is not None else own
+        return self._step_loss if self._step_loss is not None else own
 
     def commit(self) -> bool:
         """The commit vote; a vote lost to a group that failed mid-step is taken again, up to
@@ -658,12 +663,15 @@ class LiveRecovery:
                 if attempt > 0 and not self._reduced_in_next_quorum():
                     return False
                 began = time.monotonic()
+                assert self._reduced is not None
+                if cross_group.contributors(self._reduced) == 0:  # the same sum in every group
+                    self.manager.report_error(RuntimeError("no group computed the step"))
                 if self.manager.should_commit():
                     self._vote = time.monotonic() - began
-                    assert self._reduced is not None
                     shapes = [local_shards(p.detach()) for p in self._params]
-                    self._update = cross_group.average(self._reduced, shapes)
-                    take_average(self._params, self._update)
+                    update = cross_group.average(self._reduced, shapes)
+                    take_average(self._params, update)
+                    self._step_loss = update.loss
                     self._votes_lost, self._adds_gradients = 0, True
                     if attempt > 0:
                         self._finished_among_survivors()
@@ -684,9 +692,10 @@ class LiveRecovery:
         """The step's reduction again, in the next quorum; False when that quorum was ahead
         and this group copied its state: the quorum's step is then computed afresh."""
         step = self.manager.current_step()
-        self._quorum_and_place()
+        self._quorum_and_place(finishing=True)
         if self.manager.current_step() != step:
             self._quorum_taken = True  # the next attempt is this quorum's step
+            self._adds_gradients = True  # computed afresh, by every group of the quorum
             log.info(
                 "live: a peer committed step %d meanwhile; this group copied its state and "
                 "computes step %d afresh (its own gradients were of a step passed)",
