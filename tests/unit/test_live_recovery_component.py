@@ -382,10 +382,11 @@ def test_a_joiner_in_the_quorum_finishing_a_broken_step_computes_nothing_and_tak
     assert recovery.computes() is True  # its next step is a step like any other
 
 
-def test_a_survivor_says_it_is_finishing_in_the_quorum_after_its_lost_vote() -> None:
-    recovery, model = recovery_reducing(lost=1)
+def saying_finishing(lost: int) -> tuple[Any, nn.Module, list[bool]]:
+    """A group through a step whose vote is lost ``lost`` times, and what it says before each
+    quorum it takes: whether it is finishing a step (its transfer metadata)."""
+    recovery, model = recovery_reducing(lost)
     said: list[bool] = []
-    recovery.transport = SimpleNamespace(finishing=False, source_finishing=False)
     start = recovery.manager.start_quorum
 
     def start_quorum() -> None:
@@ -393,6 +394,11 @@ def test_a_survivor_says_it_is_finishing_in_the_quorum_after_its_lost_vote() -> 
         start()
 
     recovery.manager.start_quorum = start_quorum
+    return recovery, model, said
+
+
+def test_a_survivor_says_it_is_finishing_in_the_quorum_after_its_lost_vote() -> None:
+    recovery, model, said = saying_finishing(lost=1)
     recovery.reduce(model, torch.tensor(2.0))
     assert recovery.commit() is True and said == [True]
 
@@ -436,15 +442,7 @@ def test_a_step_no_group_computed_is_not_committed() -> None:
 def test_a_group_computing_afresh_does_not_say_it_is_finishing() -> None:
     """After its votes were lost in every quorum tried, a group computes the step again: a
     joiner copying from it then must compute too."""
-    recovery, model = recovery_reducing(lost=REDUCTION_QUORUMS)
-    said: list[bool] = []
-    start = recovery.manager.start_quorum
-
-    def start_quorum() -> None:
-        said.append(recovery.transport.finishing)
-        start()
-
-    recovery.manager.start_quorum = start_quorum
+    recovery, model, said = saying_finishing(lost=REDUCTION_QUORUMS)
     recovery.reduce(model, torch.tensor(2.0))
     assert recovery.commit() is False
     recovery.begin_step()
