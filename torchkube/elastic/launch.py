@@ -420,7 +420,7 @@ def _run_rounds(args: list[str], markers: tuple[Path, Path], budget: float) -> i
 def exit_with(code: int) -> NoReturn:
     """End the launcher with ``code``: no exit hooks (multiprocessing's would wait for workers
     an error left behind), no finalisation (:mod:`torchkube.process_exit`)."""
-    exit_process(code, run_exit_hooks=False)
+    exit_process(code, flush_logs=True)
 
 
 if __name__ == "__main__":
