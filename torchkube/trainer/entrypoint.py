@@ -36,8 +36,7 @@ def main(argv: Sequence[str] | None = None, workload: "Workload | None" = None) 
 def exit_with(code: int) -> NoReturn:
     """End the trainer with ``code``. A failed run exits at once (:mod:`torchkube.process_exit`),
     without waiting for a checkpoint thread that may be stuck on a dead peer; a finished one
-    through the interpreter's own exit, which a warm worker needs (skipping it left finished
-    workers alive until their launcher was stopped)."""
+    through the interpreter's own exit, which a warm worker needs to end at all."""
     if code != ExitCode.OK:
         exit_process(code, flush_logs=False)
     sys.exit(code)

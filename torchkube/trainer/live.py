@@ -227,7 +227,7 @@ class AdvertisedTransport(HTTPTransport):
     def __init__(self, host: str, timeout: timedelta) -> None:
         self.host = host  # before torchft's constructor, which may ask for the address
         self.finishing = False
-        """Set by this group before its quorum: its last vote was lost."""
+        """Set by this group before a quorum that finishes the step its last vote lost."""
         self.source_finishing = False
         """Whether the peer this group last copied its state from was finishing a step."""
         super().__init__(timeout=timeout, num_chunks=0)
@@ -461,6 +461,7 @@ class LiveRecovery:
         self._attempt_began: float | None = None  # the first attempt at the step to commit
         self._quorum = self._allreduce = self._vote = 0.0
         self._params: list[nn.Parameter] = []
+        self._shapes: list[torch.Tensor] = []  # the parameters' local tensors, for the message
         self._loss: torch.Tensor | None = None  # this group's loss of the step, for its message
         self._reduced: torch.Tensor | None = None
         self._step_loss: torch.Tensor | None = None  # the last step committed's, its groups' mean
@@ -635,14 +636,14 @@ class LiveRecovery:
         if self._adds_gradients:
             hold_if_armed(ChaosPhase.REDUCING)
         self._params, self._loss = trainable(model), loss
+        self._shapes = [local_shards(p.detach()) for p in self._params]
         self._reduce()
 
     def _reduce(self) -> None:
         assert self._loss is not None
         began = time.monotonic()
-        shapes = [local_shards(p.detach()) for p in self._params]
         grads = [None if p.grad is None else local_shards(p.grad) for p in self._params]
-        message = cross_group.outgoing(shapes, grads, self._loss, self._adds_gradients)
+        message = cross_group.outgoing(self._shapes, grads, self._loss, self._adds_gradients)
         self._reduced = summed(self.manager, message)
         self._allreduce = time.monotonic() - began
 
@@ -668,8 +669,7 @@ class LiveRecovery:
                     self.manager.report_error(RuntimeError("no group computed the step"))
                 if self.manager.should_commit():
                     self._vote = time.monotonic() - began
-                    shapes = [local_shards(p.detach()) for p in self._params]
-                    update = cross_group.average(self._reduced, shapes)
+                    update = cross_group.average(self._reduced, self._shapes)
                     take_average(self._params, update)
                     self._step_loss = update.loss
                     self._votes_lost, self._adds_gradients = 0, True
@@ -680,7 +680,7 @@ class LiveRecovery:
                 self._lost_vote(again=attempt + 1 < REDUCTION_QUORUMS)
             return False
         finally:
-            self._params, self._loss, self._reduced = [], None, None
+            self._params, self._shapes, self._loss, self._reduced = [], [], None, None
 
     def _lost_vote(self, again: bool) -> None:
         self._discarded(again)
