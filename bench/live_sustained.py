@@ -23,8 +23,9 @@ rotated order, each trial with its own seed:
   group's place at the next quorum while the lost slot's replacement starts and stands by in
   its turn.
 
-A CPU step of the tiny model takes milliseconds, so every micro-batch is stretched to
-``--micro-batch-seconds`` (``Chaos.compute_seconds``, standing for an accelerator's compute):
+A CPU step of the tiny model takes milliseconds, so every full micro-batch is stretched to
+``--micro-batch-seconds`` (``Chaos.compute_seconds``, standing for an accelerator's compute;
+a step in proportion to the sequences it computes):
 with every group a step is ``step_seconds`` (4 s by default), at least 4× the failure
 detection (the Lighthouse's heartbeat timeout, scaled down with the step from its 2 s to
 ``--heartbeat-timeout-ms``); fewer groups share the same global batch, so a step of seven of
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
         "--micro-batch-seconds",
         type=float,
         default=4 / 3,
-        help="each micro-batch's stretched compute: with 8 groups of 96 sequences, 3 "
+        help="each full micro-batch's stretched compute: with 8 groups of 96 sequences, 3 "
         "micro-batches a step",
     )
     parser.add_argument(
@@ -487,10 +488,11 @@ def summarise(results: Results, trials: list[dict[str, Any]], args: argparse.Nam
     tables(results, trials)
     results.notes[:0] = [
         f"{args.groups} replica groups of one process (tiny GPT, gloo), {args.steps} steps of "
-        f"{args.global_batch} sequences, each micro-batch of {args.micro_batch} stretched to "
-        f"{args.micro_batch_seconds:.2f} s: a step of {step:.1f} s with every group, longer with "
-        f"fewer; the Lighthouse's heartbeat timeout {args.heartbeat_timeout_ms} ms; a checkpoint "
-        f"every {args.checkpoint_interval} steps; the Poisson losses' mean gap is the rate × "
+        f"{args.global_batch} sequences, each full micro-batch of {args.micro_batch} stretched "
+        f"to {args.micro_batch_seconds:.2f} s, a step in proportion to its sequences: "
+        f"{step:.1f} s with every group, longer with fewer; the Lighthouse's heartbeat "
+        f"timeout {args.heartbeat_timeout_ms} ms; a checkpoint every {args.checkpoint_interval} "
+        "steps; the Poisson losses' mean gap is the rate × "
         f"{step:.1f} s; {100 * args.lighthouse_share:.0f} % of them hit the Lighthouse; a lost "
         "pod started again at once; the victims are the last quorum's groups (not a "
         f"replacement still starting); the hot spares' way adds {SPARES} standby groups.",

@@ -43,16 +43,16 @@ def test_victims_are_drawn_among_the_alive_and_the_lighthouse_takes_its_share() 
     assert chaos.poisson_victim([], lighthouse=False) is None
 
 
-def test_a_stretched_step_lasts_its_micro_batches_compute_and_a_longer_one_is_kept() -> None:
-    hold = ChaosHold(frozenset(), compute_seconds=0.1)
+def test_a_stretched_step_lasts_in_proportion_to_its_sequences_and_a_longer_one_is_kept() -> None:
+    hold = ChaosHold(frozenset(), compute_seconds=1.0)
     began = time.monotonic()
-    with hold.computing(micro_batches=2):
+    with hold.computing(sequences=2, micro_batch_size=4):  # half a micro-batch: half as long
         pass
-    assert 0.2 <= time.monotonic() - began < 0.5
+    assert 0.5 <= time.monotonic() - began < 0.9
     began = time.monotonic()
-    with hold.computing(micro_batches=2):
-        time.sleep(0.3)
-    assert 0.3 <= time.monotonic() - began < 0.6
+    with hold.computing(sequences=6, micro_batch_size=4):
+        time.sleep(1.7)
+    assert 1.7 <= time.monotonic() - began < 2.1
 
 
 def test_killing_the_lighthouse_of_a_restart_mode_job_is_refused_by_name(tmp_path: Path) -> None:

@@ -86,9 +86,10 @@ class Env(StrEnum):
     their next collective, so the kill lands at the step asked for however late the runner's
     poll sees it on a busy machine."""
     CHAOS_COMPUTE_SECONDS = "TORCHKUBE_CHAOS_COMPUTE_SECONDS"
-    """Set by ``torchkube run``'s benchmarks, never by the operator: every micro-batch of a
-    training step lasts at least this many seconds, its processes waiting out the rest after
-    them (a step standing for an accelerator's on a CPU)."""
+    """Set by ``torchkube run``'s benchmarks, never by the operator: a training step lasts at
+    least this many seconds per full micro-batch of the sequences it computes (14 sequences
+    of micro-batches of 4: 3.5 times this), its processes waiting out the rest after them (a
+    step standing for an accelerator's on a CPU)."""
     CHAOS_ARM_DIR = "TORCHKUBE_CHAOS_ARM_DIR"
     """Set by ``torchkube run`` when its chaos kills workers in a phase
     (:class:`ChaosPhase`), never by the operator: the folder where the runner arms a phase

@@ -131,10 +131,11 @@ class Chaos:
     lighthouse_share: float = 0.0
     """Poisson kills: the share that hits the torchft Lighthouse (recovery live)."""
     compute_seconds: float | None = None
-    """Each micro-batch of a training step lasts at least this long (its processes wait out
-    the rest after them): a step standing for an accelerator's, so that kills land mid-step in
-    proportion, the step is as long against the failure detection as a GPU job's, and longer
-    where fewer replica groups share the global batch."""
+    """Each full micro-batch of a training step lasts at least this long, a step in
+    proportion to its sequences (its processes wait out the rest after them): a step standing
+    for an accelerator's, so that kills land mid-step in proportion, the step is as long
+    against the failure detection as a GPU job's, and longer where fewer replica groups share
+    the global batch."""
     in_phases: list[ChaosPhase] = field(default_factory=list)
     """recovery live: kills aimed inside phases, one at a time in this order — each armed
     once the one before has landed (``torchkube.trainer.chaos.hold_if_armed``): the first

@@ -14,10 +14,13 @@ state copy, committing a checkpoint): the runner arms the phase with a file in
 file to ``held-<phase>``: one process holds per arming), writes its pid into it and stops
 itself there (:func:`hold_if_armed`) until the runner kills its worker.
 
-A benchmark of sustained failures also stretches every micro-batch to
+A benchmark of sustained failures also stretches every full micro-batch to
 :attr:`Env.CHAOS_COMPUTE_SECONDS` (:meth:`ChaosHold.computing`): a CPU step standing for an
 accelerator's, as long against the failure detection as a GPU job's step, so that a loss lands
-mid-step as often as it would there, and longer where fewer replica groups share the batch.
+mid-step as often as it would there, and longer where fewer replica groups share the batch —
+in proportion to the sequences each computes, as an accelerator's compute-bound step is, not
+to its count of micro-batches (14 sequences in four micro-batches of 3 or 4 last 14/12 of 12
+sequences in three of 4, not 4/3).
 The operator never sets either variable: nothing here acts in a cluster.
 """
 
@@ -47,12 +50,12 @@ class ChaosHold:
         return cls(steps, float(os.environ.get(Env.CHAOS_COMPUTE_SECONDS) or 0.0))
 
     @contextlib.contextmanager
-    def computing(self, micro_batches: int) -> Iterator[None]:
-        """A step's micro-batches, lasting at least ``compute_seconds`` each (0: as long as
-        they take)."""
+    def computing(self, sequences: int, micro_batch_size: int) -> Iterator[None]:
+        """A step's ``sequences``, lasting at least ``compute_seconds`` per full micro-batch
+        of ``micro_batch_size`` (0: as long as they take)."""
         began = time.monotonic()
         yield
-        rest = began + self.compute_seconds * micro_batches - time.monotonic()
+        rest = began + self.compute_seconds * sequences / micro_batch_size - time.monotonic()
         if rest > 0:
             time.sleep(rest)
 

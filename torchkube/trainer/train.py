@@ -152,7 +152,7 @@ def train(spec: TrainerSpec, run_env: RunEnv, workload: Workload | None = None) 
             agreement.start(save=info.is_main and here.writer and ckpt.due(state.step + 1))
             timer.start()
             if recovery.computes():
-                with chaos.computing(layout.grad_accum_steps):
+                with chaos.computing(layout.samples(here.data_rank), layout.micro_batch_size):
                     loss, data_wait = accumulate(
                         model,
                         loader.micro_batches(state.consumed_samples),
