@@ -51,6 +51,21 @@ def test_a_world_of_one_trains_the_plain_module(info: DistInfo, strategy: str) -
     assert type(build_optimizer(model, spec, info)) is torch.optim.AdamW
 
 
+def test_a_world_of_one_compiles_its_plain_module_whole_and_fsdp_block_by_block(
+    info: DistInfo,
+) -> None:
+    """No data-parallel hook runs between the blocks of a world of one, so one graph serves
+    the whole forward (a GPU's host launches one graph instead of one per block); FSDP2's
+    per-unit hooks stay outside the blocks' graphs."""
+    for strategy, whole in (("ddp", True), ("fsdp", False)):
+        gpt = tiny_gpt()
+        spec = TrainerSpec(model="tiny", device="cpu", strategy=strategy, compile=True)
+        model = parallelize(gpt, spec, info, list(gpt.h))
+        compiled = {name for name, m in model.named_modules() if m._compiled_call_impl}
+        assert compiled == ({""} if whole else {f"h.{i}" for i in range(len(gpt.h))})
+        assert "h.0.attn.c_attn.weight" in dict(model.named_parameters())  # FQNs unchanged
+
+
 def test_zero1_broadcasts_parameters_as_buckets(info: DistInfo) -> None:
     """parameters_as_bucket_view: each rank's parameters are views into one flat buffer, so
     the updated parameters go out in one broadcast per rank instead of one per tensor."""

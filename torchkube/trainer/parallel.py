@@ -6,7 +6,10 @@ The order in :func:`parallelize` is fixed and matters (torchtitan's):
    them, inside a pod;
 2. activation checkpointing (:func:`apply_ac`), around each (tensor-parallel) block, so the
    recomputation includes the block's tensor-parallel collectives;
-3. ``torch.compile`` per block (:func:`apply_compile`), so a compiled graph covers both;
+3. ``torch.compile`` per block (:func:`apply_compile`), so a compiled graph covers both, and
+   the data-parallel hooks between the blocks stay outside the graphs (DDP all-reduces a
+   block's gradients while the blocks before it compute theirs); the plain module of a world
+   of one has no such hooks and is compiled whole;
 4. data parallelism last, over the data dimension of the mesh: shard (FSDP2/HSDP,
    :func:`apply_fsdp`, whose hooks wrap the compiled blocks, in units of several blocks for
    a small model) or replicate (DDP,
@@ -196,10 +199,11 @@ def apply_ac(
     return wrapped
 
 
-def apply_compile(blocks: Sequence[nn.Module]) -> None:
-    """Compile block by block: one graph per block type is reused, and FQNs stay unchanged."""
-    for block in blocks:
-        block.compile()
+def apply_compile(modules: Sequence[nn.Module]) -> None:
+    """Compile each module in place (``nn.Module.compile``: FQNs stay unchanged); blocks of
+    one type share their graph."""
+    for module in modules:
+        module.compile()
 
 
 FSDP_UNIT_MIN_PARAMS = 50_000_000
@@ -283,13 +287,14 @@ def parallelize(
             raise ConfigError(str(e)) from e
         apply_tp(model, mesh["tensor"], plan)
     blocks = apply_ac(model, blocks, spec.activation_checkpointing)  # 2. recomputation
-    if spec.compile:  # 3. compile
-        apply_compile(blocks)
+    plain = mesh is None and info.world_size == 1
+    if spec.compile:  # 3. compile: one graph a step launches fewer than one per block
+        apply_compile([model] if plain else blocks)
     # 4. data parallelism
     if mesh is not None:
         apply_fsdp(model, blocks, data_mesh(mesh, spec.strategy), compute_dtype(spec, info.device))
         return model
-    if info.world_size == 1:
+    if plain:
         return model
     return apply_ddp(model, info.device, spec.ddp_bucket_size_mb)
 
