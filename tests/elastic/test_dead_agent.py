@@ -1,5 +1,5 @@
 """An agent that dies without leaving the rendezvous (its node lost: agent and workers
-SIGKILLed) costs the survivors half a second, not torch's keep-alive expiry and last call
+SIGKILLed) costs the survivors a fraction of a second, not torch's keep-alive expiry and last call
 (torchkube/elastic/lost_agents.py). Real torchrun agents on loopback; the keep-alive and the
 last call are made so long here (40 s) that waiting for either cannot pass the tests."""
 
@@ -75,3 +75,21 @@ def test_a_round_reformed_without_a_killed_agent_starts_without_the_last_call(
         )
     log = (tmp_path / "a.log").read_text()
     assert "starts at once with 1 agents" in log, log[-3000:]
+
+
+def test_a_killed_agent_on_a_machine_still_up_is_dropped_by_its_refused_port(
+    store: int, tmp_path: Path
+) -> None:
+    """A SIGKILLed agent's machine answers for it: the survivor finds its port refused after
+    two missed beats instead of waiting out the whole silence (a lost machine, which answers
+    nothing, still costs the silence)."""
+    args = rdzv_args(store, nnodes="1:2", keep_alive=KEEP_ALIVE, last_call=LAST_CALL)
+    with _b_killed(args, tmp_path) as (_, last):
+        wait_for(
+            lambda: any(s > last and w == 1 for s, w, _ in steps(tmp_path)),
+            ALONE_WITHIN,
+            "a training alone past the kill",
+            tmp_path,
+        )
+    log = (tmp_path / "a.log").read_text()
+    assert "stopped beating and its port refused a connection" in log, log[-3000:]

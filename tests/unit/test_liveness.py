@@ -2,6 +2,7 @@
 (torchkube/elastic/liveness.py), against a real TCPStore in this process."""
 
 import contextlib
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -73,3 +74,41 @@ def test_beats_go_on_while_the_agents_own_client_waits_for_a_key(store: TCPStore
     beats.stop()
     waiting.join()
     assert during >= before + 2, f"{during - before} beats in 1 s while the agent waited"
+
+
+def test_a_still_counter_whose_port_is_refused_is_dead_before_the_silence(store: TCPStore) -> None:
+    """A process that is gone while its machine is up (a pod deleted, SIGKILLed, OOM-killed)
+    refuses a connection to its port: dead after two missed beats, not the whole silence. A
+    port that answers (or no answer at all: a lost machine) leaves it to the silence."""
+    refusing = {"t4.gone": True, "t4.hung": False}
+    for key in refusing:
+        store.add(key, 1)
+        store.set(liveness.port_key(key), "1234")
+    probed: list[tuple[str, int]] = []
+
+    def refuses(host: str, port: int) -> bool:
+        probed.append((host, port))
+        return refusing[{"10.0.0.1": "t4.gone", "10.0.0.2": "t4.hung"}[host]]
+
+    watch = liveness.Watch(silence=0.5, probe_after=0.2, refuses=refuses)
+    keys, hosts = list(refusing), {"t4.gone": "10.0.0.1", "t4.hung": "10.0.0.2"}
+    assert watch.dead(store, keys, now=10.0, hosts=hosts) == []
+    assert watch.dead(store, keys, now=10.1, hosts=hosts) == [] and probed == [], "one beat"
+    assert watch.dead(store, keys, now=10.25, hosts=hosts) == ["t4.gone"]
+    assert watch.refused == {"t4.gone"} and ("10.0.0.1", 1234) in probed
+    assert watch.dead(store, keys, now=10.3) == [], "without addresses: the silence alone"
+    assert watch.dead(store, keys, now=10.5, hosts=hosts) == ["t4.gone", "t4.hung"]
+
+
+def test_an_agents_port_answers_while_it_beats_and_is_refused_once_it_stopped(
+    store: TCPStore,
+) -> None:
+    beats = liveness.Beats(liveness.connect_beside(store), "t5.agent", period=0.05)
+    beats.start()
+    port = int(store.get(liveness.port_key("t5.agent")))
+    assert not liveness.refuses("127.0.0.1", port)
+    assert not liveness.refuses("::1", port) or not socket.has_dualstack_ipv6()
+    for _ in range(300):  # more probes than the listen queue holds: each one is answered
+        assert not liveness.refuses("127.0.0.1", port)
+    beats.stop()
+    assert liveness.refuses("127.0.0.1", port)

@@ -16,10 +16,20 @@ the state as torch's own expiry would (:mod:`torchkube.elastic.lost_agents`). Co
 compared by the judge's own clock, so agents' clocks never matter. A participant with no
 counter (the store was replaced and lost them) is never judged: torch's expiry still covers
 it.
+
+The silence is what a lost node costs, whose machine answers nothing. Most losses leave the
+machine up — a pod deleted or evicted, its processes SIGKILLed, the OOM killer — and then the
+dead agent's own port says so at once: every agent also listens on a port of its own while it
+lives (its number beside its counter), and a counter that missed :data:`PROBE_AFTER_BEATS`
+beats is tried there. A refused connection (the kernel's answer for a port nobody holds) is
+a dead agent; an accepted one, or no answer, leaves the judgement to the silence — so an
+agent that is alive but slow to beat is never dropped sooner than before.
 """
 
+import contextlib
+import socket
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +39,11 @@ BEATS_PER_SECOND = 1024
 SILENT_BEATS = 5
 """Beats missed in a row before a participant is judged dead."""
 SHORTEST_SILENCE_SECONDS = 0.5
+PROBE_AFTER_BEATS = 2
+"""Beats missed in a row before a participant's port is tried: a live agent's counter rarely
+stands still that long, so few probes reach agents that answer."""
+PROBE_SECONDS = 0.1
+"""How long a probe waits for an answer: a machine that sends none is left to the silence."""
 CONNECT_SECONDS = 2.0
 """How long a beat may wait for the store to accept its connection."""
 
@@ -44,6 +59,16 @@ def silence_seconds(beat: float) -> float:
     return max(SHORTEST_SILENCE_SECONDS, SILENT_BEATS * beat)
 
 
+def probe_after_seconds(beat: float) -> float:
+    """How long a participant's counter must stand still before its port is tried."""
+    return PROBE_AFTER_BEATS * beat
+
+
+def port_key(beat: str) -> str:
+    """The store key of the port the agent of the counter ``beat`` listens on."""
+    return f"{beat}.port"
+
+
 def beat_key(run_id: str, node: object) -> str:
     """The store key of an agent's counter; ``node`` is torch's descriptor (its ``repr``:
     address, pid, id)."""
@@ -56,20 +81,33 @@ class Beats:
     a key (a round's master address, the other agents' ranks, the exit barrier), and beats
     sent through it would stop meanwhile, as a dead agent's do. The first beat is sent
     before :meth:`start` returns, so an agent enters the shared state with a counter
-    whenever the store answers."""
+    whenever the store answers.
+
+    It also holds the agent's port (see the module docstring) from :meth:`start` to
+    :meth:`stop`, and writes its number beside the counter at each connection to the store (a
+    replaced store has lost it)."""
 
     def __init__(self, connect: Callable[[], Any], key: str, period: float) -> None:
         self._connect, self._key, self._period = connect, key, period
         self._store: Any = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchkube-beats", daemon=True)
+        self._port = _listen()
+        self._answering = threading.Thread(
+            target=_answer, args=(self._port,), name="torchkube-port", daemon=True
+        )
 
     def start(self) -> None:
+        self._answering.start()
         self._beat()
         self._thread.start()
 
     def stop(self) -> None:
+        """The counter stands still and the port is closed: a probe is refused from now on."""
         self._stopped.set()
+        with contextlib.suppress(OSError):
+            self._port.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
+        self._port.close()
 
     def _run(self) -> None:
         while not self._stopped.wait(self._period):
@@ -78,10 +116,43 @@ class Beats:
     def _beat(self) -> None:
         try:
             if self._store is None:
-                self._store = self._connect()
+                store = self._connect()
+                store.set(port_key(self._key), str(self._port.getsockname()[1]))
+                self._store = store
             self._store.add(self._key, 1)
         except Exception:  # the store is away: the launcher sees to that; connect again later
             self._store = None
+
+
+def _listen() -> socket.socket:
+    """A port of this process's own on every address, IPv6 ones too where the host has them
+    (a probe of an IPv6 pod address must not be refused by an IPv4-only socket)."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", 0))
+
+
+def _answer(port: socket.socket) -> None:
+    """Accept and close each probe, so a burst of them never fills the queue, until the port
+    is closed."""
+    while True:
+        try:
+            connection, _ = port.accept()
+        except OSError:
+            return
+        connection.close()
+
+
+def refuses(host: str, port: int) -> bool:
+    """Whether ``host`` refuses a connection to ``port``: nobody holds it. No answer within
+    :data:`PROBE_SECONDS`, or any other error, is no evidence."""
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_SECONDS):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 
 
 def connect_beside(store: Any) -> Callable[[], Any]:
@@ -94,15 +165,29 @@ def connect_beside(store: Any) -> Callable[[], Any]:
 
 
 class Watch:
-    """A waiting agent's judgement of the participants it waits on, from their counters."""
+    """A waiting agent's judgement of the participants it waits on, from their counters and
+    ports."""
 
-    def __init__(self, silence: float) -> None:
+    def __init__(
+        self,
+        silence: float,
+        probe_after: float | None = None,
+        refuses: Callable[[str, int], bool] = refuses,
+    ) -> None:
         self.silence = silence
+        self.probe_after = silence if probe_after is None else probe_after
+        self._refuses = refuses
         self._seen: dict[str, tuple[bytes, float]] = {}
         """Each key's last value and since when (the judge's monotonic clock) it holds it."""
+        self.refused: set[str] = set()
+        """The keys judged dead by their port rather than the whole silence."""
 
-    def dead(self, store: Any, keys: Sequence[str], now: float) -> list[str]:
-        """Those of ``keys`` whose counter stood still for the whole silence."""
+    def dead(
+        self, store: Any, keys: Sequence[str], now: float, hosts: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """Those of ``keys`` whose counter stood still for the whole silence, or for
+        :attr:`probe_after` with their agent's port refused (``hosts``: each key's agent's
+        address; a key without one is judged by the silence alone)."""
         values = _read(store, keys)
         silent = []
         for key, value in zip(keys, values, strict=True):
@@ -113,7 +198,17 @@ class Watch:
                 self._seen[key] = (value, now)
             elif now - last[1] >= self.silence:
                 silent.append(key)
+            elif now - last[1] >= self.probe_after and self._refused(store, key, hosts or {}):
+                self.refused.add(key)
+                silent.append(key)
         return silent
+
+    def _refused(self, store: Any, key: str, hosts: Mapping[str, str]) -> bool:
+        host = hosts.get(key)
+        if host is None:
+            return False
+        port = _read(store, [port_key(key)])[0]
+        return port is not None and self._refuses(host, int(port))
 
 
 def _read(store: Any, keys: Sequence[str]) -> list[bytes | None]:

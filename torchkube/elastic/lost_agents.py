@@ -1,4 +1,4 @@
-"""What the rendezvous does about an agent that is gone: half a second, not seconds.
+"""What the rendezvous does about an agent that is gone: a fraction of a second, not seconds.
 
 Two of torch's waits stood between a lost agent and the survivors training again:
 
@@ -7,7 +7,8 @@ Two of torch's waits stood between a lost agent and the survivors training again
   expires (``keep_alive_interval × keep_alive_max_attempt`` after the last one: 6 s with
   torchkube's defaults), and no round can form without it. Here every agent beats on a
   counter of its own (:mod:`torchkube.elastic.liveness`), and an agent waiting for a round
-  drops a participant whose counter stood still, as torch's expiry would have done later:
+  drops a participant whose counter stood still (or stood still briefly and whose port is
+  refused: its process is gone), as torch's expiry would have done later:
   it marks the keep-alive expired and lets torch's own expiry take it out of the state. Only
   a round that forms or breaks up (an agent waits to get in) is judged: a whole round that
   trains is left to torch's expiry, so that a spare standing by never restarts a healthy
@@ -80,7 +81,7 @@ def beat_for(handler: Any, lone: bool) -> None:
     key = liveness.beat_key(settings.run_id, node)
     _Beating.beats = liveness.Beats(liveness.connect_beside(store), key, beat)
     _Beating.beats.start()
-    judge_as(node, store, handler._state_holder, silence)
+    judge_as(node, store, handler._state_holder, silence, liveness.probe_after_seconds(beat))
 
 
 def _expiry(settings: Any) -> timedelta:
@@ -88,10 +89,13 @@ def _expiry(settings: Any) -> timedelta:
     return settings.keep_alive_interval * settings.keep_alive_max_attempt
 
 
-def judge_as(node: Any, store: Any, holder: Any, silence: float) -> None:
+def judge_as(
+    node: Any, store: Any, holder: Any, silence: float, probe_after: float | None = None
+) -> None:
     """Judge the others for ``node`` (whose copy of the shared state ``holder`` is), by their
-    counters in ``store``, dead after ``silence`` seconds."""
-    _Beating.judge = _Judge(node, store, holder, liveness.Watch(silence))
+    counters in ``store``: dead after ``silence`` seconds, or after ``probe_after`` with
+    their port refused."""
+    _Beating.judge = _Judge(node, store, holder, liveness.Watch(silence, probe_after))
 
 
 def stop_beating() -> None:
@@ -161,7 +165,7 @@ def _dropped_silent(judge: _Judge, ctx: Any) -> bool:
     """Whether this agent took silent participants out of its copy of the state."""
     state, settings = ctx.state, ctx.settings
     others = liveness.keys_of(settings.run_id, (n for n in state.participants if n != ctx.node))
-    silent = judge.watch.dead(judge.store, list(others), time.monotonic())
+    silent = judge.watch.dead(judge.store, list(others), time.monotonic(), _hosts(others))
     if not silent:
         return False
     for key in silent:
@@ -169,13 +173,23 @@ def _dropped_silent(judge: _Judge, ctx: Any) -> bool:
         state.last_heartbeats[node] = EXPIRED
         if node not in judge.told:
             judge.told.add(node)
+            how = (
+                "stopped beating and its port refused a connection (its process is gone)"
+                if key in judge.watch.refused
+                else f"stopped beating {judge.watch.silence:.1f}s ago"
+            )
             say(
-                f"agent {node} stopped beating {judge.watch.silence:.1f}s ago: dropped from "
-                f"round {state.round} of the rendezvous (its keep-alive would have kept it "
-                f"there up to {_expiry(settings).total_seconds():.0f}s)"
+                f"agent {node} {how}: dropped from round {state.round} of the rendezvous (its "
+                f"keep-alive would have kept it there up to "
+                f"{_expiry(settings).total_seconds():.0f}s)"
             )
     judge.holder._sanitize()
     return True
+
+
+def _hosts(nodes: dict[str, Any]) -> dict[str, str]:
+    """Each counter key's agent's address (torch's node descriptor holds it)."""
+    return {key: node.addr for key, node in nodes.items() if getattr(node, "addr", None)}
 
 
 def absent_from_reform(
@@ -204,7 +218,7 @@ def _starts_at_once(judge: _Judge, ctx: Any) -> bool:
     if not absent:
         return False
     keys = liveness.keys_of(settings.run_id, absent)
-    if len(judge.watch.dead(judge.store, list(keys), time.monotonic())) < len(absent):
+    if len(judge.watch.dead(judge.store, list(keys), time.monotonic(), _hosts(keys))) < len(absent):
         return False
     gone = ", ".join(sorted(repr(node) for node in absent))
     say(

@@ -32,7 +32,7 @@ Around it, this module adds:
   hang) does not close the rendezvous (that would end the job), so the others would wait for
   its keep-alive to expire (``keep_alive_interval × keep_alive_max_attempt``) before a round
   without it could form. :func:`leave` takes it out of the participants right away.
-* **A lost agent costs half a second, not a keep-alive expiry and a last call**
+* **A lost agent costs a fraction of a second, not a keep-alive expiry and a last call**
   (:mod:`torchkube.elastic.lost_agents`).
 * **A round forms as soon as its agents are there.** torch's waiting agents read the shared
   state once a second (a fixed poll, and a one-second cache of the state), so each hand-over of
