@@ -5,12 +5,14 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 
 import pytest
 from torch.distributed import TCPStore
 
 from torchkube.elastic import liveness
+from torchkube.elastic.ports import Probe, probe
 
 
 @pytest.fixture(scope="module")
@@ -79,36 +81,42 @@ def test_beats_go_on_while_the_agents_own_client_waits_for_a_key(store: TCPStore
 def test_a_still_counter_whose_port_is_refused_is_dead_before_the_silence(store: TCPStore) -> None:
     """A process that is gone while its machine is up (a pod deleted, SIGKILLed, OOM-killed)
     refuses a connection to its port: dead after two missed beats, not the whole silence. A
-    port that answers (or no answer at all: a lost machine) leaves it to the silence."""
-    refusing = {"t4.gone": True, "t4.hung": False}
-    for key in refusing:
+    port that answers (alive, slow to beat), no answer (a lost machine), or a refusal from a
+    port that never answered (a network rejecting the probes) leaves it to the silence."""
+    hosts = {"t4.gone": "10.0.0.1", "t4.hung": "10.0.0.2", "t4.rejected": "10.0.0.3"}
+    for key in hosts:
         store.add(key, 1)
         store.set(liveness.port_key(key), "1234")
-    probed: list[tuple[str, int]] = []
+    answers = {"t4.gone": Probe.ANSWERED, "t4.hung": Probe.ANSWERED, "t4.rejected": Probe.REFUSED}
+    probed: list[set[str]] = []
 
-    def refuses(host: str, port: int) -> bool:
-        probed.append((host, port))
-        return refusing[{"10.0.0.1": "t4.gone", "10.0.0.2": "t4.hung"}[host]]
+    def probe(targets: Mapping[str, tuple[str, int]]) -> dict[str, Probe]:
+        assert all(port == 1234 and hosts[key] == host for key, (host, port) in targets.items())
+        probed.append(set(targets))
+        return {key: answers[key] for key in targets}
 
-    watch = liveness.Watch(silence=0.5, probe_after=0.2, refuses=refuses)
-    keys, hosts = list(refusing), {"t4.gone": "10.0.0.1", "t4.hung": "10.0.0.2"}
+    watch = liveness.Watch(silence=0.5, probe_after=0.2, probe=probe)
+    watch.learn(store, hosts)  # the round just formed: all alive
+    answers["t4.gone"] = Probe.REFUSED
+    keys = list(hosts)
     assert watch.dead(store, keys, now=10.0, hosts=hosts) == []
-    assert watch.dead(store, keys, now=10.1, hosts=hosts) == [] and probed == [], "one beat"
+    assert watch.dead(store, keys, now=10.1, hosts=hosts) == [] and len(probed) == 1, "one beat"
     assert watch.dead(store, keys, now=10.25, hosts=hosts) == ["t4.gone"]
-    assert watch.refused == {"t4.gone"} and ("10.0.0.1", 1234) in probed
-    assert watch.dead(store, keys, now=10.3) == [], "without addresses: the silence alone"
-    assert watch.dead(store, keys, now=10.5, hosts=hosts) == ["t4.gone", "t4.hung"]
+    assert probed[1] == {"t4.gone", "t4.hung"}, "a port that never answered is not evidence"
+    assert watch.refused == {"t4.gone"}
+    assert watch.dead(store, keys, now=10.3, hosts=hosts) == ["t4.gone"]
+    assert len(probed) == 2, "each port is tried once while its counter stands still"
+    assert watch.dead(store, keys, now=10.5, hosts=hosts) == keys, "the silence: all"
+    store.add("t4.hung", 1)
+    assert watch.dead(store, keys, now=10.6, hosts=hosts) == ["t4.gone", "t4.rejected"]
 
 
-def test_an_agents_port_answers_while_it_beats_and_is_refused_once_it_stopped(
+def test_an_agents_port_is_written_beside_its_counter_and_closed_when_it_stops(
     store: TCPStore,
 ) -> None:
     beats = liveness.Beats(liveness.connect_beside(store), "t5.agent", period=0.05)
     beats.start()
     port = int(store.get(liveness.port_key("t5.agent")))
-    assert not liveness.refuses("127.0.0.1", port)
-    assert not liveness.refuses("::1", port) or not socket.has_dualstack_ipv6()
-    for _ in range(300):  # more probes than the listen queue holds: each one is answered
-        assert not liveness.refuses("127.0.0.1", port)
+    socket.create_connection(("127.0.0.1", port), timeout=1).close()
     beats.stop()
-    assert liveness.refuses("127.0.0.1", port)
+    assert probe({"t5": ("127.0.0.1", port)}) == {"t5": Probe.REFUSED}

@@ -19,19 +19,21 @@ it.
 
 The silence is what a lost node costs, whose machine answers nothing. Most losses leave the
 machine up — a pod deleted or evicted, its processes SIGKILLed, the OOM killer — and then the
-dead agent's own port says so at once: every agent also listens on a port of its own while it
-lives (its number beside its counter), and a counter that missed :data:`PROBE_AFTER_BEATS`
-beats is tried there. A refused connection (the kernel's answer for a port nobody holds) is
-a dead agent; an accepted one, or no answer, leaves the judgement to the silence — so an
-agent that is alive but slow to beat is never dropped sooner than before.
+dead agent's own port says so at once (:mod:`torchkube.elastic.ports`): every agent also
+listens on a port of its own while it lives (its number beside its counter), each agent
+tries the ports of a round's participants when it joins the round, and a counter that then
+missed :data:`PROBE_AFTER_BEATS` beats is tried again. A refusal from a port that answered
+before is a dead agent; an answer, or none, leaves the judgement to the silence — so an agent
+that is alive but slow to beat is never dropped sooner than before, and neither is one behind
+a network that rejects every probe.
 """
 
-import contextlib
-import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
+
+from torchkube.elastic.ports import AgentPort, Probe, probe, probeable
 
 FASTEST_BEAT_SECONDS = 0.1
 BEATS_PER_SECOND = 1024
@@ -42,8 +44,9 @@ SHORTEST_SILENCE_SECONDS = 0.5
 PROBE_AFTER_BEATS = 2
 """Beats missed in a row before a participant's port is tried: a live agent's counter rarely
 stands still that long, so few probes reach agents that answer."""
-PROBE_SECONDS = 0.1
-"""How long a probe waits for an answer: a machine that sends none is left to the silence."""
+PROBED_ROUND_MAX = 256
+"""The largest round whose participants' ports an agent tries when it joins: one socket each,
+at once."""
 CONNECT_SECONDS = 2.0
 """How long a beat may wait for the store to accept its connection."""
 
@@ -92,21 +95,15 @@ class Beats:
         self._store: Any = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchkube-beats", daemon=True)
-        self._port = _listen()
-        self._answering = threading.Thread(
-            target=_answer, args=(self._port,), name="torchkube-port", daemon=True
-        )
+        self._port = AgentPort()
 
     def start(self) -> None:
-        self._answering.start()
         self._beat()
         self._thread.start()
 
     def stop(self) -> None:
         """The counter stands still and the port is closed: a probe is refused from now on."""
         self._stopped.set()
-        with contextlib.suppress(OSError):
-            self._port.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
         self._port.close()
 
     def _run(self) -> None:
@@ -117,42 +114,12 @@ class Beats:
         try:
             if self._store is None:
                 store = self._connect()
-                store.set(port_key(self._key), str(self._port.getsockname()[1]))
+                if self._port.number is not None:
+                    store.set(port_key(self._key), str(self._port.number))
                 self._store = store
             self._store.add(self._key, 1)
         except Exception:  # the store is away: the launcher sees to that; connect again later
             self._store = None
-
-
-def _listen() -> socket.socket:
-    """A port of this process's own on every address, IPv6 ones too where the host has them
-    (a probe of an IPv6 pod address must not be refused by an IPv4-only socket)."""
-    if socket.has_dualstack_ipv6():
-        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
-    return socket.create_server(("", 0))
-
-
-def _answer(port: socket.socket) -> None:
-    """Accept and close each probe, so a burst of them never fills the queue, until the port
-    is closed."""
-    while True:
-        try:
-            connection, _ = port.accept()
-        except OSError:
-            return
-        connection.close()
-
-
-def refuses(host: str, port: int) -> bool:
-    """Whether ``host`` refuses a connection to ``port``: nobody holds it. No answer within
-    :data:`PROBE_SECONDS`, or any other error, is no evidence."""
-    try:
-        with socket.create_connection((host, port), timeout=PROBE_SECONDS):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
 
 
 def connect_beside(store: Any) -> Callable[[], Any]:
@@ -172,15 +139,26 @@ class Watch:
         self,
         silence: float,
         probe_after: float | None = None,
-        refuses: Callable[[str, int], bool] = refuses,
+        probe: Callable[[Mapping[str, tuple[str, int]]], dict[str, Probe]] = probe,
     ) -> None:
         self.silence = silence
         self.probe_after = silence if probe_after is None else probe_after
-        self._refuses = refuses
+        self._probe = probe
         self._seen: dict[str, tuple[bytes, float]] = {}
         """Each key's last value and since when (the judge's monotonic clock) it holds it."""
+        self._answered: set[str] = set()
+        """The keys whose agent's port answered: only their refusal is evidence."""
+        self._probed: dict[str, bytes] = {}
+        """Each key's counter value when its port was last tried: tried once per value."""
         self.refused: set[str] = set()
-        """The keys judged dead by their port rather than the whole silence."""
+        """The keys judged dead by their refused port rather than the whole silence."""
+
+    def learn(self, store: Any, hosts: Mapping[str, str]) -> None:
+        """Try the ports of the agents of ``hosts`` (each key's agent's address), alive now:
+        a round was just formed with them."""
+        if len(hosts) <= PROBED_ROUND_MAX:
+            answers = self._probe(self._targets(store, hosts))
+            self._answered |= {key for key, answer in answers.items() if answer is Probe.ANSWERED}
 
     def dead(
         self, store: Any, keys: Sequence[str], now: float, hosts: Mapping[str, str] | None = None
@@ -189,26 +167,38 @@ class Watch:
         :attr:`probe_after` with their agent's port refused (``hosts``: each key's agent's
         address; a key without one is judged by the silence alone)."""
         values = _read(store, keys)
-        silent = []
+        still: dict[str, tuple[bytes, float]] = {}
         for key, value in zip(keys, values, strict=True):
             if value is None:
                 continue
             last = self._seen.get(key)
             if last is None or last[0] != value:
                 self._seen[key] = (value, now)
-            elif now - last[1] >= self.silence:
-                silent.append(key)
-            elif now - last[1] >= self.probe_after and self._refused(store, key, hosts or {}):
-                self.refused.add(key)
-                silent.append(key)
-        return silent
+            else:
+                still[key] = (value, now - last[1])
+        to_try = {
+            key: host
+            for key, host in (hosts or {}).items()
+            if key in still
+            and key in self._answered
+            and still[key][1] >= self.probe_after
+            and self._probed.get(key) != still[key][0]
+        }
+        if to_try:
+            self._probed.update((key, still[key][0]) for key in to_try)
+            answers = self._probe(self._targets(store, to_try))
+            self.refused |= {key for key, answer in answers.items() if answer is Probe.REFUSED}
+        return [
+            key
+            for key in keys
+            if key in still and (key in self.refused or still[key][1] >= self.silence)
+        ]
 
-    def _refused(self, store: Any, key: str, hosts: Mapping[str, str]) -> bool:
-        host = hosts.get(key)
-        if host is None:
-            return False
-        port = _read(store, [port_key(key)])[0]
-        return port is not None and self._refuses(host, int(port))
+    def _targets(self, store: Any, hosts: Mapping[str, str]) -> dict[str, tuple[str, int]]:
+        """Each key's agent's address and port, where it has an IP address and a port."""
+        keys = [key for key, host in hosts.items() if probeable(host)]
+        ports = _read(store, [port_key(key) for key in keys])
+        return {key: (hosts[key], int(port)) for key, port in zip(keys, ports, strict=True) if port}
 
 
 def _read(store: Any, keys: Sequence[str]) -> list[bytes | None]:

@@ -106,10 +106,15 @@ def stop_beating() -> None:
 
 
 def remember_round(handler: Any) -> None:
-    """Note the round ``handler``'s agent just joined, to know later who left it."""
+    """Note the round ``handler``'s agent just joined, to know later who left it, and try its
+    agents' ports while they are alive (a refusal later is evidence only from a port that
+    answered)."""
     judge = _Beating.judge
     if judge is not None and judge.node == handler._this_node:
-        _remember(judge, handler._state_holder.state)
+        state = handler._state_holder.state
+        _remember(judge, state)
+        others = (node for node in state.participants if node != judge.node)
+        judge.watch.learn(judge.store, _hosts(liveness.keys_of(handler._settings.run_id, others)))
 
 
 def _remember(judge: _Judge, state: Any) -> None:
