@@ -105,6 +105,12 @@ again, and a quorum asked for before their heartbeats are in is answered without
 RESTARTED_LIGHTHOUSE_ASKS = 3
 """How many times such a group asks again before it takes the smaller quorum (its other
 groups are gone)."""
+FIRST_QUORUM_WAIT = timedelta(seconds=30)
+"""How long the groups of a job that starts (or starts again from a checkpoint) wait for the
+groups it trains before the first quorum trains without the missing ones — torch's default
+last call, the same wait for the same reason: pods start seconds apart."""
+FIRST_QUORUM_ASK_EVERY = timedelta(seconds=0.5)
+"""How often such a group asks again meanwhile."""
 LIGHTHOUSE_RETRY = timedelta(seconds=0.5)
 """How often a group asks again for a quorum the Lighthouse could not answer (it is away)."""
 QUORUM_RETRIES = round(QUORUM_TIMEOUT / LIGHTHOUSE_RETRY) - 1
@@ -332,20 +338,24 @@ class QuorumMembers:
       they timed out. Each answer's id is replaced by one of the id and the members together
       (:func:`quorum_key`): the same for every member, new whenever either changes."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, target: int | None = None) -> None:
         self._client = client
+        self._target = target
+        """The groups the job trains (``replicas.target``); None: not known."""
         self._last: Any = None
         self.slots: list[int] = []
         self.max_step = 0
         """The step of the quorum's groups furthest ahead (0: the whole job starts)."""
 
     @classmethod
-    def watch(cls, manager: Any) -> "QuorumMembers":
-        manager._client = members = cls(manager._client)
+    def watch(cls, manager: Any, target: int | None = None) -> "QuorumMembers":
+        manager._client = members = cls(manager._client, target)
         return members
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
         result = self._client._quorum(*args, **kwargs)
+        if short_at_start(self._last, result, self._target):
+            result = self._wait_for_the_job(result, args, kwargs)
         for attempt in range(RESTARTED_LIGHTHOUSE_ASKS):
             if not lone_after_restart(self._last, result):
                 break
@@ -365,6 +375,30 @@ class QuorumMembers:
         self.slots = sorted(extract_trailing_digits(replica_id) for replica_id in ids)
         self.max_step = result.max_step
         return KeyedAnswer(result, quorum_key(result))
+
+    def _wait_for_the_job(self, result: Any, args: Any, kwargs: Any) -> Any:
+        """Ask again until the job's groups are in, or :data:`FIRST_QUORUM_WAIT` passed."""
+        assert self._target is not None
+        log.info(
+            "live: the job's first quorum holds %s of the %d it trains: asking again until they "
+            "are in (at most %.0f s), so that no group trains a step alone while the others start",
+            describe_groups(len(result.replica_ids)),
+            self._target,
+            FIRST_QUORUM_WAIT.total_seconds(),
+        )
+        deadline = time.monotonic() + FIRST_QUORUM_WAIT.total_seconds()
+        while short_at_start(None, result, self._target) and time.monotonic() < deadline:
+            time.sleep(FIRST_QUORUM_ASK_EVERY.total_seconds())
+            result = self._client._quorum(*args, **kwargs)
+        if short_at_start(None, result, self._target):
+            log.warning(
+                "live: the job starts with %s of the %d it trains after %.0f s; the others join "
+                "as they start",
+                describe_groups(len(result.replica_ids)),
+                self._target,
+                FIRST_QUORUM_WAIT.total_seconds(),
+            )
+        return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -386,6 +420,15 @@ def quorum_key(answer: Any) -> int:
     members = ",".join(sorted(answer.replica_ids))
     digest = hashlib.blake2b(f"{answer.quorum_id}|{members}".encode(), digest_size=6).digest()
     return int.from_bytes(digest, "big")
+
+
+def short_at_start(last: Any, answer: Any, target: int | None) -> bool:
+    """Whether ``answer`` is a group's first quorum (``last`` None) of a job starting — no
+    group in it ahead of the others, so nobody heals from a peer — with fewer groups than the
+    ``target`` the job trains: the others are still starting."""
+    return (
+        last is None and target is not None and not answer.heal and len(answer.replica_ids) < target
+    )
 
 
 def lone_after_restart(last: Any, answer: Any) -> bool:
@@ -523,7 +566,7 @@ class LiveRecovery:
             hostname=self.live_env.host,
             checkpoint_transport=self.transport,
         )
-        self.members = QuorumMembers.watch(self.manager)
+        self.members = QuorumMembers.watch(self.manager, self.live_env.target)
         return None
 
     def join(self, ckpt: CheckpointManager, restore: Callable[[], bool]) -> None:
