@@ -36,11 +36,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    create_selective_checkpoint_contexts,
-    noop_context_fn,
-)
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from torchkube.api.trainer import ActivationCheckpointing, TrainerSpec
 from torchkube.trainer.distributed import DistInfo
@@ -180,10 +176,13 @@ def apply_ac(
     """
     if mode == "none":
         return list(blocks)
-    context = (
-        partial(create_selective_checkpoint_contexts, _keep_expensive)
+    # full passes no context at all: torch's compiler takes checkpoint's own default, but
+    # refuses the same no-op function when it is passed (NotImplementedError in the first
+    # compiled forward)
+    context: dict[str, Any] = (
+        {"context_fn": partial(create_selective_checkpoint_contexts, _keep_expensive)}
         if mode == "selective"
-        else noop_context_fn
+        else {}
     )
     parents = {
         id(child): (parent, name)
@@ -193,7 +192,7 @@ def apply_ac(
     wrapped = []
     for block in blocks:
         parent, name = parents[id(block)]
-        wrapper = checkpoint_wrapper(block, context_fn=context)
+        wrapper = checkpoint_wrapper(block, **context)
         parent.register_module(name, wrapper)
         wrapped.append(wrapper)
     return wrapped
