@@ -228,7 +228,10 @@ class TrainerSpec(ApiModel):
         description="cuda (one GPU per process, NCCL), cpu (gloo), or auto (cuda when present).",
     )
     compile: bool = Field(
-        default=False, description="Compile each transformer block with torch.compile."
+        default=False,
+        description="Compile the model with torch.compile: each transformer block apart where "
+        "data parallelism spans processes (its hooks run between them), the whole model in a "
+        "single process.",
     )
     ddp_bucket_size_mb: int = Field(
         default=25,
