@@ -99,16 +99,20 @@ def test_a_still_counter_whose_port_is_refused_is_dead_before_the_silence(store:
     watch.learn(store, hosts)  # the round just formed: all alive
     answers["t4.gone"] = Probe.REFUSED
     keys = list(hosts)
-    assert watch.dead(store, keys, now=10.0, hosts=hosts) == []
-    assert watch.dead(store, keys, now=10.1, hosts=hosts) == [] and len(probed) == 1, "one beat"
-    assert watch.dead(store, keys, now=10.25, hosts=hosts) == ["t4.gone"]
+    assert watch.dead(store, keys, now=10.0, hosts=hosts) == ["t4.gone"], "tried at first look"
     assert probed[1] == {"t4.gone", "t4.hung"}, "a port that never answered is not evidence"
     assert watch.refused == {"t4.gone"}
-    assert watch.dead(store, keys, now=10.3, hosts=hosts) == ["t4.gone"]
+    assert watch.dead(store, keys, now=10.1, hosts=hosts) == ["t4.gone"] and len(probed) == 2
+    assert watch.dead(store, keys, now=10.25, hosts=hosts) == ["t4.gone"]
     assert len(probed) == 2, "each port is tried once while its counter stands still"
     assert watch.dead(store, keys, now=10.5, hosts=hosts) == keys, "the silence: all"
     store.add("t4.hung", 1)
     assert watch.dead(store, keys, now=10.6, hosts=hosts) == ["t4.gone", "t4.rejected"]
+    assert watch.dead(store, keys, now=10.8, hosts=hosts) == ["t4.gone", "t4.rejected"]
+    assert probed[2] == {"t4.hung"} and len(probed) == 3, "still again, at a new value"
+    store.add("t4.hung", 1)
+    assert watch.dead(store, keys, now=20.0, hosts=hosts) == ["t4.gone", "t4.rejected"]
+    assert probed[3] == {"t4.hung"}, "a look after a while tries the port at once"
 
 
 def test_an_agents_port_is_written_beside_its_counter_and_closed_when_it_stops(

@@ -21,8 +21,9 @@ The silence is what a lost node costs, whose machine answers nothing. Most losse
 machine up — a pod deleted or evicted, its processes SIGKILLed, the OOM killer — and then the
 dead agent's own port says so at once (:mod:`torchkube.elastic.ports`): every agent also
 listens on a port of its own while it lives (its number beside its counter), each agent
-tries the ports of a round's participants when it joins the round, and a counter that then
-missed :data:`PROBE_AFTER_BEATS` beats is tried again. A refusal from a port that answered
+tries the ports of a round's participants when it joins the round, and again when it next
+judges them — at once, as the round breaks up — and once a counter missed
+:data:`PROBE_AFTER_BEATS` beats. A refusal from a port that answered
 before is a dead agent; an answer, or none, leaves the judgement to the silence — so an agent
 that is alive but slow to beat is never dropped sooner than before, and neither is one behind
 a network that rejects every probe.
@@ -150,6 +151,9 @@ class Watch:
         """The keys whose agent's port answered: only their refusal is evidence."""
         self._probed: dict[str, bytes] = {}
         """Each key's counter value when its port was last tried: tried once per value."""
+        self._looked: dict[str, float] = {}
+        """When each key was last read: a key not read for twice :attr:`probe_after` (the
+        polls of one judgement come more often) is tried at once."""
         self.refused: set[str] = set()
         """The keys judged dead by their refused port rather than the whole silence."""
 
@@ -163,14 +167,20 @@ class Watch:
     def dead(
         self, store: Any, keys: Sequence[str], now: float, hosts: Mapping[str, str] | None = None
     ) -> list[str]:
-        """Those of ``keys`` whose counter stood still for the whole silence, or for
-        :attr:`probe_after` with their agent's port refused (``hosts``: each key's agent's
-        address; a key without one is judged by the silence alone)."""
+        """Those of ``keys`` whose counter stood still for the whole silence, or whose agent's
+        port refused a connection (``hosts``: each key's agent's address; a key without one is
+        judged by the silence alone). A port is tried at the first look at its key after a
+        while — a round that just broke up: what the counter did meanwhile is not known — and
+        again once the counter stood still for :attr:`probe_after`."""
         values = _read(store, keys)
         still: dict[str, tuple[bytes, float]] = {}
+        fresh: set[str] = set()
         for key, value in zip(keys, values, strict=True):
             if value is None:
                 continue
+            looked, self._looked[key] = self._looked.get(key), now
+            if looked is None or now - looked > 2 * self.probe_after:  # polls come faster
+                fresh.add(key)
             last = self._seen.get(key)
             if last is None or last[0] != value:
                 self._seen[key] = (value, now)
@@ -179,19 +189,25 @@ class Watch:
         to_try = {
             key: host
             for key, host in (hosts or {}).items()
-            if key in still
-            and key in self._answered
-            and still[key][1] >= self.probe_after
-            and self._probed.get(key) != still[key][0]
+            if key in self._answered
+            and key not in self.refused
+            and (
+                key in fresh
+                or (
+                    key in still
+                    and still[key][1] >= self.probe_after
+                    and self._probed.get(key) != still[key][0]
+                )
+            )
         }
         if to_try:
-            self._probed.update((key, still[key][0]) for key in to_try)
+            self._probed.update((key, self._seen[key][0]) for key in to_try)
             answers = self._probe(self._targets(store, to_try))
             self.refused |= {key for key, answer in answers.items() if answer is Probe.REFUSED}
         return [
             key
             for key in keys
-            if key in still and (key in self.refused or still[key][1] >= self.silence)
+            if key in self.refused or (key in still and still[key][1] >= self.silence)
         ]
 
     def _targets(self, store: Any, hosts: Mapping[str, str]) -> dict[str, tuple[str, int]]:
