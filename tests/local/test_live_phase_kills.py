@@ -9,9 +9,11 @@ phase holds still until its worker — its pod — is SIGKILLed):
   into place).
 
 Three replica groups, all training by the step the first phase is armed (the one at which
-worker 2 is killed, so that its replacement's join is the first served), so a live peer is
-always left: the job must finish every step with no
-group ever falling back to a checkpoint, every kill counted as a lost group and none as a
+worker 2 is killed, so that its replacement's join is the first served); a phase a training
+group holds is armed only while two groups train, so a live peer is always left (the
+replacements of the groups killed while receiving and starting may still be starting when a
+checkpoint is due): the job must finish every step with no group ever falling back to a
+checkpoint, every kill counted as a lost group and none as a
 restart, and no torn checkpoint taken for a committed one.
 """
 

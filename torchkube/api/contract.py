@@ -118,6 +118,12 @@ class ChaosPhase(StrEnum):
     """The writer group's rank 0 with a checkpoint written and marked, not yet renamed into
     place."""
 
+    @property
+    def held_in_training(self) -> bool:
+        """Whether the process held here belongs to a training group: killing it takes one
+        from the quorum, so aimed at the only one, it starts the job over from a checkpoint."""
+        return self not in (ChaosPhase.STARTING, ChaosPhase.RECEIVING_STATE)
+
 
 def chaos_hold_steps_value(steps: list[int]) -> str:
     """:attr:`Env.CHAOS_HOLD_AT_STEPS` for ``steps``: comma-separated."""

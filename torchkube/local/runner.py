@@ -142,9 +142,9 @@ class Chaos:
     process to reach the armed phase holds there and its worker is SIGKILLed. A phase that
     needs a join (serving or receiving a state copy) comes with the next replacement."""
     in_phases_from_step: int = 1
-    """The first step at which a phase is armed: later than the job's first steps, a
-    serving group killed may be the only one training yet (the others still starting), and
-    the job starts over — true, but not the loss aimed at."""
+    """The first step at which a phase is armed. A phase a training group holds (serving,
+    reducing, committing) waits besides for two groups training: killing the only one starts
+    the job over from its checkpoint — true, but not the loss aimed at."""
     late_seconds: float | None = None
     """Start the last worker this much later than the others: a pod whose image pull or node
     takes longer than ``joinTimeoutSeconds``. The others time out waiting for it (a free
@@ -720,8 +720,9 @@ class LocalRun:
     def _phase_chaos(self, record: ProgressReport, now: float, armed: bool) -> None:
         """Kill the worker whose process holds in an armed phase; from
         ``Chaos.in_phases_from_step`` on (``armed``), arm the next phase when none is armed or
-        held (``Chaos.in_phases``). A holder whose worker is already gone is killed alone: a
-        stopped process is never left behind."""
+        held (``Chaos.in_phases``) — one a training group holds only while two groups train,
+        so that the kill leaves a live peer. A holder whose worker is already gone is killed
+        alone: a stopped process is never left behind."""
         for held in sorted(self.arm_dir.glob("held-*")):
             try:
                 pid = int(held.read_text())
@@ -736,7 +737,9 @@ class LocalRun:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if armed and self.chaos.in_phases and not any(self.arm_dir.iterdir()):
-            (self.arm_dir / f"arm-{self.chaos.in_phases.pop(0)}").touch()
+            groups = record.live.replica_groups if record.live else 0
+            if groups >= 2 or not self.chaos.in_phases[0].held_in_training:
+                (self.arm_dir / f"arm-{self.chaos.in_phases.pop(0)}").touch()
 
     def _worker_of(self, pid: int) -> int | None:
         tree = children_of()
