@@ -301,6 +301,7 @@ class Controller:
         unseen = set(memory.expected.created)
         decided = plan(observed)
         memory.accounting.goodput = decided.goodput
+        memory.accounting.status_written = decided.status_written
         planned = st.to_wire(decided.status)
         memory.planning_seconds = time.perf_counter() - thinking
         await asyncio.to_thread(self.executor.execute, key, body, decided, planned, memory)

@@ -101,6 +101,8 @@ class Observed:
     """The apiserver's words when it refused this job's last reconcile a request (403)."""
     goodput: Tracked | None = None
     """The job's goodput as the last plan left it (None: none yet, or a new operator)."""
+    status_written: datetime | None = None
+    """When this process last wrote the job's status (None: not yet)."""
     progress_polled: bool = True
     """The operator polls trainers for progress (its progress URL is set): without that,
     goodput has only the pods to go by."""
@@ -135,6 +137,8 @@ class Plan:
     MultiKueue dispatched it to): the plan's status is not written."""
     goodput: Tracked | None = None
     """The job's goodput after this pass, for the controller to hand to the next one."""
+    status_written: datetime | None = None
+    """When the job's status was last written, this pass's write included, for the next."""
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.05)

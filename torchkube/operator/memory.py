@@ -9,6 +9,7 @@ created again under its name is another job, and starts afresh.
 """
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from torchkube.api.contract import ProgressReport
@@ -57,9 +58,12 @@ class Cache:
 
 @dataclass
 class Accounting:
-    """What the job's goodput and its start-up and recovery metrics carry over."""
+    """What the job's goodput, its status writes and its start-up and recovery metrics carry
+    over."""
 
     goodput: Tracked | None = None
+    status_written: datetime | None = None
+    """When this process last wrote the job's status (``Plan.status_written``)."""
     seen: bool = False
     """The job's metric series were created at zero."""
     startup_observed: bool = False

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from torchkube.api.contract import ProgressReport
 from torchkube.api.spec import MANAGED_BY_MULTIKUEUE
-from torchkube.api.status import CheckpointRecord, ProgressRecord
+from torchkube.api.status import CheckpointRecord, ProgressRecord, TrainingJobStatus
 from torchkube.api.times import human_duration
 from torchkube.operator import (
     children,
@@ -39,6 +39,7 @@ from torchkube.operator import (
     waiting,
 )
 from torchkube.operator import pods as p
+from torchkube.operator import status as st
 from torchkube.operator.decision import STOP, Context, Observed, Plan, Step, random_suffix
 
 __all__ = ["Observed", "Plan", "plan", "random_suffix"]
@@ -50,7 +51,9 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
     The policies run the job at the size Kueue admitted (``queueing.admitted_view``); where
     the workers are (``topology.report``) is read after the steps, whichever one settled the
     pass, so a job suspended or held by Kueue shows its workers gone; a job that ended keeps
-    the placement it last had. Goodput is accounted last, on the status all others decided."""
+    the placement it last had. Progress alone is written at most every
+    ``status.PROGRESS_MIN_INTERVAL``; goodput is accounted last, on the status all others
+    decided."""
     ctx = Context(observed, new_suffix, queueing.admitted_view(observed.job, observed.queue))
     _apply_progress(ctx, observed.progress)
     ctx.status.observed_generation = ctx.generation
@@ -60,7 +63,9 @@ def plan(observed: Observed, new_suffix: Callable[[], str] = random_suffix) -> P
             dispatch.follow(ctx)
     else:
         _run_here(ctx)
+    _pace_progress(ctx)
     goodput.account(ctx)
+    _note_write(ctx)
     return ctx.done()
 
 
@@ -112,6 +117,24 @@ def _run_policies(ctx: Context) -> None:
     for step in POLICIES:
         if step(ctx) is STOP:
             return
+
+
+def _pace_progress(ctx: Context) -> None:
+    """A change of progress alone waits for ``status.PROGRESS_MIN_INTERVAL`` after the last
+    write (``status.pace_progress``); the job is planned again when it is due."""
+    observed = ctx.observed
+    paced = st.pace_progress(observed.job.status, ctx.status, observed.status_written, ctx.now)
+    ctx.status = paced.status
+    if paced.due_in is not None:
+        ctx.plan.requeue(paced.due_in)
+
+
+def _note_write(ctx: Context) -> None:
+    """When the job's status was last written, this pass's write included, for the next
+    pass's pacing."""
+    stored = ctx.observed.job.status or TrainingJobStatus()
+    writes = ctx.status != stored and not ctx.plan.keep_status
+    ctx.plan.status_written = ctx.now if writes else ctx.observed.status_written
 
 
 def _apply_progress(ctx: Context, report: ProgressReport | None) -> None:

@@ -157,5 +157,6 @@ class Snapshot:
             queue=queue,
             forbidden=memory.trouble.forbidden,
             goodput=memory.accounting.goodput,
+            status_written=memory.accounting.status_written,
             progress_polled=bool(self.settings.progress_url),
         )
