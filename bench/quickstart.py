@@ -21,6 +21,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +85,40 @@ def draw(body: dict[str, Any], path: Path = IMAGE) -> Path:
     return render(Run.from_wire(body["extra"]["run"]), path)
 
 
+@dataclass(frozen=True)
+class Ran:
+    """One run of the README's quick-start command."""
+
+    code: int
+    shown: str
+    """Its output as a terminal shows it."""
+    run: Run | None
+    """The run as ``torchkube plot`` reads it (None if the command failed)."""
+    seconds: float
+    """From the command's start to its exit: the reader's wait, an exit that lingers after
+    the summary included."""
+
+
+def run_quickstart() -> Ran:
+    """The README's quick-start command once, in a scratch folder under a pseudo terminal."""
+    with tempfile.TemporaryDirectory(prefix="torchkube-quickstart-") as scratch:
+        (Path(scratch) / "examples").symlink_to(ROOT / "examples")
+        log(f"running {README_COMMAND}")
+        started = time.monotonic()
+        code, raw = run_in_terminal(
+            [sys.executable, "-m", "torchkube.cli", "run", *_ARGS], Path(scratch)
+        )
+        seconds = time.monotonic() - started
+        drawn = read_run(Path(scratch) / RUN_DIR) if code == 0 else None
+    return Ran(code, as_shown(raw), drawn, seconds)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.quickstart", description=__doc__)
     parser.parse_args(argv)
     results = Results("quickstart", README_COMMAND)
-    with tempfile.TemporaryDirectory(prefix="torchkube-quickstart-") as scratch:
-        (Path(scratch) / "examples").symlink_to(ROOT / "examples")
-        log(f"running {README_COMMAND}")
-        code, raw = run_in_terminal(
-            [sys.executable, "-m", "torchkube.cli", "run", *_ARGS], Path(scratch)
-        )
-        drawn = read_run(Path(scratch) / RUN_DIR) if code == 0 else None
-    shown = as_shown(raw)
+    ran = run_quickstart()
+    code, shown, drawn = ran.code, ran.shown, ran.run
     print(shown)
     if code != 0 or drawn is None:
         raise SystemExit(f"the quick start failed (exit {code}); nothing recorded")
