@@ -15,9 +15,12 @@ if the two disagree on the time lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pty
 import re
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,9 +55,10 @@ def as_shown(raw: str) -> str:
     return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n")).strip("\n") + "\n"
 
 
-def run_in_terminal(command: list[str], cwd: Path) -> tuple[int, str]:
+def run_in_terminal(command: list[str], cwd: Path, timeout: float | None = None) -> tuple[int, str]:
     """Run ``command`` with a pseudo terminal as its stdout and stderr; its exit code and
-    everything it wrote."""
+    everything it wrote. Past ``timeout`` seconds its whole process group is killed (the
+    exit code then says SIGKILL): a hung run leaves nothing behind."""
     master, slave = pty.openpty()
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(
@@ -64,10 +68,17 @@ def run_in_terminal(command: list[str], cwd: Path) -> tuple[int, str]:
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
+        start_new_session=True,
     )
     os.close(slave)
+    deadline = None if timeout is None else time.monotonic() + timeout
     chunks = []
     while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and (left <= 0 or not select.select([master], [], [], left)[0]):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            break
         try:
             data = os.read(master, 65536)
         except OSError:  # EIO: the command's end closed the terminal
@@ -99,14 +110,15 @@ class Ran:
     the summary included."""
 
 
-def run_quickstart() -> Ran:
-    """The README's quick-start command once, in a scratch folder under a pseudo terminal."""
+def run_quickstart(timeout: float | None = None) -> Ran:
+    """The README's quick-start command once, in a scratch folder under a pseudo terminal;
+    killed, with everything it started, past ``timeout`` seconds."""
     with tempfile.TemporaryDirectory(prefix="torchkube-quickstart-") as scratch:
         (Path(scratch) / "examples").symlink_to(ROOT / "examples")
         log(f"running {README_COMMAND}")
         started = time.monotonic()
         code, raw = run_in_terminal(
-            [sys.executable, "-m", "torchkube.cli", "run", *_ARGS], Path(scratch)
+            [sys.executable, "-m", "torchkube.cli", "run", *_ARGS], Path(scratch), timeout
         )
         seconds = time.monotonic() - started
         drawn = read_run(Path(scratch) / RUN_DIR) if code == 0 else None

@@ -16,8 +16,12 @@ FIGURE = "wall time"
 
 def test_the_quick_start_has_not_regressed_grossly() -> None:
     recorded = guard.baseline("quickstart", FIGURE)
-    ran = run_quickstart()
-    assert ran.code == 0 and ran.run is not None, f"the quick start failed:\n{ran.shown[-3000:]}"
-    checks = [guard.Check("quick start: command start → exit", ran.seconds, recorded)]
+    check = guard.Check("quick start: command start → exit", 0.0, recorded)
+    ran = run_quickstart(timeout=check.limit + 10)  # a hang is killed, past the limit
+    assert ran.code == 0 and ran.run is not None, (
+        f"the quick start failed (exit {ran.code}) after {ran.seconds:.1f} s "
+        f"(limit {check.limit:.1f} s):\n{ran.shown[-3000:]}"
+    )
+    checks = [guard.Check(check.figure, ran.seconds, recorded)]
     print("\n" + guard.report(checks))
     assert guard.passed(checks), guard.report(checks)

@@ -13,12 +13,13 @@ from torchkube.api.contract import ChaosPhase, LiveProgress, ProgressReport
 from torchkube.local.runner import Chaos, LocalRun
 
 
-def armed_after(tmp_path: Path, phase: ChaosPhase, groups: int) -> list[str]:
+def armed_after(tmp_path: Path, phase: ChaosPhase, groups: int | None) -> list[str]:
+    """The armings after a report of ``groups`` training (None: a restart-mode job's)."""
     run = LocalRun(
         training_job(replicas={"min": 1, "max": 3}), tmp_path, chaos=Chaos(in_phases=[phase])
     )
     run.arm_dir.mkdir(parents=True)
-    live = LiveProgress(replica_groups=groups, grad_accum_steps=1)
+    live = None if groups is None else LiveProgress(replica_groups=groups, grad_accum_steps=1)
     run._phase_chaos(ProgressReport(step=60, live=live), 0.0, armed=True)
     return sorted(path.name for path in run.arm_dir.iterdir())
 
@@ -39,3 +40,9 @@ def test_a_phase_held_outside_training_is_armed_with_one_group(
     tmp_path: Path, phase: ChaosPhase
 ) -> None:
     assert armed_after(tmp_path, phase, groups=1) == [f"arm-{phase}"]
+
+
+def test_restart_mode_arms_a_commit_of_its_one_group(tmp_path: Path) -> None:
+    """Without live recovery the job is one group, and starting over is what a kill costs."""
+    phase = ChaosPhase.COMMITTING_CHECKPOINT
+    assert armed_after(tmp_path, phase, groups=None) == [f"arm-{phase}"]

@@ -74,3 +74,10 @@ def test_nothing_to_write_keeps_the_last_write() -> None:
     stored = stored_after(world)
     same = run(make_job(stored.to_wire()), world, status_written=NOW - LATER)
     assert same.status == stored and same.status_written == NOW - LATER
+
+
+def test_a_clock_stepped_back_holds_progress_for_one_interval_only() -> None:
+    world = starting(2)
+    job = make_job(stored_after(starting(1)).to_wire())
+    stepped = run(job, world, status_written=NOW + timedelta(hours=1))
+    assert stepped.requeue_after == pytest.approx(st.PROGRESS_MIN_INTERVAL)

@@ -737,8 +737,8 @@ class LocalRun:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if armed and self.chaos.in_phases and not any(self.arm_dir.iterdir()):
-            groups = record.live.replica_groups if record.live else 0
-            if groups >= 2 or not self.chaos.in_phases[0].held_in_training:
+            live = record.live  # restart mode: one group, and a restart is what it does
+            if not live or live.replica_groups >= 2 or not self.chaos.in_phases[0].held_in_training:
                 (self.arm_dir / f"arm-{self.chaos.in_phases.pop(0)}").touch()
 
     def _worker_of(self, pid: int) -> int | None:

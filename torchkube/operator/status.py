@@ -143,7 +143,8 @@ def pace_progress(
     held = _progress_as_stored(planned, stored)
     if held == planned or _without_goodput(held) != _without_goodput(stored):
         return PacedStatus(planned)
-    wait = PROGRESS_MIN_INTERVAL - (now - written_at).total_seconds()
+    # a wall clock stepped back holds progress for one interval, not for the step
+    wait = min(PROGRESS_MIN_INTERVAL - (now - written_at).total_seconds(), PROGRESS_MIN_INTERVAL)
     return PacedStatus(held, wait) if wait > 0 else PacedStatus(planned)
 
 
