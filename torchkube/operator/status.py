@@ -27,11 +27,10 @@ clock, and without a limit a young job's status would be rewritten on every reco
 PROGRESS_MIN_INTERVAL = 1.0
 """A status write that only moves progress — the worker counts, or a condition's message
 whose status and reason stay (``waiting for 12 more workers``, ``starting for 3s``) — comes
-at most this often after the last write. A 64-worker start was otherwise rewritten for every
-batch of pods that started, seven times in a second: each write of the custom resource costs
-the API server a validation against the whole schema (about 20 ms of its CPU, beside the
-scheduler that binds the very pods), and every watcher of the job an event, the operator's
-own reconcile among them."""
+at most this often after the last write. Otherwise a start is rewritten for every batch of
+pods that starts: each write of the custom resource costs the API server a validation
+against the whole schema, beside the scheduler that binds the very pods, and every watcher of
+the job an event, the operator's own reconcile among them."""
 
 _MESSAGE_LIMITS = {"message": 4096, "reason": 1024, "pod": 253, "node": 253}
 
