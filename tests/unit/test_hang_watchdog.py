@@ -321,13 +321,11 @@ def test_a_worker_stopped_before_its_first_step_is_found(tmp_path: Path) -> None
     )
     try:
         deadline = time.monotonic() + 30
-        while (
-            not (beats := read_beats(tmp_path))
-            or os.waitid(os.P_PID, worker.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT) is None
-        ):
+        # Read once it stopped: a read before could hold the constructor's beat (not training).
+        while os.waitid(os.P_PID, worker.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT) is None:
             assert time.monotonic() < deadline, "the worker never began training and stopped"
             time.sleep(0.05)
-        verdict = judge(beats, time.time() + 20, 15)
+        verdict = judge(read_beats(tmp_path), time.time() + 20, 15)
         assert verdict is not None and verdict.stopped
         assert [b.pid for b in verdict.stuck] == [worker.pid]
     finally:
