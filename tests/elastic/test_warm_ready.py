@@ -93,3 +93,46 @@ def test_a_warm_worker_starts_training_without_importing_the_compiler(tmp_path: 
     assert done.returncode == 0, done.stderr[-3000:]
     imported = done.stdout.split()
     assert not [m for m in imported if m.startswith(HEAVY)], imported
+
+
+LAUNCHER = """
+import os
+from launcher import helper  # stands for the launcher's own modules
+from multiprocessing import get_context
+from torchkube.elastic import warm
+
+def where_imported(queue):
+    queue.put("worker" if helper.IMPORTED_IN == os.getpid() else "server")
+
+if __name__ == "__main__":
+    warm.start(["-m", "a.module"])
+    context = get_context("forkserver")
+    queue = context.Queue()
+    worker = context.Process(target=where_imported, args=(queue,))
+    worker.start()
+    print(queue.get(timeout=120))
+    worker.join()
+"""
+
+
+def test_a_warm_worker_finds_the_launchers_modules_imported(tmp_path: Path) -> None:
+    """Each worker forked from the server runs the launcher's main module again (as
+    ``__mp_main__``): the launcher's modules (torchkube.elastic's watchdog, rendezvous
+    wrappers, ports) were imported by every worker itself, 35 ms of each recovery here.
+    The main module itself is left to the worker: found imported, its run warns."""
+    package = tmp_path / "launcher"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "main.py").write_text(LAUNCHER)
+    (package / "helper.py").write_text("import os\nIMPORTED_IN = os.getpid()\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher.main"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["server"], done.stdout
+    assert "Warning" not in done.stderr, done.stderr[-3000:]

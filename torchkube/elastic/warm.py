@@ -52,10 +52,25 @@ def module_of(argv: Sequence[str]) -> str | None:
 def start(argv: Sequence[str]) -> None:
     """Start the forkserver now, preloading what the workers will import."""
     module = module_of(argv)
-    preload = PRELOAD + (TRAINER_PRELOAD if module == BUILTIN_TRAINER else [])
+    preload = PRELOAD + (TRAINER_PRELOAD if module == BUILTIN_TRAINER else []) + launcher_modules()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # what torchrun's `python -u` gave
     multiprocessing.set_forkserver_preload(preload)
     forkserver.ensure_running()
+
+
+def launcher_modules() -> list[str]:
+    """The modules of the launcher's package it imported, when it runs as ``python -m``: each
+    forked worker runs the launcher's main module again as ``__mp_main__`` (multiprocessing's
+    preparation of a child), importing them — tens of milliseconds of every worker's start,
+    every recovery — unless the server imported them before it forked. Not the main module
+    itself: found imported, its second run warns in every worker's log. The package's
+    modules only define at import: importing them starts nothing."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    main = getattr(spec, "name", None)
+    if not main or main.endswith("__main__") or "." not in main:  # as multiprocessing skips
+        return []
+    package = main.split(".")[0] + "."
+    return sorted(n for n in list(sys.modules) if n.startswith(package) and n != main)
 
 
 def when_ready(then: Callable[[float, BaseException | None], None]) -> None:
