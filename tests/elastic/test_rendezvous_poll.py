@@ -22,20 +22,21 @@ def test_the_poll_is_short_for_small_rounds_and_torchs_for_large_ones() -> None:
     assert torchrun.poll_seconds(256) == torchrun.poll_seconds(4096) == 1.0
 
 
-def _handler(server: TCPStore) -> Any:
-    """An agent's handler with its own connection to the store, as each launcher has."""
+def _handler(server: TCPStore, run_id: str = "job", nodes: int = 2) -> Any:
+    """An agent's handler with its own connection to the store, as each launcher has, in a
+    round of ``nodes`` agents (one: each ``next_rendezvous`` forms the next round alone)."""
     store = TCPStore("127.0.0.1", server.port, is_master=False)
     params = RendezvousParameters(
         backend="c10d",
         endpoint=f"127.0.0.1:{server.port}",
-        run_id="job",
-        min_nodes=2,
-        max_nodes=2,
+        run_id=run_id,
+        min_nodes=nodes,
+        max_nodes=nodes,
         join_timeout=30,
         last_call_timeout=1,
         keep_alive_interval=2,
     )
-    return create_handler(store, C10dRendezvousBackend(store, "job"), params)
+    return create_handler(store, C10dRendezvousBackend(store, run_id), params)
 
 
 def test_an_agent_waiting_for_the_round_reads_the_state_at_the_short_poll(
@@ -68,22 +69,6 @@ def test_an_agent_waiting_for_the_round_reads_the_state_at_the_short_poll(
             handler.shutdown()
 
 
-def _lone_handler(server: TCPStore) -> Any:
-    """A round of one agent: each call of ``next_rendezvous`` forms the next round alone."""
-    store = TCPStore("127.0.0.1", server.port, is_master=False)
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=f"127.0.0.1:{server.port}",
-        run_id="alone",
-        min_nodes=1,
-        max_nodes=1,
-        join_timeout=30,
-        last_call_timeout=1,
-        keep_alive_interval=2,
-    )
-    return create_handler(store, C10dRendezvousBackend(store, "alone"), params)
-
-
 def test_a_rejoining_agent_skips_torchs_first_round_skew(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch delays a join by a random 0–0.3 s while the rendezvous is in round 0 — still the
     case when a job's first loss sends its survivors back: the first recovery of every job
@@ -93,7 +78,7 @@ def test_a_rejoining_agent_skips_torchs_first_round_skew(monkeypatch: pytest.Mon
     waits: list[float | tuple[float, float]] = []
     monkeypatch.setattr(utils, "_delay", waits.append)
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    handler = _lone_handler(server)
+    handler = _handler(server, "alone", nodes=1)
     try:
         handler.next_rendezvous()
         assert torchrun.TORCH_FIRST_ROUND_SKEW in waits, waits
@@ -128,7 +113,7 @@ def test_a_rendezvous_reads_no_source_to_name_its_events(monkeypatch: pytest.Mon
     stack = inspect.stack
     monkeypatch.setattr(inspect, "stack", lambda *a, **k: stacks.append(1) or stack(*a, **k))
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    handler = _lone_handler(server)
+    handler = _handler(server, "alone", nodes=1)
     try:
         handler.next_rendezvous()
         handler.next_rendezvous()
