@@ -72,8 +72,8 @@ def test_an_agent_waiting_for_the_round_reads_the_state_at_the_short_poll(
 def test_a_rejoining_agent_skips_torchs_first_round_skew(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch delays a join by a random 0–0.3 s while the rendezvous is in round 0 — still the
     case when a job's first loss sends its survivors back: the first recovery of every job
-    waited for it, 0.15 s on average. An agent's first join keeps it (it spreads a job's
-    first arrivals), a re-join does not."""
+    waited for it. An agent's first join keeps it (it spreads a job's first arrivals), a
+    re-join does not."""
     torchrun.track()
     waits: list[float | tuple[float, float]] = []
     monkeypatch.setattr(utils, "_delay", waits.append)
@@ -93,9 +93,8 @@ def test_a_rejoining_agent_skips_torchs_first_round_skew(monkeypatch: pytest.Mon
 
 def test_a_rendezvous_reads_no_source_to_name_its_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each step of torch's rendezvous named an event (dropped unless a handler is set) after
-    its caller with ``inspect.stack()``, twice: the source line of every frame read, some
-    milliseconds a step, a tenth of a second of every re-rendezvous. The same names come
-    from the frames."""
+    its caller with ``inspect.stack()``, twice: the source line of every frame read at every
+    step of every re-rendezvous. The same names come from the frames."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     torchrun.track()

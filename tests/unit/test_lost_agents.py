@@ -27,6 +27,17 @@ def test_the_last_rounds_agents_missing_from_the_next_are_the_ones_to_judge() ->
     assert absent_from_reform(state, ME, LAST_ROUND, 4, min_nodes=1) == [LOST]
 
 
+def test_a_spare_standing_by_is_expected_in_the_round_that_re_forms() -> None:
+    """A survivor that was training when a spare came knew nothing of it, and started the
+    re-formed round alone at once while the spare was on its way off the redundancy list
+    (tests/elastic/test_spares.py: "the world must stay 2")."""
+    state = _forming(5, ME)
+    state.redundancy_list = {NEW}
+    assert sorted(absent_from_reform(state, ME, frozenset({ME, LOST}), 4, min_nodes=1)) == sorted(
+        [LOST, NEW]
+    )
+
+
 def test_a_round_that_lost_nobody_keeps_the_last_call() -> None:
     growing = _forming(5, ME, PEER, LOST, NEW)
     assert absent_from_reform(growing, ME, LAST_ROUND, 4, min_nodes=1) == []

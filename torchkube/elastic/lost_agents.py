@@ -20,7 +20,8 @@ Two of torch's waits stood between a lost agent and the survivors training again
   round is in already or gone too, a replacement pod is seconds from joining, and one that
   comes later joins as any newcomer does (the survivors restart to let it in). So a round
   whose agents are all of the last round's that still beat, with at least one of them gone,
-  starts at once.
+  starts at once — the agents on their way in counted as the last round's: the wait list,
+  and the spares standing by, which take the lost agents' places.
 
 An agent judged gone while it was alive (its beats starved for the whole silence) costs one
 more round, never a wrong one: it finds itself out of the round, and joins the next.
@@ -212,7 +213,9 @@ def absent_from_reform(
         or len(state.participants) < min_nodes
     ):
         return []
-    expected = known | state.wait_list  # the wait list: agents on their way in
+    # on their way in: the wait list, and spares standing by (a survivor that trained when
+    # a spare came never saw it; the spare takes the lost agent's place in this round)
+    expected = known | state.wait_list | state.redundancy_list
     return [node for node in expected if node not in state.participants and node != me]
 
 

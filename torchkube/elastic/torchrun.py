@@ -44,11 +44,12 @@ Around it, this module adds:
 * **A round re-forms without torch's overheads.** torch delays each agent's join by a random
   0–0.3 s while the rendezvous is in its round 0, to spread a job's first arrivals; it is still
   round 0 when the job's first loss sends the survivors back, so the first recovery of every
-  job waited 0.15 s on average, where torch's own later rounds wait nothing. Here an agent
-  that joined a round before skips it. And each step of torch's rendezvous names an event
-  after its caller with ``inspect.stack()`` (twice), which reads the source line of every frame
-  — milliseconds a step, a tenth of a second a re-rendezvous, for events torch drops unless a
-  handler is configured: :func:`_method_name` reads the same name from the frame.
+  job waited for it, where torch's own later rounds wait nothing. Here a handler whose agent
+  joined a round before skips it (a new handler — a replacement, a spare, every agent after
+  a lost store — arrives with others and keeps it). And each step of torch's rendezvous
+  names an event after its caller with ``inspect.stack()`` (twice), which reads the source
+  line of every frame, for events torch drops unless a handler is configured:
+  :func:`_method_name` reads the same name from the frame.
 * **A failed worker is reported at once.** torch's log formatter imports ``torch._dynamo``
   (the compiler stack: sympy, fx, inductor) before it formats a record's exception, and a warm
   worker's failure is logged with its exception: the surviving agent would import it before
@@ -170,6 +171,8 @@ def track() -> None:
         except RendezvousTimeoutError:
             _Tracked.timed_out = _join_timed_out(self)
             raise
+        finally:
+            _Tracked.rejoining = False  # torch's other random delays stay as they are
         _Tracked.joined = self._torchkube_joined = True
         lost_agents.remember_round(self)
         if _Tracked.standing_by is not None:

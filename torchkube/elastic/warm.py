@@ -59,7 +59,8 @@ def start(argv: Sequence[str]) -> None:
 
 
 def launcher_modules() -> list[str]:
-    """The modules of the launcher's package it imported, when it runs as ``python -m``: each
+    """The modules of the launcher's top-level package it imported, when it runs as
+    ``python -m``: each
     forked worker runs the launcher's main module again as ``__mp_main__`` (multiprocessing's
     preparation of a child), importing them — tens of milliseconds of every worker's start,
     every recovery — unless the server imported them before it forked. Not the main module
