@@ -60,12 +60,12 @@ def start(argv: Sequence[str]) -> None:
 
 def launcher_modules() -> list[str]:
     """The modules of the launcher's top-level package it imported, when it runs as
-    ``python -m``: each
-    forked worker runs the launcher's main module again as ``__mp_main__`` (multiprocessing's
-    preparation of a child), importing them — tens of milliseconds of every worker's start,
-    every recovery — unless the server imported them before it forked. Not the main module
-    itself: found imported, its second run warns in every worker's log. The package's
-    modules only define at import: importing them starts nothing."""
+    ``python -m``: each forked worker runs the launcher's main module again as
+    ``__mp_main__`` (multiprocessing's preparation of a child), importing them — tens of
+    milliseconds of every worker's start, every recovery — unless the server imported them
+    before it forked. Not the main module itself: found imported, its second run warns in
+    every worker's log. The package's modules only define at import: importing them starts
+    nothing."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     main = getattr(spec, "name", None)
     if not main or main.endswith("__main__") or "." not in main:  # as multiprocessing skips
