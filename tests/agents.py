@@ -25,6 +25,7 @@ def rdzv_args(
     join_timeout: int = 90,
     keep_alive: int = 1,
     last_call: int = 2,
+    monitor_interval: float = TORCHRUN_MONITOR_INTERVAL,
 ) -> list[str]:
     conf = (
         f"is_host=false,join_timeout={join_timeout},last_call_timeout={last_call},close_timeout=5,"
@@ -38,7 +39,7 @@ def rdzv_args(
         "--rdzv-id=test-job",
         f"--rdzv-conf={conf}",
         f"--max-restarts={max_restarts}",
-        f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL}",
+        f"--monitor-interval={monitor_interval}",
         "--local-addr=127.0.0.1",
     ]
 

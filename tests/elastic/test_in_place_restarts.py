@@ -9,6 +9,7 @@ import pytest
 from agents import kill_agent, launch, rdzv_args, steps
 from steps_script import CRASH_EXIT_CODE
 
+from torchkube.api.contract import Env
 from torchkube.elastic.restarts import RestartBoard
 
 pytestmark = pytest.mark.slow
@@ -40,3 +41,25 @@ def test_a_worker_restarted_in_place_is_posted_for_the_operator(store: int, tmp_
     assert crashed[0].time, crashed
     assert crashed[0].committed_step == 1, "the round that crashed had committed steps 1-10"
     assert all(r.pod in ("pod-a", "pod-b") for r in records), records
+
+
+@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm workers", "fresh interpreters"])
+def test_a_workers_end_is_seen_at_once_not_at_the_next_look(
+    store: int, tmp_path: Path, warm: str
+) -> None:
+    """The agent looks at its workers every ``--monitor-interval``, but a worker's end wakes
+    it: the failure is on the critical path of every recovery, and waiting for the next look
+    cost half an interval on average. Here the interval is long enough to tell them apart."""
+    interval = 5.0
+    args = rdzv_args(store, nnodes="1:1", monitor_interval=interval)
+    env = {"STEPS": "6", "STEP_SECONDS": "0.05", "CRASH_AT_STEP": "3", Env.WARM_WORKERS: warm}
+    agent = launch(args, tmp_path, "a", **env)
+    try:
+        assert agent.wait(timeout=180) == 0, (tmp_path / "a.log").read_text()
+    finally:
+        kill_agent(tmp_path, "a")
+    crashed_at = (tmp_path / "crashed").stat().st_mtime
+    restarted_at = (tmp_path / "rank-a-0").stat().st_mtime  # the restarted worker's
+    assert restarted_at - crashed_at < interval / 2, (
+        f"the crashed worker was restarted {restarted_at - crashed_at:.2f}s after its end"
+    )

@@ -2,6 +2,7 @@
 
 import json
 import re
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from trainer_harness import free_port
 
+from torchkube.trainer import server as server_module
 from torchkube.trainer.flops import peak_flops
 from torchkube.trainer.loader import RunEnv
 from torchkube.trainer.metrics import TrainMetrics
@@ -65,6 +67,20 @@ def test_server_serves_metrics_and_progress(tmp_path: Path) -> None:
         assert start_metrics_server(port, metrics.registry, progress) is None  # busy: a warning
     finally:
         server.close()
+
+
+def test_closing_the_server_waits_for_no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that fails closes its server before it exits, and the launcher restarts the
+    round only once it has exited: a close that waited for the serving thread's next look
+    (socketserver polls) delayed every recovery by that poll."""
+    monkeypatch.setattr(server_module, "SHUTDOWN_POLL_SECONDS", 30.0, raising=False)
+    progress = ProgressReporter(None, enabled=False)
+    server = start_metrics_server(free_port(), TrainMetrics("demo", 0).registry, progress)
+    assert server is not None
+    closing = threading.Thread(target=server.close, daemon=True)
+    closing.start()
+    closing.join(timeout=5)
+    assert not closing.is_alive(), "close() waited for the serving thread's poll"
 
 
 def test_progress_file_is_rate_limited_unless_forced(tmp_path: Path) -> None:

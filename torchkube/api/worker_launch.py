@@ -13,11 +13,10 @@ from torchkube.api.contract import LIVE_MIN_REPLICA_GROUPS, Env
 from torchkube.api.trainingjob import TrainingJob
 
 TORCHRUN_MONITOR_INTERVAL = 0.1
-"""How often an agent looks at its workers (torchrun's ``--monitor-interval``), torch's own
-default: a worker's failure is on the critical path of every recovery, and half of this is
-its mean wait. Each look also asks the store how many agents wait to join, but that read is
-served from the state cached for ``torchkube.elastic.torchrun.poll_seconds``, so a faster
-look adds no load on the store."""
+"""How often an agent looks at its workers at the least (torchrun's ``--monitor-interval``),
+torch's own default; a worker's end wakes it at once (``torchkube.elastic.torchrun``). Each
+look also asks how many agents wait to join, a read served from the state cached for
+``torchkube.elastic.torchrun.poll_seconds``, so a faster look adds no load on the store."""
 KEEP_ALIVE_MAX_ATTEMPTS = 3
 SHUTDOWN_MARGIN_SECONDS = 2
 

@@ -67,6 +67,12 @@ Around it, this module adds:
   the rendezvous, failed them for the rest of the run. Not in restart mode, even at one
   node: a spare may share the rendezvous, and a participant that trained on while the spare
   re-joined through a new store would train beside it.
+* **A worker's end wakes its agent.** torchrun's agent sleeps ``--monitor-interval`` between
+  looks at its workers, so a failed worker waited for the next look — half an interval on
+  average, on the critical path of every recovery. Here torch's loop sleeps nothing and each
+  look waits up to the interval for a worker process to end
+  (:func:`until_a_worker_ends`); the interval still paces the look's other question, how
+  many agents wait to join.
 * **Every in-place restart is told.** When a worker fails, torchrun restarts the pod's
   workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
   would stay invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
@@ -80,6 +86,7 @@ Around it, this module adds:
 """
 
 import logging
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -137,6 +144,9 @@ class _Tracked:
     failures: Any = None
     """The failures of the workers' last check (``RunResult.failures``)."""
     restarted: Callable[[int, Any], None] | None = None
+    monitor_interval: float | None = None
+    """torchrun's ``--monitor-interval``: the longest wait before the agent looks at its
+    workers (and asks how many agents wait to join), set while the agent runs."""
 
 
 def track() -> None:
@@ -221,9 +231,23 @@ def track() -> None:
         return start_workers(self, worker_group)
 
     agent_class._start_workers = _start_workers
+    invoke_run = agent_class._invoke_run
+
+    def _invoke_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        spec = self._worker_group.spec
+        _Tracked.monitor_interval = spec.monitor_interval
+        spec.monitor_interval = 0  # torch's loop sleeps nothing: each look waits instead
+        try:
+            return invoke_run(self, *args, **kwargs)
+        finally:
+            spec.monitor_interval = _Tracked.monitor_interval
+
+    agent_class._invoke_run = _invoke_run
     monitor, restart = agent_class._monitor_workers, agent_class._restart_workers
 
     def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        if _Tracked.monitor_interval:
+            until_a_worker_ends(self._pcontext, _Tracked.monitor_interval)
         result = monitor(self, worker_group)
         _Tracked.failures = result.failures
         return result
@@ -248,6 +272,35 @@ def track() -> None:
         return result
 
     agent_class.run = run_and_remember
+
+
+def until_a_worker_ends(pcontext: Any, seconds: float) -> None:
+    """Wait ``seconds``, or less: until one of ``pcontext``'s running workers ends (see the
+    module docstring). Warm workers are waited on through their multiprocessing sentinels,
+    torchrun's fresh interpreters through a pidfd each; no workers, no wait."""
+    if pcontext is None:
+        time.sleep(seconds)
+        return
+    processes = getattr(pcontext, "_pc", None)
+    if processes is not None:  # a MultiprocessContext: its running processes' sentinels
+        sentinels = list(processes.sentinels)
+        if sentinels:
+            multiprocessing.connection.wait(sentinels, timeout=seconds)
+        return
+    handlers = getattr(pcontext, "subprocess_handlers", {})
+    running = getattr(pcontext, "_running_local_ranks", set(handlers))
+    pidfds = []
+    try:
+        for rank in running:
+            try:
+                pidfds.append(os.pidfd_open(handlers[rank].proc.pid))
+            except ProcessLookupError:
+                return  # it ended already
+        if pidfds:
+            multiprocessing.connection.wait(pidfds, timeout=seconds)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
 
 
 def _join_timed_out(handler: Any) -> JoinTimedOut:

@@ -6,6 +6,8 @@ job's in-place restarts of workers from the rendezvous store (``torchkube.elasti
 
 import json
 import logging
+import os
+import selectors
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,33 +47,44 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-SHUTDOWN_POLL_SECONDS = 0.05
-"""How often the metrics thread looks for a shutdown request. ``close()`` waits for it, and a
-worker that fails (a dead peer) closes the server before it exits, so socketserver's default
-(half a second) would delay the launcher's view of the failure by as much."""
-
-
 class MetricsServer(ThreadingHTTPServer):
-    """``/metrics`` (Prometheus text format) and ``/progress`` (JSON) on a background thread."""
+    """``/metrics`` (Prometheus text format) and ``/progress`` (JSON) on a background thread.
+
+    The thread waits on the listening socket and on a pipe that :meth:`close` writes to, not
+    on socketserver's polled shutdown flag: a worker that fails (a dead peer) closes its
+    server before it exits, and its launcher restarts the round only once it has exited, so
+    a poll's wait would be part of every recovery."""
 
     daemon_threads = True
+    timeout = 0
+    """``handle_request`` takes what the selector found and never blocks: a connection gone
+    before it was accepted must not hold the thread from the wake-up."""
 
     def __init__(self, port: int, registry: CollectorRegistry, progress: ProgressReporter):
         super().__init__(("", port), _Handler)
         self.registry, self.progress = registry, progress
         self.restarts = RestartBoard.from_env()
         """The job's in-place restarts, every pod's, served with the progress report."""
-        self._thread = threading.Thread(
-            target=self.serve_forever,
-            args=(SHUTDOWN_POLL_SECONDS,),
-            name="metrics",
-            daemon=True,
-        )
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name="metrics", daemon=True)
         self._thread.start()
 
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self, selectors.EVENT_READ)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            while True:
+                ready = [key.fileobj for key, _ in selector.select()]
+                if self._wake_read in ready:
+                    return
+                self.handle_request()
+
     def close(self) -> None:
-        self.shutdown()
+        os.write(self._wake_write, b"x")
+        self._thread.join()
         self.server_close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
 
 def start_metrics_server(
