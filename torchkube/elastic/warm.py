@@ -25,6 +25,7 @@ from multiprocessing import forkserver
 from typing import Any
 
 from torchkube.api.contract import Env
+from torchkube.elastic import worker_store
 
 BUILTIN_TRAINER = "torchkube.trainer"
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch._inductor.config"]
@@ -128,12 +129,14 @@ def workers_of(launcher: int, children: dict[int, list[int]]) -> list[int]:
 
 def run_module(module: str, *argv: str) -> None:
     """``python -m module argv...`` inside a forked worker."""
+    worker_store.connect_promptly()
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def run_script(script: str, *argv: str) -> None:
     """``python script argv...`` inside a forked worker."""
+    worker_store.connect_promptly()
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
 
