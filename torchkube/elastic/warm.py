@@ -28,12 +28,19 @@ from torchkube.api.contract import Env
 from torchkube.elastic import worker_store
 
 BUILTIN_TRAINER = "torchkube.trainer"
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch._inductor.config"]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch._inductor.config",
+    "torchkube.elastic.backends",
+]
 """What any torch training worker imports before its first step. The compiler stack is among
 it: DDP's constructor imports ``torch._dynamo`` and ``torch.use_deterministic_algorithms``
 imports ``torch._inductor.config`` (with sympy and triton): imported by each worker after
-its fork, they would be most of every worker's start, every recovery. Importing them
-initialises no CUDA and starts no thread, so the server stays safe to fork."""
+its fork, they would be most of every worker's start, every recovery. And the process-group
+backends, registered (:mod:`torchkube.elastic.backends`). None of it initialises CUDA or
+starts a thread, so the server stays safe to fork."""
 TRAINER_PRELOAD = ["torchkube.trainer.train", "torchkube.trainer.entrypoint"]
 """What the built-in trainer imports before its first step (no CUDA, no process group)."""
 
