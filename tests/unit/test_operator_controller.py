@@ -228,6 +228,7 @@ def test_a_job_the_model_refuses_gets_a_condition_and_one_event() -> None:
         await controller.reconcile(KEY)
 
     asyncio.run(twice())
+    assert controller.executor.events_posted(timeout=5)
     assert len(kube.status) == 1 and len(kube.events) == 1, "reported once, not per reconcile"
     [condition] = kube.status[0]["conditions"]
     assert condition["type"] == "Invalid" and condition["status"] == "True"
@@ -260,8 +261,45 @@ def test_the_events_of_a_recorded_failure_survive_a_refused_pod_write() -> None:
     )
     with pytest.raises(ApiException):
         controller.executor.execute(KEY, body, decided, {"restarts": 1}, JobMemory())
+    assert controller.executor.events_posted(timeout=5)
     assert kube.status == [{"restarts": 1}]
     assert kube.events == [("Warning", "NodeLost", "node n2 lost; restarting (incident 1)")]
+
+
+class _KubeWithSlowEvents(_RecordingKube):
+    """An apiserver that takes the status write at once and holds every event until told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def event(self, body: Any, type_: str, reason: str, message: str) -> None:
+        assert self.release.wait(timeout=30), "the test never released the events"
+        super().event(body, type_, reason, message)
+
+
+def test_a_plans_events_do_not_hold_up_its_end_and_keep_their_order() -> None:
+    """An event is a record for the user that no decision waits for, and a refused one is
+    retried for seconds: a reconcile that posted its events itself was held up by them (a
+    queued job's admission, which came meanwhile, waited for its first plan's events)."""
+    kube = _KubeWithSlowEvents()
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+    first = Plan(events=[Event("Normal", "Queued", "one"), Event("Normal", "Queued", "two")])
+    second = Plan(events=[Event("Normal", "Admitted", "three")])
+    executed = threading.Thread(
+        target=lambda: [
+            controller.executor.execute(KEY, body, plan, {"phase": "Pending"}, JobMemory())
+            for plan in (first, second)
+        ],
+        daemon=True,
+    )
+    executed.start()
+    executed.join(timeout=5)
+    assert not executed.is_alive(), "the plans waited for their events to be posted"
+    kube.release.set()
+    assert controller.executor.events_posted(timeout=5)
+    assert [message for _, _, message in kube.events] == ["one", "two", "three"]
 
 
 class _Response:
@@ -530,6 +568,7 @@ def test_a_worker_force_deleted_between_two_plans_is_recorded_as_deleted() -> No
     assert (
         kube.status[-1]["restarts"] == 1 and kube.status[-1].get("restartsCountTowardsMax", 0) == 0
     )
+    assert controller.executor.events_posted(timeout=5)
     assert ("Warning", "Deleted") in [event[:2] for event in kube.events]
 
 

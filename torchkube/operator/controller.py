@@ -94,7 +94,8 @@ class Controller:
         return not self.stopping and (self.leader is None or self.leader.leading.is_set())
 
     async def stop(self, timeout: float) -> None:
-        """Stop acting, and wait up to ``timeout`` for the plans being carried out to end.
+        """Stop acting, and wait up to ``timeout`` for the plans being carried out to end
+        and their events to be posted.
 
         No write batch starts from now on (each is fenced), and a plan under way stops at
         its next fenced step. A plan still blocked in an API call after the timeout is left to
@@ -106,6 +107,10 @@ class Controller:
             await asyncio.sleep(0.05)
         if self.executor.in_flight:
             log.warning("stopping with %d plans still waiting for the API", self.executor.in_flight)
+            return
+        left = max(0.0, deadline - time.monotonic())
+        if not await asyncio.to_thread(self.executor.events_posted, left):
+            log.warning("stopping with events of the last plans not yet posted")
 
     def _stepped_down(self) -> None:
         """Forget what this replica did as the leader: the new leader acts now, so our

@@ -55,6 +55,12 @@ class Executor:
         self.beside = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status-beside")
         """Writes that run beside a plan's others (its status beside its creates) or beside
         the reconciles (a Workload's finalizer)."""
+        self.recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
+        """Posts the plans' events, one plan's after another in the order they were made,
+        beside the reconciles: an event is a record for the user that no decision waits
+        for, and one refused for the moment is sent again for seconds
+        (``kube.EVENT_RETRY_DELAYS``), which a reconcile that posted them itself waited
+        for — and every event of the job with it, a queued job's admission among them."""
         self.in_flight = 0
         """Plans being carried out now (a stopping controller waits for them)."""
         self._in_flight_lock = threading.Lock()
@@ -99,8 +105,9 @@ class Executor:
         """The children (no pod is created while one is refused: a worker without its claim
         would wait unschedulable), the status, so nothing is done that the status does not
         know about (a failure the status lost would be forgotten, a permanent one retried),
-        then labels, deletions, creations — and the plan's events however those end: only
-        this plan has them (the next one finds the failure recorded and opens no incident).
+        then labels, deletions, creations — and the plan's events however those end, handed
+        to :attr:`recorder`: only this plan has them (the next one finds the failure recorded
+        and opens no incident).
         A plan that only creates writes its status beside its creates, and a Service with its
         pods (see :func:`_status_may_go_beside`). A plan whose status is someone else's to
         write (``keep_status``) writes none."""
@@ -138,8 +145,7 @@ class Executor:
                 if beside is not None:
                     _remember_status(status_patch, beside.result(), memory)
             finally:
-                for event in decided.events:
-                    self.kube.event(body, event.type, event.reason, event.message)
+                self._record(body, decided.events)
         if decided.delete_job:
             self.fence()
             self.kube.delete_job(namespace, name)
@@ -186,7 +192,30 @@ class Executor:
         the status holds."""
         self.fence()
         self._write_status(key, patch, None, memory)
-        self.kube.event(body, event.type, event.reason, event.message)
+        self._record(body, [event])
+
+    # ------------------------------------------------------------------ events
+    def _record(self, body: dict[str, Any], events: list[Event]) -> None:
+        """Post ``events`` on the job after those of every earlier plan (see ``recorder``)."""
+        if events:
+            self.recorder.submit(self._post, body, events)
+
+    def _post(self, body: dict[str, Any], events: list[Event]) -> None:
+        for event in events:
+            try:
+                self.kube.event(body, event.type, event.reason, event.message)
+            except Exception as error:  # a record lost, never a decision: said, and on
+                name = body["metadata"]["name"]
+                log.warning("could not record event %s on %s: %s", event.reason, name, error)
+
+    def events_posted(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the events of the plans carried out so far to be
+        posted (or given up); True when they were."""
+        try:
+            self.recorder.submit(lambda: None).result(timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def _write_status(
         self, key: Key, patch: dict[str, Any], version: str | None, memory: JobMemory
