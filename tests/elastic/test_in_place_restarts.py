@@ -49,8 +49,10 @@ def test_a_workers_end_is_seen_at_once_not_at_the_next_look(
 ) -> None:
     """The agent looks at its workers every ``--monitor-interval``, but a worker's end wakes
     it: the failure is on the critical path of every recovery, and waiting for the next look
-    cost half an interval on average. Here the interval is long enough to tell them apart."""
-    interval = 5.0
+    cost half an interval on average. Here the interval is long enough to tell them apart,
+    even when the restarted worker is a fresh interpreter that imports torch (seconds)
+    before it writes its rank."""
+    interval = 20.0
     args = rdzv_args(store, nnodes="1:1", monitor_interval=interval)
     env = {"STEPS": "6", "STEP_SECONDS": "0.05", "CRASH_AT_STEP": "3", Env.WARM_WORKERS: warm}
     agent = launch(args, tmp_path, "a", **env)
