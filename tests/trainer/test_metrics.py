@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from trainer_harness import free_port
 
-from torchkube.trainer import server as server_module
 from torchkube.trainer.flops import peak_flops
 from torchkube.trainer.loader import RunEnv
 from torchkube.trainer.metrics import TrainMetrics
@@ -69,18 +68,21 @@ def test_server_serves_metrics_and_progress(tmp_path: Path) -> None:
         server.close()
 
 
-def test_closing_the_server_waits_for_no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_closing_the_server_waits_for_no_poll() -> None:
     """A worker that fails closes its server before it exits, and the launcher restarts the
     round only once it has exited: a close that waited for the serving thread's next look
-    (socketserver polls) delayed every recovery by that poll."""
-    monkeypatch.setattr(server_module, "SHUTDOWN_POLL_SECONDS", 30.0, raising=False)
-    progress = ProgressReporter(None, enabled=False)
-    server = start_metrics_server(free_port(), TrainMetrics("demo", 0).registry, progress)
+    (socketserver polls its shutdown flag) delayed every recovery by that poll. Closing
+    again does nothing."""
+    port, progress = free_port(), ProgressReporter(None, enabled=False)
+    server = start_metrics_server(port, TrainMetrics("demo", 0).registry, progress)
     assert server is not None
-    closing = threading.Thread(target=server.close, daemon=True)
+    closing = threading.Thread(target=lambda: [server.close(), server.close()], daemon=True)
     closing.start()
     closing.join(timeout=5)
-    assert not closing.is_alive(), "close() waited for the serving thread's poll"
+    assert not closing.is_alive(), "close() waited for the serving thread"
+    again = start_metrics_server(port, TrainMetrics("demo", 0).registry, progress)
+    assert again is not None, "the port was not freed"
+    again.close()
 
 
 def test_progress_file_is_rate_limited_unless_forced(tmp_path: Path) -> None:

@@ -209,7 +209,7 @@ class _RecordingKube:
     def patch_status(self, _ns: str, _name: str, status: dict[str, Any], _rv: Any) -> None:
         self.status.append(status)
 
-    def event(self, _body: Any, type_: str, reason: str, message: str) -> None:
+    def event(self, _body: Any, type_: str, reason: str, message: str, _at: Any = None) -> None:
         self.events.append((type_, reason, message))
 
 
@@ -267,14 +267,19 @@ def test_the_events_of_a_recorded_failure_survive_a_refused_pod_write() -> None:
 
 
 class _KubeWithSlowEvents(_RecordingKube):
-    """An apiserver that takes the status write at once and holds every event until told."""
+    """An apiserver that takes the status write at once and holds the events (of the job
+    named ``hold_only``, or every job's) until told."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
+        self.hold_only: str | None = None
+        self.stamps: list[datetime | None] = []
 
-    def event(self, body: Any, type_: str, reason: str, message: str) -> None:
-        assert self.release.wait(timeout=30), "the test never released the events"
+    def event(self, body: Any, type_: str, reason: str, message: str, at: Any = None) -> None:
+        if self.hold_only in (None, body["metadata"]["name"]):
+            assert self.release.wait(timeout=30), "the test never released the events"
+        self.stamps.append(at)
         super().event(body, type_, reason, message)
 
 
@@ -297,9 +302,36 @@ def test_a_plans_events_do_not_hold_up_its_end_and_keep_their_order() -> None:
     executed.start()
     executed.join(timeout=5)
     assert not executed.is_alive(), "the plans waited for their events to be posted"
+    planned_by = datetime.now(UTC)
     kube.release.set()
     assert controller.executor.events_posted(timeout=5)
     assert [message for _, _, message in kube.events] == ["one", "two", "three"]
+    assert all(at is not None and at <= planned_by for at in kube.stamps), "stamped when posted"
+
+
+def test_a_jobs_held_events_do_not_hold_another_jobs() -> None:
+    """A job whose events the apiserver refuses (retried for seconds each) must not delay
+    every other job's."""
+    kube = _KubeWithSlowEvents()
+    kube.hold_only = "held"
+    controller = Controller(OperatorSettings(), kube=kube)  # type: ignore[arg-type]
+    lanes = len(controller.executor.recorders)
+    names = (f"job-{i}" for i in range(100))
+    other = next(n for n in names if hash(("ns", n)) % lanes != hash(("ns", "held")) % lanes)
+
+    def plan_with_event(name: str) -> None:
+        body = {"metadata": {"name": name, "namespace": "ns"}, "status": {}}
+        plan = Plan(events=[Event("Normal", "Queued", name)])
+        controller.executor.execute(("ns", name), body, plan, {"phase": "Pending"}, JobMemory())
+
+    plan_with_event("held")
+    plan_with_event(other)
+    deadline = time.monotonic() + 5
+    while not kube.events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [message for _, _, message in kube.events] == [other], "it waited for the held job"
+    kube.release.set()
+    assert controller.executor.events_posted(timeout=5)
 
 
 class _Response:

@@ -14,9 +14,10 @@ from torchkube.api.trainingjob import TrainingJob
 
 TORCHRUN_MONITOR_INTERVAL = 0.1
 """How often an agent looks at its workers at the least (torchrun's ``--monitor-interval``),
-torch's own default; a worker's end wakes it at once (``torchkube.elastic.torchrun``). Each
-look also asks how many agents wait to join, a read served from the state cached for
-``torchkube.elastic.torchrun.poll_seconds``, so a faster look adds no load on the store."""
+torch's own default; a worker process that ends wakes it at once
+(``torchkube.elastic.torchrun``). Each look also asks how many agents wait to join, a read
+served from the state cached for ``torchkube.elastic.torchrun.poll_seconds``, so a faster
+look adds no load on the store."""
 KEEP_ALIVE_MAX_ATTEMPTS = 3
 SHUTDOWN_MARGIN_SECONDS = 2
 

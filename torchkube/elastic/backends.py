@@ -15,8 +15,11 @@ import contextlib
 
 from torch.distributed.distributed_c10d import Backend
 
-WORKER_BACKENDS = ("gloo", "nccl")
-"""The built-in trainer's: gloo for every job's control groups, nccl for GPU tensors."""
+WORKER_BACKENDS = ("gloo",)
+"""Every job's: the built-in trainer's control and checkpoint groups, and a CPU job's all.
+Not nccl: its registration reads ``TORCH_DIST_USE_NCCL2`` to choose torch's NCCL process
+group, and a worker's script may set that itself before its first group — registered in the
+server, the choice would be made before the script ran."""
 
 
 def register() -> None:

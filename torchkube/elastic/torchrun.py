@@ -72,7 +72,8 @@ Around it, this module adds:
   average, on the critical path of every recovery. Here torch's loop sleeps nothing and each
   look waits up to the interval for a worker process to end
   (:func:`until_a_worker_ends`); the interval still paces the look's other question, how
-  many agents wait to join.
+  many agents wait to join, and a round that succeeds (a warm worker that returns waits for
+  the agent to read its result before it ends).
 * **Every in-place restart is told.** When a worker fails, torchrun restarts the pod's
   workers in place (``--max-restarts``) and nothing outside the pod knows: a crash loop
   would stay invisible to ``maxRestarts``. :func:`on_failure_restart` registers what is called
@@ -145,8 +146,8 @@ class _Tracked:
     """The failures of the workers' last check (``RunResult.failures``)."""
     restarted: Callable[[int, Any], None] | None = None
     monitor_interval: float | None = None
-    """torchrun's ``--monitor-interval``: the longest wait before the agent looks at its
-    workers (and asks how many agents wait to join), set while the agent runs."""
+    """torchrun's ``--monitor-interval`` while the agent runs: the longest wait before it
+    looks at its workers (and asks how many agents wait to join)."""
 
 
 def track() -> None:
@@ -240,7 +241,7 @@ def track() -> None:
         try:
             return invoke_run(self, *args, **kwargs)
         finally:
-            spec.monitor_interval = _Tracked.monitor_interval
+            spec.monitor_interval, _Tracked.monitor_interval = _Tracked.monitor_interval, None
 
     agent_class._invoke_run = _invoke_run
     monitor, restart = agent_class._monitor_workers, agent_class._restart_workers
@@ -277,30 +278,41 @@ def track() -> None:
 def until_a_worker_ends(pcontext: Any, seconds: float) -> None:
     """Wait ``seconds``, or less: until one of ``pcontext``'s running workers ends (see the
     module docstring). Warm workers are waited on through their multiprocessing sentinels,
-    torchrun's fresh interpreters through a pidfd each; no workers, no wait."""
-    if pcontext is None:
+    torchrun's fresh interpreters through a pidfd each. With nothing to wait on — no worker
+    running, or no pidfd to be had — it sleeps the whole interval, as torch did: returning
+    at once there would spin."""
+    processes = getattr(pcontext, "_pc", None)
+    if processes is not None and processes.sentinels:  # a MultiprocessContext
+        multiprocessing.connection.wait(list(processes.sentinels), timeout=seconds)
+        return
+    pidfds = _pidfds(pcontext)
+    if not pidfds:
         time.sleep(seconds)
         return
-    processes = getattr(pcontext, "_pc", None)
-    if processes is not None:  # a MultiprocessContext: its running processes' sentinels
-        sentinels = list(processes.sentinels)
-        if sentinels:
-            multiprocessing.connection.wait(sentinels, timeout=seconds)
-        return
-    handlers = getattr(pcontext, "subprocess_handlers", {})
-    running = getattr(pcontext, "_running_local_ranks", set(handlers))
-    pidfds = []
     try:
-        for rank in running:
-            try:
-                pidfds.append(os.pidfd_open(handlers[rank].proc.pid))
-            except ProcessLookupError:
-                return  # it ended already
-        if pidfds:
-            multiprocessing.connection.wait(pidfds, timeout=seconds)
+        multiprocessing.connection.wait(pidfds, timeout=seconds)
     finally:
         for fd in pidfds:
             os.close(fd)
+
+
+def _pidfds(pcontext: Any) -> list[int]:
+    """A pidfd for each running worker of a SubprocessContext; none at all where one cannot
+    be had (a kernel before Linux 5.3, a sandbox that refuses it, a worker already gone)."""
+    handlers = getattr(pcontext, "subprocess_handlers", None)
+    running = getattr(pcontext, "_running_local_ranks", None)
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if not handlers or not running or pidfd_open is None:
+        return []
+    pidfds: list[int] = []
+    try:
+        for rank in running:
+            pidfds.append(pidfd_open(handlers[rank].proc.pid))
+    except OSError:
+        for fd in pidfds:
+            os.close(fd)
+        return []
+    return pidfds
 
 
 def _join_timed_out(handler: Any) -> JoinTimedOut:

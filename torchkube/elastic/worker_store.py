@@ -9,21 +9,26 @@ for: the 0.25–0.75 s worker-start stall of a recovery in which rank 0 was not 
 Here a client waits for the server's port to accept a connection first, trying again within
 milliseconds, then connects as torch does.
 
-The tries back off too, from :data:`FIRST_RETRY_SECONDS`, doubled up to a ceiling that keeps
-all of a world's clients to about :data:`TRIES_PER_SECOND` refused connections a second at
-rank 0's host (50 ms up to 100 ranks, then proportionally longer).
+The tries back off too, with jitter, from :data:`FIRST_RETRY_SECONDS` doubled up to
+:data:`FASTEST_CEILING_SECONDS` — both raised for a large world to ``world_size /``
+:data:`TRIES_PER_SECOND`, so that all of a world's clients make no more than about that many
+refused connections a second at rank 0's host, from the first try on. They go on for
+:data:`PROBE_SECONDS` at most: a rank 0 later than that is late for a reason of its own (its
+image, its node), and torch's own tries, with its own timeout, take over.
 """
 
 import functools
 import importlib
+import random
 import socket
 import time
 from datetime import timedelta
 from typing import Any
 
 FIRST_RETRY_SECONDS = 0.002
-TRIES_PER_SECOND = 2000
 FASTEST_CEILING_SECONDS = 0.05
+TRIES_PER_SECOND = 2000
+PROBE_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 1.0
 
 
@@ -38,32 +43,41 @@ def connect_promptly() -> None:
 
     @functools.wraps(create)
     def _create_c10d_store(
-        hostname: str, port: int, rank: int, world_size: int, timeout: timedelta, *args: Any
+        hostname: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        *args: Any,
+        **kwargs: Any,
     ) -> Any:
         if rank != 0:
-            deadline = time.monotonic() + timeout.total_seconds()
-            until_listening(hostname, port, world_size, deadline)
-        return create(hostname, port, rank, world_size, timeout, *args)
+            probing = min(timeout.total_seconds(), PROBE_SECONDS)
+            until_listening(hostname, port, world_size, time.monotonic() + probing)
+        return create(hostname, port, rank, world_size, timeout, *args, **kwargs)
 
     _create_c10d_store._torchkube_prompt = True  # type: ignore[attr-defined]
     module._create_c10d_store = _create_c10d_store
 
 
-def retry_ceiling(world_size: int) -> float:
-    """The longest wait between two tries of one client of a world of ``world_size``."""
-    return max(FASTEST_CEILING_SECONDS, world_size / TRIES_PER_SECOND)
+def retry_waits(world_size: int) -> tuple[float, float]:
+    """The first and the longest wait between two tries of one client of a world of
+    ``world_size`` (before jitter)."""
+    spread = world_size / TRIES_PER_SECOND
+    return max(FIRST_RETRY_SECONDS, spread), max(FASTEST_CEILING_SECONDS, spread)
 
 
 def until_listening(host: str, port: int, world_size: int, deadline: float) -> None:
     """Return once ``host:port`` accepts a connection, or at ``deadline`` (monotonic): torch's
     own connection then says what is wrong, as it would have."""
-    delay, ceiling = FIRST_RETRY_SECONDS, retry_ceiling(world_size)
+    wait, ceiling = retry_waits(world_size)
     while True:
         try:
             with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_SECONDS):
                 return
         except OSError:
-            if time.monotonic() + delay >= deadline:
+            jittered = wait * random.uniform(0.5, 1.5)
+            if time.monotonic() + jittered >= deadline:
                 return
-            time.sleep(delay)
-            delay = min(delay * 2, ceiling)
+            time.sleep(jittered)
+            wait = min(wait * 2, ceiling)

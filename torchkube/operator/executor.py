@@ -55,12 +55,16 @@ class Executor:
         self.beside = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status-beside")
         """Writes that run beside a plan's others (its status beside its creates) or beside
         the reconciles (a Workload's finalizer)."""
-        self.recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
-        """Posts the plans' events, one plan's after another in the order they were made,
-        beside the reconciles: an event is a record for the user that no decision waits
-        for, and one refused for the moment is sent again for seconds
-        (``kube.EVENT_RETRY_DELAYS``), which a reconcile that posted them itself waited
-        for — and every event of the job with it, a queued job's admission among them."""
+        self.recorders = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"events-{lane}")
+            for lane in range(workers)
+        ]
+        """Post the plans' events beside the reconciles, a job's plans' in the order they were
+        made (each job has its lane, one thread): an event is a record for the user that no
+        decision waits for, and one refused for the moment is sent again for seconds
+        (``kube.EVENT_RETRY_DELAYS``), which a reconcile that posted them itself waited for —
+        and every event of the job with it, a queued job's admission among them. Lanes, so
+        that one job's refused events do not hold up every other job's."""
         self.in_flight = 0
         """Plans being carried out now (a stopping controller waits for them)."""
         self._in_flight_lock = threading.Lock()
@@ -106,7 +110,7 @@ class Executor:
         would wait unschedulable), the status, so nothing is done that the status does not
         know about (a failure the status lost would be forgotten, a permanent one retried),
         then labels, deletions, creations — and the plan's events however those end, handed
-        to :attr:`recorder`: only this plan has them (the next one finds the failure recorded
+        to :attr:`recorders`: only this plan has them (the next one finds the failure recorded
         and opens no incident).
         A plan that only creates writes its status beside its creates, and a Service with its
         pods (see :func:`_status_may_go_beside`). A plan whose status is someone else's to
@@ -145,7 +149,7 @@ class Executor:
                 if beside is not None:
                     _remember_status(status_patch, beside.result(), memory)
             finally:
-                self._record(body, decided.events)
+                self._record(key, body, decided.events)
         if decided.delete_job:
             self.fence()
             self.kube.delete_job(namespace, name)
@@ -192,18 +196,20 @@ class Executor:
         the status holds."""
         self.fence()
         self._write_status(key, patch, None, memory)
-        self._record(body, [event])
+        self._record(key, body, [event])
 
     # ------------------------------------------------------------------ events
-    def _record(self, body: dict[str, Any], events: list[Event]) -> None:
-        """Post ``events`` on the job after those of every earlier plan (see ``recorder``)."""
+    def _record(self, key: Key, body: dict[str, Any], events: list[Event]) -> None:
+        """Post ``events`` on the job after those of its earlier plans (see ``recorders``),
+        stamped with the time the plan made them."""
         if events:
-            self.recorder.submit(self._post, body, events)
+            lane = self.recorders[hash(key) % len(self.recorders)]
+            lane.submit(self._post, body, events, datetime.now(UTC))
 
-    def _post(self, body: dict[str, Any], events: list[Event]) -> None:
+    def _post(self, body: dict[str, Any], events: list[Event], at: datetime) -> None:
         for event in events:
             try:
-                self.kube.event(body, event.type, event.reason, event.message)
+                self.kube.event(body, event.type, event.reason, event.message, at)
             except Exception as error:  # a record lost, never a decision: said, and on
                 name = body["metadata"]["name"]
                 log.warning("could not record event %s on %s: %s", event.reason, name, error)
@@ -211,8 +217,11 @@ class Executor:
     def events_posted(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for the events of the plans carried out so far to be
         posted (or given up); True when they were."""
+        deadline = time.monotonic() + timeout
+        marks = [lane.submit(lambda: None) for lane in self.recorders]
         try:
-            self.recorder.submit(lambda: None).result(timeout=timeout)
+            for mark in marks:
+                mark.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             return False
         return True

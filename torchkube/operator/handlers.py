@@ -96,9 +96,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     """On SIGTERM, after kopf has closed its watches: stop reconciling, give the write
-    batches in flight ``STOP_WAIT_SECONDS`` to end, then release the Lease, so the standby
-    leads at once without racing our last writes. Nothing else is waited for (the pod
-    watch threads are woken and end; see docs/operator.md "Stopping")."""
+    batches in flight and their events ``STOP_WAIT_SECONDS`` in all to end, then release the
+    Lease, so the standby leads at once without racing our last writes. Nothing else is
+    waited for (the pod watch threads are woken and end; see docs/operator.md "Stopping")."""
     for task in memo.get("tasks", []):
         task.cancel()
     if memo.get("controller") is not None:

@@ -45,7 +45,8 @@ EVENT_CACHE_SIZE = 4096
 """Events remembered for aggregation (a repeat bumps ``count`` instead of a new object)."""
 EVENT_RETRY_DELAYS = (0.2, 1.0)
 """Seconds before each retry of an event the apiserver refused for the moment (429, 5xx):
-a failure's event is sent with the plan that records it, or never."""
+a failure's event is sent for the plan that records it, or never (the next plan finds the
+failure recorded and says nothing of it)."""
 
 
 def resource_version(body: Mapping[str, Any] | None) -> int:
@@ -219,8 +220,16 @@ class Kube:
             if error.status != 404:
                 raise
 
-    def event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """Record a core/v1 Event on the job, so ``kubectl describe tj`` shows it.
+    def event(
+        self,
+        job: dict[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        at: datetime | None = None,
+    ) -> None:
+        """Record a core/v1 Event on the job, so ``kubectl describe tj`` shows it, as of
+        ``at`` (default: now).
 
         A repeat of an event this process recorded (same job, type, reason and message) bumps
         its ``count`` and ``lastTimestamp``, as the kubelet's recorder does, instead of adding
@@ -228,7 +237,7 @@ class Kube:
         meta = job["metadata"]
         message = message[:1024]
         key = (str(meta.get("uid")), meta["namespace"], type_, reason, message)
-        now = datetime.now(UTC)
+        now = at or datetime.now(UTC)
         with self._events_lock:
             known = self._events.get(key)
             if known is not None:

@@ -80,11 +80,16 @@ class MetricsServer(ThreadingHTTPServer):
                 self.handle_request()
 
     def close(self) -> None:
+        """Stop serving and free the port; a second call does nothing (the pipe's numbers
+        may belong to another file by then)."""
+        if self._wake_write < 0:
+            return
         os.write(self._wake_write, b"x")
         self._thread.join()
         self.server_close()
         os.close(self._wake_read)
         os.close(self._wake_write)
+        self._wake_read = self._wake_write = -1
 
 
 def start_metrics_server(
