@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from torchkube.elastic.warm import BUILTIN_TRAINER
+
 SLOW_IMPORT_SECONDS = 1.5
 
 CALLER = """
@@ -54,6 +56,26 @@ def test_warmth_is_announced_once_the_server_imported_its_preload(tmp_path: Path
         caller.wait()
 
 
+def forked_worker_main(
+    target: str, printed: str, module: str = BUILTIN_TRAINER, first: str = ""
+) -> str:
+    """The main of a program that starts the worker server as a launcher of ``module``
+    would, runs ``target(queue)`` in one worker forked from it, and prints ``printed``, an
+    expression of what the worker put in the queue (``got``)."""
+    return f"""
+if __name__ == "__main__":
+    {first}
+    warm.start(["-m", "{module}"])
+    context = get_context("forkserver")
+    queue = context.Queue()
+    worker = context.Process(target={target}, args=(queue,))
+    worker.start()
+    got = queue.get(timeout=120)
+    print({printed})
+    worker.join()
+"""
+
+
 WORKER_START = """
 import os, sys, tempfile
 from multiprocessing import forkserver, get_context, set_forkserver_preload
@@ -69,16 +91,8 @@ def start_training(queue):
     torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     dist.destroy_process_group()
     queue.put(sorted(set(sys.modules) - before))
-
-if __name__ == "__main__":
-    warm.start(["-m", warm.BUILTIN_TRAINER])
-    context = get_context("forkserver")
-    queue = context.Queue()
-    worker = context.Process(target=start_training, args=(queue,))
-    worker.start()
-    print("\\n".join(queue.get(timeout=120)))
-    worker.join()
 """
+WORKER_START += forked_worker_main("start_training", '"\\n".join(got)')
 HEAVY = ("torch._dynamo", "torch._inductor", "sympy", "triton")
 
 
@@ -103,17 +117,13 @@ from torchkube.elastic import warm
 
 def where_imported(queue):
     queue.put("worker" if helper.IMPORTED_IN == os.getpid() else "server")
-
-if __name__ == "__main__":
-    import launcher.main  # the main module, imported by its name too: never preloaded
-    warm.start(["-m", "a.module"])
-    context = get_context("forkserver")
-    queue = context.Queue()
-    worker = context.Process(target=where_imported, args=(queue,))
-    worker.start()
-    print(queue.get(timeout=120))
-    worker.join()
 """
+LAUNCHER += forked_worker_main(
+    "where_imported",
+    "got",
+    module="a.module",
+    first="import launcher.main  # the main module, imported by its name too: never preloaded",
+)
 
 
 def test_a_warm_worker_finds_the_launchers_modules_imported(tmp_path: Path) -> None:
@@ -159,16 +169,8 @@ def start_groups(queue):
     dist.new_group(backend="gloo")
     dist.destroy_process_group()
     queue.put(len(scans))
-
-if __name__ == "__main__":
-    warm.start(["-m", warm.BUILTIN_TRAINER])
-    context = get_context("forkserver")
-    queue = context.Queue()
-    worker = context.Process(target=start_groups, args=(queue,))
-    worker.start()
-    print(queue.get(timeout=120))
-    worker.join()
 """
+GROUPS_START += forked_worker_main("start_groups", "got")
 
 
 def test_a_warm_workers_process_groups_read_no_package_metadata(tmp_path: Path) -> None:
