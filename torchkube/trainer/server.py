@@ -57,8 +57,9 @@ class MetricsServer(ThreadingHTTPServer):
 
     daemon_threads = True
     timeout = 0
-    """``handle_request`` takes what the selector found and never blocks: a connection gone
-    before it was accepted must not hold the thread from the wake-up."""
+    """``handle_request`` looks again with no wait before it accepts: a readiness the
+    selector reported that no longer stands (a spurious wake-up) returns to the selector,
+    which also watches the wake-up pipe, instead of waiting for the next connection."""
 
     def __init__(self, port: int, registry: CollectorRegistry, progress: ProgressReporter):
         super().__init__(("", port), _Handler)
