@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client
@@ -28,11 +28,12 @@ from torchkube.operator import metrics
 
 log = logging.getLogger(__name__)
 
-_CREATE: dict[str, str] = {
-    "Pod": "create_namespaced_pod",
-    "Service": "create_namespaced_service",
-    "PersistentVolumeClaim": "create_namespaced_persistent_volume_claim",
+_COLLECTION: dict[str, str] = {
+    "Pod": "/api/v1/namespaces/{namespace}/pods",
+    "Service": "/api/v1/namespaces/{namespace}/services",
+    "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
 }
+"""Where each kind the operator creates is posted."""
 _PATCH: dict[str, str] = {
     "Service": "patch_namespaced_service",
     "PersistentVolumeClaim": "patch_namespaced_persistent_volume_claim",
@@ -85,6 +86,7 @@ class Kube:
     """Thin, idempotent writes: AlreadyExists on create and NotFound on delete are success."""
 
     def __init__(self, api_client: client.ApiClient, concurrency: int) -> None:
+        self.api = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
@@ -109,8 +111,7 @@ class Kube:
         refusal the caller reports (quota, admission, an invalid spec)."""
         kind, ns = body["kind"], body["metadata"]["namespace"]
         try:
-            method = getattr(self.core, _CREATE[kind])
-            created = self._call("create", kind.lower(), method, ns, body)
+            created = self._post(kind.lower(), _COLLECTION[kind], ns, body)
         except ApiException as error:
             if error.status == 409:
                 return CreateResult(existed=True)
@@ -118,6 +119,28 @@ class Kube:
                 return CreateResult(refused=error)
             raise
         return CreateResult(body=created)
+
+    def _post(
+        self, resource: str, collection: str, namespace: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """POST ``body`` as it is, counted and bounded in time like :meth:`_call`. The client's
+        generated create methods validate a dict into its model objects and dump them back
+        before sending: half of a pod create's CPU in the operator, for a body that is
+        already the JSON it sends (tests/unit/test_kube_creates.py)."""
+        metrics.API_REQUESTS.labels("create", resource).inc()
+        request = self.api.param_serialize(
+            method="POST",
+            resource_path=collection,
+            path_params={"namespace": namespace},
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return cast(dict[str, Any], json.loads(data)) if data else {}
 
     def create_all(self, bodies: list[dict[str, Any]]) -> list[CreateResult]:
         if len(bodies) <= 1:
