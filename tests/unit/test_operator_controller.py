@@ -453,6 +453,52 @@ def test_a_plan_that_only_creates_writes_its_status_beside_its_creates() -> None
     assert time.monotonic() - started < 1.5, "the status write did not hold the creates back"
 
 
+class _QueuesWaitingForTheService:
+    """A Workload create that waits (up to 2 s) for the Service's: whether the Service
+    waited for it shows which came first."""
+
+    def __init__(self, kube: _KubeWithSlowStatus) -> None:
+        self.kube = kube
+
+    def write(self, _ns: str, writes: list[tuple[str, dict[str, Any]]]) -> None:
+        self.kube.pod_created.wait(2.0)
+        self.kube.log.append("workload " + "+".join(verb for verb, _ in writes))
+
+
+class _KubeCreatingTheService(_KubeWithSlowStatus):
+    def create_all(self, bodies: list[dict[str, Any]]) -> list[kube_module.CreateResult]:
+        if any(body["kind"] == "Service" for body in bodies):
+            self.pod_created.set()
+        return super().create_all(bodies)
+
+
+def test_a_queued_jobs_workload_is_created_beside_its_service_and_status() -> None:
+    """Kueue admits a new Workload within tens of milliseconds; the plan that creates it must
+    not then hold the admitted job's next plan (its pods) for its Service and status writes
+    one after another."""
+    kube = _KubeCreatingTheService()
+    queues = _QueuesWaitingForTheService(kube)
+    controller = Controller(OperatorSettings(), kube=kube, queues=queues)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+    decided = Plan(create_children=[SERVICE], workload_writes=[("create", {"kind": "Workload"})])
+    started = time.monotonic()
+    controller.executor.execute(KEY, body, decided, {"phase": "Queued"}, JobMemory())
+    assert time.monotonic() - started < 1.5, "the Service waited for the Workload's create"
+    assert sorted(kube.log) == ["create Service", "status", "workload create"]
+
+
+def test_a_workload_that_is_not_new_is_written_before_anything_else() -> None:
+    """A Workload's spec or status write may be refused (a conflict: Kueue wrote it
+    meanwhile); the plan's other writes wait for it, so a refused one leaves nothing done."""
+    kube = _KubeCreatingTheService()
+    queues = _QueuesWaitingForTheService(kube)
+    controller = Controller(OperatorSettings(), kube=kube, queues=queues)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "status": {}}
+    decided = Plan(create_children=[SERVICE], workload_writes=[("spec", {"kind": "Workload"})])
+    controller.executor.execute(KEY, body, decided, {"phase": "Queued"}, JobMemory())
+    assert kube.log[0] == "workload spec"
+
+
 def test_a_claim_is_created_before_the_pods_that_mount_it() -> None:
     decided = Plan(create_children=[CLAIM, SERVICE], create_pods=[WORKER])
     writes = _writes(decided, {}, {"phase": "Pending"})

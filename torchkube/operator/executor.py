@@ -113,19 +113,26 @@ class Executor:
         to :attr:`recorders`: only this plan has them (the next one finds the failure recorded
         and opens no incident).
         A plan that only creates writes its status beside its creates, and a Service with its
-        pods (see :func:`_status_may_go_beside`). A plan whose status is someone else's to
-        write (``keep_status``) writes none."""
+        pods (see :func:`_status_may_go_beside`); a new Workload goes beside them too: Kueue
+        admits it within tens of milliseconds, and the admitted job's plan waits for this one
+        to end. A Workload's other writes come first, before anything they could leave behind
+        half done (a conflict refuses them). A plan whose status is someone else's to write
+        (``keep_status``) writes none."""
         namespace, name = key
         self._check_acting()
         status_patch = {} if decided.keep_status else st.merge_patch(body.get("status"), planned)
         if status_patch or _writes_besides_status(decided):
             self.fence()
+        creates_only = _status_may_go_beside(decided)
+        workload: Future[None] | None = None
         if decided.workload_writes and self.queues is not None:
-            self.queues.write(namespace, decided.workload_writes)
+            if creates_only and all(verb == "create" for verb, _ in decided.workload_writes):
+                workload = self.beside.submit(self.queues.write, namespace, decided.workload_writes)
+            else:
+                self.queues.write(namespace, decided.workload_writes)
         for kind, child, patch in decided.patch_children:
             self.kube.patch(kind, namespace, child, patch)
         version = body.get("metadata", {}).get("resourceVersion")
-        creates_only = _status_may_go_beside(decided)
         children_first = decided.create_children
         if creates_only and not any(c["kind"] in CHILDREN_BEFORE_PODS for c in children_first):
             children_first = []
@@ -148,6 +155,8 @@ class Executor:
             try:
                 if beside is not None:
                     _remember_status(status_patch, beside.result(), memory)
+                if workload is not None:
+                    workload.result()
             finally:
                 self._record(key, body, decided.events)
         if decided.delete_job:
