@@ -31,6 +31,7 @@ from bench.kube import (
     job_body,
     metric_delta,
     parse_metrics,
+    wait_quiet,
 )
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
@@ -505,6 +506,17 @@ def contenders(
             peer.operator.stop()
         for client_ in bare:
             client_.stop()
+
+
+def quiet(bench: Stack, players: Sequence[Contender]) -> float:
+    """Wait for a quiet cluster (:func:`bench.kube.wait_quiet`), every contender's operator
+    counted with it; the seconds waited."""
+    return wait_quiet(
+        lambda: (
+            sum(bench.component_cpu_seconds().values())
+            + sum(player.cpu_seconds() for player in players)
+        )
+    )
 
 
 def settle(contender: Contender, quiet: float = 3.0, limit: float = 60.0) -> None:

@@ -44,6 +44,13 @@ CLAIM = "bench-checkpoints"
 JOB_KINDS = [(GROUP, VERSION, PLURAL), ("kubeflow.org", "v1", "pytorchjobs")]
 """(group, version, plural) of every operator's jobs a benchmark may create."""
 WATCH_SECONDS = 20
+QUIET_CORES = 0.5
+"""A cluster is quiet while its processes (control plane, KWOK, operators) use no more CPU
+than this together: a 100-node KWOK cluster idles at about 0.3 cores (node leases, status
+reports), and the teardown of the last trial (its namespace's deletion, the garbage
+collector, the operators forgetting the job) runs at several."""
+QUIET_WINDOW_S = 1.0
+QUIET_LIMIT_S = 60.0
 
 # The harness carves one /24 per node out of 10.244.0.0/16, which caps a cluster at 256 nodes.
 # The 400-node scenario needs more: a /12 of its own (no overlap with the service range
@@ -484,6 +491,34 @@ class Stack:
             wait_for(no_pods, wait, interval=1.0, what=f"the pods of {namespace} to be deleted")
         finally:
             core.delete_namespace(namespace)
+
+
+def wait_quiet(
+    cpu_seconds: Callable[[], float],
+    cores: float = QUIET_CORES,
+    window: float = QUIET_WINDOW_S,
+    limit: float = QUIET_LIMIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Wait until ``cpu_seconds`` (the cluster's processes together) grew by at most ``cores``
+    per second over a whole ``window``; the seconds waited (``limit`` at most, said in the log).
+
+    A start measured while the last trial's teardown still runs is charged with that
+    teardown's CPU on the same cores, whichever contender's it was: trials in rotated order
+    then measure who follows whom. Each trial starts on a quiet cluster instead (beside the
+    condition's own load, which is not the cluster's)."""
+    began = clock()
+    while True:
+        before, at = cpu_seconds(), clock()
+        sleep(window)
+        rate = (cpu_seconds() - before) / max(clock() - at, 1e-9)
+        waited = clock() - began
+        if rate <= cores:
+            return waited
+        if waited >= limit:
+            log(f"the cluster is not quiet after {waited:.0f}s ({rate:.2f} cores); starting anyway")
+            return waited
 
 
 def start_operator(cluster: Cluster, **env: str) -> OperatorProcess:

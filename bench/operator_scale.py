@@ -7,10 +7,11 @@ fleet). ``--no-peers`` measures torchkube alone.
 On the real control plane (kube-apiserver, scheduler, controller-manager built from source)
 with KWOK nodes (100 × 8 GPUs for single jobs; 512 × 8 GPUs for the fleet). Node creation is
 not timed. Both operators run at once, as processes with the admin kubeconfig; jobs alternate
-between them (torchkube's job, then Kubeflow's, size by size, round by round), each in a fresh
-namespace, so a burst of load from elsewhere lands on both. Each trial starts a watch on the
-namespace's worker pods, creates the job through the API (what ``kubectl apply`` sends) and
-reads off, from the watch:
+between the contenders in an order that rotates size by size, round by round, each in a fresh
+namespace, so a burst of load from elsewhere lands on all. Each trial waits for a quiet cluster
+(``bench.kube.wait_quiet``: the last trial's teardown would otherwise be charged to whoever
+follows it), starts a watch on the namespace's worker pods, creates the job through the API
+(what ``kubectl apply`` sends) and reads off, from the watch:
 
 - **created**: job create sent → the last worker pod seen by the watch (the operator's work);
 - **bound**: → the last worker seen with a node (+ kube-scheduler, whose own client is
@@ -71,8 +72,16 @@ from bench.common import (
     rotated,
     spread,
 )
-from bench.contenders import PEER, Contender, contenders, settle
-from bench.kube import PodTimes, PodWatch, Stack, gpu_pools, stack
+from bench.contenders import PEER, Contender, contenders, quiet, settle
+from bench.kube import (
+    QUIET_CORES,
+    QUIET_WINDOW_S,
+    PodTimes,
+    PodWatch,
+    Stack,
+    gpu_pools,
+    stack,
+)
 from bench.load import CONDITIONS, cpu_load
 
 TARGET_RUNNING_IDLE_8 = 0.3
@@ -266,6 +275,7 @@ class SideBySide:
         is_worker = contender.is_worker
         requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
+            quiet_wait = quiet(bench, self.players)
             load = load_average()
             used_before = self._cpu_used(bench, contender)
             started = time.monotonic()
@@ -315,6 +325,7 @@ class SideBySide:
                     "operator_cpu_s": round(cpu, 2),
                     "cpu_to_running_s": {k: round(v, 2) for k, v in used.items()},
                     "load": load,
+                    "quiet_wait_s": round(quiet_wait, 1),
                 }
             )
         bench.delete_namespace(namespace, force=True, keep=contender.home is not None)
@@ -497,8 +508,15 @@ class Fleet:
         )
         self.results = results
 
-    def trial(self, bench: Stack, contender: Contender, steady_minutes: float) -> None:
-        """One start of every job at once; the steady state after it when ``steady_minutes``."""
+    def trial(
+        self,
+        bench: Stack,
+        contender: Contender,
+        players: list[Contender],
+        steady_minutes: float,
+    ) -> None:
+        """One start of every job at once, on a quiet cluster (``players``' operators counted);
+        the steady state after it when ``steady_minutes``."""
         total = self.jobs * self.per_job
         worker_pods, pods = (self.jobs * n for n in contender.pod_counts(self.per_job))
         is_worker = contender.is_worker
@@ -506,6 +524,7 @@ class Fleet:
         namespace = bench.namespace("fleet")
         requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
+            quiet_wait = quiet(bench, players)
             load = load_average()
             started = time.monotonic()
             for index in range(self.jobs):
@@ -518,7 +537,8 @@ class Fleet:
         self.running.add(running, load)
         self.every_pod.add(every_pod, load)
         said = f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
-        said += f"Running {running:.1f}s (all {pods} pods {every_pod:.1f}s, load {load:.1f})"
+        said += f"Running {running:.1f}s (all {pods} pods {every_pod:.1f}s, load {load:.1f}, "
+        said += f"after {quiet_wait:.0f}s for a quiet cluster)"
         if self.operator:
             settle(contender, quiet=5.0, limit=180.0)
             requests = contender.requests() - requests_before
@@ -585,7 +605,7 @@ def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None
         for trial in range(args.trials_fleet):
             for player in rotated(players, trial):
                 steady = args.steady_minutes if trial == 0 else 0.0
-                fleets[player.name].trial(bench, player, steady)
+                fleets[player.name].trial(bench, player, players, steady)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -661,8 +681,11 @@ def notes(args: argparse.Namespace) -> list[str]:
             f"Workers, the {LIMIT}'s N pods); node creation is not timed; one 8-worker "
             "warm-up job per operator and cluster is not counted",
             "both operators run at once on one cluster, jobs alternating in an order that "
-            "rotates trial by trial (and size by size), so none always goes first; idle: "
-            "nothing else added; loaded: one busy process per core beside the cluster "
+            "rotates trial by trial (and size by size), so none always goes first; each "
+            f"trial starts on a quiet cluster (its processes and the operators below "
+            f"{QUIET_CORES:g} cores together for {QUIET_WINDOW_S:g} s: the last trial's "
+            "teardown done; the wait is in the JSON); idle: nothing else added; loaded: one "
+            "busy process per core beside the cluster "
             f"({', '.join(args.conditions)} measured)",
         ]
         if args.limit:
@@ -677,7 +700,8 @@ def notes(args: argparse.Namespace) -> list[str]:
             f"fleet: {args.jobs} jobs × {args.per_job} workers on {args.fleet_nodes} nodes, "
             "the contenders one after the other in an order that rotates trial by trial "
             "(each operator restarted fresh before its trial, the other one running idle "
-            "beside it), every job created at once in a fresh namespace, no warm-up job, "
+            "beside it, the cluster quiet first), every job created at once in a fresh "
+            "namespace, no warm-up job, "
             "idle only (nothing else running); created/Running: from the first create "
             "request to the last worker pod seen by a watch (created) and seen Running "
             "(Kubeflow's workers: each job's N-1 Worker pods, its Master counted apart); all "

@@ -56,8 +56,17 @@ from bench.common import (
     rotated,
     spread,
 )
-from bench.contenders import PEER, Contender, contenders, settle
-from bench.kube import BENCH_LABEL, PodWatch, Stack, WorkloadWatch, gpu_pools, stack
+from bench.contenders import PEER, Contender, contenders, quiet, settle
+from bench.kube import (
+    BENCH_LABEL,
+    QUIET_CORES,
+    QUIET_WINDOW_S,
+    PodWatch,
+    Stack,
+    WorkloadWatch,
+    gpu_pools,
+    stack,
+)
 from bench.operator_scale import all_created, all_running
 from testbed.kueue import PYTORCHJOB, Kueue
 from testbed.kwok import kwok_toleration
@@ -209,6 +218,7 @@ class QueuedStart:
             PodWatch(bench.api, namespace, contender.pod_selector) as pods,
             WorkloadWatch(bench.api, namespace) as queued,
         ):
+            quiet_wait = quiet(bench, self.players)
             load = load_average()
             kueue_before = bench.component_cpu_seconds().get("kueue", 0.0)
             started = time.monotonic()
@@ -252,6 +262,7 @@ class QueuedStart:
                     "operator_cpu_s": round(cpu, 2),
                     "load_at_start": load,
                     "load_at_end": load_end,
+                    "quiet_wait_s": round(quiet_wait, 1),
                 }
             )
         bench.delete_namespace(namespace, force=True, keep=contender.home is not None)
@@ -395,7 +406,9 @@ def main(argv: list[str] | None = None) -> None:
         "its N-1 Workers, its Master counted apart); all pods Running: every pod of the job "
         "(torchkube's rendezvous store, Kubeflow's Master); one 8-worker warm-up "
         "job per contender is not counted; load: 1-minute load average at each trial's start "
-        "(the table's range; start and end of each trial in the JSON)",
+        "(the table's range; start and end of each trial in the JSON); each trial starts on a "
+        f"quiet cluster (its processes, Kueue and the operators below {QUIET_CORES:g} cores "
+        f"together for {QUIET_WINDOW_S:g} s: the last trial's teardown done)",
         "Kueue v0.17.0 built from source, as a process; integrations.frameworks "
         f"[batch/job, {PYTORCHJOB}] (Kueue's own PyTorchJob integration: its webhook suspends "
         "the job, its jobframework makes the Workload and unsuspends the job once admitted) "

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives bes
 
 from bench import guard, kubeflow, report
 from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
-from bench.kube import metric_delta, parse_metrics
+from bench.kube import metric_delta, parse_metrics, wait_quiet
 from bench.plain_torchrun import PlainTorchrun
 from bench.recovery_e2e import (
     LogLine,
@@ -627,3 +627,36 @@ def test_a_focused_sustained_run_keeps_its_undisturbed_reference() -> None:
 
     assert [way.key for way in chosen(["1.4"])] == ["undisturbed", "1.4"]
     assert chosen(None) == WAYS
+
+
+class BusyCluster:
+    """A fake clock and a cluster whose processes use ``rates[i]`` cores in the i-th second."""
+
+    def __init__(self, rates: list[float]) -> None:
+        self.rates, self.now, self.used = rates, 0.0, 0.0
+
+    def sleep(self, seconds: float) -> None:
+        second = min(int(self.now), len(self.rates) - 1)
+        self.used += self.rates[second] * seconds
+        self.now += seconds
+
+
+def test_a_trial_starts_once_the_last_teardown_has_quieted_down() -> None:
+    cluster = BusyCluster([2.5, 1.4, 0.9, 0.3, 0.3])
+    waited = wait_quiet(
+        lambda: cluster.used, cores=0.5, window=1.0, clock=lambda: cluster.now, sleep=cluster.sleep
+    )
+    assert waited == 4.0  # three busy seconds, then the first quiet one
+
+
+def test_a_cluster_that_never_quiets_is_started_on_at_the_limit() -> None:
+    cluster = BusyCluster([3.0])
+    waited = wait_quiet(
+        lambda: cluster.used,
+        cores=0.5,
+        window=1.0,
+        limit=5.0,
+        clock=lambda: cluster.now,
+        sleep=cluster.sleep,
+    )
+    assert waited == 5.0
