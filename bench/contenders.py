@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from bench import kubeflow
 from bench.common import LIMIT, log
 from bench.kube import (
+    QUIET_MARGIN_CORES,
     NodeTimes,
     NodeWatch,
     PodTimes,
@@ -509,13 +510,16 @@ def contenders(
 
 
 def quiet(bench: Stack, players: Sequence[Contender]) -> float:
-    """Wait for a quiet cluster (:func:`bench.kube.wait_quiet`), every contender's operator
-    counted with it; the seconds waited."""
+    """Wait until the cluster and every contender's operator run within
+    :data:`~bench.kube.QUIET_MARGIN_CORES` of the cluster's idle rate
+    (:func:`bench.kube.wait_quiet`); the seconds waited. The operators count too: a peer
+    letting go of its last job is load on the same cores as the cluster's own processes."""
     return wait_quiet(
         lambda: (
             sum(bench.component_cpu_seconds().values())
             + sum(player.cpu_seconds() for player in players)
-        )
+        ),
+        bench.idle_cores + QUIET_MARGIN_CORES,
     )
 
 

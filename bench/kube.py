@@ -44,13 +44,19 @@ CLAIM = "bench-checkpoints"
 JOB_KINDS = [(GROUP, VERSION, PLURAL), ("kubeflow.org", "v1", "pytorchjobs")]
 """(group, version, plural) of every operator's jobs a benchmark may create."""
 WATCH_SECONDS = 20
-QUIET_CORES = 0.5
+QUIET_MARGIN_CORES = 0.25
 """A cluster is quiet while its processes (control plane, KWOK, operators) use no more CPU
-than this together: a 100-node KWOK cluster idles at about 0.3 cores (node leases, status
-reports), and the teardown of the last trial (its namespace's deletion, the garbage
-collector, the operators forgetting the job) runs at several."""
+together than this above its own idle rate (:attr:`Stack.idle_cores`): node leases and status
+reports keep a KWOK cluster busy in proportion to its nodes even with nothing to do, and the
+teardown of the last trial (its namespace's deletion, the garbage collector, an operator
+letting go of its job) runs at several cores."""
 QUIET_WINDOW_S = 1.0
+"""The span each rate is measured over: longer than the bursts of the nodes' reports."""
 QUIET_LIMIT_S = 60.0
+"""A cluster still busy after this long is started on anyway, and the log says so."""
+IDLE_WINDOWS = 5
+"""The idle rate is the lowest of this many windows right after the stack starts: the CRD's
+installation and the operator's first lists still run in the first ones."""
 
 # The harness carves one /24 per node out of 10.244.0.0/16, which caps a cluster at 256 nodes.
 # The 400-node scenario needs more: a /12 of its own (no overlap with the service range
@@ -374,6 +380,8 @@ class Stack:
     api: Any
     volumes: list[str] = field(default_factory=list)
     scratch: Path = field(default_factory=Path)
+    idle_cores: float = 0.0
+    """What the cluster's processes use with nothing asked of them (:func:`idle_rate`)."""
 
     @property
     def core(self) -> Any:
@@ -398,6 +406,11 @@ class Stack:
             component = "kwok" if name.startswith("kwok-") else name
             used[component] = used.get(component, 0.0) + proc_cpu_seconds(pid)
         return used
+
+    def measure_idle(self) -> None:
+        """Set :attr:`idle_cores`, again whenever a component joins (Kueue)."""
+        self.idle_cores = idle_rate(lambda: sum(self.component_cpu_seconds().values()))
+        log(f"the cluster idles at {self.idle_cores:.2f} cores")
 
     def operator_peak_rss(self) -> int:
         assert self.operator.proc is not None
@@ -493,16 +506,34 @@ class Stack:
             core.delete_namespace(namespace)
 
 
+def idle_rate(
+    cpu_seconds: Callable[[], float],
+    windows: int = IDLE_WINDOWS,
+    window: float = QUIET_WINDOW_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """The cores ``cpu_seconds`` grows by per second while nothing is asked of the cluster:
+    the lowest of ``windows`` windows, so what the stack's own start still runs is left out."""
+    rates = []
+    for _ in range(windows):
+        before, at = cpu_seconds(), clock()
+        sleep(window)
+        rates.append((cpu_seconds() - before) / max(clock() - at, 1e-9))
+    return min(rates)
+
+
 def wait_quiet(
     cpu_seconds: Callable[[], float],
-    cores: float = QUIET_CORES,
+    cores: float,
     window: float = QUIET_WINDOW_S,
     limit: float = QUIET_LIMIT_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
     """Wait until ``cpu_seconds`` (the cluster's processes together) grew by at most ``cores``
-    per second over a whole ``window``; the seconds waited (``limit`` at most, said in the log).
+    per second over a whole ``window``; the seconds waited (a window past ``limit`` at most;
+    a wait that reaches it is said in the log).
 
     A start measured while the last trial's teardown still runs is charged with that
     teardown's CPU on the same cores, whichever contender's it was: trials in rotated order
@@ -559,6 +590,7 @@ def stack(
         install_crd(api)
         operator = start_operator(cluster, **operator_env)
         bench = Stack(cluster, operator, api, scratch=scratch)
+        bench.measure_idle()
         yield bench
         for volume in bench.volumes:
             with contextlib.suppress(Exception):

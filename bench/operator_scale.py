@@ -74,7 +74,7 @@ from bench.common import (
 )
 from bench.contenders import PEER, Contender, contenders, quiet, settle
 from bench.kube import (
-    QUIET_CORES,
+    QUIET_MARGIN_CORES,
     QUIET_WINDOW_S,
     PodTimes,
     PodWatch,
@@ -273,9 +273,9 @@ class SideBySide:
         name = f"job{workers}"
         worker_pods, pods = contender.pod_counts(workers)
         is_worker = contender.is_worker
-        requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, self.players)
+            requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
             load = load_average()
             used_before = self._cpu_used(bench, contender)
             started = time.monotonic()
@@ -450,6 +450,7 @@ def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> Non
         stack(pools, scratch) as bench,
         contenders(bench, args.peers, configs, limit=args.limit) as players,
     ):
+        results.extra["cluster_idle_cores"] = round(bench.idle_cores, 2)
         side = SideBySide(results, sizes, players, args.conditions)
         for player in players:  # warm-up: first-use costs of a fresh operator
             side.trial(bench, player, 8, "idle", record=False)
@@ -470,6 +471,7 @@ def run_fast_scheduler(args: argparse.Namespace, results: Results, scratch: Path
         stack(pools, scratch, scheduler_client_qps=FAST_SCHEDULER_QPS) as bench,
         contenders(bench, args.peers, limit=args.limit) as players,
     ):
+        results.extra["cluster_idle_cores"] = round(bench.idle_cores, 2)
         label = f", scheduler at {FAST_SCHEDULER_QPS} req/s"
         side = SideBySide(results, [512], players, ["idle"], label)
         for player in players:
@@ -492,6 +494,7 @@ class Fleet:
         self.running = results.figure(f"{title}: all Running", "s")
         self.every_pod = results.figure(f"{title}: all pods Running", "s")
         self.created = results.figure(f"{title}: all created", "s")
+        self.results = results
         if not operator:
             return
         self.cpu_per_pod = results.figure(f"{title}: operator CPU per pod", "ms")
@@ -506,7 +509,6 @@ class Fleet:
             "x",
             target=Target(STEADY_FLATNESS),
         )
-        self.results = results
 
     def trial(
         self,
@@ -522,9 +524,9 @@ class Fleet:
         is_worker = contender.is_worker
         contender.restart(bench)
         namespace = bench.namespace("fleet")
-        requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, players)
+            requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
             load = load_average()
             started = time.monotonic()
             for index in range(self.jobs):
@@ -536,6 +538,9 @@ class Fleet:
         self.created.add(created, load)
         self.running.add(running, load)
         self.every_pod.add(every_pod, load)
+        self.results.extra.setdefault("fleet_trials", []).append(
+            {"operator": contender.name, "load": load, "quiet_wait_s": round(quiet_wait, 1)}
+        )
         said = f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
         said += f"Running {running:.1f}s (all {pods} pods {every_pod:.1f}s, load {load:.1f}, "
         said += f"after {quiet_wait:.0f}s for a quiet cluster)"
@@ -598,6 +603,7 @@ def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None
         stack(pools, scratch) as bench,
         contenders(bench, args.peers, (fleet_peer(args),), limit=args.limit) as players,
     ):
+        results.extra["cluster_idle_cores"] = round(bench.idle_cores, 2)
         fleets = {
             p.name: Fleet(results, p.name, args.jobs, args.per_job, operator=p.name != LIMIT)
             for p in players
@@ -682,8 +688,9 @@ def notes(args: argparse.Namespace) -> list[str]:
             "warm-up job per operator and cluster is not counted",
             "both operators run at once on one cluster, jobs alternating in an order that "
             "rotates trial by trial (and size by size), so none always goes first; each "
-            f"trial starts on a quiet cluster (its processes and the operators below "
-            f"{QUIET_CORES:g} cores together for {QUIET_WINDOW_S:g} s: the last trial's "
+            "trial starts on a quiet cluster (its processes and the operators within "
+            f"{QUIET_MARGIN_CORES:g} cores of the cluster's idle rate for {QUIET_WINDOW_S:g} "
+            "s, that rate measured at the cluster's start: the last trial's "
             "teardown done; the wait is in the JSON); idle: nothing else added; loaded: one "
             "busy process per core beside the cluster "
             f"({', '.join(args.conditions)} measured)",

@@ -59,7 +59,7 @@ from bench.common import (
 from bench.contenders import PEER, Contender, contenders, quiet, settle
 from bench.kube import (
     BENCH_LABEL,
-    QUIET_CORES,
+    QUIET_MARGIN_CORES,
     QUIET_WINDOW_S,
     PodWatch,
     Stack,
@@ -213,12 +213,12 @@ class QueuedStart:
         name = f"job{workers}"
         worker_pods, every = contender.pod_counts(workers)
         is_worker = contender.is_worker
-        cpu_before = contender.cpu_seconds()
         with (
             PodWatch(bench.api, namespace, contender.pod_selector) as pods,
             WorkloadWatch(bench.api, namespace) as queued,
         ):
             quiet_wait = quiet(bench, self.players)
+            cpu_before = contender.cpu_seconds()
             load = load_average()
             kueue_before = bench.component_cpu_seconds().get("kueue", 0.0)
             started = time.monotonic()
@@ -344,6 +344,8 @@ def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
         kueue = Kueue(bench.cluster, frameworks=[PYTORCHJOB]).start()
         try:
             make_queues(bench, args.nodes, BENCH_LABEL, "scale")
+            bench.measure_idle()
+            results.extra["cluster_idle_cores"] = round(bench.idle_cores, 2)
             side = QueuedStart(results, args.sizes, players)
             for player in players:  # warm-up: first-use costs of a fresh operator and Kueue
                 side.trial(bench, player, 8, record=False)
@@ -407,8 +409,9 @@ def main(argv: list[str] | None = None) -> None:
         "(torchkube's rendezvous store, Kubeflow's Master); one 8-worker warm-up "
         "job per contender is not counted; load: 1-minute load average at each trial's start "
         "(the table's range; start and end of each trial in the JSON); each trial starts on a "
-        f"quiet cluster (its processes, Kueue and the operators below {QUIET_CORES:g} cores "
-        f"together for {QUIET_WINDOW_S:g} s: the last trial's teardown done)",
+        f"quiet cluster (its processes, Kueue and the operators within {QUIET_MARGIN_CORES:g} "
+        f"cores of the cluster's idle rate for {QUIET_WINDOW_S:g} s, that rate measured at the "
+        "cluster's start: the last trial's teardown done)",
         "Kueue v0.17.0 built from source, as a process; integrations.frameworks "
         f"[batch/job, {PYTORCHJOB}] (Kueue's own PyTorchJob integration: its webhook suspends "
         "the job, its jobframework makes the Workload and unsuspends the job once admitted) "

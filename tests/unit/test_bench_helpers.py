@@ -15,9 +15,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
-from bench import guard, kubeflow, report
+from bench import contenders, guard, kubeflow, report
 from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
-from bench.kube import metric_delta, parse_metrics, wait_quiet
+from bench.kube import QUIET_MARGIN_CORES, idle_rate, metric_delta, parse_metrics, wait_quiet
 from bench.plain_torchrun import PlainTorchrun
 from bench.recovery_e2e import (
     LogLine,
@@ -630,21 +630,29 @@ def test_a_focused_sustained_run_keeps_its_undisturbed_reference() -> None:
 
 
 class BusyCluster:
-    """A fake clock and a cluster whose processes use ``rates[i]`` cores in the i-th second."""
+    """A fake clock and a cluster whose processes use ``rates[i]`` cores in the i-th second
+    (the last rate on); a wait that never ends fails instead of hanging the suite."""
 
     def __init__(self, rates: list[float]) -> None:
         self.rates, self.now, self.used = rates, 0.0, 0.0
 
     def sleep(self, seconds: float) -> None:
+        assert self.now < 1000, "waited for ever"
         second = min(int(self.now), len(self.rates) - 1)
         self.used += self.rates[second] * seconds
         self.now += seconds
+
+    def cpu_seconds(self) -> float:
+        return self.used
+
+    def clock(self) -> float:
+        return self.now
 
 
 def test_a_trial_starts_once_the_last_teardown_has_quieted_down() -> None:
     cluster = BusyCluster([2.5, 1.4, 0.9, 0.3, 0.3])
     waited = wait_quiet(
-        lambda: cluster.used, cores=0.5, window=1.0, clock=lambda: cluster.now, sleep=cluster.sleep
+        cluster.cpu_seconds, cores=0.5, window=1.0, clock=cluster.clock, sleep=cluster.sleep
     )
     assert waited == 4.0  # three busy seconds, then the first quiet one
 
@@ -652,11 +660,46 @@ def test_a_trial_starts_once_the_last_teardown_has_quieted_down() -> None:
 def test_a_cluster_that_never_quiets_is_started_on_at_the_limit() -> None:
     cluster = BusyCluster([3.0])
     waited = wait_quiet(
-        lambda: cluster.used,
+        cluster.cpu_seconds,
         cores=0.5,
         window=1.0,
         limit=5.0,
-        clock=lambda: cluster.now,
+        clock=cluster.clock,
         sleep=cluster.sleep,
     )
     assert waited == 5.0
+
+
+def test_the_idle_rate_leaves_out_the_stacks_own_start() -> None:
+    cluster = BusyCluster([1.8, 0.9, 0.7, 0.72, 0.69])
+    rate = idle_rate(cluster.cpu_seconds, windows=5, clock=cluster.clock, sleep=cluster.sleep)
+    assert rate == pytest.approx(0.69)
+
+
+def test_quiet_counts_every_contenders_operator_above_the_clusters_idle_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: dict[str, float] = {}
+
+    def wait(cpu_seconds: Callable[[], float], cores: float) -> float:
+        asked.update(used=cpu_seconds(), cores=cores)
+        return 0.0
+
+    monkeypatch.setattr(contenders, "wait_quiet", wait)
+
+    class Bench:
+        idle_cores = 0.7
+
+        def component_cpu_seconds(self) -> dict[str, float]:
+            return {"kube-apiserver": 10.0, "kwok": 2.0}
+
+    class Operator:
+        def __init__(self, used: float) -> None:
+            self.used = used
+
+        def cpu_seconds(self) -> float:
+            return self.used
+
+    players = [Operator(3.0), Operator(0.5)]
+    contenders.quiet(Bench(), players)  # type: ignore[arg-type]
+    assert asked == {"used": 15.5, "cores": pytest.approx(0.7 + QUIET_MARGIN_CORES)}
