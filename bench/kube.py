@@ -585,6 +585,7 @@ def stack(
     cluster.start()
     log(f"cluster with {sum(p.nodes for p in pools)} nodes up in {time.monotonic() - started:.0f}s")
     operator: OperatorProcess | None = None
+    bench: Stack | None = None
     try:
         api = cluster.api_client()
         install_crd(api)
@@ -595,11 +596,14 @@ def stack(
         for volume in bench.volumes:
             with contextlib.suppress(Exception):
                 delete_volume(api, volume)
-        operator = bench.operator
     except BaseException:
         cluster.mark_failed()
         raise
     finally:
+        # the operator running now: a scenario may have restarted it (restart_operator), and
+        # one left behind by a stopped benchmark goes on taking CPU from the next
+        if bench is not None:
+            operator = bench.operator
         if operator is not None:
             operator.stop()
         cluster.stop()

@@ -703,3 +703,47 @@ def test_quiet_counts_every_contenders_operator_above_the_clusters_idle_rate(
     players = [Operator(3.0), Operator(0.5)]
     contenders.quiet(Bench(), players)  # type: ignore[arg-type]
     assert asked == {"used": 15.5, "cores": pytest.approx(0.7 + QUIET_MARGIN_CORES)}
+
+
+def test_a_stopped_benchmark_stops_the_operator_it_restarted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import bench.kube as kube
+
+    class FakeCluster:
+        def __init__(self, config: object) -> None:
+            self.stopped = False
+
+        def start(self) -> None: ...
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        def mark_failed(self) -> None: ...
+
+        def api_client(self) -> None:
+            return None
+
+    class FakeOperator:
+        def __init__(self) -> None:
+            self.stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    started: list[FakeOperator] = []
+
+    def start_operator(cluster: object, **env: str) -> FakeOperator:
+        started.append(FakeOperator())
+        return started[-1]
+
+    monkeypatch.setattr(kube, "Cluster", FakeCluster)
+    monkeypatch.setattr(kube, "install_crd", lambda api: None)
+    monkeypatch.setattr(kube, "start_operator", start_operator)
+    monkeypatch.setattr(kube, "widen_pod_cidr", lambda: None)
+    monkeypatch.setattr(kube.signal, "signal", lambda *args: None)  # keep pytest's handler
+    monkeypatch.setattr(kube.Stack, "measure_idle", lambda self: None)
+    with pytest.raises(SystemExit), kube.stack([], tmp_path) as bench:
+        bench.operator = start_operator(bench.cluster)  # what restart_operator leaves
+        raise SystemExit(143)  # SIGTERM, as _exit_on_sigterm raises it
+    assert started[-1].stopped
