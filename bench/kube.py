@@ -506,6 +506,18 @@ class Stack:
             core.delete_namespace(namespace)
 
 
+def _rate(
+    cpu_seconds: Callable[[], float],
+    window: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> float:
+    """The cores ``cpu_seconds`` grows by per second over one ``window`` from now."""
+    before, at = cpu_seconds(), clock()
+    sleep(window)
+    return (cpu_seconds() - before) / max(clock() - at, 1e-9)
+
+
 def idle_rate(
     cpu_seconds: Callable[[], float],
     windows: int = IDLE_WINDOWS,
@@ -515,12 +527,7 @@ def idle_rate(
 ) -> float:
     """The cores ``cpu_seconds`` grows by per second while nothing is asked of the cluster:
     the lowest of ``windows`` windows, so what the stack's own start still runs is left out."""
-    rates = []
-    for _ in range(windows):
-        before, at = cpu_seconds(), clock()
-        sleep(window)
-        rates.append((cpu_seconds() - before) / max(clock() - at, 1e-9))
-    return min(rates)
+    return min(_rate(cpu_seconds, window, clock, sleep) for _ in range(windows))
 
 
 def wait_quiet(
@@ -541,9 +548,7 @@ def wait_quiet(
     condition's own load, which is not the cluster's)."""
     began = clock()
     while True:
-        before, at = cpu_seconds(), clock()
-        sleep(window)
-        rate = (cpu_seconds() - before) / max(clock() - at, 1e-9)
+        rate = _rate(cpu_seconds, window, clock, sleep)
         waited = clock() - began
         if rate <= cores:
             return waited
