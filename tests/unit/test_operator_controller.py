@@ -127,12 +127,12 @@ def test_snapshot_folds_in_our_creates_until_the_watch_shows_them_and_our_delete
     memory = JobMemory()
     memory.expected.created["c"] = (1e18, _pod("c"))
     memory.expected.deleted["b"] = 1e18
-    _, seen = controller.snapshot.view(KEY, memory)
+    _, seen = controller.snapshot.view(KEY, job, memory)
     assert [p["metadata"]["name"] for p in seen] == ["a", "b", "c"]
     assert seen[1]["metadata"].get("deletionTimestamp"), "our delete shows before the watch's"
     pods[KEY].append(_pod("c"))
     pods[KEY].remove(pods[KEY][0])
-    _, seen = controller.snapshot.view(KEY, memory)
+    _, seen = controller.snapshot.view(KEY, job, memory)
     assert [p["metadata"]["name"] for p in seen] == ["b", "c"]
     assert "c" not in memory.expected.created, "an expectation ends when the watch shows the pod"
 
@@ -144,8 +144,8 @@ def test_snapshot_prefers_our_newer_write_of_the_job() -> None:
     memory = JobMemory(
         cache=Cache(job={"metadata": {"resourceVersion": "9"}, "status": {"restarts": 2}})
     )
-    job, _ = controller.snapshot.view(KEY, memory)
-    assert job is not None and job["status"]["restarts"] == 2
+    job, _ = controller.snapshot.view(KEY, cached, memory)
+    assert job["status"]["restarts"] == 2
 
 
 def test_status_to_wire_drops_numbers_json_cannot_carry_and_cuts_long_text() -> None:
@@ -770,3 +770,27 @@ def test_a_refused_reconcile_whose_report_finds_the_lease_gone_keeps_its_worker(
     died, kept = asyncio.run(scenario())
     assert died is None, f"the worker died: {died!r}"
     assert kept, "the job is kept for the next leader"
+
+
+def test_a_deleted_jobs_series_are_dropped_once_not_on_every_pod_event_of_its_teardown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pods of a deleted job go one by one, and each of their events wakes the job: a
+    64-worker job's teardown woke it some 130 times, each time on the event loop, and each
+    time dropping its metric series again (13 reasons, each removal looked up in the
+    environment), while other jobs waited to be planned. Its memory and series go once."""
+    from torchkube.operator import controller as controller_module
+
+    dropped: list[tuple[str, str]] = []
+    monkeypatch.setattr(controller_module.metrics, "job_gone", lambda *key: dropped.append(key))
+    controller = _controller()
+    controller.attach({}, {}, {}, {})
+    controller.memory[KEY] = JobMemory(uid="u-1")
+
+    async def teardown() -> None:
+        for _ in range(5):  # the job's pods deleted, one event each
+            await controller.reconcile(KEY)
+
+    asyncio.run(teardown())
+    assert dropped == [KEY]
+    assert KEY not in controller.memory, "a gone job gets no memory back"

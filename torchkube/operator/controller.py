@@ -280,17 +280,12 @@ class Controller:
     async def reconcile(self, key: Key) -> None:
         """Observe the job (:class:`Snapshot`), plan (pure), carry the plan out (in a
         thread), remember what the next reconcile needs, and requeue when the plan asks."""
-        memory = self._memory_of(key)
-        body, pods = self.snapshot.view(key, memory)
-        if body is None:
-            self.memory.pop(key, None)
-            self.not_before.pop(key, None)
-            self.workload_versions.pop(key, None)
-            timer = self.timers.pop(key, None)
-            if timer is not None:
-                timer.cancel()
-            metrics.job_gone(*key)
+        cached = self.snapshot.job(key)
+        if cached is None:
+            self._forget(key)
             return
+        memory = self._memory_of(key)
+        body, pods = self.snapshot.view(key, cached, memory)
         started = time.perf_counter()
         try:
             job = TrainingJob.model_validate(body)
@@ -323,6 +318,19 @@ class Controller:
             delay = interval if delay is None else min(delay, interval)
         if delay is not None:
             self.enqueue(key, delay=delay)
+
+    def _forget(self, key: Key) -> None:
+        """A deleted job: its memory, timers and metric series go. Its pods' events still
+        wake it while they are deleted (hundreds for a large job), each time on the event
+        loop: only the first finds anything to drop (series exist only for a job with
+        memory, :meth:`reconcile` exports them)."""
+        self.not_before.pop(key, None)
+        self.workload_versions.pop(key, None)
+        timer = self.timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if self.memory.pop(key, None) is not None:
+            metrics.job_gone(*key)
 
     def _polls_progress(self, job: TrainingJob, decided: Plan) -> bool:
         """Running jobs are revisited every progress interval so their status stays fresh

@@ -74,13 +74,11 @@ class Snapshot:
         return counts
 
     def view(
-        self, key: Key, memory: JobMemory
-    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """The job and its pods as the cache shows them, corrected by our own recent writes."""
+        self, key: Key, job: dict[str, Any], memory: JobMemory
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The job (as cached, :meth:`job`) and its pods, corrected by our own recent
+        writes."""
         memory.expected.expire(time.monotonic())
-        job = self.job(key)
-        if job is None:
-            return None, []
         ours = memory.cache.job
         if ours is not None and resource_version(ours) > resource_version(job):
             job = ours  # our own last write, newer than the watch has shown
