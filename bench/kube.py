@@ -17,7 +17,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,8 +391,9 @@ class Stack:
     def custom(self) -> Any:
         return client.CustomObjectsApi(self.api)
 
-    def metrics(self) -> Samples:
-        return parse_metrics(self.operator.metrics())
+    def metrics(self, names: Sequence[str] = ()) -> Samples:
+        """The operator's samples (only ``names``, when given: see ``OperatorProcess.metrics``)."""
+        return parse_metrics(self.operator.metrics(names))
 
     def operator_cpu_seconds(self) -> float:
         assert self.operator.proc is not None

@@ -747,3 +747,38 @@ def test_a_stopped_benchmark_stops_the_operator_it_restarted(
         bench.operator = start_operator(bench.cluster)  # what restart_operator leaves
         raise SystemExit(143)  # SIGTERM, as _exit_on_sigterm raises it
     assert started[-1].stopped
+
+
+def test_the_bench_reads_the_operators_request_counter_alone(tmp_path: Path) -> None:
+    """settle() polls the request counter twice a second while the operator's CPU is
+    counted: each poll asks the operator's real exposition (prometheus_client's server, as
+    the operator runs it) for that counter only, not for every family formatted."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+    from testbed.operator import OperatorProcess
+    from testbed.ports import free_port
+
+    registry = CollectorRegistry()
+    requests = Counter("torchkube_api_requests", "", ["verb"], registry=registry)
+    requests.labels("create").inc(3)
+    requests.labels("patch").inc(2)
+    wide = Gauge("torchkube_job_series", "", ["job"], registry=registry)
+    for job in range(100):
+        wide.labels(str(job)).set(job)
+    process = OperatorProcess(tmp_path / "kubeconfig", tmp_path / "operator.log")
+    process.metrics_port = free_port()
+    server, thread = start_http_server(process.metrics_port, "127.0.0.1", registry)
+
+    class Stack:
+        def metrics(self, names: list[str] = []) -> dict:  # noqa: B006
+            self.text = process.metrics(names)
+            return parse_metrics(self.text)
+
+    try:
+        stack = Stack()
+        assert contenders.Torchkube(stack).requests() == 5.0  # type: ignore[arg-type]
+        assert "torchkube_job_series" not in stack.text
+        assert "torchkube_job_series" in process.metrics()
+    finally:
+        server.shutdown()
+        thread.join(5)
