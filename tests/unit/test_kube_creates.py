@@ -127,3 +127,62 @@ def test_creates_in_parallel_keep_their_order(server: _Server, kube: kube_module
     assert sorted(body["metadata"]["name"] for _, _, body in server.received) == [
         f"w-{i}" for i in range(6)
     ]
+
+
+def test_the_body_goes_out_without_the_clients_sanitizer(
+    server: _Server, kube: kube_module.Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's sanitizer copies a body key by key to turn its model objects into JSON
+    (5% of the operator's GIL samples over nine 64-worker starts); the operator's bodies are
+    JSON already (the test below), and go out as they are."""
+    sanitized: list[Any] = []
+    sanitize = client.ApiClient.sanitize_for_serialization
+
+    def recording(self: client.ApiClient, obj: Any) -> Any:
+        sanitized.append(obj)
+        return sanitize(self, obj)
+
+    monkeypatch.setattr(client.ApiClient, "sanitize_for_serialization", recording)
+    server.answers.append((201, {"kind": "Pod"}))
+    kube.create(POD)
+    assert server.received == [("/api/v1/namespaces/ns/pods", "application/json", POD)]
+    assert not any(obj is POD for obj in sanitized)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"failurePolicy": {"recovery": "live"}, "replicas": {"min": 2, "max": 2}},
+        {"data": {"source": {"claim": {"name": "corpus", "path": "texts"}}}},
+        {
+            "scheduling": {
+                "priorityClassName": "high",
+                "podTemplate": {
+                    "labels": {"team": "a"},
+                    "annotations": {"note": "b"},
+                    "spec": {"volumes": [{"name": "data", "emptyDir": {}}], "hostNetwork": True},
+                },
+            }
+        },
+    ],
+)
+def test_every_object_the_operator_creates_is_plain_json(spec: dict[str, Any]) -> None:
+    """What lets a create skip the sanitizer: each body the builders make is the JSON the
+    sanitizer would make of it (no model object, date or tuple in it)."""
+    from training_jobs import training_job
+
+    from torchkube.operator import builders
+
+    job = training_job(**spec)
+    bodies = [
+        builders.worker_pod(job, 0, "a"),
+        builders.rendezvous_pod(job, "a"),
+        builders.lighthouse_pod(job, "a"),
+        builders.checkpoint_claim(job),
+        *builders.services(job),
+        *([builders.prepare_pod(job, 1)] if job.spec.data else []),
+    ]
+    for body in bodies:
+        assert json.loads(json.dumps(body)) == client.ApiClient().sanitize_for_serialization(body)
+        assert json.loads(json.dumps(body)) == body, body["kind"]

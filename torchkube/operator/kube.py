@@ -127,17 +127,17 @@ class Kube:
         parses the answer). The client's generated create methods validate a dict into its
         model objects and dump them back before sending: half of a pod create's CPU in the
         operator, for a body that is already the JSON it sends
-        (tests/unit/test_kube_creates.py). Answers like theirs with ``_preload_content`` off:
-        the raw response, or an ApiException for a refusal."""
-        request = self.api.param_serialize(
+        (tests/unit/test_kube_creates.py). Nor does the body pass the client's sanitizer,
+        which copies it key by key to turn model objects into JSON. Answers like theirs with
+        ``_preload_content`` off: the raw response, or an ApiException for a refusal."""
+        method, url, headers, _no_body, form = self.api.param_serialize(
             method="POST",
             resource_path=collection,
             path_params={"namespace": namespace},
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*request, _request_timeout=_request_timeout)
+        response = self.api.call_api(method, url, headers, body, form, _request_timeout)
         if not 200 <= response.status <= 299:
             response.read()
             raise ApiException.from_response(http_resp=response, body=None, data=None)
