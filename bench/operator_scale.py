@@ -749,6 +749,12 @@ def notes(args: argparse.Namespace) -> list[str]:
         "API requests: torchkube's writes (its reads come from watch caches); Kubeflow's "
         "client-go requests of every verb"
     )
+    out.append(
+        "operator CPU: CPU seconds of the job's operator (/proc/<pid>/stat) from apply until "
+        "it has sent no request for 3 s, its request counter polled twice a second and read "
+        "alone (torchkube: prometheus_client's name[] filter), so that the operator does not "
+        "format its whole exposition for the benchmark inside the time counted"
+    )
     if single:
         out.append(
             "where the CPU went: CPU seconds of each process (/proc/<pid>/stat) from apply to "
