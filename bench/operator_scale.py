@@ -753,7 +753,8 @@ def notes(args: argparse.Namespace) -> list[str]:
         "operator CPU: CPU seconds of the job's operator (/proc/<pid>/stat) from apply until "
         "it has sent no request for 3 s, its request counter polled twice a second and read "
         "alone (torchkube: prometheus_client's name[] filter), so that the operator does not "
-        "format its whole exposition for the benchmark inside the time counted"
+        "format its whole exposition for the benchmark inside the time counted (Kubeflow's "
+        "Go exposition has no such filter and is read whole)"
     )
     if single:
         out.append(

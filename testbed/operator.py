@@ -67,7 +67,7 @@ class OperatorProcess:
             return False
 
     def metrics(self, names: Sequence[str] = ()) -> str:
-        """The exposition; with ``names``, only those samples' families (the client's
+        """The exposition; with ``names``, only the samples named (prometheus_client's
         ``name[]`` filter): a benchmark that polls the operator while counting its CPU must
         not have it format every family each time."""
         query = urllib.parse.urlencode([("name[]", name) for name in names])

@@ -7,7 +7,7 @@ trial values into published figures is right.
 import datetime as dt
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -756,7 +756,6 @@ def test_the_bench_reads_the_operators_request_counter_alone(tmp_path: Path) -> 
     from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
     from testbed.operator import OperatorProcess
-    from testbed.ports import free_port
 
     registry = CollectorRegistry()
     requests = Counter("torchkube_api_requests", "", ["verb"], registry=registry)
@@ -766,11 +765,11 @@ def test_the_bench_reads_the_operators_request_counter_alone(tmp_path: Path) -> 
     for job in range(100):
         wide.labels(str(job)).set(job)
     process = OperatorProcess(tmp_path / "kubeconfig", tmp_path / "operator.log")
-    process.metrics_port = free_port()
-    server, thread = start_http_server(process.metrics_port, "127.0.0.1", registry)
+    server, thread = start_http_server(0, "127.0.0.1", registry)
+    process.metrics_port = server.server_port
 
     class Stack:
-        def metrics(self, names: list[str] = []) -> dict:  # noqa: B006
+        def metrics(self, names: Sequence[str] = ()) -> dict:
             self.text = process.metrics(names)
             return parse_metrics(self.text)
 
@@ -781,4 +780,5 @@ def test_the_bench_reads_the_operators_request_counter_alone(tmp_path: Path) -> 
         assert "torchkube_job_series" in process.metrics()
     finally:
         server.shutdown()
+        server.server_close()
         thread.join(5)

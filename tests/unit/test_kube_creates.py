@@ -168,8 +168,9 @@ def test_the_body_goes_out_without_the_clients_sanitizer(
     ],
 )
 def test_every_object_the_operator_creates_is_plain_json(spec: dict[str, Any]) -> None:
-    """What lets a create skip the sanitizer: each body the builders make is the JSON the
-    sanitizer would make of it (no model object, date or tuple in it)."""
+    """What lets a create skip the sanitizer: each body the builders make is plain JSON
+    already (no model object, date or tuple in it; a StrEnum is written as its string
+    either way)."""
     from training_jobs import training_job
 
     from torchkube.operator import builders
@@ -184,5 +185,4 @@ def test_every_object_the_operator_creates_is_plain_json(spec: dict[str, Any]) -
         *([builders.prepare_pod(job, 1)] if job.spec.data else []),
     ]
     for body in bodies:
-        assert json.loads(json.dumps(body)) == client.ApiClient().sanitize_for_serialization(body)
         assert json.loads(json.dumps(body)) == body, body["kind"]

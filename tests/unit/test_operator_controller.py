@@ -794,3 +794,31 @@ def test_a_deleted_jobs_series_are_dropped_once_not_on_every_pod_event_of_its_te
     asyncio.run(teardown())
     assert dropped == [KEY]
     assert KEY not in controller.memory, "a gone job gets no memory back"
+
+
+def test_a_plan_carried_out_across_a_step_down_exports_no_series(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step-down while a plan waits for the API forgets every job and its series, and the
+    lead may be back before the plan ends. Series exported then from the plan's memory, no
+    longer the controller's, would outlive the job: its deletion drops the series of jobs
+    the controller remembers."""
+    from torchkube.operator import controller as controller_module
+
+    planned: list[Any] = []
+    monkeypatch.setattr(controller_module.metrics, "job_planned", lambda *a: planned.append(a))
+    controller = Controller(OperatorSettings(), kube=_KubeTakingEverything())  # type: ignore[arg-type]
+    body = {
+        "metadata": {"name": "demo", "namespace": "ns", "uid": "u-1", "generation": 1},
+        "spec": {"replicas": {"min": 1, "max": 1}},
+    }
+    controller.attach({KEY: [body]}, {}, {}, {})
+    execute = controller.executor.execute
+
+    def across_a_step_down(*args: Any) -> None:
+        execute(*args)
+        controller._stepped_down()  # and the lead back at once: no leader, always acting
+
+    monkeypatch.setattr(controller.executor, "execute", across_a_step_down)
+    asyncio.run(controller.reconcile(KEY))
+    assert controller.acting and planned == []

@@ -168,10 +168,11 @@ class Controller:
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
-    def _memory_of(self, key: Key) -> JobMemory:
-        """The memory of the job cached under ``key`` now: a namesake created after a
-        delete this process has not reconciled yet gets none of the old job's."""
-        body = self.snapshot.job(key)
+    def _memory_of(self, key: Key, body: dict[str, Any] | None = None) -> JobMemory:
+        """The memory of the job cached under ``key`` now (``body``, when the caller has
+        read it already): a namesake created after a delete this process has not reconciled
+        yet gets none of the old job's."""
+        body = body or self.snapshot.job(key)
         uid = (body or {}).get("metadata", {}).get("uid")
         memory = self.memory.get(key)
         if memory is None or (uid is not None and memory.uid != uid):
@@ -284,7 +285,7 @@ class Controller:
         if cached is None:
             self._forget(key)
             return
-        memory = self._memory_of(key)
+        memory = self._memory_of(key, cached)
         body, pods = self.snapshot.view(key, cached, memory)
         started = time.perf_counter()
         try:
@@ -306,7 +307,9 @@ class Controller:
         memory.planning_seconds = time.perf_counter() - thinking
         await asyncio.to_thread(self.executor.execute, key, body, decided, planned, memory)
         memory.expected.live = p.live_workers(pods, unseen | set(memory.expected.deleted))
-        if self.acting:  # a reconcile that ends after a step-down must not revive its series
+        if self.acting and self.memory.get(key) is memory:
+            # Not after a step-down (which forgot every job and its series), even if the lead
+            # came back meanwhile: series of a memory no longer ours would outlive the job.
             metrics.job_planned(job, decided, memory.accounting)
         metrics.RECONCILE.observe(time.perf_counter() - started)
         delay = decided.requeue_after

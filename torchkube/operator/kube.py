@@ -137,7 +137,9 @@ class Kube:
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method, url, headers, body, form, _request_timeout)
+        response = self.api.call_api(
+            method, url, headers, body, form, _request_timeout=_request_timeout
+        )
         if not 200 <= response.status <= 299:
             response.read()
             raise ApiException.from_response(http_resp=response, body=None, data=None)
