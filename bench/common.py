@@ -345,13 +345,17 @@ def loads_of(figure: dict[str, Any]) -> str:
 
 def ratio_of_medians(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> list[dict]:
     """The two recorded figures whose medians a one-value ratio figure is (ours ÷ theirs or
-    theirs ÷ ours); empty when it is not such a ratio."""
+    theirs ÷ ours); empty when it is not such a ratio. Two figures of the same trials (all
+    workers and all pods Running, where the last pod is a worker) are no such pair: their
+    ratio, 1, would claim any one-trial figure of 1 as a ratio of their medians."""
     if figure["unit"] != "x" or len(figure["values"]) != 1:
         return []
     value = figure["values"][0]
     for top in figures:
         for bottom in figures:
             if top is bottom or not (top["values"] and bottom["values"]):
+                continue
+            if top["values"] == bottom["values"]:
                 continue
             if top["unit"] == "x" or top["unit"] != bottom["unit"] or bottom["median"] <= 0:
                 continue

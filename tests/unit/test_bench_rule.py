@@ -219,3 +219,19 @@ def test_a_figure_named_for_more_than_it_measures_is_rendered_as_what_it_is(
     assert "goodput" not in rendered
     assert "| recovery: live: steps × median step time ÷ wall time | 1 | 57.5 % |" in rendered
     assert "goodput over the run" in (tmp_path / "demo.json").read_text()
+
+
+def test_a_one_trial_ratio_equal_to_one_is_no_ratio_of_a_figure_and_its_twin() -> None:
+    """The fleet's steady-state flatness of 1.00, measured once, was taken for the ratio of
+    two recorded figures with the same medians — all workers Running and all pods Running of
+    one contender, the same trials — and rendered "3, 3 … met": a verdict on one trial. A
+    series divided by its twin compares nothing."""
+    results = Results("demo", "python -m bench.demo")
+    for name in ("all Running", "all pods Running"):
+        figure = results.figure(f"fleet, torchkube: {name}", "s")
+        for value in (114.0, 171.0, 250.0):
+            figure.add(value, load=1.0)
+    flat = results.figure("steady state, last third ÷ first third", "x", target=Target(1.25))
+    flat.add(1.0, load=1.0)
+    row = rows(results.to_json())["steady state, last third ÷ first third"]
+    assert row[2] == "no ratio: 1 trial" and row[7] == "no verdict: 1 trial", row
