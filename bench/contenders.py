@@ -157,8 +157,7 @@ class Torchkube:
     def _total(self, sample: str) -> float:
         """One counter's sum over its series, read alone: :func:`settle` polls it twice a
         second while the operator's CPU is counted, and formatting every family costs the
-        operator milliseconds each time (a quarter of its GIL samples over 8-worker starts,
-        settles and teardowns)."""
+        operator milliseconds each time."""
         return sum(metric_delta({}, self.bench.metrics([sample]), sample).values())
 
     def requests(self) -> float:

@@ -168,11 +168,9 @@ class Controller:
         elif not self._echo_of_quiet_write(key, version):
             self.enqueue(key)
 
-    def _memory_of(self, key: Key, body: dict[str, Any] | None = None) -> JobMemory:
-        """The memory of the job cached under ``key`` now (``body``, when the caller has
-        read it already): a namesake created after a delete this process has not reconciled
-        yet gets none of the old job's."""
-        body = body or self.snapshot.job(key)
+    def _memory_of(self, key: Key, body: dict[str, Any] | None) -> JobMemory:
+        """The memory of ``body``, the job cached under ``key`` now: a namesake created
+        after a delete this process has not reconciled yet gets none of the old job's."""
         uid = (body or {}).get("metadata", {}).get("uid")
         memory = self.memory.get(key)
         if memory is None or (uid is not None and memory.uid != uid):
@@ -370,7 +368,7 @@ class Controller:
         """A request this job's reconcile needs was refused (403: the operator's RBAC lacks
         a right). Said on the job at once (``refusals.forbidden``) when the refusal is new:
         the plan that would say it may be what fails."""
-        memory = self._memory_of(key)
+        memory = self._memory_of(key, self.snapshot.job(key))
         text = api_message(error)
         log.warning("reconcile of %s/%s refused: %s; retrying", *key, text)
         if memory.trouble.forbidden == text:
