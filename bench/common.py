@@ -266,6 +266,10 @@ class Figure:
         return body
 
 
+COUNTED = frozenset({"steps", "watches"})
+"""Units of counts: a whole number of them is shown as one."""
+
+
 def fmt(value: float | None, unit: str) -> str:
     """A value in its unit, with as many digits as such a figure deserves."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -278,8 +282,8 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.1f} %"
     if unit == "x":
         return f"{value:.2f}×"
-    if unit == "steps" and float(value).is_integer():  # a count
-        return f"{int(value):,} steps"
+    if unit in COUNTED and float(value).is_integer():
+        return f"{int(value):,} {unit}"
     if abs(value) >= 1000:
         return f"{value:,.0f} {unit}".strip()
     if abs(value) >= 10:

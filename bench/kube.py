@@ -107,6 +107,38 @@ def metric_delta(
     return out
 
 
+CLOSED_WATCHES = "apiserver_terminated_watchers_total"
+"""Watches the API server closed because their client did not drain them in time: each
+watcher has a small buffer (ten events for pods here), and once the server's budget for
+waiting on full buffers is spent every blocked watcher is closed at once. A client then
+watches again, and KWOK's from resourceVersion 0: the server replays every pod to it."""
+
+
+def apiserver_exposition(api: Any) -> str:
+    """The API server's /metrics as text."""
+    method, url, headers, _body, _form = api.param_serialize(
+        method="GET",
+        resource_path="/metrics",
+        header_params={"Accept": "text/plain"},
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, headers)
+    response.read()
+    return str(response.data.decode())
+
+
+def apiserver_samples(api: Any, names: Sequence[str]) -> Samples:
+    """The API server's samples of the metrics ``names``: its whole exposition is read, a few
+    megabytes, and only their lines parsed."""
+    wanted = set(names)
+    lines = [
+        line
+        for line in apiserver_exposition(api).splitlines()
+        if line.split("{", 1)[0].split(" ", 1)[0] in wanted
+    ]
+    return parse_metrics("".join(f"{line}\n" for line in lines))
+
+
 # ----------------------------------------------------------------------------- watching
 @dataclass
 class PodTimes:
@@ -394,6 +426,16 @@ class Stack:
     def metrics(self, names: Sequence[str] = ()) -> Samples:
         """The operator's samples (only ``names``, when given: see ``OperatorProcess.metrics``)."""
         return parse_metrics(self.operator.metrics(names))
+
+    def closed_pod_watches(self) -> float:
+        """Pod watches the API server has closed as not drained in time (:data:`CLOSED_WATCHES`)
+        since it started."""
+        samples = apiserver_samples(self.api, [CLOSED_WATCHES])
+        return sum(
+            value
+            for (name, labels), value in samples.items()
+            if name == CLOSED_WATCHES and ("resource", "pods") in labels
+        )
 
     def operator_cpu_seconds(self) -> float:
         assert self.operator.proc is not None

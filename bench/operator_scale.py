@@ -494,6 +494,10 @@ class Fleet:
         self.running = results.figure(f"{title}: all Running", "s")
         self.every_pod = results.figure(f"{title}: all pods Running", "s")
         self.created = results.figure(f"{title}: all created", "s")
+        self.closed_watches = results.figure(
+            f"{title}: pod watches the API server closed", "watches"
+        )
+        self.kwok_cpu = results.figure(f"{title}: KWOK CPU (the nodes' kubelets)", "s")
         self.results = results
         if not operator:
             return
@@ -524,9 +528,11 @@ class Fleet:
         is_worker = contender.is_worker
         contender.restart(bench)
         namespace = bench.namespace("fleet")
+        closed_before = bench.closed_pod_watches()
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, players)
             requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
+            kwok_before = bench.component_cpu_seconds().get("kwok", 0.0)
             load = load_average()
             started = time.monotonic()
             for index in range(self.jobs):
@@ -535,15 +541,26 @@ class Fleet:
             created = all_created(watch, worker_pods, 900, what, is_worker) - started
             running = all_running(watch, worker_pods, 900, what, is_worker) - started
             every_pod = all_running(watch, pods, 900, what) - started
+            kwok_cpu = bench.component_cpu_seconds().get("kwok", 0.0) - kwok_before
+        closed = bench.closed_pod_watches() - closed_before
         self.created.add(created, load)
         self.running.add(running, load)
         self.every_pod.add(every_pod, load)
+        self.closed_watches.add(closed, load)
+        self.kwok_cpu.add(kwok_cpu, load)
         self.results.extra.setdefault("fleet_trials", []).append(
-            {"operator": contender.name, "load": load, "quiet_wait_s": round(quiet_wait, 1)}
+            {
+                "operator": contender.name,
+                "load": load,
+                "quiet_wait_s": round(quiet_wait, 1),
+                "closed_pod_watches": closed,
+                "kwok_cpu_s": round(kwok_cpu, 1),
+            }
         )
         said = f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
         said += f"Running {running:.1f}s (all {pods} pods {every_pod:.1f}s, load {load:.1f}, "
-        said += f"after {quiet_wait:.0f}s for a quiet cluster)"
+        said += f"after {quiet_wait:.0f}s for a quiet cluster; {closed:.0f} pod watches closed "
+        said += f"by the API server, KWOK {kwok_cpu:.1f} CPU-s)"
         if self.operator:
             settle(contender, quiet=5.0, limit=180.0)
             requests = contender.requests() - requests_before
@@ -716,7 +733,11 @@ def notes(args: argparse.Namespace) -> list[str]:
             "Masters); after each operator's first trial "
             f"only, the steady state: reconciles and CPU per minute for "
             f"{args.steady_minutes:g} minutes while nothing changes, and the last third's "
-            "reconcile rate ÷ the first third's"
+            "reconcile rate ÷ the first third's; pod watches the API server closed: its "
+            "apiserver_terminated_watchers_total for pods over the trial (watches it closed "
+            "because their client, whichever, did not drain them in time; KWOK watches again "
+            "from resourceVersion 0 and is sent every pod again); KWOK CPU: its processes' "
+            "CPU seconds from the first create to all pods Running"
         )
         if args.limit:
             out.append(

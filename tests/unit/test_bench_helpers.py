@@ -16,7 +16,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
 from bench import contenders, guard, kubeflow, report
-from bench.common import Figure, Reference, Results, Stats, Target, markdown_table, percentile
+from bench.common import (
+    Figure,
+    Reference,
+    Results,
+    Stats,
+    Target,
+    fmt,
+    markdown_table,
+    percentile,
+)
 from bench.kube import QUIET_MARGIN_CORES, idle_rate, metric_delta, parse_metrics, wait_quiet
 from bench.plain_torchrun import PlainTorchrun
 from bench.recovery_e2e import (
@@ -82,6 +91,13 @@ def test_reference_ratio_says_how_many_times_better() -> None:
     assert Reference(50.4, "Kubeflow").ratio(5.04) == pytest.approx(10.0)
     assert Reference(100.0, "bare", higher_is_better=True).ratio(97.0) == pytest.approx(0.97)
     assert Reference(1.0, "x").ratio(0.0) is None
+
+
+def test_a_count_is_shown_whole_and_a_measure_with_its_digits() -> None:
+    assert fmt(322.0, "watches") == "322 watches"
+    assert fmt(1248.0, "steps") == "1,248 steps"
+    assert fmt(12.5, "watches") == "12.5 watches"  # a median of two counts
+    assert fmt(322.0, "ms") == "322.0 ms"
 
 
 def test_markdown_table_escapes_pipes() -> None:
