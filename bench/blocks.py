@@ -388,8 +388,36 @@ def fleet(records: dict[str, Body]) -> str:
             "state after each operator's first trial only.",
             "",
             *(part for line in lines for part in (line, "")),
+            *fleet_trials(run, prefix),
         ]
     )
+
+
+def fleet_trials(run: Run, prefix: str) -> list[str]:
+    """The fleet's trials in the order they ran, each with the pod watches the API server
+    closed in it: the trials of one contender differ by as much as the contenders do, and
+    these say why. Nothing for a record that did not count them."""
+    trials = run.body["extra"].get("fleet_trials", [])
+    if not trials or any("closed_pod_watches" not in trial for trial in trials):
+        return []
+    seen: dict[str, int] = {}
+    rows = []
+    for order, trial in enumerate(trials, start=1):
+        name = trial["operator"]
+        nth = seen[name] = seen.get(name, -1) + 1
+        running = run[f"{prefix}{name}: all pods Running"]["values"][nth]
+        rows.append(
+            [
+                str(order),
+                contender_label(run, name),
+                fmt(running, "s"),
+                fmt(trial["closed_pod_watches"], "watches"),
+                fmt(trial["kwok_cpu_s"], "s"),
+                f"{trial['load']:.1f}",
+            ]
+        )
+    header = ["trial", "contender", "all pods Running", "pod watches closed", "KWOK CPU", "load"]
+    return ["Trial by trial:", "", markdown_table(header, rows), ""]
 
 
 # ----------------------------------------------------------------------------- through Kueue

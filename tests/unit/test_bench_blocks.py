@@ -223,6 +223,33 @@ def test_the_fleet_on_three_rotated_trials_sets_torchkube_between_the_limit_and_
     assert "0.90× (1 trial: no verdict)" in shown
 
 
+def test_the_fleets_trials_are_shown_in_the_order_they_ran_with_the_watches_closed() -> None:
+    """Each contender's figures hold its trials in its own order; the table interleaves
+    them as they ran, so a slow trial stands beside the watches its API server closed."""
+    figures: FIGURES = {}
+    runs = {"torchkube": [205.4, 109.4], "bare client": [95.8, 96.6]}
+    for name, values in runs.items():
+        head = f"64 jobs × 64 workers, {name}: "
+        for what in ("all Running", "all pods Running"):
+            figures[head + what] = ("s", values, [1.0, 2.0])
+    order = [("torchkube", 337, 110.8), ("bare client", 18, 38.5)]
+    order += [("bare client", 8, 36.2), ("torchkube", 4, 31.7)]
+    trials = [
+        {"operator": name, "load": 1.5, "closed_pod_watches": closed, "kwok_cpu_s": kwok}
+        for name, closed, kwok in order
+    ]
+    extra = {"fleet_trials": trials}
+    body = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64}, extra=extra)
+    rows = blocks.fleet({"operator_scale_fleet": body}).splitlines()
+    trial_rows = rows[rows.index("Trial by trial:") + 4 :]
+    assert trial_rows[0] == "| 1 | torchkube | 205.4 s | 337 watches | 110.8 s | 1.5 |"
+    assert trial_rows[3].startswith("| 4 | torchkube | 109.4 s | 4 watches | 31.7 s |")
+    assert trial_rows[1].startswith("| 2 | bare client: the same pods, no operator (the limit) |")
+    assert "| 96.6 s | 8 watches |" in trial_rows[2]
+    older = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64})
+    assert "Trial by trial" not in blocks.fleet({"operator_scale_fleet": older})
+
+
 def queued_record(*extra: str) -> dict[str, Any]:
     """``extra``: contenders beside torchkube and both Kubeflow configurations."""
     figures: FIGURES = {}
