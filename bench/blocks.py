@@ -12,6 +12,7 @@ contender; contenders whose loads differ said so beside the figure.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -400,12 +401,12 @@ def fleet_trials(run: Run, prefix: str) -> list[str]:
     trials = run.body["extra"].get("fleet_trials", [])
     if not trials or any("closed_pod_watches" not in trial for trial in trials):
         return []
-    seen: dict[str, int] = {}
+    earlier: Counter[str] = Counter()  # a contender's trials before this one: its index
     rows = []
     for order, trial in enumerate(trials, start=1):
         name = trial["operator"]
-        nth = seen[name] = seen.get(name, -1) + 1
-        running = run[f"{prefix}{name}: all pods Running"]["values"][nth]
+        running = run[f"{prefix}{name}: all pods Running"]["values"][earlier[name]]
+        earlier[name] += 1
         rows.append(
             [
                 str(order),

@@ -266,7 +266,7 @@ class Figure:
         return body
 
 
-COUNTED = frozenset({"steps", "watches"})
+COUNT_UNITS = frozenset({"steps", "watches"})
 """Units of counts: a whole number of them is shown as one."""
 
 
@@ -282,7 +282,7 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.1f} %"
     if unit == "x":
         return f"{value:.2f}×"
-    if unit in COUNTED and float(value).is_integer():
+    if unit in COUNT_UNITS and float(value).is_integer():
         return f"{int(value):,} {unit}"
     if abs(value) >= 1000:
         return f"{value:,.0f} {unit}".strip()
@@ -349,9 +349,11 @@ def loads_of(figure: dict[str, Any]) -> str:
 
 def ratio_of_medians(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> list[dict]:
     """The two recorded figures whose medians a one-value ratio figure is (ours ÷ theirs or
-    theirs ÷ ours); empty when it is not such a ratio. Two figures of the same trials (all
-    workers and all pods Running, where the last pod is a worker) are no such pair: their
-    ratio, 1, would claim any one-trial figure of 1 as a ratio of their medians."""
+    theirs ÷ ours); empty when it is not such a ratio. Two figures with the same median are
+    no such pair: all workers and all pods Running of one contender share their median
+    whenever its last pod is a worker, and their ratio, 1, would claim any one-trial figure
+    of 1 as a ratio of their medians (a true ratio of exactly 1 is then shown as one
+    trial's, without a verdict: the cautious side)."""
     if figure["unit"] != "x" or len(figure["values"]) != 1:
         return []
     value = figure["values"][0]
@@ -359,7 +361,7 @@ def ratio_of_medians(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) 
         for bottom in figures:
             if top is bottom or not (top["values"] and bottom["values"]):
                 continue
-            if top["values"] == bottom["values"]:
+            if _same(top["median"], bottom["median"]):
                 continue
             if top["unit"] == "x" or top["unit"] != bottom["unit"] or bottom["median"] <= 0:
                 continue

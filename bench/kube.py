@@ -109,9 +109,13 @@ def metric_delta(
 
 CLOSED_WATCHES = "apiserver_terminated_watchers_total"
 """Watches the API server closed because their client did not drain them in time: each
-watcher has a small buffer (ten events for pods here), and once the server's budget for
-waiting on full buffers is spent every blocked watcher is closed at once. A client then
+watcher has a small buffer, and once the server's budget for waiting on full buffers is
+spent every blocked watcher is closed at once. A client then
 watches again, and KWOK's from resourceVersion 0: the server replays every pod to it."""
+
+
+METRICS_TIMEOUT = (5.0, 30.0)
+"""(connect, read) seconds for the API server's /metrics: a benchmark waits on no hung read."""
 
 
 def apiserver_exposition(api: Any) -> str:
@@ -122,14 +126,16 @@ def apiserver_exposition(api: Any) -> str:
         header_params={"Accept": "text/plain"},
         auth_settings=["BearerToken"],
     )
-    response = api.call_api(method, url, headers)
+    response = api.call_api(method, url, headers, _request_timeout=METRICS_TIMEOUT)
     response.read()
-    return str(response.data.decode())
+    text: str = response.data.decode()
+    return text
 
 
 def apiserver_samples(api: Any, names: Sequence[str]) -> Samples:
-    """The API server's samples of the metrics ``names``: its whole exposition is read, a few
-    megabytes, and only their lines parsed."""
+    """The API server's samples named ``names`` exactly (a histogram's by their ``_bucket``,
+    ``_sum`` or ``_count`` names): its whole exposition is read, a few megabytes, and only
+    their lines parsed."""
     wanted = set(names)
     lines = [
         line

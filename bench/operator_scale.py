@@ -528,9 +528,9 @@ class Fleet:
         is_worker = contender.is_worker
         contender.restart(bench)
         namespace = bench.namespace("fleet")
-        closed_before = bench.closed_pod_watches()
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, players)
+            closed_before = bench.closed_pod_watches()  # not the last trial's teardown's
             requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
             kwok_before = bench.component_cpu_seconds().get("kwok", 0.0)
             load = load_average()
@@ -734,7 +734,8 @@ def notes(args: argparse.Namespace) -> list[str]:
             f"only, the steady state: reconciles and CPU per minute for "
             f"{args.steady_minutes:g} minutes while nothing changes, and the last third's "
             "reconcile rate ÷ the first third's; pod watches the API server closed: its "
-            "apiserver_terminated_watchers_total for pods over the trial (watches it closed "
+            "apiserver_terminated_watchers_total for pods from just before the first create "
+            "until all pods are Running (watches it closed "
             "because their client, whichever, did not drain them in time; KWOK watches again "
             "from resourceVersion 0 and is sent every pod again); KWOK CPU: its processes' "
             "CPU seconds from the first create to all pods Running"

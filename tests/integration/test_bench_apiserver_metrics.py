@@ -1,7 +1,7 @@
 """The benchmarks read the API server's own counters (``bench.kube.apiserver_samples``), here
 from a real kube-apiserver, not from text we wrote. The fleet's "pod watches the API server
 closed" is ``apiserver_terminated_watchers_total``, whose series appear only once a watch was
-closed (a fleet start on two cores closes hundreds; an idle test cluster none)."""
+closed (none on an idle test cluster), so the reader is tested on a counter that has them."""
 
 from typing import Any
 

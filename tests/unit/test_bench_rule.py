@@ -224,14 +224,16 @@ def test_a_figure_named_for_more_than_it_measures_is_rendered_as_what_it_is(
 def test_a_one_trial_ratio_equal_to_one_is_no_ratio_of_a_figure_and_its_twin() -> None:
     """The fleet's steady-state flatness of 1.00, measured once, was taken for the ratio of
     two recorded figures with the same medians — all workers Running and all pods Running of
-    one contender, the same trials — and rendered "3, 3 … met": a verdict on one trial. A
-    series divided by its twin compares nothing."""
-    results = Results("demo", "python -m bench.demo")
-    for name in ("all Running", "all pods Running"):
-        figure = results.figure(f"fleet, torchkube: {name}", "s")
-        for value in (114.0, 171.0, 250.0):
-            figure.add(value, load=1.0)
-    flat = results.figure("steady state, last third ÷ first third", "x", target=Target(1.25))
-    flat.add(1.0, load=1.0)
-    row = rows(results.to_json())["steady state, last third ÷ first third"]
-    assert row[2] == "no ratio: 1 trial" and row[7] == "no verdict: 1 trial", row
+    one contender, the same trials — and rendered "3, 3 … met": a verdict on one trial; again
+    when one trial's last pod was a store, so that the series differed in one value but not
+    in their medians. Two figures of one median divided compare nothing."""
+    for store in (0.0, 0.56):  # the last pod a worker in every trial, or a store in one
+        results = Results("demo", "python -m bench.demo")
+        for name, late in (("all Running", 0.0), ("all pods Running", store)):
+            figure = results.figure(f"fleet, Kubeflow: {name}", "s")
+            for value in (174.47, 202.43, 210.2):
+                figure.add(value + (late if value < 200 else 0.0), load=1.0)
+        flat = results.figure("steady state, last third ÷ first third", "x", target=Target(1.25))
+        flat.add(1.0, load=1.0)
+        (row,) = [r for n, r in rows(results.to_json()).items() if n.startswith("steady")]
+        assert row[2] == "no ratio: 1 trial" and row[7] == "no verdict: 1 trial", (store, row)
