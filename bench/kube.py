@@ -110,8 +110,8 @@ def metric_delta(
 CLOSED_WATCHES = "apiserver_terminated_watchers_total"
 """Watches the API server closed because their client did not drain them in time: each
 watcher has a small buffer, and once the server's budget for waiting on full buffers is
-spent every blocked watcher is closed at once. A client then
-watches again, and KWOK's from resourceVersion 0: the server replays every pod to it."""
+spent every blocked watcher is closed at once. A client then watches again, and KWOK's from
+resourceVersion 0: the server replays every pod to it."""
 
 
 METRICS_TIMEOUT = (5.0, 30.0)

@@ -1,7 +1,8 @@
 """The benchmarks read the API server's own counters (``bench.kube.apiserver_samples``), here
 from a real kube-apiserver, not from text we wrote. The fleet's "pod watches the API server
 closed" is ``apiserver_terminated_watchers_total``, whose series appear only once a watch was
-closed (none on an idle test cluster), so the reader is tested on a counter that has them."""
+closed (none on an idle test cluster), so the reader is tested on apiserver_request_total,
+which always has series."""
 
 from typing import Any
 
