@@ -385,8 +385,8 @@ def fleet(records: dict[str, Body]) -> str:
             "",
             markdown_table(["", *(contender_label(run, n) for n in names)], rows),
             "",
-            f"{trial_counts.capitalize()}, in an order that rotates trial by trial; the steady "
-            "state after each operator's first trial only.",
+            f"{trial_counts.capitalize()}, in an order that rotates trial by trial"
+            f"{warmed_up_by(run)}; the steady state after each operator's first trial only.",
             "",
             *(part for line in lines for part in (line, "")),
             *fleet_trials(run, prefix),
@@ -394,15 +394,39 @@ def fleet(records: dict[str, Body]) -> str:
     )
 
 
+def warmed_up_by(run: Run) -> str:
+    """Who started the whole fleet once before the trials, not counted (nothing for a record
+    without that start)."""
+    warm_up = run.body["extra"].get("fleet_warm_up")
+    if warm_up is None:
+        return ""
+    name = warm_up["operator"]
+    who = f"the {LIMIT}" if name == LIMIT else contender_label(run, name)
+    return f", after one warm-up start of every job by {who}, not counted"
+
+
 def fleet_trials(run: Run, prefix: str) -> list[str]:
     """The fleet's trials in the order they ran, each with the pod watches the API server
     closed in it: the trials of one contender differ by as much as the contenders do, and
-    these say why. Nothing for a record that did not count them."""
+    these say why; the warm-up first, what the cluster's first burst cost the one who made
+    it. Nothing for a record that did not count them."""
     trials = run.body["extra"].get("fleet_trials", [])
     if not trials or any("closed_pod_watches" not in trial for trial in trials):
         return []
     earlier: Counter[str] = Counter()  # a contender's trials before this one: its index
     rows = []
+    warm_up = run.body["extra"].get("fleet_warm_up")
+    if warm_up is not None:
+        rows.append(
+            [
+                "warm-up, not counted",
+                contender_label(run, warm_up["operator"]),
+                fmt(warm_up["running_s"], "s"),
+                fmt(warm_up["closed_pod_watches"], "watches"),
+                fmt(warm_up["kwok_cpu_s"], "s"),
+                f"{warm_up['load']:.1f}",
+            ]
+        )
     for order, trial in enumerate(trials, start=1):
         name = trial["operator"]
         running = run[f"{prefix}{name}: all pods Running"]["values"][earlier[name]]

@@ -250,6 +250,39 @@ def test_the_fleets_trials_are_shown_in_the_order_they_ran_with_the_watches_clos
     assert "Trial by trial" not in blocks.fleet({"operator_scale_fleet": older})
 
 
+def test_the_fleets_warm_up_is_shown_before_its_trials_and_counted_in_no_figure() -> None:
+    """The warm-up start shows what a cold API server does to the first start on it (the
+    watches it closes), beside trials that met a warm one; no figure or ratio holds it."""
+    figures: FIGURES = {}
+    for name, values in {"torchkube": [110.0, 120.0], "bare client": [96.0, 98.0]}.items():
+        for what in ("all Running", "all pods Running"):
+            figures[f"64 jobs × 64 workers, {name}: {what}"] = ("s", values, [1.0, 2.0])
+    order = [("torchkube", 4), ("bare client", 8), ("bare client", 9), ("torchkube", 5)]
+    trials = [
+        {"operator": name, "load": 1.0, "closed_pod_watches": closed, "kwok_cpu_s": 30.0}
+        for name, closed in order
+    ]
+    warm_up = {
+        "operator": "bare client",
+        "load": 0.7,
+        "closed_pod_watches": 301,
+        "kwok_cpu_s": 95.0,
+        "running_s": 171.2,
+    }
+    extra = {"fleet_trials": trials, "fleet_warm_up": warm_up}
+    body = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64}, extra=extra)
+    shown = blocks.fleet({"operator_scale_fleet": body})
+    rows = shown.splitlines()
+    trial_rows = rows[rows.index("Trial by trial:") + 4 :]
+    assert trial_rows[0] == (
+        "| warm-up, not counted | bare client: the same pods, no operator (the limit) "
+        "| 171.2 s | 301 watches | 95.0 s | 0.7 |"
+    )
+    assert trial_rows[1].startswith("| 1 | torchkube | 110.0 s | 4 watches |")
+    assert "after one warm-up start of every job by the bare client" in shown
+    assert "171.2" not in shown.split("Trial by trial:")[0], "in no figure above the trials"
+
+
 def queued_record(*extra: str) -> dict[str, Any]:
     """``extra``: contenders beside torchkube and both Kubeflow configurations."""
     figures: FIGURES = {}
