@@ -266,8 +266,8 @@ class Figure:
         return body
 
 
-COUNT_UNITS = frozenset({"steps", "watches"})
-"""Units of counts: a whole number of them is shown as one."""
+COUNT_UNITS = {"steps": "step", "watches": "watch"}
+"""Units of counts (each with its singular): a whole number of them is shown as one."""
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -283,7 +283,7 @@ def fmt(value: float | None, unit: str) -> str:
     if unit == "x":
         return f"{value:.2f}×"
     if unit in COUNT_UNITS and float(value).is_integer():
-        return f"{int(value):,} {unit}"
+        return f"{int(value):,} {COUNT_UNITS[unit] if value == 1 else unit}"
     if abs(value) >= 1000:
         return f"{value:,.0f} {unit}".strip()
     if abs(value) >= 10:

@@ -98,6 +98,7 @@ def test_a_count_is_shown_whole_and_a_measure_with_its_digits() -> None:
     assert fmt(1248.0, "steps") == "1,248 steps"
     assert fmt(12.5, "watches") == "12.5 watches"  # a median of two counts
     assert fmt(322.0, "ms") == "322.0 ms"
+    assert fmt(1.0, "watches") == "1 watch" and fmt(1.0, "steps") == "1 step"
 
 
 def test_markdown_table_escapes_pipes() -> None:
