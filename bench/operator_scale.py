@@ -278,6 +278,7 @@ class SideBySide:
         is_worker = contender.is_worker
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, self.players)
+            closed_before = bench.closed_pod_watches()
             requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
             load = load_average()
             used_before = self._cpu_used(bench, contender)
@@ -291,6 +292,7 @@ class SideBySide:
             every_pod = all_running(watch, pods, timeout, what) - started
             bound = all_bound(watch, is_worker) - started
             extra = len(watch.pods) - pods
+        closed = bench.closed_pod_watches() - closed_before
         settle(contender)
         requests = contender.requests() - requests_before
         cpu = contender.cpu_seconds() - cpu_before
@@ -298,7 +300,7 @@ class SideBySide:
             f"{contender.name}, {condition}, {workers} workers{self.label}: created "
             f"{created:.2f}s, bound {bound:.2f}s, Running {running:.2f}s (all {pods} pods "
             f"{every_pod:.2f}s), {requests:.0f} requests,"
-            f" CPU {cpu:.2f}s"
+            f" CPU {cpu:.2f}s, {closed:.0f} pod watches closed by the API server"
             + (f", {extra} EXTRA pods" if extra else "")
             + ("" if record else " (warm-up, not recorded)")
         )
@@ -326,6 +328,7 @@ class SideBySide:
                     "extra_pods": extra,
                     "requests": requests,
                     "operator_cpu_s": round(cpu, 2),
+                    "closed_pod_watches": closed,
                     "cpu_to_running_s": {k: round(v, 2) for k, v in used.items()},
                     "load": load,
                     "quiet_wait_s": round(quiet_wait, 1),
@@ -457,6 +460,7 @@ def run_single(args: argparse.Namespace, results: Results, scratch: Path) -> Non
         side = SideBySide(results, sizes, players, args.conditions)
         for player in players:  # warm-up: first-use costs of a fresh operator
             side.trial(bench, player, 8, "idle", record=False)
+        side.trial(bench, warmer(players), max(sizes), "idle", record=False)
         for condition in args.conditions:
             with cpu_load(condition) as busy:
                 log(f"condition {condition}: {busy} busy processes beside the cluster")
@@ -479,6 +483,7 @@ def run_fast_scheduler(args: argparse.Namespace, results: Results, scratch: Path
         side = SideBySide(results, [512], players, ["idle"], label)
         for player in players:
             side.trial(bench, player, 8, "idle", record=False)
+        side.trial(bench, warmer(players), 512, "idle", record=False)
         for trial in range(args.trials_large):
             for player in rotated(players, trial):
                 side.trial(bench, player, 512, "idle")
@@ -620,14 +625,21 @@ def fleet_peer(args: argparse.Namespace) -> kubeflow.PeerConfig:
     return kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
 
 
+def warmer(players: Sequence[Player]) -> Player:
+    """Who starts a large job once before the trials, not counted: the limit, which has no
+    operator of its own to warm (torchkube when the limit is left out). A fresh API server
+    gives each new pod watch a buffer sized from the events its cache has seen lately
+    (``suggestedWatchChannelSize``: ten on a new cluster), so the cluster's first large
+    burst closes the watches of every component that cannot drain ten events in time —
+    whoever caused it; the watches made after it get larger buffers."""
+    return next((p for p in players if getattr(p, "name", p) == LIMIT), players[0])
+
+
 def fleet_starts(
     players: Sequence[Player], trials: int, steady_minutes: float, warm_up: Player
 ) -> list[tuple[Player, bool, float]]:
     """The fleet's starts in the order they run, each as (who, counted, steady minutes after
-    it). First one that is not counted, by ``warm_up``: the API server gives each new watch a
-    buffer sized from the events its cache has seen lately (``suggestedWatchChannelSize``:
-    ten on a fresh cluster), so the cluster's first burst closes the watches of every
-    component that cannot drain ten events in time — whoever caused it. Then every contender
+    it). First one that is not counted, by ``warm_up`` (see :func:`warmer`). Then every contender
     ``trials`` times, in an order that rotates trial by trial, each operator's steady state
     after its first counted trial only (ten quiet minutes say the same each time, and would
     triple the run)."""
@@ -639,8 +651,7 @@ def fleet_starts(
 
 
 def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None:
-    """The starts :func:`fleet_starts` lists; the warm-up by the limit, which has no
-    operator of its own (by torchkube when the limit is left out)."""
+    """The starts :func:`fleet_starts` lists, the warm-up by :func:`warmer`."""
     pools = gpu_pools(args.fleet_nodes, args.fleet_domains)
     with (
         stack(pools, scratch) as bench,
@@ -651,9 +662,8 @@ def run_fleet(args: argparse.Namespace, results: Results, scratch: Path) -> None
             p.name: Fleet(results, p.name, args.jobs, args.per_job, operator=p.name != LIMIT)
             for p in players
         }
-        warm_up = next((p for p in players if p.name == LIMIT), players[0])
         for player, counted, steady in fleet_starts(
-            players, args.trials_fleet, args.steady_minutes, warm_up
+            players, args.trials_fleet, args.steady_minutes, warmer(players)
         ):
             fleets[player.name].trial(bench, player, players, steady, record=counted)
 
@@ -729,7 +739,12 @@ def notes(args: argparse.Namespace) -> list[str]:
             "Master counted apart); all pods Running: the last of every pod of the job "
             "(torchkube's N workers and its rendezvous store, Kubeflow's Master and N-1 "
             f"Workers, the {LIMIT}'s N pods); node creation is not timed; one 8-worker "
-            "warm-up job per operator and cluster is not counted",
+            "warm-up job per operator and cluster is not counted, nor one job of the largest "
+            f"size by {'the ' + LIMIT if args.limit else 'torchkube'} after them (a fresh API "
+            "server gives each pod watch a buffer of ten events, and the first large burst "
+            "closes those that do not drain in time); pod watches the API server closed: per "
+            "trial in the JSON (apiserver_terminated_watchers_total for pods, from before "
+            "the create until all pods are Running)",
             "both operators run at once on one cluster, jobs alternating in an order that "
             "rotates trial by trial (and size by size), so none always goes first; each "
             "trial starts on a quiet cluster (its processes and the operators within "
@@ -747,13 +762,13 @@ def notes(args: argparse.Namespace) -> list[str]:
                 f"{LIMIT} of the medians, target ≤ {TARGET_OF_LIMIT}×"
             )
     if fleet:
-        warmer = f"the {LIMIT}" if args.limit else "torchkube"
+        warmed_by = f"the {LIMIT}" if args.limit else "torchkube"
         out.append(
             f"fleet: {args.jobs} jobs × {args.per_job} workers on {args.fleet_nodes} nodes, "
             "the contenders one after the other in an order that rotates trial by trial "
             "(each operator restarted fresh before its trial, the other one running idle "
             "beside it, the cluster quiet first), every job created at once in a fresh "
-            f"namespace, after one warm-up start of every job by {warmer}, not counted (a "
+            f"namespace, after one warm-up start of every job by {warmed_by}, not counted (a "
             "fresh API server gives each pod watch a buffer of ten events, and the first "
             "burst closes those that do not drain in time; extra.fleet_warm_up), "
             "idle only (nothing else running); created/Running: from the first create "
