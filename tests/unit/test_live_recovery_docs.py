@@ -39,7 +39,7 @@ def test_the_heading_says_what_was_measured_with_the_medians() -> None:
     head = docs.loss_head(body)
     assert "A worker lost for good at step 250, its replacement started 20 s later" in head
     assert "the survivors pause 3.00 s" in head, "the median of 2, 3, 4"
-    assert "compute 1 steps twice" in head
+    assert "compute 1 step twice" in head
     assert "`recovery: restart` is back after 91.0 s with 250 steps computed twice" in head
     assert "plain torchrun after 61.0 s with 250 steps" in head
 
