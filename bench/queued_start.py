@@ -67,7 +67,7 @@ from bench.kube import (
     gpu_pools,
     stack,
 )
-from bench.operator_scale import all_created, all_running
+from bench.operator_scale import all_created, all_running, warmer
 from testbed.kueue import PYTORCHJOB, Kueue
 from testbed.kwok import kwok_toleration
 from testbed.wait import wait_for
@@ -349,6 +349,7 @@ def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
             side = QueuedStart(results, args.sizes, players)
             for player in players:  # warm-up: first-use costs of a fresh operator and Kueue
                 side.trial(bench, player, 8, record=False)
+            side.trial(bench, warmer(players), max(args.sizes), record=False)
             trials = {n: args.trials_large if n >= 256 else args.trials_small for n in args.sizes}
             for round_ in range(max(trials.values())):
                 for n in args.sizes:
@@ -358,6 +359,17 @@ def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
             side.table()
         finally:
             kueue.stop()
+
+
+def warm_ups(args: argparse.Namespace) -> str:
+    """What runs before the trials and is not counted (see ``operator_scale.warmer``)."""
+    who = "the bare client" if args.limit else "torchkube"
+    return (
+        "one 8-worker warm-up job per contender is not counted, nor one job of "
+        f"{max(args.sizes)} workers by {who} after them (a fresh API server gives each pod "
+        "watch a buffer of ten events, and the first large burst closes those that do not "
+        "drain in time)"
+    )
 
 
 def peer_note(raised: bool) -> str:
@@ -406,8 +418,8 @@ def main(argv: list[str] | None = None) -> None:
         "admitted/created/Running: from the job create request to its Workload first seen "
         "Admitted, the last worker pod seen, and seen Running (watches; Kubeflow's workers are "
         "its N-1 Workers, its Master counted apart); all pods Running: every pod of the job "
-        "(torchkube's rendezvous store, Kubeflow's Master); one 8-worker warm-up "
-        "job per contender is not counted; load: 1-minute load average at each trial's start "
+        f"(torchkube's rendezvous store, Kubeflow's Master); {warm_ups(args)}; load: "
+        "1-minute load average at each trial's start "
         "(the table's range; start and end of each trial in the JSON); each trial starts on a "
         f"quiet cluster (its processes, Kueue and the operators within {QUIET_MARGIN_CORES:g} "
         f"cores of the cluster's idle rate for {QUIET_WINDOW_S:g} s, that rate measured at the "

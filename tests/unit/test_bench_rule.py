@@ -275,3 +275,13 @@ def test_the_single_jobs_trials_follow_a_large_start_that_is_not_counted() -> No
     single = " ".join(notes(parse_args(["--only", "single"])))
     assert "nor one job of the largest size by the bare client after them" in single
     assert "pod watches the API server closed: per trial in the JSON" in single
+
+
+def test_queued_trials_follow_a_large_start_that_is_not_counted() -> None:
+    """Through Kueue too, the 8-worker warm-ups leave the API server's pod watches with the
+    ten-event buffers a fresh cluster gives them: one start of the largest size comes next."""
+    from bench.queued_start import parse_args, warm_ups
+
+    said = warm_ups(parse_args([]))
+    assert "nor one job of 512 workers by the bare client after them" in said
+    assert "by torchkube" in warm_ups(parse_args(["--no-limit"]))
