@@ -625,14 +625,26 @@ def fleet_peer(args: argparse.Namespace) -> kubeflow.PeerConfig:
     return kubeflow.RAISED if args.raised_peer else kubeflow.DEFAULT
 
 
-def warmer(players: Sequence[Player]) -> Player:
+COLD_WATCHES = (
+    "a fresh API server gives each pod watch a buffer of ten events, and the first large "
+    "burst closes those that do not drain in time"
+)
+"""Why every start-up benchmark starts a large job before its trials, as its notes say it."""
+
+
+def warmer(players: Sequence[Contender]) -> Contender:
     """Who starts a large job once before the trials, not counted: the limit, which has no
     operator of its own to warm (torchkube when the limit is left out). A fresh API server
     gives each new pod watch a buffer sized from the events its cache has seen lately
     (``suggestedWatchChannelSize``: ten on a new cluster), so the cluster's first large
     burst closes the watches of every component that cannot drain ten events in time —
     whoever caused it; the watches made after it get larger buffers."""
-    return next((p for p in players if getattr(p, "name", p) == LIMIT), players[0])
+    return next((p for p in players if p.name == LIMIT), players[0])
+
+
+def warmed_by(limit: bool) -> str:
+    """Who :func:`warmer` picks, as a record's notes name it (``limit``: the run has one)."""
+    return f"the {LIMIT}" if limit else "torchkube"
 
 
 def fleet_starts(
@@ -740,9 +752,8 @@ def notes(args: argparse.Namespace) -> list[str]:
             "(torchkube's N workers and its rendezvous store, Kubeflow's Master and N-1 "
             f"Workers, the {LIMIT}'s N pods); node creation is not timed; one 8-worker "
             "warm-up job per operator and cluster is not counted, nor one job of the largest "
-            f"size by {'the ' + LIMIT if args.limit else 'torchkube'} after them (a fresh API "
-            "server gives each pod watch a buffer of ten events, and the first large burst "
-            "closes those that do not drain in time); pod watches the API server closed: per "
+            f"size by {warmed_by(args.limit)} after them ({COLD_WATCHES}); pod watches the API "
+            "server closed: per "
             "trial in the JSON (apiserver_terminated_watchers_total for pods, from before "
             "the create until all pods are Running)",
             "both operators run at once on one cluster, jobs alternating in an order that "
@@ -762,15 +773,13 @@ def notes(args: argparse.Namespace) -> list[str]:
                 f"{LIMIT} of the medians, target ≤ {TARGET_OF_LIMIT}×"
             )
     if fleet:
-        warmed_by = f"the {LIMIT}" if args.limit else "torchkube"
         out.append(
             f"fleet: {args.jobs} jobs × {args.per_job} workers on {args.fleet_nodes} nodes, "
             "the contenders one after the other in an order that rotates trial by trial "
             "(each operator restarted fresh before its trial, the other one running idle "
             "beside it, the cluster quiet first), every job created at once in a fresh "
-            f"namespace, after one warm-up start of every job by {warmed_by}, not counted (a "
-            "fresh API server gives each pod watch a buffer of ten events, and the first "
-            "burst closes those that do not drain in time; extra.fleet_warm_up), "
+            f"namespace, after one warm-up start of every job by {warmed_by(args.limit)}, not "
+            f"counted ({COLD_WATCHES}; extra.fleet_warm_up), "
             "idle only (nothing else running); created/Running: from the first create "
             "request to the last worker pod seen by a watch (created) and seen Running "
             "(Kubeflow's workers: each job's N-1 Worker pods, its Master counted apart); all "

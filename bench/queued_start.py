@@ -67,7 +67,7 @@ from bench.kube import (
     gpu_pools,
     stack,
 )
-from bench.operator_scale import all_created, all_running, warmer
+from bench.operator_scale import COLD_WATCHES, all_created, all_running, warmed_by, warmer
 from testbed.kueue import PYTORCHJOB, Kueue
 from testbed.kwok import kwok_toleration
 from testbed.wait import wait_for
@@ -363,12 +363,9 @@ def run(args: argparse.Namespace, results: Results, scratch: Path) -> None:
 
 def warm_ups(args: argparse.Namespace) -> str:
     """What runs before the trials and is not counted (see ``operator_scale.warmer``)."""
-    who = "the bare client" if args.limit else "torchkube"
     return (
         "one 8-worker warm-up job per contender is not counted, nor one job of "
-        f"{max(args.sizes)} workers by {who} after them (a fresh API server gives each pod "
-        "watch a buffer of ten events, and the first large burst closes those that do not "
-        "drain in time)"
+        f"{max(args.sizes)} workers by {warmed_by(args.limit)} after them ({COLD_WATCHES})"
     )
 
 

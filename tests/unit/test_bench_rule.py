@@ -268,10 +268,13 @@ def test_the_single_jobs_trials_follow_a_large_start_that_is_not_counted() -> No
     """After the 8-worker warm-ups (an operator's first use), one start of the largest size
     by the limit: the first large burst on a fresh API server closes its pod watches,
     whoever makes it, and in a scratch run the first 512-worker trial was its run's slowest."""
+    from types import SimpleNamespace
+
     from bench.operator_scale import notes, parse_args, warmer
 
-    assert warmer(["torchkube", "Kubeflow", "bare client"]) == "bare client"
-    assert warmer(["torchkube", "Kubeflow"]) == "torchkube", "no limit: torchkube warms"
+    players = [SimpleNamespace(name=n) for n in ("torchkube", "Kubeflow", "bare client")]
+    assert warmer(players).name == "bare client"
+    assert warmer(players[:2]).name == "torchkube", "no limit: torchkube warms"
     single = " ".join(notes(parse_args(["--only", "single"])))
     assert "nor one job of the largest size by the bare client after them" in single
     assert "pod watches the API server closed: per trial in the JSON" in single
