@@ -34,6 +34,7 @@ ORDER = [
     "operator_scale_single",
     "operator_scale_fast-scheduler",
     "operator_scale_fleet",
+    "operator_cost",
     "queued_start",
     "operator_recovery",
     "recovery_e2e",

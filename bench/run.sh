@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run one benchmark with the project's environment: bench/run.sh NAME [ARGS...]
-#   NAME: operator_scale, queued_start, multikueue_start, topology_placement, operator_recovery,
-#         recovery_e2e, real_node_recovery, trainer_throughput, trainer_memory, checkpoint_cost,
-#         live_recovery, live_sustained, quickstart, or all
-#         (each of them, one after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
+#   NAME: operator_scale, operator_cost, queued_start, multikueue_start, topology_placement,
+#         operator_recovery, recovery_e2e, real_node_recovery, trainer_throughput, trainer_memory,
+#         checkpoint_cost, live_recovery, live_sustained, quickstart, or all (each of them, one
+#         after the other, with ARGS ignored). GPU machine: bench/gpu_check.sh.
 # Then render bench/results/*.json into docs/benchmarks.md and README.md (python -m bench.report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ shift
 VENV=$(hack/bootstrap.sh)
 export PATH="$VENV/bin:$PATH"
 case "$name" in
-  operator_scale | operator_recovery)
+  operator_scale | operator_cost | operator_recovery)
     TORCHKUBE_BIN_DIR=$(hack/build-cluster.sh | tail -n 1)
     export TORCHKUBE_BIN_DIR
     ;;
@@ -31,9 +31,9 @@ case "$name" in
     ;;
 esac
 if [ "$name" = all ]; then
-  for one in operator_scale queued_start multikueue_start topology_placement operator_recovery \
-    recovery_e2e real_node_recovery trainer_throughput trainer_memory checkpoint_cost \
-    live_recovery live_sustained quickstart; do
+  for one in operator_scale operator_cost queued_start multikueue_start topology_placement \
+    operator_recovery recovery_e2e real_node_recovery trainer_throughput trainer_memory \
+    checkpoint_cost live_recovery live_sustained quickstart; do
     python -m "bench.$one"
   done
   # torchft's steady cost again at a step about 5× longer (more micro-batches per step)

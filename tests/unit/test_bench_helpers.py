@@ -9,13 +9,14 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
-from bench import contenders, guard, kubeflow, report
+from bench import contenders, guard, kubeflow, operator_cost, report
 from bench.common import (
     Figure,
     Reference,
@@ -41,6 +42,7 @@ from bench.trainer_throughput import throughput
 from testbed.cluster import scheduler_configuration
 from torchkube.api import TrainingJob
 from torchkube.api.worker_launch import TORCHRUN_MONITOR_INTERVAL
+from torchkube.operator import informer
 
 
 @pytest.mark.parametrize("values", [[3.0], [1.0, 2.0], [5, 1, 4, 2, 3], [0.3, 0.1, 9.0, 2.5]])
@@ -799,3 +801,20 @@ def test_the_bench_reads_the_operators_request_counter_alone(tmp_path: Path) -> 
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_the_watch_replay_hands_the_informer_every_event_as_the_api_server_frames_them() -> None:
+    """operator_cost times the informer on a replayed watch: each event one chunk, as the API
+    server streams a watch; a framing error would time a stream the informer never sees."""
+    pods = [
+        {"metadata": {"name": f"w-{i}", "namespace": "ns", "resourceVersion": str(i + 1)}}
+        for i in range(3)
+    ]
+    events = [json.dumps({"type": "MODIFIED", "object": pod}).encode() + b"\n" for pod in pods]
+    seen: list[Any] = []
+    position = informer.Position("0")
+    response = operator_cost.replayed(events)
+    lines = informer.stream_lines(response.stream(amt=None, decode_content=False))
+    informer.follow(lines, position, seen.append)
+    assert [change.pod["metadata"]["name"] for change in seen] == ["w-0", "w-1", "w-2"]
+    assert position.version == "3"

@@ -1,0 +1,288 @@
+"""Where the operator's CPU per pod goes: its create request, its pod watch, its planning —
+each beside the least that step can cost in Python on the same machine.
+
+Run: ``python -m bench.operator_cost`` (≈ 1 min on 2 cores, a 4-node cluster of its own).
+
+A 512-worker start costs the operator about as much CPU as the API server's share of the
+cluster lets the nodes wait for (``operator_scale``'s "where the CPU went"); on a small
+machine that CPU is what stands between torchkube and the bare client. This benchmark splits
+it, on an idle cluster, into the steps a start repeats per pod, each measured in CPU seconds
+of the thread doing it (``time.thread_time``; ``time.process_time`` for the step run from the
+operator's thread pool, whose threads all count):
+
+- **create**: ``Kube.create`` — the operator's pod create as it sends it (its body already
+  JSON, no model objects: ``kube._post``), through the Kubernetes client and urllib3 — one at
+  a time, and from ``api_concurrency`` threads as the operator sends a job's pods. The
+  floor: the same body as one HTTP/1.1 request written to a kept TLS socket and its answer
+  read and parsed with no client library at all.
+- **watch event**: the pod informer's read, parse and slim of one watch event
+  (``informer.follow`` over ``stream_lines`` of a urllib3 response), on a stream of the
+  cluster's own pods replayed from a local socket (no TLS, no API server: the informer's own
+  part); the floor: ``json.loads`` of the same event alone.
+- **plan**: ``planner.plan`` of a 512-worker job whose pods were just created (Pending),
+  as a reconcile during the start sees it; and building one worker pod's body.
+
+Trials are blocks of the same step repeated; the create blocks alternate with the floor's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from urllib3.response import HTTPResponse
+
+from bench.common import Results, command_line, log, rotated
+from bench.kube import Stack, gpu_pools, job_body, stack
+from torchkube.api import TrainingJob
+from torchkube.operator import informer
+from torchkube.operator.builders import worker_pod
+from torchkube.operator.decision import Observed
+from torchkube.operator.kube import Kube
+from torchkube.operator.planner import plan
+from torchkube.operator.pods import NodeHealth, slim
+
+NOWHERE = "nowhere"
+"""The pool the pods ask for and no node has: they stay Pending, nothing but the API server
+works on them."""
+PLANNED_WORKERS = 512
+
+
+def job_in(namespace: str, workers: int) -> TrainingJob:
+    body = job_body("cost", workers, group=NOWHERE)
+    body["metadata"] |= {"namespace": namespace, "uid": "00000000-0000-0000-0000-00000000c057"}
+    return TrainingJob.model_validate(body)
+
+
+def cpu_per_call(step: Callable[[], Any], calls: int, clock: Callable[[], float]) -> float:
+    """CPU seconds per call of ``step`` over ``calls`` calls, by ``clock``."""
+    began = clock()
+    for _ in range(calls):
+        step()
+    return (clock() - began) / calls
+
+
+class RawRequests:
+    """One kept TLS connection to the API server, authenticated as the benchmark's client
+    is (the kubeconfig's client certificate), and requests written and read on it by hand:
+    what a create costs a Python process with no HTTP library in the way."""
+
+    def __init__(self, configuration: Any) -> None:
+        address = urlparse(configuration.host)
+        context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+        self.host = address.netloc
+        self.sock = context.wrap_socket(
+            socket.create_connection((address.hostname, address.port)),
+            server_hostname=address.hostname,
+        )
+        self.reader = self.sock.makefile("rb")
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + payload)
+        status = self.reader.readline()
+        headers: dict[str, str] = {}
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            key, _, value = line.decode("latin-1").partition(":")
+            headers[key.strip().lower()] = value.strip()
+        if b" 201 " not in status:
+            raise RuntimeError(f"create refused: {status!r}")
+        return json.loads(self._body(headers))
+
+    def _body(self, headers: dict[str, str]) -> bytes:
+        if "content-length" in headers:
+            return self.reader.read(int(headers["content-length"]))
+        parts = []
+        while size := int(self.reader.readline().strip(), 16):
+            parts.append(self.reader.read(size))
+            self.reader.readline()
+        self.reader.readline()
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def measure_creates(bench: Stack, results: Results, trials: int, per_trial: int) -> None:
+    namespace = bench.namespace("cost")
+    job = job_in(namespace, per_trial)
+    count = trials * per_trial * 3 + 64
+    bodies = iter([worker_pod(job, index, f"c{index}") for index in range(count)])
+    """Each body is created once: a create needs a new name."""
+    concurrency = 32
+    kube = Kube(bench.cluster.api_client(), concurrency)
+    raw = RawRequests(bench.cluster.api_client().configuration)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    serial = results.figure("create one worker pod, the operator's request, one at a time", "ms")
+    pooled = results.figure(
+        f"create one worker pod, the operator's request, {concurrency} threads", "ms"
+    )
+    floor = results.figure("create one worker pod, by hand on a kept TLS socket (the floor)", "ms")
+    kube.create_all([next(bodies) for _ in range(concurrency)])  # the pool's connections
+    raw.post(path, next(bodies))
+
+    def one_at_a_time(create: Callable[[dict[str, Any]], Any]) -> Callable[[], float]:
+        return lambda: cpu_per_call(lambda: create(next(bodies)), per_trial, time.thread_time)
+
+    ways: list[tuple[Any, Callable[[], float]]] = [
+        (serial, one_at_a_time(kube.create)),
+        (floor, one_at_a_time(lambda body: raw.post(path, body))),
+        (pooled, lambda: _pooled(kube, bodies, per_trial)),
+    ]
+    try:
+        for trial in range(trials):
+            for figure, way in rotated(ways, trial):
+                figure.add(way() * 1e3)
+    finally:
+        raw.close()
+    bench.delete_namespace(namespace)
+
+
+def _pooled(kube: Kube, bodies: Iterator[dict[str, Any]], calls: int) -> float:
+    """CPU per create of ``calls`` creates sent from the operator's pool at once (every thread
+    of this process counts: the pool's are the ones working)."""
+    batch = [next(bodies) for _ in range(calls)]
+    began = time.process_time()
+    kube.create_all(batch)
+    return (time.process_time() - began) / calls
+
+
+def replayed(events: list[bytes]) -> HTTPResponse:
+    """A urllib3 response streaming ``events`` as the API server does a watch (one chunk per
+    event), from a local socket."""
+    import http.client
+
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(event), event) for event in events)
+    ours, theirs = socket.socketpair()
+
+    def serve() -> None:
+        with theirs:
+            theirs.sendall(head + b"\r\n" + chunks + b"0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    response = http.client.HTTPResponse(ours, method="GET")
+    response.begin()
+    return HTTPResponse(
+        body=response,
+        headers=dict(response.getheaders()),
+        status=response.status,
+        preload_content=False,
+        decode_content=False,
+        original_response=response,
+    )  # fmt: skip
+
+
+def measure_watch_and_plan(bench: Stack, results: Results, trials: int) -> None:
+    namespace = bench.namespace("cost")
+    job = job_in(namespace, PLANNED_WORKERS)
+    Kube(bench.cluster.api_client(), 32).create_all(
+        [worker_pod(job, index, f"w{index}") for index in range(PLANNED_WORKERS)]
+    )
+    listed = bench.core.list_namespaced_pod(namespace, _preload_content=False)
+    pods = json.loads(listed.data)["items"]
+    events = [json.dumps({"type": "MODIFIED", "object": pod}).encode() + b"\n" for pod in pods]
+    results.extra["watch_event_bytes"] = round(sum(map(len, events)) / len(events))
+    watched = results.figure("pod watch, one event read, parsed and slimmed by the informer", "ms")
+    decoded = results.figure("pod watch, one event's JSON decoded alone (the floor)", "ms")
+    planned = results.figure(
+        f"plan a {PLANNED_WORKERS}-worker job whose pods were just created", "ms"
+    )
+    built = results.figure("build one worker pod's body", "ms")
+    observed = Observed(
+        job=job,
+        pods=[slim(pod, owned=True) for pod in pods],
+        nodes={f"n{index}": NodeHealth(True, None) for index in range(100)},
+        now=datetime.now(UTC),
+    )
+    plan(observed)
+    for _ in range(trials):
+        watched.add(_follow_cpu(events) * 1e3)
+        decoded.add(cpu_per_call(_decoder(events), len(events), time.thread_time) * 1e3)
+        planned.add(cpu_per_call(lambda: plan(observed), 10, time.thread_time) * 1e3)
+        built.add(_build_cpu(job) * 1e3)
+    bench.delete_namespace(namespace)
+
+
+def _follow_cpu(events: list[bytes]) -> float:
+    response = replayed(events)
+    seen: list[informer.Changed] = []
+    began = time.thread_time()
+    lines = informer.stream_lines(response.stream(amt=None, decode_content=False))
+    informer.follow(lines, informer.Position("1"), seen.append)
+    spent = time.thread_time() - began
+    if len(seen) != len(events):
+        raise RuntimeError(f"the replay delivered {len(seen)} of {len(events)} events")
+    return spent / len(events)
+
+
+def _build_cpu(job: TrainingJob) -> float:
+    """CPU per worker pod body, the job's every slot built once."""
+    began = time.thread_time()
+    for index in range(PLANNED_WORKERS):
+        worker_pod(job, index, "b")
+    return (time.thread_time() - began) / PLANNED_WORKERS
+
+
+def _decoder(events: list[bytes]) -> Callable[[], Any]:
+    lines = iter(events * 2)
+    return lambda: json.loads(next(lines))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.operator_cost", description=__doc__)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--per-trial", type=int, default=64, help="creates per trial and way")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    results = Results(
+        "operator_cost", command_line("bench.operator_cost", argv), config=dict(vars(args))
+    )
+    results.notes += [
+        "CPU milliseconds of the thread doing the step (time.thread_time), per call; the "
+        "pooled creates: of the whole process (time.process_time), whose pool threads do "
+        "them; an idle 4-node cluster, pods in a pool no node has (they stay Pending)",
+        "create: the operator's Kube.create of a worker pod body built by its pod builder, "
+        "through the Kubernetes client and urllib3, its answer parsed; the floor: the same "
+        "body as one HTTP/1.1 request written by hand to a kept TLS socket (the kubeconfig's "
+        "client certificate), its answer read by hand and parsed with json.loads; trials "
+        "alternate the three in rotated order",
+        "watch: the informer's follow() over a urllib3 response streaming the cluster's own "
+        "pods as MODIFIED events, one chunk each, from a local socket (no TLS); the floor: "
+        "json.loads of each event alone",
+        f"plan: planner.plan of a {PLANNED_WORKERS}-worker job with its {PLANNED_WORKERS} "
+        "pods just created (Pending, as the API server returned them, slimmed as the "
+        "informer keeps them), 100 Ready nodes",
+    ]
+    with (
+        tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch,
+        stack(gpu_pools(4, 2), Path(scratch)) as bench,
+    ):
+        log("creates")
+        measure_creates(bench, results, args.trials, args.per_trial)
+        log("watch events and plans")
+        measure_watch_and_plan(bench, results, args.trials)
+    results.write()
+
+
+if __name__ == "__main__":
+    main()
