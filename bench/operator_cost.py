@@ -3,18 +3,18 @@ each beside the least that step can cost in Python on the same machine.
 
 Run: ``python -m bench.operator_cost`` (≈ 1 min on 2 cores, a 4-node cluster of its own).
 
-A 512-worker start costs the operator about as much CPU as the API server's share of the
-cluster lets the nodes wait for (``operator_scale``'s "where the CPU went"); on a small
-machine that CPU is what stands between torchkube and the bare client. This benchmark splits
-it, on an idle cluster, into the steps a start repeats per pod, each measured in CPU seconds
-of the thread doing it (``time.thread_time``; ``time.process_time`` for the step run from the
-operator's thread pool, whose threads all count):
+On a small machine the operator's CPU during a large start is CPU the scheduler and KWOK wait
+for (``operator_scale``'s "where the CPU went"): it is what stands between torchkube and the
+bare client. This benchmark splits it, on an idle cluster, into the steps a start repeats per
+pod, each in CPU seconds of the thread doing it (``time.thread_time``; ``time.process_time``
+for the batches sent from the operator's thread pool, whose threads all count):
 
 - **create**: ``Kube.create`` — the operator's pod create as it sends it (its body already
-  JSON, no model objects: ``kube._post``), through the Kubernetes client and urllib3 — one at
-  a time, and from ``api_concurrency`` threads as the operator sends a job's pods. The
-  floor: the same body as one HTTP/1.1 request written to a kept TLS socket and its answer
-  read and parsed with no client library at all.
+  JSON: ``kube._post``), through the Kubernetes client and urllib3 — one at a time, and in
+  batches from the operator's thread pool at its default size (``api_concurrency``) and at
+  32 (its default before), with the creates per second of each. The floor: the same body
+  as one HTTP/1.1 request written to a kept TLS socket, its answer read and parsed with no
+  client library at all.
 - **watch event**: the pod informer's read, parse and slim of one watch event
   (``informer.follow`` over ``stream_lines`` of a urllib3 response), on a stream of the
   cluster's own pods replayed from a local socket (no TLS, no API server: the informer's own
@@ -22,7 +22,7 @@ operator's thread pool, whose threads all count):
 - **plan**: ``planner.plan`` of a 512-worker job whose pods were just created (Pending),
   as a reconcile during the start sees it; and building one worker pod's body.
 
-Trials are blocks of the same step repeated; the create blocks alternate with the floor's.
+Trials are blocks of the same step repeated; the ways of creating alternate in rotated order.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from bench.kube import Stack, gpu_pools, job_body, stack
 from torchkube.api import TrainingJob
 from torchkube.operator import informer
 from torchkube.operator.builders import worker_pod
+from torchkube.operator.config import OperatorSettings
 from torchkube.operator.decision import Observed
 from torchkube.operator.kube import Kube
 from torchkube.operator.planner import plan
@@ -119,48 +120,63 @@ class RawRequests:
         self.sock.close()
 
 
+FORMER_CONCURRENCY = 32
+"""The operator's pool size before 16: measured beside the default, the reason for it."""
+
+
 def measure_creates(bench: Stack, results: Results, trials: int, per_trial: int) -> None:
+    """One create at a time (the operator's and the floor), and a batch from the operator's
+    pool at its default size and at :data:`FORMER_CONCURRENCY`, in rotated order."""
     namespace = bench.namespace("cost")
     job = job_in(namespace, per_trial)
-    count = trials * per_trial * 3 + 64
+    pools = sorted({OperatorSettings().api_concurrency, FORMER_CONCURRENCY})
+    count = trials * per_trial * (2 + 2 * len(pools)) + sum(pools) + 1
     bodies = iter([worker_pod(job, index, f"c{index}") for index in range(count)])
     """Each body is created once: a create needs a new name."""
-    concurrency = 32
-    kube = Kube(bench.cluster.api_client(), concurrency)
     raw = RawRequests(bench.cluster.api_client().configuration)
     path = f"/api/v1/namespaces/{namespace}/pods"
     serial = results.figure("create one worker pod, the operator's request, one at a time", "ms")
-    pooled = results.figure(
-        f"create one worker pod, the operator's request, {concurrency} threads", "ms"
-    )
     floor = results.figure("create one worker pod, by hand on a kept TLS socket (the floor)", "ms")
-    kube.create_all([next(bodies) for _ in range(concurrency)])  # the pool's connections
     raw.post(path, next(bodies))
+    kube = Kube(bench.cluster.api_client(), 1)
 
     def one_at_a_time(create: Callable[[dict[str, Any]], Any]) -> Callable[[], float]:
         return lambda: cpu_per_call(lambda: create(next(bodies)), per_trial, time.thread_time)
 
-    ways: list[tuple[Any, Callable[[], float]]] = [
-        (serial, one_at_a_time(kube.create)),
-        (floor, one_at_a_time(lambda body: raw.post(path, body))),
-        (pooled, lambda: _pooled(kube, bodies, per_trial)),
+    ways: list[Callable[[], None]] = [
+        lambda: serial.add(one_at_a_time(kube.create)() * 1e3),
+        lambda: floor.add(one_at_a_time(lambda body: raw.post(path, body))() * 1e3),
     ]
+    for size in pools:
+        ways.append(_pool_way(bench, results, size, bodies, 2 * per_trial))
     try:
         for trial in range(trials):
-            for figure, way in rotated(ways, trial):
-                figure.add(way() * 1e3)
+            for way in rotated(ways, trial):
+                way()
     finally:
         raw.close()
     bench.delete_namespace(namespace)
 
 
-def _pooled(kube: Kube, bodies: Iterator[dict[str, Any]], calls: int) -> float:
-    """CPU per create of ``calls`` creates sent from the operator's pool at once (every thread
-    of this process counts: the pool's are the ones working)."""
-    batch = [next(bodies) for _ in range(calls)]
-    began = time.process_time()
-    kube.create_all(batch)
-    return (time.process_time() - began) / calls
+def _pool_way(
+    bench: Stack, results: Results, size: int, bodies: Iterator[dict[str, Any]], calls: int
+) -> Callable[[], None]:
+    """A trial of ``calls`` creates sent at once from an operator pool of ``size`` threads:
+    the CPU per create (every thread of this process counts: the pool's are the ones
+    working) and the creates per second."""
+    cpu = results.figure(f"create one worker pod, the operator's request, {size} threads", "ms")
+    rate = results.figure(f"creates per second, the operator's pool of {size} threads", "/s")
+    kube = Kube(bench.cluster.api_client(), size)
+    kube.create_all([next(bodies) for _ in range(size)])  # the pool's connections
+
+    def trial() -> None:
+        batch = [next(bodies) for _ in range(calls)]
+        began, started = time.process_time(), time.monotonic()
+        kube.create_all(batch)
+        cpu.add((time.process_time() - began) / calls * 1e3)
+        rate.add(calls / (time.monotonic() - started))
+
+    return trial
 
 
 def replayed(events: list[bytes]) -> HTTPResponse:
@@ -259,13 +275,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     results.notes += [
         "CPU milliseconds of the thread doing the step (time.thread_time), per call; the "
-        "pooled creates: of the whole process (time.process_time), whose pool threads do "
+        "pooled creates (a batch twice a trial's size): of the whole process "
+        "(time.process_time), whose pool threads do "
         "them; an idle 4-node cluster, pods in a pool no node has (they stay Pending)",
         "create: the operator's Kube.create of a worker pod body built by its pod builder, "
         "through the Kubernetes client and urllib3, its answer parsed; the floor: the same "
         "body as one HTTP/1.1 request written by hand to a kept TLS socket (the kubeconfig's "
         "client certificate), its answer read by hand and parsed with json.loads; trials "
-        "alternate the three in rotated order",
+        "alternate in rotated order",
         "watch: the informer's follow() over a urllib3 response streaming the cluster's own "
         "pods as MODIFIED events, one chunk each, from a local socket (no TLS); the floor: "
         "json.loads of each event alone",

@@ -24,11 +24,16 @@ class OperatorSettings(ApiModel):
     )
     workers: int = Field(default=8, ge=1, le=256, description="Jobs reconciled at the same time.")
     api_concurrency: int = Field(
-        default=32,
+        default=16,
         ge=1,
         le=512,
         description="Parallel API requests when creating or deleting many pods at once.",
     )
+    """Sixteen send creates as fast as an API server answers them (bench.operator_cost: its
+    pooled creates per second); every thread beyond that only waits for the GIL beside the
+    others, and a pod's create costs the operator more CPU the more threads wait (the same
+    record's CPU per create from 16 and from 32 threads) — CPU the scheduler and the nodes
+    need while a large job starts."""
     resync_seconds: float = Field(
         default=30, gt=0, description="Every job is reconciled at least this often."
     )
