@@ -12,7 +12,6 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -38,11 +37,18 @@ from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
 from torchkube.operator import workloads
 from torchkube.operator.builders import worker_pod
+from torchkube.operator.config import OperatorSettings
+from torchkube.operator.kube import Kube
 from torchkube.policy.queue import QUEUE_LABEL
 
 PEER = "Kubeflow"
 BARE_LABEL = "bench.torchkube.io/bare-job"
-BARE_THREADS = 32
+BARE_THREADS = OperatorSettings().api_concurrency
+"""The bare client creates from as many threads as the operator's API pool has, through the
+operator's own request (``Kube.create``: the body sent as the JSON it is, the answer parsed
+as JSON): the same requests at the same parallelism, with no operator around them."""
+BARE_HOW = f"through the operator's own create request from {BARE_THREADS} threads (its API pool)"
+"""How the bare client sends its creates, as the records' notes say it."""
 
 
 class Contender(Protocol):
@@ -242,6 +248,7 @@ def bare_pods(namespace: str, job: str, workers: int, gpus: int, group: str) -> 
         pod = worker_pod(trainingjob, index, "bare")
         pod["metadata"] = {
             "name": pod["metadata"]["name"],
+            "namespace": namespace,
             "labels": {BARE_LABEL: job, lbl.REPLICA_INDEX: str(index)},
         }
         pods.append(pod)
@@ -363,6 +370,7 @@ class BareClient:
     _sent: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _core: Any = None
+    _creates: Kube | None = None
     _replacers: list[Replacer] = field(default_factory=list)
 
     def _client(self) -> Any:
@@ -377,7 +385,9 @@ class BareClient:
                 client_configuration=configuration,
             )
             configuration.connection_pool_maxsize = BARE_THREADS
-            self._core = client.CoreV1Api(client.ApiClient(configuration))
+            api_client = client.ApiClient(configuration)
+            self._core = client.CoreV1Api(api_client)
+            self._creates = Kube(api_client, BARE_THREADS)
         return self._core
 
     def submit(
@@ -398,17 +408,17 @@ class BareClient:
         if queue:
             self._admitted(namespace, bare_workload(namespace, job, workers, gpus, group, queue))
 
-        def create(pod: dict[str, Any]) -> None:
-            core.create_namespaced_pod(namespace, pod)
-            self._count(1)
-
         templates = bare_pods(namespace, job, workers, gpus, group)
         if resilient:
             self._replacers.append(
                 Replacer(self.bench, core, namespace, templates, resilient.node_grace, self._count)
             )
-        with ThreadPoolExecutor(BARE_THREADS) as pool:
-            list(pool.map(create, templates))
+        assert self._creates is not None
+        results = self._creates.create_all(templates)
+        self._count(len(results))
+        refused = [result.refused for result in results if result.refused is not None]
+        if refused:
+            raise RuntimeError(f"{LIMIT}: {len(refused)} creates refused: {refused[0]}")
 
     def _admitted(self, namespace: str, body: dict[str, Any]) -> None:
         """Create ``body`` and return once Kueue has admitted it: what any integration must

@@ -74,7 +74,7 @@ from bench.common import (
     rotated,
     spread,
 )
-from bench.contenders import PEER, Contender, contenders, quiet, settle
+from bench.contenders import BARE_HOW, PEER, Contender, contenders, quiet, settle
 from bench.kube import (
     QUIET_MARGIN_CORES,
     QUIET_WINDOW_S,
@@ -769,7 +769,7 @@ def notes(args: argparse.Namespace) -> list[str]:
             out.append(
                 f"{LIMIT} (the physical limit): torchkube's own worker pods for the job (its "
                 "pod builder: same containers, resources, claim, scheduling), created by a "
-                f"client with no operator from 32 threads, no client rate limit; torchkube ÷ "
+                f"client with no operator, {BARE_HOW}, no client rate limit; torchkube ÷ "
                 f"{LIMIT} of the medians, target ≤ {TARGET_OF_LIMIT}×"
             )
     if fleet:
@@ -797,7 +797,7 @@ def notes(args: argparse.Namespace) -> list[str]:
         if args.limit:
             out.append(
                 f"{LIMIT} (the physical limit): torchkube's own worker pods of each job, "
-                "created job after job by a client with no operator from 32 threads, no "
+                f"created job after job by a client with no operator, {BARE_HOW}, no "
                 f"client rate limit; torchkube ÷ {LIMIT} of the medians"
             )
     out.append(

@@ -56,7 +56,7 @@ from bench.common import (
     rotated,
     spread,
 )
-from bench.contenders import PEER, Contender, contenders, quiet, settle
+from bench.contenders import BARE_HOW, PEER, Contender, contenders, quiet, settle
 from bench.kube import (
     BENCH_LABEL,
     QUIET_MARGIN_CORES,
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{LIMIT} (the physical limit): the Workload torchkube makes for the job, its "
                 "workers' pod set alone and owned by nothing, created by a client with no "
                 "operator, which watches it from that create's version and, once Kueue "
-                "admits it, creates torchkube's own worker pods for the job from 32 threads, "
+                f"admits it, creates torchkube's own worker pods for the job, {BARE_HOW}, "
                 "no client rate limit; torchkube ÷ the limit of the medians"
             ]
             if args.limit

@@ -583,7 +583,7 @@ def test_the_bare_client_creates_torchkubes_own_worker_pods_and_nothing_claims_t
     )
     assert len(pods) == 8 and len({p["metadata"]["name"] for p in pods}) == 8
     assert [p["spec"] for p in pods] == [worker_pod(job, i, "bare")["spec"] for i in range(8)]
-    assert all(set(p["metadata"]) == {"name", "labels"} for p in pods)
+    assert all(set(p["metadata"]) == {"name", "namespace", "labels"} for p in pods)
     assert all(lbl.JOB_NAME not in p["metadata"]["labels"] for p in pods)
     assert {p["metadata"]["labels"][BARE_LABEL] for p in pods} == {"j"}
 
