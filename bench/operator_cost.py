@@ -28,6 +28,7 @@ Trials are blocks of the same step repeated; the ways of creating alternate in r
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import socket
 import ssl
@@ -43,8 +44,10 @@ from urllib.parse import urlparse
 from urllib3.response import HTTPResponse
 
 from bench.common import Results, command_line, log, rotated
+from bench.contenders import bare_pods
 from bench.kube import Stack, gpu_pools, job_body, stack
 from torchkube.api import TrainingJob
+from torchkube.api import labels as lbl
 from torchkube.operator import informer
 from torchkube.operator.builders import worker_pod
 from torchkube.operator.config import OperatorSettings
@@ -55,7 +58,8 @@ from torchkube.operator.pods import NodeHealth, slim
 
 NOWHERE = "nowhere"
 """The pool the pods ask for and no node has: they stay Pending, nothing but the API server
-works on them."""
+works on them. They are created as the bare client's are (``contenders.bare_pods``: no owner
+a garbage collector would find missing and delete them for, no label the operator watches)."""
 PLANNED_WORKERS = 512
 
 
@@ -128,11 +132,11 @@ def measure_creates(bench: Stack, results: Results, trials: int, per_trial: int)
     """One create at a time (the operator's and the floor), and a batch from the operator's
     pool at its default size and at :data:`FORMER_CONCURRENCY`, in rotated order."""
     namespace = bench.namespace("cost")
-    job = job_in(namespace, per_trial)
     pools = sorted({OperatorSettings().api_concurrency, FORMER_CONCURRENCY})
     count = trials * per_trial * (2 + 2 * len(pools)) + sum(pools) + 1
-    bodies = iter([worker_pod(job, index, f"c{index}") for index in range(count)])
-    """Each body is created once: a create needs a new name."""
+    bodies = iter(bare_pods(namespace, "cost", count, 1, NOWHERE))
+    """Each body is created once (a create needs a new name); no owner for the garbage
+    collector to find missing and delete them for, no label the operator's watch selects."""
     raw = RawRequests(bench.cluster.api_client().configuration)
     path = f"/api/v1/namespaces/{namespace}/pods"
     serial = results.figure("create one worker pod, the operator's request, one at a time", "ms")
@@ -182,8 +186,6 @@ def _pool_way(
 def replayed(events: list[bytes]) -> HTTPResponse:
     """A urllib3 response streaming ``events`` as the API server does a watch (one chunk per
     event), from a local socket."""
-    import http.client
-
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(event), event) for event in events)
     ours, theirs = socket.socketpair()
@@ -207,12 +209,11 @@ def replayed(events: list[bytes]) -> HTTPResponse:
 
 def measure_watch_and_plan(bench: Stack, results: Results, trials: int) -> None:
     namespace = bench.namespace("cost")
-    job = job_in(namespace, PLANNED_WORKERS)
-    Kube(bench.cluster.api_client(), 32).create_all(
-        [worker_pod(job, index, f"w{index}") for index in range(PLANNED_WORKERS)]
-    )
+    created = bare_pods(namespace, "cost", PLANNED_WORKERS, 1, NOWHERE)
+    Kube(bench.cluster.api_client(), OperatorSettings().api_concurrency).create_all(created)
     listed = bench.core.list_namespaced_pod(namespace, _preload_content=False)
-    pods = json.loads(listed.data)["items"]
+    job = job_in(namespace, PLANNED_WORKERS)
+    pods = [as_the_jobs(job, pod) for pod in json.loads(listed.data)["items"]]
     events = [json.dumps({"type": "MODIFIED", "object": pod}).encode() + b"\n" for pod in pods]
     results.extra["watch_event_bytes"] = round(sum(map(len, events)) / len(events))
     watched = results.figure("pod watch, one event read, parsed and slimmed by the informer", "ms")
@@ -236,6 +237,15 @@ def measure_watch_and_plan(bench: Stack, results: Results, trials: int) -> None:
     bench.delete_namespace(namespace)
 
 
+def as_the_jobs(job: TrainingJob, pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod as the API server returned it, with the labels and owner torchkube gives the
+    worker of its slot: what the operator's watch shows of the job's pods (they are created
+    without them, see :func:`measure_watch_and_plan`)."""
+    made = worker_pod(job, int(pod["metadata"]["labels"][lbl.REPLICA_INDEX]), "cost")
+    ours = {key: made["metadata"][key] for key in ("labels", "ownerReferences")}
+    return {**pod, "metadata": {**pod["metadata"], **ours}}
+
+
 def _follow_cpu(events: list[bytes]) -> float:
     response = replayed(events)
     seen: list[informer.Changed] = []
@@ -257,7 +267,7 @@ def _build_cpu(job: TrainingJob) -> float:
 
 
 def _decoder(events: list[bytes]) -> Callable[[], Any]:
-    lines = iter(events * 2)
+    lines = iter(events)
     return lambda: json.loads(next(lines))
 
 
@@ -287,8 +297,10 @@ def main(argv: list[str] | None = None) -> None:
         "pods as MODIFIED events, one chunk each, from a local socket (no TLS); the floor: "
         "json.loads of each event alone",
         f"plan: planner.plan of a {PLANNED_WORKERS}-worker job with its {PLANNED_WORKERS} "
-        "pods just created (Pending, as the API server returned them, slimmed as the "
-        "informer keeps them), 100 Ready nodes",
+        "pods just created (Pending, as the API server returned them with torchkube's "
+        "labels and owner for each slot, slimmed as the informer keeps them), 100 Ready "
+        "nodes; the pods are created as the bare client's are, with no owner the garbage "
+        "collector would delete them for",
     ]
     with (
         tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch,
