@@ -159,7 +159,7 @@ def measure_creates(bench: Stack, results: Results, trials: int, per_trial: int)
                 way()
     finally:
         raw.close()
-    bench.delete_namespace(namespace)
+    bench.delete_namespace(namespace, force=True)
 
 
 def _pool_way(
@@ -234,7 +234,7 @@ def measure_watch_and_plan(bench: Stack, results: Results, trials: int) -> None:
         decoded.add(cpu_per_call(_decoder(events), len(events), time.thread_time) * 1e3)
         planned.add(cpu_per_call(lambda: plan(observed), 10, time.thread_time) * 1e3)
         built.add(_build_cpu(job) * 1e3)
-    bench.delete_namespace(namespace)
+    bench.delete_namespace(namespace, force=True)
 
 
 def as_the_jobs(job: TrainingJob, pod: dict[str, Any]) -> dict[str, Any]:
