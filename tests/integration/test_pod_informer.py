@@ -49,7 +49,13 @@ def test_the_informer_lists_then_follows_the_job_pods_only(api_client: Any, name
 
     async def scenario() -> None:
         woken: list[tuple[str, str]] = []
-        informer = PodInformer(api_client, [namespace], woken.append)
+        news: list[bool] = []
+
+        def wake(job: tuple[str, str], progress_only: bool) -> None:
+            woken.append(job)
+            news.append(not progress_only)
+
+        informer = PodInformer(api_client, [namespace], wake)
         task = asyncio.create_task(informer.run())
         try:
             await asyncio.wait_for(informer.synced.wait(), 20)
@@ -61,6 +67,8 @@ def test_the_informer_lists_then_follows_the_job_pods_only(api_client: Any, name
 
             await asyncio.to_thread(core.create_namespaced_pod, namespace, _pod("w-2"))
             await _until(lambda: len(informer.index.get(key, [])) == 3, "w-2 in the index")
+            assert news[0] and not news[-1], "a list is news; a pod created is progress"
+            before_delete = len(news)
             await asyncio.to_thread(
                 core.delete_namespaced_pod, "w-0", namespace, grace_period_seconds=0
             )
@@ -71,6 +79,7 @@ def test_the_informer_lists_then_follows_the_job_pods_only(api_client: Any, name
                 "w-0 gone from the index",
             )
             assert woken.count(key) >= 3, woken
+            assert any(news[before_delete:]), "a pod deleted is news"
         finally:
             task.cancel()
 
@@ -85,7 +94,7 @@ def test_a_cancelled_informer_lets_go_of_a_quiet_watch_at_once(
     there a minute and more, its loop (and everything else) stuck."""
 
     async def scenario() -> tuple[float, list[threading.Thread]]:
-        informer = PodInformer(api_client, [namespace], lambda _key: None)
+        informer = PodInformer(api_client, [namespace], lambda _key, _progress: None)
         task = asyncio.create_task(informer.run())
         await asyncio.wait_for(informer.synced.wait(), 20)
         await asyncio.sleep(1.0)  # the watch is open, and nothing happens in the namespace
@@ -113,7 +122,7 @@ def test_an_api_server_out_of_reach_is_counted_and_nothing_is_reconciled() -> No
     before = REGISTRY.get_sample_value("torchkube_pod_watch_errors_total") or 0.0
 
     async def scenario() -> float:
-        informer = PodInformer(client.ApiClient(configuration), [], lambda key: None)
+        informer = PodInformer(client.ApiClient(configuration), [], lambda _key, _progress: None)
         task = asyncio.create_task(informer.run())
         try:
             await asyncio.sleep(2.0)  # the first tries: at 0, 0.5 s and 1.5 s

@@ -17,7 +17,7 @@ from torchkube.api.contract import ProgressReport
 from torchkube.operator import kube as kube_module
 from torchkube.operator import status as st
 from torchkube.operator.config import OperatorSettings
-from torchkube.operator.controller import Controller
+from torchkube.operator.controller import CALM_SPACING, MIN_RECONCILE_SPACING, Controller
 from torchkube.operator.decision import Event, Plan, Refusal
 from torchkube.operator.leader import LostLeadership
 from torchkube.operator.memory import Cache, JobMemory
@@ -113,6 +113,70 @@ def test_an_admission_during_a_reconcile_is_served_right_after_it() -> None:
         return controller.queue.get_nowait() == KEY
 
     assert asyncio.run(scenario())
+
+
+async def _reconciled_once(controller: Controller, during: Any = None) -> None:
+    """One pass of a worker over KEY with a reconcile that plans nothing (``during`` runs
+    inside it), then the worker stopped."""
+
+    async def reconcile(key: Any) -> None:
+        controller.memory[key] = JobMemory()
+        if during is not None:
+            during()
+
+    controller.reconcile = reconcile  # type: ignore[method-assign]
+    controller.enqueue(KEY)
+    worker = asyncio.create_task(controller._worker())
+    while KEY not in controller.not_before:
+        await asyncio.sleep(0.001)
+    worker.cancel()
+
+
+def _wait_left(controller: Controller) -> float:
+    """Seconds until KEY's pending wake-up (0: queued now)."""
+    if not controller.queue.empty():
+        return 0.0
+    timer = controller.timers[KEY]
+    return timer.when() - asyncio.get_running_loop().time()
+
+
+def test_a_job_whose_pods_only_progress_waits_the_calm_spacing_and_news_does_not() -> None:
+    """While 64 workers start, their pods change every few milliseconds and each change only
+    moves the job's status on; a reconcile each time walked every pod 20 times a second. A
+    pod that ended or went is news: its job's next reconcile comes after the short spacing."""
+
+    async def scenario() -> tuple[float, float]:
+        controller = _controller()
+        await _reconciled_once(controller)
+        controller.pods_changed(KEY, progress_only=True)
+        calm = _wait_left(controller)
+        controller.pods_changed(KEY, progress_only=False)
+        news = _wait_left(controller)
+        for handle in controller.timers.values():
+            handle.cancel()
+        return calm, news
+
+    calm, news = asyncio.run(scenario())
+    assert CALM_SPACING - 0.05 < calm <= CALM_SPACING
+    assert news <= MIN_RECONCILE_SPACING
+
+
+def test_a_reconcile_dirtied_only_by_progress_is_followed_after_the_calm_spacing() -> None:
+    async def scenario() -> tuple[float, float]:
+        controller = _controller()
+        await _reconciled_once(controller, lambda: controller.pods_changed(KEY, True))
+        calm = _wait_left(controller)
+        controller.timers.pop(KEY).cancel()
+        controller.not_before.clear()
+        await _reconciled_once(controller, lambda: controller.pods_changed(KEY, False))
+        news = _wait_left(controller)
+        for handle in controller.timers.values():
+            handle.cancel()
+        return calm, news
+
+    calm, news = asyncio.run(scenario())
+    assert calm > CALM_SPACING - 0.05
+    assert news <= MIN_RECONCILE_SPACING
 
 
 def _pod(name: str, **meta: Any) -> dict[str, Any]:

@@ -13,12 +13,14 @@ from torchkube.operator.informer import (
     Changed,
     Listed,
     PodIndex,
+    PodInformer,
     Position,
     WatchError,
     follow,
     group_by_job,
     stream_lines,
 )
+from torchkube.operator.pods import progress_only
 
 
 def _pod(name: str, job: str | None = "demo", ns: str = "ns", phase: str = "Pending") -> Any:
@@ -139,3 +141,50 @@ def test_a_stopping_informer_leaves_the_watch_after_the_current_event() -> None:
     lines = [_event("ADDED", "10"), _event("MODIFIED", "11")]
     follow(lines, position, posted.append, stopping=lambda: True)
     assert (len(posted), position.version) == (1, "10")
+
+
+def test_a_live_pod_moving_on_is_progress_and_an_ended_or_going_one_is_news() -> None:
+    bound = _pod("w-0") | {"spec": {"nodeName": "n1"}}
+    running = _pod("w-0", phase="Running")
+    running["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    crashed = _pod("w-0", phase="Running")
+    crashed["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {}}}]
+    going = _pod("w-0", phase="Running")
+    going["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    assert all(
+        progress_only(kind, pod)
+        for kind, pod in [("ADDED", _pod("w-0")), ("MODIFIED", bound), ("MODIFIED", running)]
+    )
+    assert not any(
+        progress_only(kind, pod)
+        for kind, pod in [
+            ("DELETED", _pod("w-0", phase="Running")),
+            ("MODIFIED", going),
+            ("MODIFIED", _pod("w-0", phase="Failed")),
+            ("MODIFIED", _pod("w-0", phase="Succeeded")),
+            ("MODIFIED", crashed),
+        ]
+    )
+
+
+def test_a_batch_wakes_each_job_once_saying_whether_it_only_progressed() -> None:
+    """One of a job's pods failing among its others starting is news for the whole batch."""
+    woken: list[tuple[tuple[str, str], bool]] = []
+    informer = PodInformer(None, [], lambda key, progress: woken.append((key, progress)))  # type: ignore[arg-type]
+    informer._inbox.extend(
+        [
+            Changed("ADDED", _pod("a-0", "a")),
+            Changed("MODIFIED", _pod("a-1", "a", phase="Failed")),
+            Changed("ADDED", _pod("a-2", "a")),
+            Changed("ADDED", _pod("b-0", "b")),
+            Changed("MODIFIED", _pod("b-0", "b", phase="Running")),
+        ]
+    )
+    informer._drain()
+    assert sorted(woken) == [(("ns", "a"), False), (("ns", "b"), True)]
+    woken.clear()
+    informer._inbox.append(Listed("ns", group_by_job([_pod("b-0", "b")])))
+    informer._drain()
+    assert sorted(woken) == [(("ns", "a"), False), (("ns", "b"), False)], (
+        "a list is news: what changed in it is not known"
+    )

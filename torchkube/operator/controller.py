@@ -49,6 +49,14 @@ planning (the CPU part: every pod of the job walked) takes at most ``RECONCILE_S
 time: while 512 workers start, back-to-back reconciles, one per batch of pod events, would
 otherwise keep a core busy. Events that arrive meanwhile are served by the next one together.
 Waiting for the API (creating 512 pods) does not count: it costs the operator no CPU."""
+CALM_SPACING = 0.25
+"""A job woken only by its pods' progress (created, bound, started, ready:
+:func:`~torchkube.operator.pods.progress_only`) is reconciled no sooner than this after its
+last reconcile ended. Such changes move only its status on (how many workers run), yet while
+64 workers start they come every few milliseconds, and at ``MIN_RECONCILE_SPACING`` a
+reconcile walked every pod 20 times a second, on the cores the API server and the scheduler
+start those pods with. The status lags the pods by at most this; a pod that ended or went,
+the job's own changes and Kueue's still wake it after the short spacing."""
 
 
 class Controller:
@@ -70,12 +78,16 @@ class Controller:
         self.queued: set[Key] = set()
         self.active: set[Key] = set()
         self.dirty: set[Key] = set()
+        self.news: set[Key] = set()
+        """Dirty keys woken by more than their pods' progress (see ``CALM_SPACING``)."""
         self.job_versions_seen: dict[Key, int] = {}
         """The last version of a job its watch showed while the job was being reconciled: an
         echo of that reconcile's own write is only known as one when its write returns."""
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.not_before: dict[Key, float] = {}
         """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
+        self.calm_after: dict[Key, float] = {}
+        """Loop time before which its pods' progress alone does not (``CALM_SPACING``)."""
         self.unspaced: set[Key] = set()
         """Jobs whose next reconcile skips the spacing: an event that unblocks them came."""
         self.workload_versions: dict[Key, int] = {}
@@ -130,16 +142,20 @@ class Controller:
         self.snapshot.attach(jobs, pods, nodes, children)
 
     # ------------------------------------------------------------------ the queue
-    def enqueue(self, key: Key, delay: float = 0.0, spaced: bool = True) -> None:
+    def enqueue(
+        self, key: Key, delay: float = 0.0, spaced: bool = True, progress_only: bool = False
+    ) -> None:
         """Reconcile ``key`` now (or as soon as its spacing allows), or after ``delay`` seconds.
         Delayed requeues of one key are deduplicated: a single timer per key, and an earlier
         one wins over a later one, so a burst of events cannot multiply the reconcile rate.
-        An event that is not ``spaced`` skips the spacing (see :meth:`workload_changed`)."""
+        An event that is not ``spaced`` skips the spacing (see :meth:`workload_changed`); one
+        that is ``progress_only`` waits out the longer ``CALM_SPACING``."""
         loop = asyncio.get_running_loop()
         if not spaced:
             self.unspaced.add(key)
         if key not in self.unspaced:
-            delay = max(delay, self.not_before.get(key, 0.0) - loop.time())
+            spacing = self.calm_after if progress_only else self.not_before
+            delay = max(delay, spacing.get(key, 0.0) - loop.time())
         if delay > 0:
             when = loop.time() + delay
             pending = self.timers.get(key)
@@ -151,9 +167,16 @@ class Controller:
             return
         if key in self.active:
             self.dirty.add(key)
+            if not progress_only:
+                self.news.add(key)
         elif key not in self.queued:
             self.queued.add(key)
             self.queue.put_nowait(key)
+
+    def pods_changed(self, key: Key, progress_only: bool) -> None:
+        """The pod watch showed ``key``'s pods changed; ``progress_only``: they only moved on
+        (see ``CALM_SPACING``)."""
+        self.enqueue(key, progress_only=progress_only)
 
     def job_changed(self, key: Key, body: Mapping[str, Any]) -> None:
         """Reconcile a job its watch shows changed — unless the change is the echo of our own
@@ -268,12 +291,15 @@ class Controller:
                     thought = memory.planning_seconds
                     spacing = max(MIN_RECONCILE_SPACING, thought / RECONCILE_SHARE - thought)
                     self.not_before[key] = loop.time() + spacing
+                    self.calm_after[key] = loop.time() + max(spacing, CALM_SPACING)
                 changed = key in self.job_versions_seen and not self._echo_of_quiet_write(
                     key, self.job_versions_seen.pop(key)
                 )
                 if key in self.dirty or changed:
+                    progress_only = not changed and key not in self.news
                     self.dirty.discard(key)
-                    self.enqueue(key)
+                    self.news.discard(key)
+                    self.enqueue(key, progress_only=progress_only)
 
     # ------------------------------------------------------------------ reconciling
     async def reconcile(self, key: Key) -> None:
@@ -326,6 +352,7 @@ class Controller:
         loop: only the first finds anything to drop (series exist only for a job with
         memory, :meth:`reconcile` exports them)."""
         self.not_before.pop(key, None)
+        self.calm_after.pop(key, None)
         self.workload_versions.pop(key, None)
         timer = self.timers.pop(key, None)
         if timer is not None:

@@ -81,7 +81,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     queues = QueueClient(api_client) if config.kueue_enabled else None
     memo.controller = Controller(config, kube, leader, queues)
     # A client of its own: each watch holds a connection for minutes, outside the write pool.
-    memo.pods = PodInformer(make_api_client(config), config.namespaces, memo.controller.enqueue)
+    memo.pods = PodInformer(
+        make_api_client(config), config.namespaces, memo.controller.pods_changed
+    )
     memo.node_ready = {}
     memo.leader = leader
     memo.tasks = [

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchkube.api import labels as lbl
 from torchkube.operator import metrics
-from torchkube.operator.pods import name, slim
+from torchkube.operator.pods import name, progress_only, slim
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -190,10 +190,11 @@ class PodIndex(Mapping[Key, Collection[dict[str, Any]]]):
 
 class PodInformer:
     """Lists and watches the job pods of ``namespaces`` (empty: the whole cluster) into
-    :attr:`index`, calling ``wake`` with every job whose pods changed, on the event loop."""
+    :attr:`index`, calling ``wake`` with every job whose pods changed, on the event loop, and
+    whether they only progressed (:func:`~torchkube.operator.pods.progress_only`)."""
 
     def __init__(
-        self, api_client: client.ApiClient, namespaces: list[str], wake: Callable[[Key], None]
+        self, api_client: client.ApiClient, namespaces: list[str], wake: Callable[[Key, bool], None]
     ) -> None:
         self.api = client.CoreV1Api(api_client)
         self.scopes: list[str | None] = list(namespaces) or [None]
@@ -241,22 +242,25 @@ class PodInformer:
 
     def _drain(self) -> None:
         self._drain_scheduled = False  # before popping: a message posted now gets a wake-up
-        woken: set[Key] = set()
+        # each job touched, and whether all it got was its pods' progress (what a list
+        # changed is not known pod by pod: news)
+        woken: dict[Key, bool] = {}
         while self._inbox:
             message = self._inbox.popleft()
             if isinstance(message, Listed):
-                woken |= self.index.replace(message)
+                woken |= dict.fromkeys(self.index.replace(message), False)
                 self._listed.add(message.namespace)
             else:
                 key = self.index.apply(message)
                 if key is not None:
-                    woken.add(key)
+                    moved_on = progress_only(message.type, message.pod)
+                    woken[key] = woken.get(key, True) and moved_on
         if not self.synced.is_set() and self._listed.issuperset(self.scopes):
             log.info("pod cache filled: %d jobs with pods", len(self.index))
             metrics.POD_WATCH_SYNCED.set(1)
             self.synced.set()
-        for key in woken:
-            self.wake(key)
+        for key, moved_on in woken.items():
+            self.wake(key, moved_on)
 
     # ------------------------------------------------------------------ the threads' side
     def _follow(self, namespace: str | None) -> None:

@@ -170,6 +170,22 @@ def state(pod: dict[str, Any]) -> PodState:
     return "running" if phase == "Running" else "pending"
 
 
+def progress_only(change: str, pod: dict[str, Any]) -> bool:
+    """Whether a watch event shows no more than a live pod moving on (created, bound,
+    started, ready or not), which only the job's status reports. A pod gone, going or ended,
+    or with a container that ended (a store restarted in place), is news a decision acts on:
+    a replacement, a restart, the job's end (``controller.CALM_SPACING``)."""
+    if change == "DELETED" or deleting(pod):
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return False
+    return not any(
+        "terminated" in (entry.get("state") or {}) or "terminated" in (entry.get("lastState") or {})
+        for entry in status.get("containerStatuses") or []
+    )
+
+
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
     for entry in pod.get("status", {}).get("conditions", []) or []:
         if entry.get("type") == kind:
