@@ -18,7 +18,7 @@ for the batches sent from the operator's thread pool, whose threads all count):
 - **watch event**: the pod informer's read, parse and slim of one watch event
   (``informer.follow`` over ``stream_lines`` of a urllib3 response), on a stream of the
   cluster's own pods replayed from a local socket (no TLS, no API server: the informer's own
-  part); the floor: ``json.loads`` of the same event alone.
+  part); the floor: ``orjson.loads`` (the operator's JSON decoder) of the same event alone.
 - **plan**: ``planner.plan`` of a 512-worker job whose pods were just created (Pending),
   as a reconcile during the start sees it; and building one worker pod's body.
 
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import orjson
 from urllib3.response import HTTPResponse
 
 from bench.common import Results, command_line, log, rotated
@@ -107,7 +108,7 @@ class RawRequests:
             headers[key.strip().lower()] = value.strip()
         if b" 201 " not in status:
             raise RuntimeError(f"create refused: {status!r}")
-        return json.loads(self._body(headers))
+        return orjson.loads(self._body(headers))
 
     def _body(self, headers: dict[str, str]) -> bytes:
         if "content-length" in headers:
@@ -268,7 +269,7 @@ def _build_cpu(job: TrainingJob) -> float:
 
 def _decoder(events: list[bytes]) -> Callable[[], Any]:
     lines = iter(events)
-    return lambda: json.loads(next(lines))
+    return lambda: orjson.loads(next(lines))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -291,11 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         "create: the operator's Kube.create of a worker pod body built by its pod builder, "
         "through the Kubernetes client and urllib3, its answer parsed; the floor: the same "
         "body as one HTTP/1.1 request written by hand to a kept TLS socket (the kubeconfig's "
-        "client certificate), its answer read by hand and parsed with json.loads; trials "
+        "client certificate), its answer read by hand and parsed with orjson.loads; trials "
         "alternate in rotated order",
         "watch: the informer's follow() over a urllib3 response streaming the cluster's own "
         "pods as MODIFIED events, one chunk each, from a local socket (no TLS); the floor: "
-        "json.loads of each event alone",
+        "orjson.loads (the operator's decoder) of each event alone",
         f"plan: planner.plan of a {PLANNED_WORKERS}-worker job with its {PLANNED_WORKERS} "
         "pods just created (Pending, as the API server returned them with torchkube's "
         "labels and owner for each slot, slimmed as the informer keeps them), 100 Ready "

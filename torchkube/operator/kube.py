@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -100,11 +101,12 @@ class Kube:
 
         The response is parsed as plain JSON instead of the client's model objects: the
         operator only ever wants the dict, and building a V1Pod to turn it back into one costs
-        more CPU than the rest of a pod's create (docs/benchmarks.md)."""
+        more CPU than the rest of a pod's create (docs/benchmarks.md); by orjson, like the pod
+        watch's events (``informer.follow``)."""
         metrics.API_REQUESTS.labels(verb, resource).inc()
         response = method(*args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
         data = response.data  # read in full, so the connection goes back to the pool
-        return json.loads(data) if data else {}
+        return orjson.loads(data) if data else {}
 
     def create(self, body: dict[str, Any]) -> CreateResult:
         """Create a namespaced object; a conflict means it exists already, any other 4xx is a
