@@ -46,6 +46,15 @@ def test_all_running_is_running_and_needs_nothing() -> None:
     assert result.status.workers == "4/4" and not result.create_children
 
 
+def test_all_running_is_timed_to_the_last_worker_the_watch_saw_running() -> None:
+    workers = [{**pod(slot), p.RUNNING_SEEN: 10.0 + slot} for slot in range(4)]
+    late_store = {**store(), p.RUNNING_SEEN: 99.0}
+    result = run(make_job(running_status()), [*workers, late_store])
+    assert result.all_running and result.all_running_at == 13.0, "the workers', not the store's"
+    unstamped = run(make_job(running_status()), [*workers[:3], pod(3), late_store])
+    assert unstamped.all_running and unstamped.all_running_at is None, "not known: now"
+
+
 def test_retryable_failure_is_counted_once_and_replaced() -> None:
     failed = pod(2, phase="Failed", exit_code=137)
     result = run(make_job(running_status()), [pod(0), pod(1), failed, pod(3), store()])

@@ -20,7 +20,7 @@ from torchkube.operator.informer import (
     group_by_job,
     stream_lines,
 )
-from torchkube.operator.pods import progress_only
+from torchkube.operator.pods import RUNNING_SEEN, progress_only
 
 
 def _pod(name: str, job: str | None = "demo", ns: str = "ns", phase: str = "Pending") -> Any:
@@ -149,6 +149,10 @@ def test_a_live_pod_moving_on_is_progress_and_an_ended_or_going_one_is_news() ->
     running["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     crashed = _pod("w-0", phase="Running")
     crashed["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {}}}]
+    restarted = _pod("w-0", phase="Running")
+    restarted["status"]["containerStatuses"] = [
+        {"name": "store", "state": {"running": {}}, "lastState": {"terminated": {}}}
+    ]
     going = _pod("w-0", phase="Running")
     going["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
     assert all(
@@ -163,6 +167,7 @@ def test_a_live_pod_moving_on_is_progress_and_an_ended_or_going_one_is_news() ->
             ("MODIFIED", _pod("w-0", phase="Failed")),
             ("MODIFIED", _pod("w-0", phase="Succeeded")),
             ("MODIFIED", crashed),
+            ("MODIFIED", restarted),
         ]
     )
 
@@ -188,3 +193,26 @@ def test_a_batch_wakes_each_job_once_saying_whether_it_only_progressed() -> None
     assert sorted(woken) == [(("ns", "a"), False), (("ns", "b"), False)], (
         "a list is news: what changed in it is not known"
     )
+
+
+def test_a_pod_is_stamped_when_the_watch_first_shows_it_running_and_keeps_that_stamp() -> None:
+    """Start-up and recovery are timed to it: the reconcile that sees the last worker run may
+    come a calm spacing later."""
+    ticks = iter([100.0, 200.0, 300.0])
+    index = PodIndex(clock=lambda: next(ticks))
+
+    def seen() -> Any:
+        return next(iter(index[("ns", "a")]), {}).get(RUNNING_SEEN)
+
+    index.apply(Changed("ADDED", _pod("a-0", "a")))
+    assert seen() is None, "Pending"
+    index.apply(Changed("MODIFIED", _pod("a-0", "a", phase="Running")))
+    assert seen() == 100.0
+    index.apply(Changed("MODIFIED", _pod("a-0", "a", phase="Running")))
+    assert seen() == 100.0, "a later change of a running pod keeps when it was first seen"
+    index.replace(Listed("ns", group_by_job([_pod("a-0", "a", phase="Running")])))
+    assert seen() == 100.0, "so does a list"
+    index.apply(Changed("MODIFIED", _pod("a-0", "a", phase="Failed")))
+    assert seen() is None
+    index.apply(Changed("MODIFIED", _pod("a-0", "a", phase="Running")))
+    assert seen() == 200.0

@@ -132,6 +132,9 @@ class Plan:
     status, ("spec", ...) of the rest."""
     all_running: bool = False
     """Every desired worker is Running (start-up and recovery are timed to this moment)."""
+    all_running_at: float | None = None
+    """With ``all_running``: when the watch first showed the last of them Running
+    (``pods.last_seen_running``); None: not known, the moment of this plan."""
     keep_status: bool = False
     """The job's status is someone else's to write now (Kueue's copy from the worker cluster
     MultiKueue dispatched it to): the plan's status is not written."""

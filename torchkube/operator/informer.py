@@ -30,8 +30,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from torchkube.api import labels as lbl
+from torchkube.api.podfields import phase
 from torchkube.operator import metrics
-from torchkube.operator.pods import name, progress_only, slim
+from torchkube.operator.pods import RUNNING_SEEN, name, progress_only, slim
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -154,8 +155,10 @@ class PodIndex(Mapping[Key, Collection[dict[str, Any]]]):
     never sees half a batch. The bodies are never mutated, so readers share them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._jobs: PodsByJob = {}
+        self._clock = clock
+        """Wall time, for :data:`~torchkube.operator.pods.RUNNING_SEEN`."""
 
     def __getitem__(self, key: Key) -> Collection[dict[str, Any]]:
         return self._jobs[key].values()
@@ -177,11 +180,27 @@ class PodIndex(Mapping[Key, Collection[dict[str, Any]]]):
             if not pods:
                 self._jobs.pop(key, None)
         else:
-            self._jobs.setdefault(key, {})[name(change.pod)] = change.pod
+            pods = self._jobs.setdefault(key, {})
+            self._stamp(change.pod, pods.get(name(change.pod)))
+            pods[name(change.pod)] = change.pod
         return key
+
+    def _stamp(self, pod: dict[str, Any], before: dict[str, Any] | None) -> None:
+        """Mark ``pod`` (fresh from the watch, not yet shared) with when it was first seen
+        Running: as ``before`` was, or now if it just turned Running."""
+        if phase(pod) != "Running":
+            return
+        earlier = before.get(RUNNING_SEEN) if before and phase(before) == "Running" else None
+        pod[RUNNING_SEEN] = self._clock() if earlier is None else earlier
 
     def replace(self, listed: Listed) -> set[Key]:
         """Take a scope's full list as the truth; the jobs whose pods it changed."""
+        for key, pods in listed.pods.items():  # a list shows nothing of when a pod started
+            known = self._jobs.get(key, {})
+            for pod_name, pod in pods.items():
+                before = known.get(pod_name)
+                if before and RUNNING_SEEN in before and phase(pod) == phase(before) == "Running":
+                    pod[RUNNING_SEEN] = before[RUNNING_SEEN]
         inside = [k for k in self._jobs if listed.namespace in (None, k[0])]
         changed = {k for k in inside if self._jobs[k] != listed.pods.get(k)}
         changed |= {k for k in listed.pods if k not in self._jobs}

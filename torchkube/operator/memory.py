@@ -69,7 +69,8 @@ class Accounting:
     startup_observed: bool = False
     """Start-up was timed, or cannot be (the job had started before this process saw it)."""
     failure_at: float | None = None
-    """When the failure now being recovered from was recorded (monotonic seconds)."""
+    """When the failure now being recovered from was recorded (wall seconds, ``time.time()``,
+    the clock of the pod watch's ``RUNNING_SEEN`` that ends it)."""
 
 
 @dataclass

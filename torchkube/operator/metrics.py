@@ -24,7 +24,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Generic, TypeVar, get_args
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -274,7 +273,8 @@ def job_planned(job: TrainingJob, decided: "Plan", books: "Accounting") -> None:
     reconciles in ``books``: the series created at zero when the job is first seen, restarts
     and node losses as the plan records them, start-up timed to the first moment every
     desired worker runs (only for a job first seen before it started), recovery from the
-    first failure recorded to the next such moment."""
+    first failure recorded to the next such moment — the moment the watch showed the last
+    of them Running (``Plan.all_running_at``), not the later one of the reconcile."""
     ns = job.namespace
     if not books.seen:
         books.seen = True
@@ -296,7 +296,7 @@ def job_planned(job: TrainingJob, decided: "Plan", books: "Accounting") -> None:
         RESTARTS.labels(ns, job.name, failure.reason).inc()
         if failure.reason == "NodeLost":
             NODE_LOSS.labels(ns).inc()
-        books.failure_at = books.failure_at or time.monotonic()
+        books.failure_at = books.failure_at or time.time()
     replacements = sum(
         1 for pod in decided.create_pods if pod["metadata"]["labels"].get(lbl.ROLE) == "worker"
     )
@@ -307,13 +307,14 @@ def job_planned(job: TrainingJob, decided: "Plan", books: "Accounting") -> None:
         JOB_FAILURES.labels(ns, failed.reason if failed else "Unknown").inc()
     if not decided.all_running:
         return
+    at = time.time() if decided.all_running_at is None else decided.all_running_at
     if not books.startup_observed:
         books.startup_observed = True
         created = parse_time(job.metadata.get("creationTimestamp"))
         if created is not None:
-            STARTUP.observe((datetime.now(UTC) - created).total_seconds())
+            STARTUP.observe(max(0.0, at - created.timestamp()))
     if books.failure_at is not None:
-        RECOVERY.labels(ns).observe(time.monotonic() - books.failure_at)
+        RECOVERY.labels(ns).observe(max(0.0, at - books.failure_at))
         books.failure_at = None
 
 

@@ -237,6 +237,8 @@ def derive(ctx: Context) -> Step:
         if waits is None and no_lighthouse is not None:
             waits = ("WaitingForLighthouse", no_lighthouse)
     ctx.plan.all_running = len(running) == ctx.spec.replicas.pods
+    if ctx.plan.all_running:
+        ctx.plan.all_running_at = p.last_seen_running(running)
     if len(running) >= minimum and waits is not None:
         if ctx.status.start_time:
             reason, problem = waits

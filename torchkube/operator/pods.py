@@ -50,6 +50,25 @@ _KEPT_METADATA = (
 _KEPT_STATUS = ("phase", "reason", "message", "podIP", "conditions", "containerStatuses")
 
 
+RUNNING_SEEN = "runningSeenAt"
+"""A slim pod's own key (beside metadata, spec and status): the wall time (``time.time()``)
+the operator's pod watch first showed it Running (:class:`~torchkube.operator.informer.PodIndex`).
+The reconcile that sees a job's last worker run may come a calm spacing after its event
+(``controller.CALM_SPACING``): start-up and recovery are timed to this instead."""
+
+
+def last_seen_running(pods: Iterable[dict[str, Any]]) -> float | None:
+    """When the last of ``pods`` was first seen Running; None when one was not seen turn
+    Running by this process (listed already running, or created and not yet watched)."""
+    seen: list[float] = []
+    for pod in pods:
+        at = pod.get(RUNNING_SEEN)
+        if at is None:
+            return None
+        seen.append(float(at))
+    return max(seen, default=None)
+
+
 def _slim_owners(metadata: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"uid": ref.get("uid"), "controller": bool(ref.get("controller"))}
@@ -73,11 +92,14 @@ def slim(pod: dict[str, Any], *, owned: bool = False) -> dict[str, Any]:
     }
     kept["ownerReferences"] = _slim_owners(metadata)
     kept_status = {key: status[key] for key in _KEPT_STATUS if key in status}
-    return {
+    slimmed = {
         "metadata": kept,
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
         "status": kept_status if owned else copy.deepcopy(kept_status),
     }
+    if RUNNING_SEEN in pod:
+        slimmed[RUNNING_SEEN] = pod[RUNNING_SEEN]
+    return slimmed
 
 
 def slim_child(body: dict[str, Any]) -> dict[str, Any]:
