@@ -124,20 +124,28 @@ async def _reconciled_once(controller: Controller, during: Any = None) -> None:
         if during is not None:
             during()
 
+    async def ended() -> None:
+        while KEY not in controller.not_before:
+            await asyncio.sleep(0.001)
+
     controller.reconcile = reconcile  # type: ignore[method-assign]
+    controller.not_before.pop(KEY, None)
     controller.enqueue(KEY)
     worker = asyncio.create_task(controller._worker())
-    while KEY not in controller.not_before:
-        await asyncio.sleep(0.001)
+    await asyncio.wait_for(ended(), 10)
     worker.cancel()
 
 
-def _wait_left(controller: Controller) -> float:
-    """Seconds until KEY's pending wake-up (0: queued now)."""
+def _pending(controller: Controller) -> float | None:
+    """When KEY's pending wake-up fires (loop time); None: queued now."""
     if not controller.queue.empty():
-        return 0.0
-    timer = controller.timers[KEY]
-    return timer.when() - asyncio.get_running_loop().time()
+        return None
+    return controller.timers[KEY].when()
+
+
+def _stop_timers(controller: Controller) -> None:
+    for handle in controller.timers.values():
+        handle.cancel()
 
 
 def test_a_job_whose_pods_only_progress_waits_the_calm_spacing_and_news_does_not() -> None:
@@ -145,38 +153,61 @@ def test_a_job_whose_pods_only_progress_waits_the_calm_spacing_and_news_does_not
     moves the job's status on; a reconcile each time walked every pod 20 times a second. A
     pod that ended or went is news: its job's next reconcile comes after the short spacing."""
 
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[Any, Any, Any, Any]:
         controller = _controller()
         await _reconciled_once(controller)
         controller.pods_changed(KEY, progress_only=True)
-        calm = _wait_left(controller)
+        calm = _pending(controller), controller.calm_after[KEY]
         controller.pods_changed(KEY, progress_only=False)
-        news = _wait_left(controller)
-        for handle in controller.timers.values():
-            handle.cancel()
-        return calm, news
+        news = _pending(controller), controller.not_before[KEY]
+        _stop_timers(controller)
+        return (*calm, *news)
 
-    calm, news = asyncio.run(scenario())
-    assert CALM_SPACING - 0.05 < calm <= CALM_SPACING
-    assert news <= MIN_RECONCILE_SPACING
+    calm_at, calm_after, news_at, not_before = asyncio.run(scenario())
+    assert calm_at == calm_after, "the calm spacing's end"
+    assert news_at == not_before, "the short spacing's end, before it"
+    assert calm_after - not_before == pytest.approx(CALM_SPACING - MIN_RECONCILE_SPACING)
+
+
+def test_a_calm_timer_wakes_as_progress_and_a_reconcile_drops_it() -> None:
+    """A timer only progress armed fires as progress (a reconcile running then is followed
+    after the calm spacing); any reconcile serves what a pending timer waited for."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        controller = _controller()
+        await _reconciled_once(controller)
+        controller.pods_changed(KEY, progress_only=True)
+        past = asyncio.get_running_loop().time() - 1.0  # as if the timer fired in its time
+        controller.not_before[KEY] = controller.calm_after[KEY] = past
+        controller.active.add(KEY)
+        controller.timers[KEY].cancel()
+        controller._timer_fired(KEY)
+        calm = KEY in controller.dirty and KEY not in controller.news
+        controller.active.discard(KEY)
+        controller.dirty.clear()
+        controller.pods_changed(KEY, progress_only=True)
+        await _reconciled_once(controller)
+        dropped = KEY not in controller.timers and KEY not in controller.calm_timers
+        _stop_timers(controller)
+        return calm, dropped, controller.queue.empty()
+
+    assert asyncio.run(scenario()) == (True, True, True)
 
 
 def test_a_reconcile_dirtied_only_by_progress_is_followed_after_the_calm_spacing() -> None:
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[Any, Any, Any, Any]:
         controller = _controller()
         await _reconciled_once(controller, lambda: controller.pods_changed(KEY, True))
-        calm = _wait_left(controller)
-        controller.timers.pop(KEY).cancel()
-        controller.not_before.clear()
+        calm = _pending(controller), controller.calm_after[KEY]
+        controller._cancel_timer(KEY)
         await _reconciled_once(controller, lambda: controller.pods_changed(KEY, False))
-        news = _wait_left(controller)
-        for handle in controller.timers.values():
-            handle.cancel()
-        return calm, news
+        news = _pending(controller), controller.not_before[KEY]
+        _stop_timers(controller)
+        return (*calm, *news)
 
-    calm, news = asyncio.run(scenario())
-    assert calm > CALM_SPACING - 0.05
-    assert news <= MIN_RECONCILE_SPACING
+    calm_at, calm_after, news_at, not_before = asyncio.run(scenario())
+    assert calm_at == calm_after
+    assert news_at == not_before
 
 
 def _pod(name: str, **meta: Any) -> dict[str, Any]:

@@ -55,8 +55,11 @@ CALM_SPACING = 0.25
 last reconcile ended. Such changes move only its status on (how many workers run), yet while
 64 workers start they come every few milliseconds, and at ``MIN_RECONCILE_SPACING`` a
 reconcile walked every pod 20 times a second, on the cores the API server and the scheduler
-start those pods with. The status lags the pods by at most this; a pod that ended or went,
-the job's own changes and Kueue's still wake it after the short spacing."""
+start those pods with. The status (phase, counts, conditions) follows the pods this much
+later at most, beyond the reconcile's own time; start-up and recovery are timed to when the
+watch saw the pods run (``pods.RUNNING_SEEN``), not to that reconcile. A pod that ended or
+went, the job's own changes and its nodes' still wake it after the short spacing, Kueue's
+at once."""
 
 
 class Controller:
@@ -84,6 +87,9 @@ class Controller:
         """The last version of a job its watch showed while the job was being reconciled: an
         echo of that reconcile's own write is only known as one when its write returns."""
         self.timers: dict[Key, asyncio.TimerHandle] = {}
+        self.calm_timers: set[Key] = set()
+        """Keys whose pending timer only their pods' progress armed: when it fires, the wake
+        is still progress alone (``CALM_SPACING``)."""
         self.not_before: dict[Key, float] = {}
         """Loop time before which a job is not reconciled again (see ``RECONCILE_SHARE``)."""
         self.calm_after: dict[Key, float] = {}
@@ -153,17 +159,22 @@ class Controller:
         loop = asyncio.get_running_loop()
         if not spaced:
             self.unspaced.add(key)
+        now = loop.time()
+        when = now + delay
         if key not in self.unspaced:
             spacing = self.calm_after if progress_only else self.not_before
-            delay = max(delay, spacing.get(key, 0.0) - loop.time())
-        if delay > 0:
-            when = loop.time() + delay
+            when = max(when, spacing.get(key, 0.0))
+        if when > now:
             pending = self.timers.get(key)
             if pending is not None and not pending.cancelled() and pending.when() <= when:
                 return
             if pending is not None:
                 pending.cancel()
             self.timers[key] = loop.call_at(when, self._timer_fired, key)
+            if progress_only:
+                self.calm_timers.add(key)
+            else:
+                self.calm_timers.discard(key)
             return
         if key in self.active:
             self.dirty.add(key)
@@ -223,7 +234,15 @@ class Controller:
 
     def _timer_fired(self, key: Key) -> None:
         self.timers.pop(key, None)
-        self.enqueue(key)
+        progress_only = key in self.calm_timers
+        self.calm_timers.discard(key)
+        self.enqueue(key, progress_only=progress_only)
+
+    def _cancel_timer(self, key: Key) -> None:
+        timer = self.timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self.calm_timers.discard(key)
 
     def enqueue_all(self) -> None:
         for key in self.snapshot.job_keys():
@@ -253,6 +272,10 @@ class Controller:
             key = await self.queue.get()
             self.queued.discard(key)
             self.unspaced.discard(key)
+            # This reconcile serves whatever a pending timer waited for: each reconcile asks
+            # for its own delayed requeue again (a plan's, a retry), and a calm timer left
+            # over would bring a second reconcile with nothing new.
+            self._cancel_timer(key)
             if self.leader is not None and not self.leader.leading.is_set():
                 self.enqueue(key)  # lost the lease while waiting: keep it for the next leader
                 continue
@@ -290,8 +313,9 @@ class Controller:
                 if memory is not None:  # the job still exists
                     thought = memory.planning_seconds
                     spacing = max(MIN_RECONCILE_SPACING, thought / RECONCILE_SHARE - thought)
-                    self.not_before[key] = loop.time() + spacing
-                    self.calm_after[key] = loop.time() + max(spacing, CALM_SPACING)
+                    ended = loop.time()
+                    self.not_before[key] = ended + spacing
+                    self.calm_after[key] = ended + max(spacing, CALM_SPACING)
                 changed = key in self.job_versions_seen and not self._echo_of_quiet_write(
                     key, self.job_versions_seen.pop(key)
                 )
@@ -354,9 +378,7 @@ class Controller:
         self.not_before.pop(key, None)
         self.calm_after.pop(key, None)
         self.workload_versions.pop(key, None)
-        timer = self.timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel_timer(key)
         if self.memory.pop(key, None) is not None:
             metrics.job_gone(*key)
 
