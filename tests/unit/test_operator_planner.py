@@ -12,6 +12,7 @@ from planner import (
     created_slots,
     healthy,
     make_job,
+    observed,
     pod,
     run,
     running_status,
@@ -25,7 +26,7 @@ from torchkube.operator import builders
 from torchkube.operator import pods as p
 from torchkube.operator.decision import Context, Step
 from torchkube.operator.failure import classify_pod
-from torchkube.operator.planner import POLICIES
+from torchkube.operator.planner import POLICIES, Plan, plan
 from torchkube.operator.pods import slim
 
 
@@ -47,11 +48,17 @@ def test_all_running_is_running_and_needs_nothing() -> None:
 
 
 def test_all_running_is_timed_to_the_last_worker_the_watch_saw_running() -> None:
-    workers = [{**pod(slot), p.RUNNING_SEEN: 10.0 + slot} for slot in range(4)]
-    late_store = {**store(), p.RUNNING_SEEN: 99.0}
-    result = run(make_job(running_status()), [*workers, late_store])
+    def planned(seen: list[float | None]) -> Plan:
+        """The job's four workers and its store as the watch stamps them (None: unstamped)."""
+        world = observed(make_job(running_status()), healthy())
+        for body, at in zip(world.pods, seen, strict=True):
+            if at is not None:
+                body[p.RUNNING_SEEN] = at
+        return plan(world, new_suffix=lambda: "s")
+
+    result = planned([10.0, 11.0, 12.0, 13.0, 99.0])
     assert result.all_running and result.all_running_at == 13.0, "the workers', not the store's"
-    unstamped = run(make_job(running_status()), [*workers[:3], pod(3), late_store])
+    unstamped = planned([10.0, 11.0, 12.0, None, 99.0])
     assert unstamped.all_running and unstamped.all_running_at is None, "not known: now"
 
 

@@ -216,3 +216,12 @@ def test_a_pod_is_stamped_when_the_watch_first_shows_it_running_and_keeps_that_s
     assert seen() is None
     index.apply(Changed("MODIFIED", _pod("a-0", "a", phase="Running")))
     assert seen() == 200.0
+
+
+def test_a_pod_listed_running_is_not_stamped_by_its_next_event() -> None:
+    """When it started is not known (a list, after the operator's restart): a later change
+    of it must not claim it started then, nor time a start-up or recovery to that moment."""
+    index = PodIndex(clock=lambda: 100.0)
+    index.replace(Listed("ns", group_by_job([_pod("a-0", "a", phase="Running")])))
+    index.apply(Changed("MODIFIED", _pod("a-0", "a", phase="Running")))
+    assert RUNNING_SEEN not in next(iter(index[("ns", "a")]))

@@ -181,26 +181,29 @@ class PodIndex(Mapping[Key, Collection[dict[str, Any]]]):
                 self._jobs.pop(key, None)
         else:
             pods = self._jobs.setdefault(key, {})
-            self._stamp(change.pod, pods.get(name(change.pod)))
+            self._stamp(change.pod, pods.get(name(change.pod)), watched=True)
             pods[name(change.pod)] = change.pod
         return key
 
-    def _stamp(self, pod: dict[str, Any], before: dict[str, Any] | None) -> None:
-        """Mark ``pod`` (fresh from the watch, not yet shared) with when it was first seen
-        Running: as ``before`` was, or now if it just turned Running."""
+    def _stamp(self, pod: dict[str, Any], before: dict[str, Any] | None, watched: bool) -> None:
+        """Mark ``pod`` (fresh from the API, not yet shared) with when it was first seen
+        Running: as ``before`` was when it ran already (unmarked if it was listed running:
+        when it started is not known), or now when the watch shows it turn Running (a list
+        shows nothing of when a pod started)."""
         if phase(pod) != "Running":
             return
-        earlier = before.get(RUNNING_SEEN) if before and phase(before) == "Running" else None
-        pod[RUNNING_SEEN] = self._clock() if earlier is None else earlier
+        if before is not None and phase(before) == "Running":
+            if RUNNING_SEEN in before:
+                pod[RUNNING_SEEN] = before[RUNNING_SEEN]
+        elif watched:
+            pod[RUNNING_SEEN] = self._clock()
 
     def replace(self, listed: Listed) -> set[Key]:
         """Take a scope's full list as the truth; the jobs whose pods it changed."""
-        for key, pods in listed.pods.items():  # a list shows nothing of when a pod started
+        for key, pods in listed.pods.items():
             known = self._jobs.get(key, {})
             for pod_name, pod in pods.items():
-                before = known.get(pod_name)
-                if before and RUNNING_SEEN in before and phase(pod) == phase(before) == "Running":
-                    pod[RUNNING_SEEN] = before[RUNNING_SEEN]
+                self._stamp(pod, known.get(pod_name), watched=False)
         inside = [k for k in self._jobs if listed.namespace in (None, k[0])]
         changed = {k for k in inside if self._jobs[k] != listed.pods.get(k)}
         changed |= {k for k in listed.pods if k not in self._jobs}

@@ -92,14 +92,11 @@ def slim(pod: dict[str, Any], *, owned: bool = False) -> dict[str, Any]:
     }
     kept["ownerReferences"] = _slim_owners(metadata)
     kept_status = {key: status[key] for key in _KEPT_STATUS if key in status}
-    slimmed = {
+    return {
         "metadata": kept,
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
         "status": kept_status if owned else copy.deepcopy(kept_status),
     }
-    if RUNNING_SEEN in pod:
-        slimmed[RUNNING_SEEN] = pod[RUNNING_SEEN]
-    return slimmed
 
 
 def slim_child(body: dict[str, Any]) -> dict[str, Any]:
