@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from real_nodes_start import TRAINER_TAG, RealNodesStart
 
 from testbed.docker import (
     BuiltImage,
@@ -31,7 +32,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_TAG = "torchkube/operator:test"
-TRAINER_TAG = "torchkube/trainer:test"
 # Without torch, a regression that drags it (or CUDA) into the operator image is a GB, not MB.
 OPERATOR_SIZE_BUDGET_BYTES = 400_000_000
 # Two workers on CPU for four steps, checkpoints at steps 2 and 4: the operator's command line.
@@ -95,8 +95,18 @@ def operator_image(docker: Docker, base_image: str, say: Callable[[str], None]) 
 
 
 @pytest.fixture(scope="module")
-def trainer_image(docker: Docker, base_image: str, say: Callable[[str], None]) -> BuiltImage:
-    """The trainer target; torch comes from PyPI because the local base has none."""
+def trainer_image(
+    docker: Docker,
+    base_image: str,
+    say: Callable[[str], None],
+    real_nodes_start: RealNodesStart | None,
+) -> BuiltImage:
+    """The trainer target; torch comes from PyPI because the local base has none. When
+    real-node tests run too, the background starter builds it for both (one build)."""
+    if real_nodes_start is not None:
+        built = real_nodes_start.wait_for("built", say)
+        assert isinstance(built, BuiltImage)
+        return built
     return _build(docker, base_image, "trainer", TRAINER_TAG, say)
 
 

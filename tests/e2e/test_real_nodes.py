@@ -23,7 +23,6 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,16 @@ import training_jobs
 import yaml
 from kube_jobs import Job
 from kubernetes import client
+from real_nodes_start import (
+    NODE_MONITOR_GRACE_S,
+    TRAINER_TAG,
+    RealNodesStart,
+    Say,
+    say_past_capture,
+)
 
 from testbed import dashboards
-from testbed.cluster import Cluster, ClusterConfig
+from testbed.cluster import Cluster
 from testbed.crds import install_crd
 from testbed.docker import Docker, DockerDaemon, build_image, ensure_base_image
 from testbed.errors import ClusterError
@@ -50,7 +56,6 @@ from torchkube.api import labels as lbl
 pytestmark = [pytest.mark.realnodes, pytest.mark.slow, pytest.mark.docker]
 
 REPO = Path(__file__).resolve().parents[2]
-TRAINER_TAG = "torchkube/trainer:test"
 APP_UID = 10001  # the trainer image's user (Dockerfile APP_UID)
 # Long enough (~35 s at world size 1) that a worker whose container starts after the first
 # round closed (5 s after the first agent joined) still joins the run: the launcher's
@@ -58,45 +63,21 @@ APP_UID = 10001  # the trainer image's user (Dockerfile APP_UID)
 STEPS = 1200
 CHECKPOINT_EVERY = 20
 NODE_LOST_GRACE_S = 5
-NODE_MONITOR_GRACE_S = 20
-
-Say = Callable[[str], None]
 
 
 @pytest.fixture(scope="module")
 def say(request: pytest.FixtureRequest) -> Say:
-    """Print past pytest's capture: image builds and imports run for minutes."""
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-
-    def emit(message: str) -> None:
-        with capman.global_and_fixture_disabled() if capman else nullcontext():
-            print(f"\n[real nodes] {message}", flush=True)
-
-    return emit
+    return say_past_capture(request, "real nodes")
 
 
 @pytest.fixture(scope="module")
-def real_cluster(say: Say) -> Iterator[Cluster]:
-    """Control plane + 2 real nodes (no KWOK pools: nothing here runs on fake nodes)."""
-    config = ClusterConfig(pools=[], real_nodes=2, node_monitor_grace_period_s=NODE_MONITOR_GRACE_S)
-    cluster = Cluster(config, report=say)
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        pytest.fail(f"real-node cluster could not start -- {exc}", pytrace=False)
-    assert cluster.real_nodes is not None
-    say(
-        f"cluster with real nodes up in {cluster.started_in_s:.1f} s; nodes "
-        + ", ".join(f"{n.name} {n.started_in_s:.1f} s" for n in cluster.real_nodes.nodes)
-    )
-    failed = False
-    try:
-        yield cluster
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        cluster.stop(failed=failed)
+def real_cluster(real_nodes_start: RealNodesStart | None, say: Say) -> Cluster:
+    """Control plane + 2 real nodes (no KWOK pools: nothing here runs on fake nodes), started
+    in the background at the session's first e2e test (conftest.py)."""
+    assert real_nodes_start is not None, "real-node tests run, so the starter runs"
+    cluster = real_nodes_start.wait_for("cluster", say)
+    assert isinstance(cluster, Cluster) and cluster.real_nodes is not None
+    return cluster
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +100,13 @@ def base_image(docker: Docker, say: Say) -> str:
 
 
 @pytest.fixture(scope="module")
-def trainer_image(docker: Docker, base_image: str, real_cluster: Cluster, say: Say) -> LoadedImage:
-    """The Dockerfile's trainer target, on every real node (imported once per image ID)."""
-    assert real_cluster.real_nodes is not None
-    try:
-        build_image(
-            docker,
-            REPO,
-            "trainer",
-            TRAINER_TAG,
-            {"PYTHON_BASE": base_image, "TRAINER_BASE": base_image},
-            report=say,
-        )
-        return real_cluster.real_nodes.load_image(docker, TRAINER_TAG)
-    except ClusterError as exc:
-        pytest.fail(f"trainer image could not be made available -- {exc}", pytrace=False)
+def trainer_image(real_nodes_start: RealNodesStart | None, say: Say) -> LoadedImage:
+    """The Dockerfile's trainer target, on every real node (imported once per image ID), put
+    there in the background while the tests before these ran (conftest.py)."""
+    assert real_nodes_start is not None, "real-node tests run, so the starter runs"
+    loaded = real_nodes_start.wait_for("loaded", say)
+    assert isinstance(loaded, LoadedImage)
+    return loaded
 
 
 @pytest.fixture(scope="module")
