@@ -57,79 +57,137 @@ def build_trainer(docker: Docker, report: Say) -> BuiltImage:
 
 
 class RealNodesStart(threading.Thread):
-    """Docker, the trainer build, the real-node cluster and the image on its nodes, in order.
+    """Docker, the real-node cluster, the trainer build and its import into the nodes, in
+    order, each step's result or error kept for the fixtures that wait on it.
 
-    Messages are kept for the main thread to print (pytest's capture is not thread-safe); a
-    failure is kept and raised to the fixture that waits for the step it broke."""
+    Messages from the thread are kept for the main thread to print (pytest's capture is not
+    thread-safe); the main thread's own (a stop, a test's image load) are printed at once."""
 
-    def __init__(self) -> None:
+    STEPS = ("docker", "cluster", "built", "loaded")
+
+    def __init__(self, say: Say, trainer: bool) -> None:
         super().__init__(name="real-nodes-start", daemon=True)
+        self.say = say
+        self.trainer = trainer
+        """Whether any selected test needs the trainer image (else no build, no import)."""
         self.messages: list[str] = []
         self.daemon_process = DockerDaemon(report=self._note)
         self.results: dict[str, object] = {}
-        self.error: BaseException | None = None
+        self.errors: dict[str, str] = {}
         self.finished = False
         self.changed = threading.Condition()
+        self.cancel = threading.Event()
         self.release = threading.Event()
 
     def _note(self, message: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.say(message)
+            return
         with self.changed:
             self.messages.append(message)
 
-    def _done(self, step: str, result: object) -> None:
+    def _settle(self, step: str, result: object = None, error: str = "") -> None:
         with self.changed:
-            self.results[step] = result
+            if error:
+                self.errors[step] = error
+            else:
+                self.results[step] = result
             self.changed.notify_all()
+
+    def _step(self, step: str, make: Callable[[], object]) -> object:
+        """``make()`` as ``step``, unless the session is over; None when it failed."""
+        if self.cancel.is_set():
+            self._settle(step, error="the session ended first")
+            return None
+        try:
+            result = make()
+        except Exception as exc:
+            self._settle(step, error=f"{type(exc).__name__}: {exc}")
+            return None
+        self._settle(step, result)
+        return result
 
     def run(self) -> None:
         try:
-            docker = self.daemon_process.start()
-            self._done("docker", docker)
-            self._done("built", build_trainer(docker, self._note))
-            config = ClusterConfig(
-                pools=[], real_nodes=2, node_monitor_grace_period_s=NODE_MONITOR_GRACE_S
-            )
-            cluster = Cluster(config, report=self._note)
-            self._done("cluster", cluster.start())
-            assert cluster.real_nodes is not None
-            self._note(
-                f"cluster with real nodes up in {cluster.started_in_s:.1f} s; nodes "
-                + ", ".join(f"{n.name} {n.started_in_s:.1f} s" for n in cluster.real_nodes.nodes)
-            )
-            self._done("loaded", cluster.real_nodes.load_image(docker, TRAINER_TAG))
-        except BaseException as exc:
-            self.error = exc
+            docker = self._step("docker", self.daemon_process.start)
+            if not isinstance(docker, Docker):
+                return
+            cluster = self._step("cluster", self._start_cluster)
+            if not self.trainer:
+                return
+            built = self._step("built", lambda: build_trainer(docker, self._note))
+            if built is None:
+                self._settle("loaded", error=f"no trainer image ({self.errors['built']})")
+            elif isinstance(cluster, Cluster) and cluster.real_nodes is not None:
+                self._step("loaded", lambda: cluster.real_nodes.load_image(docker, TRAINER_TAG))
+            else:
+                self._settle("loaded", error=f"no cluster ({self.errors['cluster']})")
         finally:
             with self.changed:
+                cause = next(iter(self.errors.items()), None)
+                for step in self.STEPS:
+                    if step not in self.results and step not in self.errors:
+                        self.errors[step] = (
+                            f"not started: no {cause[0]} ({cause[1]})" if cause else "not asked for"
+                        )
                 self.finished = True
                 self.changed.notify_all()
-        self.release.wait()
+            self.release.wait()
 
-    def wait_for(self, step: str, say: Say, timeout: float = 3600) -> object:
-        """The result of ``step`` (``docker``, ``built``, ``cluster`` or ``loaded``) once it
-        is there, printing what the thread reported meanwhile; fails the test with the
-        starter's error."""
-        started = time.monotonic()
+    def _start_cluster(self) -> Cluster:
+        config = ClusterConfig(
+            pools=[], real_nodes=2, node_monitor_grace_period_s=NODE_MONITOR_GRACE_S
+        )
+        cluster = Cluster(config, report=self._note).start()
+        assert cluster.real_nodes is not None
+        self._note(
+            f"cluster with real nodes up in {cluster.started_in_s:.1f} s; nodes "
+            + ", ".join(f"{n.name} {n.started_in_s:.1f} s" for n in cluster.real_nodes.nodes)
+        )
+        return cluster
+
+    def _flush(self) -> None:
         with self.changed:
-            self.changed.wait_for(lambda: step in self.results or self.finished, timeout)
             messages, self.messages = self.messages, []
         for message in messages:
-            say(message)
-        if step not in self.results:
-            reason = f"{type(self.error).__name__}: {self.error}" if self.error else "timed out"
+            self.say(message)
+
+    def settled(self, step: str, timeout: float = 3600) -> bool:
+        """Wait until ``step`` has its result or its error; whether it has its result."""
+        with self.changed:
+            self.changed.wait_for(
+                lambda: step in self.results or step in self.errors or self.finished, timeout
+            )
+        self._flush()
+        return step in self.results
+
+    def wait_for(self, step: str, timeout: float = 3600) -> object:
+        """The result of ``step`` once it is there; fails the test with the reason it is not."""
+        started = time.monotonic()
+        if not self.settled(step, timeout):
+            reason = self.errors.get(step, f"not there after {timeout:.0f} s")
             pytest.fail(f"real nodes: no {step} -- {reason}", pytrace=False)
         waited = time.monotonic() - started
         if waited > 1:
-            say(f"waited {waited:.1f} s for {step}")
+            self.say(f"waited {waited:.1f} s for {step}")
         return self.results[step]
 
     def stop(self, failed: bool) -> None:
-        """Stop the cluster and a daemon started here, then let the thread end."""
+        """Stop the cluster and a daemon started here, then let the thread end. A step under
+        way is let finish (at most 10 minutes: an import); none starts after it."""
+        self.cancel.set()
         with self.changed:
-            self.changed.wait_for(lambda: self.finished, timeout=600)
-        cluster = self.results.get("cluster")
-        if isinstance(cluster, Cluster):
-            cluster.stop(failed=failed)
-        self.daemon_process.stop()
-        self.release.set()
-        self.join(timeout=60)
+            done = self.changed.wait_for(lambda: self.finished, timeout=600)
+        self._flush()
+        if not done:
+            self.say("the starter is still busy; what it started ends with this process")
+            return
+        try:
+            cluster = self.results.get("cluster")
+            if isinstance(cluster, Cluster):
+                cluster.stop(failed=failed)
+        finally:
+            self.daemon_process.stop()
+            self._flush()
+            self.release.set()
+            self.join(timeout=60)

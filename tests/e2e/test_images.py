@@ -104,7 +104,7 @@ def trainer_image(
     """The trainer target; torch comes from PyPI because the local base has none. When
     real-node tests run too, the background starter builds it for both (one build)."""
     if real_nodes_start is not None:
-        built = real_nodes_start.wait_for("built", say)
+        built = real_nodes_start.wait_for("built")
         assert isinstance(built, BuiltImage)
         return built
     return _build(docker, base_image, "trainer", TRAINER_TAG, say)

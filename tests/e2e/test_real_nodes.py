@@ -71,11 +71,15 @@ def say(request: pytest.FixtureRequest) -> Say:
 
 
 @pytest.fixture(scope="module")
-def real_cluster(real_nodes_start: RealNodesStart | None, say: Say) -> Cluster:
+def real_cluster(real_nodes_start: RealNodesStart | None) -> Cluster:
     """Control plane + 2 real nodes (no KWOK pools: nothing here runs on fake nodes), started
     in the background at the session's first e2e test (conftest.py)."""
     assert real_nodes_start is not None, "real-node tests run, so the starter runs"
-    cluster = real_nodes_start.wait_for("cluster", say)
+    # Not beside the trainer's import: two imports at once could overfill the disk, each
+    # having checked the room on its own.
+    if real_nodes_start.trainer:
+        real_nodes_start.settled("loaded")
+    cluster = real_nodes_start.wait_for("cluster")
     assert isinstance(cluster, Cluster) and cluster.real_nodes is not None
     return cluster
 
@@ -100,11 +104,11 @@ def base_image(docker: Docker, say: Say) -> str:
 
 
 @pytest.fixture(scope="module")
-def trainer_image(real_nodes_start: RealNodesStart | None, say: Say) -> LoadedImage:
+def trainer_image(real_nodes_start: RealNodesStart | None) -> LoadedImage:
     """The Dockerfile's trainer target, on every real node (imported once per image ID), put
     there in the background while the tests before these ran (conftest.py)."""
     assert real_nodes_start is not None, "real-node tests run, so the starter runs"
-    loaded = real_nodes_start.wait_for("loaded", say)
+    loaded = real_nodes_start.wait_for("loaded")
     assert isinstance(loaded, LoadedImage)
     return loaded
 
