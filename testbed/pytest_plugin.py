@@ -31,6 +31,12 @@ def _uncaptured(request: pytest.FixtureRequest) -> AbstractContextManager[Any]:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The session's control plane: etcd, kube-apiserver, controller-manager, scheduler, KWOK."""
+    yield from running_cluster(request)
+
+
+def running_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The body of :func:`cluster`, for a conftest that wants the control plane for a narrower
+    scope (tests/integration ends it with its package)."""
     from testbed.cluster import Cluster
     from testbed.errors import ClusterError
 
@@ -82,6 +88,11 @@ def kubeconfig(cluster: Cluster) -> Path:
 @pytest.fixture(scope="session")
 def api_client(cluster: Cluster) -> Iterator[Any]:
     """A ``kubernetes.client.ApiClient`` logged in as cluster admin."""
+    yield from admin_client(cluster)
+
+
+def admin_client(cluster: Cluster) -> Iterator[Any]:
+    """The body of :func:`api_client` (see :func:`running_cluster`)."""
     client = cluster.api_client()
     yield client
     close = getattr(client, "close", None)

@@ -1,5 +1,9 @@
 """Fixtures for tests against the real control plane: the CRD, a running operator, Kueue,
-and Kueue's MultiKueue (the session cluster as manager of two worker clusters)."""
+and Kueue's MultiKueue (the tier's cluster as manager of two worker clusters).
+
+All of them, the control plane included, live as long as this package's tests (package
+scope, hence ``__init__.py``), not the session's: idle, the control planes, Kueues, KWOK nodes
+and operators still cost CPU, which the e2e tier after this one would share on a 2-core machine."""
 
 import json
 from collections.abc import Iterator
@@ -16,19 +20,35 @@ from testbed.errors import ClusterError
 from testbed.kueue import Kueue
 from testbed.multikueue import MultiKueue, start_multikueue
 from testbed.operator import OperatorProcess
-from testbed.pytest_plugin import report_at_end
+from testbed.pytest_plugin import admin_client, report_at_end, running_cluster
 from testbed.volumes import delete_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The plugin's control plane (testbed/pytest_plugin.py), for this package's tests."""
+    yield from running_cluster(request)
+
+
+@pytest.fixture(scope="package")
+def kubeconfig(cluster: Cluster) -> Path:
+    return cluster.kubeconfig
+
+
+@pytest.fixture(scope="package")
+def api_client(cluster: Cluster) -> Iterator[Any]:
+    yield from admin_client(cluster)
+
+
+@pytest.fixture(scope="package")
 def crd(api_client: Any) -> dict[str, Any]:
     """manifests/crd.yaml, applied and Established."""
     return install_crd(api_client)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kueue(cluster: Cluster, crd: dict[str, Any]) -> Iterator[Kueue]:
     """The real Kueue (built by hack/build-cluster.sh kueue), one for the session, started by
     the first test that asks for it; a Kueue that cannot start fails that test, naming why."""
@@ -55,14 +75,14 @@ class ProgressReports:
         return None if report is None else Reply(json.dumps(report).encode(), "application/json")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def progress_reports() -> Iterator[ProgressReports]:
     reports = ProgressReports()
     yield reports
     reports.server.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(
     cluster: Cluster, crd: dict[str, Any], progress_reports: ProgressReports
 ) -> Iterator[OperatorProcess]:
@@ -80,7 +100,7 @@ def _operator_env(progress_reports: ProgressReports) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def multikueue(
     cluster: Cluster, kueue: Kueue, request: pytest.FixtureRequest
 ) -> Iterator[MultiKueue]:
@@ -118,7 +138,7 @@ def multikueue_namespace(multikueue: MultiKueue, namespace: str) -> Iterator[str
             multikueue.restart_worker(name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def multikueue_operators(
     multikueue: MultiKueue, progress_reports: ProgressReports
 ) -> Iterator[dict[str, OperatorProcess]]:
