@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from testbed.kwok import NodePool
 
 
-def _uncaptured(request: pytest.FixtureRequest) -> AbstractContextManager[Any]:
-    """Let the cold build's progress (minutes) reach the terminal instead of pytest's capture."""
+def uncaptured(request: pytest.FixtureRequest) -> AbstractContextManager[Any]:
+    """Let progress that takes minutes (a cold build, an image import) reach the terminal instead
+    of pytest's capture."""
     capman = request.config.pluginmanager.getplugin("capturemanager")
     return capman.global_and_fixture_disabled() if capman else nullcontext()
 
@@ -44,7 +45,7 @@ def running_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     instance = Cluster(report=messages.append)
     failure = ""
     try:
-        with _uncaptured(request):
+        with uncaptured(request):
             instance.start()
     except ClusterError as exc:
         failure = str(exc)
@@ -53,7 +54,7 @@ def running_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if failure:
         logs = "".join(f"\n{line}" for line in messages)
         pytest.fail(f"test cluster could not start -- {failure}{logs}", pytrace=False)
-    with _uncaptured(request):
+    with uncaptured(request):
         print(
             f"\n[testbed] cluster up in {instance.started_in_s:.1f}s at {instance.server}"
             f" (work dir {instance.workdir})",

@@ -16,13 +16,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
 from testbed.cluster import Cluster, ClusterConfig
 from testbed.docker import BuiltImage, Docker, DockerDaemon, build_image, ensure_base_image
+from testbed.pytest_plugin import uncaptured
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_TAG = "torchkube/trainer:test"
@@ -34,10 +34,9 @@ Say = Callable[[str], None]
 
 def say_past_capture(request: pytest.FixtureRequest, prefix: str) -> Say:
     """Print past pytest's capture: image builds and imports run for minutes."""
-    capman = request.config.pluginmanager.getplugin("capturemanager")
 
     def emit(message: str) -> None:
-        with capman.global_and_fixture_disabled() if capman else nullcontext():
+        with uncaptured(request):
             print(f"\n[{prefix}] {message}", flush=True)
 
     return emit

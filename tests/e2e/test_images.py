@@ -12,11 +12,10 @@ import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
-from real_nodes_start import TRAINER_TAG, RealNodesStart
+from real_nodes_start import TRAINER_TAG, RealNodesStart, say_past_capture
 
 from testbed.docker import (
     BuiltImage,
@@ -46,13 +45,7 @@ TRAIN_COMMAND = (
 @pytest.fixture(scope="module")
 def say(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Print past pytest's capture: a cold build runs for minutes and should show progress."""
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-
-    def emit(message: str) -> None:
-        with capman.global_and_fixture_disabled() if capman else nullcontext():
-            print(f"\n[testbed.docker] {message}", flush=True)
-
-    return emit
+    return say_past_capture(request, "testbed.docker")
 
 
 @pytest.fixture(scope="module")
