@@ -104,15 +104,42 @@ def test_a_still_counter_whose_port_is_refused_is_dead_before_the_silence(store:
     assert watch.refused == {"t4.gone"}
     assert watch.dead(store, keys, now=10.1, hosts=hosts) == ["t4.gone"] and len(probed) == 2
     assert watch.dead(store, keys, now=10.25, hosts=hosts) == ["t4.gone"]
-    assert len(probed) == 2, "each port is tried once while its counter stands still"
+    assert probed[2] == {"t4.hung"}, "still for two beats: tried again"
+    assert watch.dead(store, keys, now=10.4, hosts=hosts) == ["t4.gone"]
+    assert len(probed) == 3, "each port is tried once while its counter stands still"
     assert watch.dead(store, keys, now=10.5, hosts=hosts) == keys, "the silence: all"
     store.add("t4.hung", 1)
     assert watch.dead(store, keys, now=10.6, hosts=hosts) == ["t4.gone", "t4.rejected"]
     assert watch.dead(store, keys, now=10.8, hosts=hosts) == ["t4.gone", "t4.rejected"]
-    assert probed[2] == {"t4.hung"} and len(probed) == 3, "still again, at a new value"
+    assert probed[3] == {"t4.hung"} and len(probed) == 4, "still again, at a new value"
     store.add("t4.hung", 1)
     assert watch.dead(store, keys, now=20.0, hosts=hosts) == ["t4.gone", "t4.rejected"]
-    assert probed[3] == {"t4.hung"}, "a look after a while tries the port at once"
+    assert probed[4] == {"t4.hung"}, "a look after a while tries the port at once"
+
+
+def test_an_agent_still_dying_at_the_first_look_is_refused_at_the_next_probe(
+    store: TCPStore,
+) -> None:
+    """The survivor's workers see a peer's loss (a reset connection) and its agent looks at
+    once, while the killed agent's process may still be tearing down and holding its port:
+    that answer must not spare it the probe two missed beats later."""
+    key, hosts = "t6.dying", {"t6.dying": "10.0.0.1"}
+    store.add(key, 1)
+    store.set(liveness.port_key(key), "1234")
+    answer = [Probe.ANSWERED]
+    probed: list[set[str]] = []
+
+    def probe(targets: Mapping[str, tuple[str, int]]) -> dict[str, Probe]:
+        probed.append(set(targets))
+        return {key: answer[0] for key in targets}
+
+    watch = liveness.Watch(silence=0.5, probe_after=0.2, probe=probe)
+    watch.learn(store, hosts)
+    assert watch.dead(store, [key], now=10.0, hosts=hosts) == [], "still holding its port"
+    answer[0] = Probe.REFUSED  # its process is gone now
+    assert watch.dead(store, [key], now=10.1, hosts=hosts) == []
+    assert watch.dead(store, [key], now=10.25, hosts=hosts) == [key], "before the silence"
+    assert len(probed) == 3 and watch.refused == {key}
 
 
 def test_an_agents_port_is_written_beside_its_counter_and_closed_when_it_stops(

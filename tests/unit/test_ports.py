@@ -18,6 +18,17 @@ def test_a_held_port_answers_every_probe_and_a_closed_one_refuses() -> None:
     assert probe({"gone": ("127.0.0.1", port.number)}) == {"gone": Probe.REFUSED}
 
 
+def test_answers_already_in_count_when_the_prober_is_late() -> None:
+    """A prober descheduled past its deadline (a loaded node) still reads the connections
+    that completed meanwhile: an answer is not turned into no evidence."""
+    port = AgentPort()
+    assert port.number is not None
+    try:
+        assert probe({"held": ("127.0.0.1", port.number)}, timeout=0) == {"held": Probe.ANSWERED}
+    finally:
+        port.close()
+
+
 def test_a_port_that_accepts_nothing_in_time_is_no_evidence() -> None:
     """A full listen queue stands for a machine that answers nothing: no refusal."""
     silent = socket.create_server(("127.0.0.1", 0), backlog=0)

@@ -150,7 +150,8 @@ class Watch:
         self._answered: set[str] = set()
         """The keys whose agent's port answered: only their refusal is evidence."""
         self._probed: dict[str, bytes] = {}
-        """Each key's counter value when its port was last tried: tried once per value."""
+        """Each key's counter value when its port was tried for standing still: once per
+        value (a look after a while tries it besides)."""
         self._looked: dict[str, float] = {}
         """When each key was last read: a key not read for twice :attr:`probe_after` (the
         polls of one judgement come more often) is tried at once."""
@@ -186,22 +187,20 @@ class Watch:
                 self._seen[key] = (value, now)
             else:
                 still[key] = (value, now - last[1])
+        stalled = {
+            key
+            for key, (value, for_how_long) in still.items()
+            if for_how_long >= self.probe_after and self._probed.get(key) != value
+        }
         to_try = {
             key: host
             for key, host in (hosts or {}).items()
-            if key in self._answered
-            and key not in self.refused
-            and (
-                key in fresh
-                or (
-                    key in still
-                    and still[key][1] >= self.probe_after
-                    and self._probed.get(key) != still[key][0]
-                )
-            )
+            if key in self._answered and key not in self.refused and key in fresh | stalled
         }
         if to_try:
-            self._probed.update((key, self._seen[key][0]) for key in to_try)
+            # a look after a while does not stand for the stalled counter's probe: an agent
+            # killed as the round broke up may still hold its port at that first look
+            self._probed.update((key, self._seen[key][0]) for key in to_try if key in stalled)
             answers = self._probe(self._targets(store, to_try))
             self.refused |= {key for key, answer in answers.items() if answer is Probe.REFUSED}
         return [

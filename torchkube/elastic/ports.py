@@ -112,7 +112,9 @@ def probe(targets: Mapping[K, tuple[str, int]], timeout: float = PROBE_SECONDS) 
                 elif code in (0, errno.EINPROGRESS):
                     selector.register(sock, selectors.EVENT_WRITE)
             deadline = time.monotonic() + timeout
-            while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            while selector.get_map():
+                # a prober descheduled past its deadline still reads what completed meanwhile
+                left = max(0.0, deadline - time.monotonic())
                 for ready, _ in selector.select(left):
                     done = ready.fileobj
                     assert isinstance(done, socket.socket)
@@ -122,6 +124,8 @@ def probe(targets: Mapping[K, tuple[str, int]], timeout: float = PROBE_SECONDS) 
                         results[pending[done]] = Probe.ANSWERED
                     elif code == errno.ECONNREFUSED:
                         results[pending[done]] = Probe.REFUSED
+                if left == 0:
+                    break
         finally:
             for sock in pending:
                 sock.close()
