@@ -192,10 +192,11 @@ class Watch:
             for key, (value, for_how_long) in still.items()
             if for_how_long >= self.probe_after and self._probed.get(key) != value
         }
+        due = fresh | stalled
         to_try = {
             key: host
             for key, host in (hosts or {}).items()
-            if key in self._answered and key not in self.refused and key in fresh | stalled
+            if key in due and key in self._answered and key not in self.refused
         }
         if to_try:
             # a look after a while does not stand for the stalled counter's probe: an agent
