@@ -40,12 +40,12 @@ from kubernetes import client
 from bench.common import proc_cpu_seconds, proc_peak_rss_bytes
 from bench.kube import BENCH_LABEL, CLAIM, JOB_KINDS, job_body
 from testbed.kwok import kwok_toleration
-from testbed.ports import free_port
 from testbed.process import Process
 from testbed.wait import wait_for
 from torchkube.api import TrainingJob
 from torchkube.api.spec import BUILTIN_TRAINER_COMMAND
 from torchkube.api.worker_launch import trainer_env
+from torchkube.local.ports import free_port
 from torchkube.policy.queue import QUEUE_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,10 +36,10 @@ from testbed.binaries import Binaries, find_binaries
 from testbed.certs import DEFAULT_SERVICE_CIDR, ClusterPki, generate_cluster_pki
 from testbed.errors import ClusterError
 from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
-from testbed.ports import free_port
 from testbed.process import Process, stop_all
 from testbed.realnodes import RealNodes
 from testbed.wait import WaitTimeout, wait_for
+from torchkube.local.ports import free_port
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 

@@ -43,9 +43,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from testbed.cluster import Cluster
 from testbed.errors import ClusterError
-from testbed.ports import free_port
 from testbed.process import Process
 from testbed.wait import WaitTimeout, wait_for
+from torchkube.local.ports import free_port
 
 NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"

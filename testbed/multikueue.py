@@ -51,9 +51,9 @@ from testbed.kubeconfig import render_kubeconfig
 from testbed.kueue import NAMESPACE as KUEUE_NAMESPACE
 from testbed.kueue import Kueue
 from testbed.kwok import GPU_RESOURCE, POOL_LABEL, NodePool, kwok_toleration
-from testbed.ports import free_port
 from testbed.process import Process
 from testbed.wait import WaitTimeout, wait_for
+from torchkube.local.ports import free_port
 
 KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 CONTROLLER = "kueue.x-k8s.io/multikueue"

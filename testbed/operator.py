@@ -15,8 +15,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from testbed.ports import free_port
 from testbed.wait import wait_for
+from torchkube.local.ports import free_port
 
 
 class OperatorProcess:

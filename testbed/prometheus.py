@@ -36,9 +36,9 @@ from typing import Any
 import yaml
 
 from testbed.errors import ClusterError
-from testbed.ports import free_port
 from testbed.process import Process
 from testbed.wait import wait_for
+from torchkube.local.ports import free_port
 
 BINARY_ENV = "TORCHKUBE_PROMETHEUS"
 """Path of a ``prometheus`` binary to use instead of the one on PATH."""

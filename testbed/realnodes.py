@@ -41,10 +41,10 @@ from testbed import containerd, host, kubelet, network
 from testbed.containerd import LoadedImage
 from testbed.errors import ClusterError
 from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
-from testbed.ports import free_port
 from testbed.process import Process, tail
 from testbed.wait import WaitTimeout, wait_for
 from torchkube.elastic.warm import workers_of
+from torchkube.local.ports import free_port
 
 if TYPE_CHECKING:
     from testbed.cluster import Cluster

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from testbed.ports import free_port
 from torchkube.api.worker_launch import TORCHRUN_MONITOR_INTERVAL
 from torchkube.elastic.warm import workers_of
+from torchkube.local.ports import free_port
 
 SCRIPT = Path(__file__).parent / "elastic" / "steps_script.py"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from torch.distributed import DistError
 
-from testbed.ports import free_port
 from torchkube.elastic import warm, worker_store
+from torchkube.local.ports import free_port
 
 RANK_0_LATE_SECONDS = 0.05
 rendezvous = importlib.import_module("torch.distributed.rendezvous")

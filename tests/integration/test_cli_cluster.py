@@ -34,12 +34,12 @@ from stub_http import Reply, StubServer
 from testbed import faults
 from testbed.kwok import NodePool
 from testbed.operator import OperatorProcess
-from testbed.ports import free_port
 from testbed.volumes import delete_volume, prebound_volume
 from testbed.wait import wait_for
 from torchkube.api import GROUP, PLURAL, VERSION
 from torchkube.api import labels as lbl
 from torchkube.cli.main import main
+from torchkube.local.ports import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,7 +14,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from trainer_harness import free_port, worker_env
+from trainer_harness import worker_env
+
+from torchkube.local.ports import free_port
 
 HERE = Path(__file__).parent
 

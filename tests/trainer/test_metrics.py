@@ -8,8 +8,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from trainer_harness import free_port
 
+from torchkube.local.ports import free_port
 from torchkube.trainer.flops import peak_flops
 from torchkube.trainer.loader import RunEnv
 from torchkube.trainer.metrics import TrainMetrics

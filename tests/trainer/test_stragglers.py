@@ -6,9 +6,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from trainer_harness import Torchrun, free_port, read_progress, spec_args, wait_for
+from trainer_harness import Torchrun, read_progress, spec_args, wait_for
 
 from testbed.throttle import throttle_cpu
+from torchkube.local.ports import free_port
 from torchkube.trainer.stragglers import slowest
 
 

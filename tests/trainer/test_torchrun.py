@@ -29,12 +29,13 @@ from trainer_harness import (
     assert_bitwise_equal,
     checkpoint_mib,
     checkpoint_tensors,
-    free_port,
     read_progress,
     spec_args,
     staged_mib,
     wait_for,
 )
+
+from torchkube.local.ports import free_port
 
 pytestmark = pytest.mark.slow
 

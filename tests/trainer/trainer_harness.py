@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,12 +38,6 @@ def spec_args(data: Path, **overrides: Any) -> list[str]:
     """The TINY recipe as ``--field=value`` flags, with overrides (None drops a field)."""
     values = {**TINY, "dataPath": str(data / "train.bin"), **overrides}
     return [f"--{k}={v}" for k, v in values.items() if v is not None]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def worker_env(**extra: str) -> dict[str, str]:

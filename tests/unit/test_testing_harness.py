@@ -1,11 +1,9 @@
-"""Unit tests for the pure parts of testbed: PKI, ports, kubeconfigs, KWOK manifests,
+"""Unit tests for the pure parts of testbed: PKI, kubeconfigs, KWOK manifests,
 fault patches. No cluster, no binaries."""
 
 from __future__ import annotations
 
 import ipaddress
-import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from testbed import kwok, ports
+from testbed import kwok
 from testbed.binaries import Binaries, _failed_component
 from testbed.certs import (
     apiserver_sans,
@@ -103,42 +101,6 @@ def test_service_account_key_is_rsa_and_matches_public_key(pki) -> None:
 def test_issue_refuses_a_certificate_for_nothing(tmp_path: Path, pki) -> None:
     with pytest.raises(ValueError):
         pki.ca.issue(tmp_path, "x", "x")
-
-
-# --------------------------------------------------------------------------------------- ports
-def test_candidate_range_stays_below_ephemeral_range() -> None:
-    assert ports.candidate_range((32768, 60999)) == (ports.LOW_PORT, 32767)
-    assert ports.candidate_range((1024, 60000)) == (60001, 65535)
-    assert ports.candidate_range((1024, 65535)) == (ports.LOW_PORT, 65535)
-
-
-def test_ephemeral_range_reads_proc_format(tmp_path: Path) -> None:
-    path = tmp_path / "range"
-    path.write_text("32768\t60999\n")
-    assert ports.ephemeral_range(path) == (32768, 60999)
-    assert ports.ephemeral_range(tmp_path / "missing") == (32768, 60999)
-
-
-def test_free_ports_are_distinct_and_bindable() -> None:
-    chosen = ports.free_ports(20, random.Random(7))
-    assert len(set(chosen)) == 20
-    low, high = ports.candidate_range()
-    for port in chosen:
-        assert low <= port <= high
-        assert ports.is_port_free(port)
-
-
-def test_busy_port_is_not_free() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        assert not ports.is_port_free(sock.getsockname()[1])
-
-
-def test_free_port_never_repeats_even_with_same_seed() -> None:
-    first = ports.free_port(random.Random(1))
-    second = ports.free_port(random.Random(1))
-    assert first != second
 
 
 # --------------------------------------------------------------------------------------- kubeconfig

@@ -72,6 +72,7 @@ from torchkube.local.display import (
     Summary,
     progress_line,
 )
+from torchkube.local.ports import free_port
 from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
 from torchkube.policy import accounting, backoff, failures, stragglers
@@ -88,12 +89,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def worker_name(index: int) -> str:
     """What a local worker is called where a pod's name would be (``POD_NAME``)."""
     return f"worker-{index}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""Free loopback ports for the test control plane.
+"""Free loopback ports for servers this machine starts: ``torchkube run``'s rendezvous store,
+Lighthouse and metrics endpoints, and the test control plane's components.
 
-Every component of a test cluster listens on 127.0.0.1. Ports are drawn at random from below the
-kernel's ephemeral range (where the kernel puts outgoing connections and ``bind(0)``), so two
-clusters on one machine, or a cluster and a busy client, practically never collide, and each
-candidate is test-bound before it is handed out.
+Ports are drawn at random from below the kernel's ephemeral range (where the kernel puts outgoing
+connections and ``bind(0)``), never the same one twice in a process, and each candidate is
+test-bound before it is handed out. So two servers never get one port, and a server started
+again on its port after a loss (a store, a Lighthouse) does not find it taken as the source port
+of some client's connection; two clusters on one machine practically never collide.
 """
 
 from __future__ import annotations
