@@ -84,11 +84,27 @@ job do, before what is left is stopped: an agent stopped while it winds down lea
 waiting in torchrun's exit barrier for the barrier's 300 s (and the run for its grace)."""
 STORE_STOP_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+LIGHTHOUSE_FAILED_STARTS = 3
+"""Starts in a row at which a local Lighthouse may exit by itself, no step trained between,
+before the run ends: what stops it (torchft missing, its port taken) is this machine's, the
+same at every start, and otherwise every replica group would wait out its quorum timeout and
+restart, again and again, until maxRestarts ran out."""
 
 
 def worker_name(index: int) -> str:
     """What a local worker is called where a pod's name would be (``POD_NAME``)."""
     return f"worker-{index}"
+
+
+def last_line(path: Path, window: int = 4096) -> str:
+    """The last line a process wrote to its log (a crash's exception comes last)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - window))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
 @dataclass
@@ -256,6 +272,8 @@ class LocalRun:
         self.lighthouse_back_at: float | None = None
         """When a Lighthouse chaos killed is started again (its replacement pod's start)."""
         self._restarts_before_lighthouse_loss = 0
+        self._lighthouse_exit_steps: list[int] = []
+        """The step at each exit of the Lighthouse by itself (not a chaos kill)."""
         self.metrics_ports = [free_port() for _ in range(self.count)]
         self.failures: list[Failure] = []
         self.ledger = Ledger()
@@ -482,7 +500,7 @@ class LocalRun:
                     )
             ended = (
                 self._check_store(record, now)
-                or self._check_lighthouse(now)
+                or self._check_lighthouse(record, now)
                 or self._check_workers(record, now)
                 or self._check_in_place()
             )
@@ -582,22 +600,42 @@ class LocalRun:
             shown.live = found.survivors is not None
         return self._account(found)
 
-    def _check_lighthouse(self, now: float) -> tuple[bool, str] | None:
+    def _check_lighthouse(
+        self, record: ProgressReport | None, now: float
+    ) -> tuple[bool, str] | None:
         """A dead Lighthouse is started again on its port, as the operator replaces its pod
         (one chaos killed, once its replacement is due): the workers wait for it at their next
-        quorum. Not a failure: nothing restarts."""
+        quorum. Not a failure: nothing restarts. One that exits by itself at
+        ``LIGHTHOUSE_FAILED_STARTS`` starts in a row, no step trained between, ends the run."""
         if self.lighthouse is None or self.lighthouse.poll() is None:
             return None
         if self.lighthouse_back_at is not None and now < self.lighthouse_back_at:
             return None
-        self.lighthouse_back_at = None
+        killed, self.lighthouse_back_at = self.lighthouse_back_at is not None, None
         code = self.lighthouse.returncode
+        if not killed:
+            self._lighthouse_exit_steps.append(record.step if record else 0)
+            last = self._lighthouse_exit_steps[-LIGHTHOUSE_FAILED_STARTS:]
+            if len(last) == LIGHTHOUSE_FAILED_STARTS and len(set(last)) == 1:
+                return False, self._lighthouse_cannot_serve(code)
         self._start_lighthouse()
         self.out.write(
             f"\ntorchft lighthouse exited with code {code}; started again: the replica groups "
             "wait for it at their next quorum (no restart)\n"
         )
         return None
+
+    def _lighthouse_cannot_serve(self, code: int) -> str:
+        log = self.log_dir / "lighthouse.log"
+        said = last_line(log)
+        return (
+            f"the torchft Lighthouse exited with code {code} at {LIGHTHOUSE_FAILED_STARTS} "
+            f"starts in a row, no step trained between"
+            + (f": {said}" if said else "")
+            + f" ({log}). Every step begins with a quorum it forms, so the replica groups "
+            f"cannot train without it. It runs python -m torchkube.elastic.lighthouse on port "
+            f"{self.lighthouse_port}: that needs torchft installed and the port free"
+        )
 
     def _check_workers(self, record: ProgressReport | None, now: float) -> tuple[bool, str] | None:
         for worker in list(self.workers.values()):
