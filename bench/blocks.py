@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench import live_recovery_docs
+from bench import live_recovery_docs, watchers
 from bench.common import (
     FIGURE_HEADERS,
     LIMIT,
@@ -142,6 +142,7 @@ def scale(records: dict[str, Body]) -> str:
         names.insert(1, LIMIT)
     has_all_pods = "8 workers, idle: apply → all pods Running, torchkube" in run.figures
     rows = []
+    has_closed = False
     for condition in CONDITIONS:
         for n in SIZES:
             key = f"{n} workers, {condition}: apply → all Running, "
@@ -157,6 +158,8 @@ def scale(records: dict[str, Body]) -> str:
                     if has_all_pods
                     else []
                 )
+                closed = closed_per_trial(run, name, condition, n)
+                has_closed = has_closed or closed is not None
                 rows.append(
                     [
                         str(n),
@@ -166,6 +169,7 @@ def scale(records: dict[str, Body]) -> str:
                         *all_pods,
                         trials(figure),
                         loads_of(figure),
+                        closed or "",
                         ratio,
                     ]
                 )
@@ -177,7 +181,10 @@ def scale(records: dict[str, Body]) -> str:
         *(running or ["apply → all Running"]),
         "trials",
         "load per trial",
+        *(["pod watches closed per trial"] if has_closed else []),
     ]
+    if not has_closed:
+        rows = [row[:-2] + row[-1:] for row in rows]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     floors = []
     trial_keys = ["all Running"] + (["all pods Running"] if has_all_pods else [])
@@ -405,6 +412,36 @@ def warmed_up_by(run: Run) -> str:
     return f", after one warm-up start of every job by {who}, not counted"
 
 
+def closed_cell(trial: dict[str, Any], unit: bool = True) -> str:
+    """The pod watches the API server closed in a trial (with ``unit``: "4 watches"), and
+    whose where the record names them (``bench.watchers``)."""
+    closed = trial["closed_pod_watches"]
+    closers = trial.get("closed_pod_watchers")
+    whose = f" ({watchers.said(closers)})" if closers else ""
+    return (fmt(closed, "watches") if unit else f"{closed:.0f}") + whose
+
+
+def closed_per_trial(run: Run, name: str, condition: str, workers: int) -> str | None:
+    """A single job's trials of one contender: "none" where the API server closed no pod
+    watch in any, else each trial's time to all Running beside the watches closed in it, in
+    the order they ran; None for a record that did not count them."""
+    found = [
+        trial
+        for trial in run.body["extra"].get("trials", [])
+        if trial.get("scenario", "single") == "single"
+        and (trial["operator"], trial["condition"], trial["workers"]) == (name, condition, workers)
+    ]
+    if not found or any("closed_pod_watches" not in trial for trial in found):
+        return None
+    if not any(trial["closed_pod_watches"] for trial in found):
+        return "none"
+    times = run[f"{workers} workers, {condition}: apply → all Running, {name}"]["values"]
+    return ", ".join(
+        f"{fmt(time, 's')}: {closed_cell(trial, unit=False)}"
+        for time, trial in zip(times, found, strict=True)
+    )
+
+
 def fleet_trials(run: Run, prefix: str) -> list[str]:
     """The fleet's trials in the order they ran, each with the pod watches the API server
     closed in it: the trials of one contender differ by as much as the contenders do, and
@@ -422,7 +459,7 @@ def fleet_trials(run: Run, prefix: str) -> list[str]:
                 "warm-up, not counted",
                 contender_label(run, warm_up["operator"]),
                 fmt(warm_up["running_s"], "s"),
-                fmt(warm_up["closed_pod_watches"], "watches"),
+                closed_cell(warm_up),
                 fmt(warm_up["kwok_cpu_s"], "s"),
                 f"{warm_up['load']:.1f}",
             ]
@@ -436,7 +473,7 @@ def fleet_trials(run: Run, prefix: str) -> list[str]:
                 str(order),
                 contender_label(run, name),
                 fmt(running, "s"),
-                fmt(trial["closed_pod_watches"], "watches"),
+                closed_cell(trial),
                 fmt(trial["kwok_cpu_s"], "s"),
                 f"{trial['load']:.1f}",
             ]

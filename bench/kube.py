@@ -443,6 +443,11 @@ class Stack:
             if name == CLOSED_WATCHES and ("resource", "pods") in labels
         )
 
+    @property
+    def apiserver_log(self) -> Path:
+        """The API server's log: whose pod watches it closed (``bench.watchers``)."""
+        return self.cluster.log_dir / "kube-apiserver.log"
+
     def operator_cpu_seconds(self) -> float:
         assert self.operator.proc is not None
         return proc_cpu_seconds(self.operator.proc.pid)

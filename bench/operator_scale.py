@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from bench import kubeflow
+from bench import kubeflow, watchers
 from bench.common import (
     LIMIT,
     Figure,
@@ -279,6 +279,7 @@ class SideBySide:
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, self.players)
             closed_before = bench.closed_pod_watches()
+            log_before = watchers.log_size(bench.apiserver_log)
             requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
             load = load_average()
             used_before = self._cpu_used(bench, contender)
@@ -293,6 +294,7 @@ class SideBySide:
             bound = all_bound(watch, is_worker) - started
             extra = len(watch.pods) - pods
         closed = bench.closed_pod_watches() - closed_before
+        closers = watchers.closed_since(bench.apiserver_log, log_before)
         settle(contender)
         requests = contender.requests() - requests_before
         cpu = contender.cpu_seconds() - cpu_before
@@ -301,6 +303,7 @@ class SideBySide:
             f"{created:.2f}s, bound {bound:.2f}s, Running {running:.2f}s (all {pods} pods "
             f"{every_pod:.2f}s), {requests:.0f} requests,"
             f" CPU {cpu:.2f}s, {closed:.0f} pod watches closed by the API server"
+            + (f" ({watchers.said(closers)})" if closers else "")
             + (f", {extra} EXTRA pods" if extra else "")
             + ("" if record else " (warm-up, not recorded)")
         )
@@ -329,6 +332,7 @@ class SideBySide:
                     "requests": requests,
                     "operator_cpu_s": round(cpu, 2),
                     "closed_pod_watches": closed,
+                    "closed_pod_watchers": closers,
                     "cpu_to_running_s": {k: round(v, 2) for k, v in used.items()},
                     "load": load,
                     "quiet_wait_s": round(quiet_wait, 1),
@@ -541,6 +545,7 @@ class Fleet:
         with PodWatch(bench.api, namespace, contender.pod_selector) as watch:
             quiet_wait = quiet(bench, players)
             closed_before = bench.closed_pod_watches()  # not the last trial's teardown's
+            log_before = watchers.log_size(bench.apiserver_log)
             requests_before, cpu_before = contender.requests(), contender.cpu_seconds()
             kwok_before = bench.component_cpu_seconds().get("kwok", 0.0)
             load = load_average()
@@ -553,17 +558,20 @@ class Fleet:
             every_pod = all_running(watch, pods, 900, what) - started
             kwok_cpu = bench.component_cpu_seconds().get("kwok", 0.0) - kwok_before
         closed = bench.closed_pod_watches() - closed_before
+        closers = watchers.closed_since(bench.apiserver_log, log_before)
         seen = {
             "operator": contender.name,
             "load": load,
             "quiet_wait_s": round(quiet_wait, 1),
             "closed_pod_watches": closed,
+            "closed_pod_watchers": closers,
             "kwok_cpu_s": round(kwok_cpu, 1),
         }
         said = f"{contender.name}: {self.jobs} jobs × {self.per_job}: created {created:.1f}s, "
         said += f"Running {running:.1f}s (all {pods} pods {every_pod:.1f}s, load {load:.1f}, "
         said += f"after {quiet_wait:.0f}s for a quiet cluster; {closed:.0f} pod watches closed "
-        said += f"by the API server, KWOK {kwok_cpu:.1f} CPU-s)"
+        said += f"by the API server{f' ({watchers.said(closers)})' if closers else ''}, "
+        said += f"KWOK {kwok_cpu:.1f} CPU-s)"
         if not record:
             self.results.extra["fleet_warm_up"] = seen | {"running_s": round(every_pod, 1)}
             log(f"{said} (warm-up, not counted)")

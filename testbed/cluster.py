@@ -400,6 +400,9 @@ class Cluster:
             f"--proxy-client-key-file={pki.front_proxy_client.key}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--profiling=false",
+            # Its log then names each watch it closes as not drained in time (key, selectors):
+            # whose watch fell behind a burst of pods (bench.watchers).
+            "--v=1",
             *self.config.apiserver_args,
         ]
         proc = self._spawn("kube-apiserver", argv)

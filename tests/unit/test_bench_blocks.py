@@ -149,6 +149,42 @@ def test_starting_jobs_gives_no_ratio_or_verdict_on_two_trials() -> None:
     assert "target ≤ 5.00 s: met" in three
 
 
+def test_each_trial_of_a_single_job_shows_the_pod_watches_closed_in_it_and_whose() -> None:
+    """A slow start-up trial is the one whose API server closed pod watches (the relists that
+    follow): each contender's trials show their time beside how many, in the order they ran,
+    and whose where the record names them; a record without the counts shows no column."""
+    body = single(3)
+    closed = {"torchkube": [0, 4, 3], "Kubeflow": [0, 0, 0], "Kubeflow, client 500/s": [1, 0, 0]}
+    whose = {(1, "torchkube"): {"kube-scheduler": 3, "KWOK": 1}}
+    body["extra"]["trials"] = [
+        {
+            "scenario": "single",
+            "operator": name,
+            "condition": condition,
+            "workers": n,
+            "closed_pod_watches": float(closed[name][k] if n == 512 else 0),
+            **(
+                {"closed_pod_watchers": whose.get((k, name), {})}
+                if n == 512 and condition == "idle"
+                else {}
+            ),
+        }
+        for k in range(3)
+        for condition in blocks.CONDITIONS
+        for n in blocks.SIZES
+        for name in closed
+    ]
+    shown = blocks.scale({"operator_scale_single": body})
+    assert "| pod watches closed per trial |" in shown.splitlines()[2]
+    (row,) = [r for r in shown.splitlines() if r.startswith("| 512 | idle | torchkube |")]
+    assert "| 7.00 s: 0, 8.00 s: 4 (kube-scheduler 3, KWOK 1), 9.00 s: 3 |" in row, row
+    (row,) = [r for r in shown.splitlines() if r.startswith("| 512 | loaded | torchkube |")]
+    assert "| 7.00 s: 0, 8.00 s: 4, 9.00 s: 3 |" in row, row
+    (row,) = [r for r in shown.splitlines() if r.startswith("| 512 | idle | Kubeflow v1.8.1")]
+    assert "| none |" in row, row
+    assert "pod watches closed" not in blocks.scale({"operator_scale_single": single(3)})
+
+
 def test_where_the_time_goes_quotes_the_records_own_table() -> None:
     """The paragraph once pointed at a table whose numbers had changed under it."""
     shown = blocks.where_the_time_goes({"operator_scale_single": single(2)})
@@ -238,11 +274,14 @@ def test_the_fleets_trials_are_shown_in_the_order_they_ran_with_the_watches_clos
         {"operator": name, "load": 1.5, "closed_pod_watches": closed, "kwok_cpu_s": kwok}
         for name, closed, kwok in order
     ]
+    trials[0]["closed_pod_watchers"] = {"KWOK": 300, "kube-scheduler": 37}
     extra = {"fleet_trials": trials}
     body = record("operator_scale_fleet", figures, config={"jobs": 64, "per_job": 64}, extra=extra)
     rows = blocks.fleet({"operator_scale_fleet": body}).splitlines()
     trial_rows = rows[rows.index("Trial by trial:") + 4 :]
-    assert trial_rows[0] == "| 1 | torchkube | 205.4 s | 337 watches | 110.8 s | 1.5 |"
+    assert trial_rows[0] == (
+        "| 1 | torchkube | 205.4 s | 337 watches (KWOK 300, kube-scheduler 37) | 110.8 s | 1.5 |"
+    )
     assert trial_rows[3].startswith("| 4 | torchkube | 109.4 s | 4 watches | 31.7 s |")
     assert trial_rows[1].startswith("| 2 | bare client: the same pods, no operator (the limit) |")
     assert "| 96.6 s | 8 watches |" in trial_rows[2]
