@@ -158,7 +158,7 @@ def scale(records: dict[str, Body]) -> str:
                     if has_all_pods
                     else []
                 )
-                closed = closed_per_trial(run, name, condition, n)
+                closed = closed_per_trial(run, "single", name, condition, n, figure)
                 has_closed = has_closed or closed is not None
                 rows.append(
                     [
@@ -300,11 +300,16 @@ def fast_scheduler(records: dict[str, Body]) -> str:
     names = ["torchkube", "Kubeflow"]
     if key.format("Running", LIMIT) in run.figures:
         names.insert(1, LIMIT)
+    scenario, closed_column = "scheduler at 500 req/s", []
     for name in names:
         label = contender_label(run, name)
         figures = [run[key.format(what, name)] for what in ("created", "bound", "Running")]
         rows.append([label, *(shown(f) for f in figures)])
         rows[-1] += [trials(figures[-1]), loads_of(figures[-1])]
+        closed = closed_per_trial(run, scenario, name, "idle", 512, figures[-1])
+        if closed is not None:
+            rows[-1].append(closed)
+            closed_column = ["pod watches closed per trial"]
     ours, theirs = run[key.format("Running", "torchkube")], run[key.format("Running", "Kubeflow")]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     each = ", ".join(fmt(v, "s") for v in theirs["values"])
@@ -319,7 +324,15 @@ def fast_scheduler(records: dict[str, Body]) -> str:
             f"{run.stamp()}; idle:",
             "",
             markdown_table(
-                ["pods of", "all created", "all bound", "all Running", "trials", "load per trial"],
+                [
+                    "pods of",
+                    "all created",
+                    "all bound",
+                    "all Running",
+                    "trials",
+                    "load per trial",
+                    *closed_column,
+                ],
                 rows,
             ),
             "",
@@ -421,24 +434,26 @@ def closed_cell(trial: dict[str, Any], unit: bool = True) -> str:
     return (fmt(closed, "watches") if unit else f"{closed:.0f}") + whose
 
 
-def closed_per_trial(run: Run, name: str, condition: str, workers: int) -> str | None:
-    """A single job's trials of one contender: "none" where the API server closed no pod
-    watch in any, else each trial's time to all Running beside the watches closed in it, in
-    the order they ran; None for a record that did not count them."""
+def closed_per_trial(
+    run: Run, scenario: str, name: str, condition: str, workers: int, times: dict[str, Any]
+) -> str | None:
+    """A start-up scenario's trials of one contender: "none" where the API server closed no
+    pod watch in any, else each trial's time (``times``: its figure) beside the watches
+    closed in it, in the order they ran; None for a record that did not count them."""
     found = [
         trial
         for trial in run.body["extra"].get("trials", [])
-        if trial.get("scenario", "single") == "single"
-        and (trial["operator"], trial["condition"], trial["workers"]) == (name, condition, workers)
+        if (trial.get("scenario", "single"), trial["operator"], trial["condition"])
+        == (scenario, name, condition)
+        and trial["workers"] == workers
     ]
     if not found or any("closed_pod_watches" not in trial for trial in found):
         return None
     if not any(trial["closed_pod_watches"] for trial in found):
         return "none"
-    times = run[f"{workers} workers, {condition}: apply → all Running, {name}"]["values"]
     return ", ".join(
         f"{fmt(time, 's')}: {closed_cell(trial, unit=False)}"
-        for time, trial in zip(times, found, strict=True)
+        for time, trial in zip(times["values"], found, strict=True)
     )
 
 

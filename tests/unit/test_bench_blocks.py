@@ -213,6 +213,24 @@ def test_fast_scheduler_floors_come_from_its_own_run() -> None:
     assert "its trials took 49.7 s, 24.2 s, 24.2 s" in shown
     assert "(512 − 30) ÷ 20 = 24.1 s" in shown and "(1,024 − 30) ÷ 20 = 49.7 s" in shown
     assert "the control plane 16.6 s" in shown and "needed 10.8 s" in shown
+    assert "pod watches closed" not in shown
+    closed = {"torchkube": [0, 4, 0], "Kubeflow": [0, 0, 0]}
+    body["extra"]["trials"] = [
+        {
+            "scenario": "scheduler at 500 req/s",
+            "operator": name,
+            "condition": "idle",
+            "workers": 512,
+            "closed_pod_watches": float(closed[name][k]),
+            "closed_pod_watchers": {"kube-scheduler": 4} if closed[name][k] else {},
+        }
+        for k in range(3)
+        for name in closed
+    ]
+    rows = blocks.fast_scheduler({"operator_scale_fast-scheduler": body}).splitlines()
+    assert rows[2].endswith("| load per trial | pod watches closed per trial |")
+    assert rows[4].endswith("| 11.4 s: 0, 12.3 s: 4 (kube-scheduler 4), 13.2 s: 0 |"), rows[4]
+    assert rows[5].endswith("| none |"), rows[5]
 
 
 def test_the_fleet_on_one_trial_each_gives_no_ratio_and_says_the_loads_differ() -> None:
