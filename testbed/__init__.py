@@ -3,7 +3,8 @@
 Modules, one job each (see docs/cluster.md):
 
 - ``binaries``: find or build (``hack/build-cluster.sh``) the pinned binaries.
-- ``certs``, ``kubeconfig``, ``ports``: PKI, credentials and free loopback ports for one run.
+- ``certs``, ``kubeconfig``: PKI and credentials for one run (free loopback ports come from
+  ``torchkube.local.ports``, which ``torchkube run`` uses too).
 - ``process``: a component as a process group with a log file.
 - ``kwok``: fake GPU node pools and their failure domains (pure manifests).
 - ``cluster``: ``Cluster`` starts and stops etcd, apiserver, controller-manager, scheduler, KWOK.
