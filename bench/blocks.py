@@ -151,8 +151,9 @@ def scale(records: dict[str, Body]) -> str:
                 figure = run[key + name]
                 label = contender_label(run, name)
                 ratio = ratio_against(run, name, ours, figure, n)
-                if name == LIMIT:
-                    ratio = f"torchkube is {ratio} it"
+                if name == LIMIT and not ratio.startswith("none"):
+                    figure_part, _, note = ratio.partition(" (")
+                    ratio = f"torchkube is {figure_part} it" + (f" ({note}" if note else "")
                 all_pods = (
                     [shown(run[f"{n} workers, {condition}: apply → all pods Running, {name}"])]
                     if has_all_pods

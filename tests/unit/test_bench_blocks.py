@@ -149,6 +149,33 @@ def test_starting_jobs_gives_no_ratio_or_verdict_on_two_trials() -> None:
     assert "target ≤ 5.00 s: met" in three
 
 
+def test_a_ratio_to_the_limit_reads_as_a_sentence_with_its_note_after_it() -> None:
+    figures: FIGURES = {}
+    for condition in blocks.CONDITIONS:
+        for n in blocks.SIZES:
+            for name, scale, load in (
+                ("torchkube", 2.0, 1.0),
+                (blocks.LIMIT, 1.0, 3.0),
+                ("Kubeflow", 4.0, 1.0),
+                ("Kubeflow, client 500/s", 3.0, 1.0),
+            ):
+                for what in ("all Running", "all created"):
+                    key = f"{n} workers, {condition}: apply → {what}, {name}"
+                    figures[key] = ("s", [scale * k for k in (1, 2, 3)], [load] * 3)
+            ratio = f"{n} workers, {condition}: torchkube ÷ {blocks.LIMIT}, all Running"
+            figures[ratio] = ("x", [2.0], [1.0])
+    body = record("operator_scale_single", figures)
+    for f in body["figures"]:
+        f["target"], f["verdict"] = "≤ 9.00", "met"
+    cpu = ["load", "workers", "job of", "cp", "kwok", "op", "other", "cores", "floor"]
+    body["tables"]["where the CPU went, apply → all Running: CPU seconds, medians"] = {
+        "headers": cpu,
+        "rows": [],
+    }
+    shown = blocks.scale({"operator_scale_single": body})
+    assert "| torchkube is 2.00× it (loads differ: 3.0 vs 1.0) |" in shown, shown
+
+
 def test_each_trial_of_a_single_job_shows_the_pod_watches_closed_in_it_and_whose() -> None:
     """A slow start-up trial is the one whose API server closed pod watches (the relists that
     follow): each contender's trials show their time beside how many, in the order they ran,
