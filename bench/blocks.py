@@ -296,21 +296,23 @@ def fast_scheduler(records: dict[str, Body]) -> str:
     from bench import kubeflow
 
     run = Run("operator_scale_fast-scheduler", records["operator_scale_fast-scheduler"])
-    key = "512 workers, scheduler at 500 req/s, idle: apply → all {}, {}"
+    scenario = "scheduler at 500 req/s"
+    key = f"512 workers, {scenario}, idle: apply → all {{}}, {{}}"
     rows = []
     names = ["torchkube", "Kubeflow"]
     if key.format("Running", LIMIT) in run.figures:
         names.insert(1, LIMIT)
-    scenario, closed_column = "scheduler at 500 req/s", []
+    closed_column = []
     for name in names:
         label = contender_label(run, name)
         figures = [run[key.format(what, name)] for what in ("created", "bound", "Running")]
         rows.append([label, *(shown(f) for f in figures)])
-        rows[-1] += [trials(figures[-1]), loads_of(figures[-1])]
         closed = closed_per_trial(run, scenario, name, "idle", 512, figures[-1])
+        rows[-1] += [trials(figures[-1]), loads_of(figures[-1]), closed or ""]
         if closed is not None:
-            rows[-1].append(closed)
             closed_column = ["pod watches closed per trial"]
+    if not closed_column:
+        rows = [row[:-1] for row in rows]
     ours, theirs = run[key.format("Running", "torchkube")], run[key.format("Running", "Kubeflow")]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     each = ", ".join(fmt(v, "s") for v in theirs["values"])

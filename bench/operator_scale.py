@@ -763,7 +763,7 @@ def notes(args: argparse.Namespace) -> list[str]:
             f"size by {warmed_by(args.limit)} after them ({COLD_WATCHES}); pod watches the API "
             "server closed: per "
             "trial in the JSON (apiserver_terminated_watchers_total for pods, from before "
-            "the create until all pods are Running)",
+            f"the create until all pods are Running; whose: {watchers.SAID})",
             "both operators run at once on one cluster, jobs alternating in an order that "
             "rotates trial by trial (and size by size), so none always goes first; each "
             "trial starts on a quiet cluster (its processes and the operators within "
@@ -798,9 +798,10 @@ def notes(args: argparse.Namespace) -> list[str]:
             "reconcile rate ÷ the first third's; pod watches the API server closed: its "
             "apiserver_terminated_watchers_total for pods from just before the first create "
             "until all pods are Running (watches it closed "
-            "because their client, whichever, did not drain them in time; KWOK watches again "
-            "from resourceVersion 0 and is sent every pod again); KWOK CPU: its processes' "
-            "CPU seconds from the first create to all pods Running"
+            "because their client did not drain them in time; KWOK watches again "
+            "from resourceVersion 0 and is sent every pod again; whose: "
+            f"{watchers.SAID}); KWOK CPU: its processes' CPU seconds from the first create to "
+            "all pods Running"
         )
         if args.limit:
             out.append(

@@ -23,6 +23,12 @@ CLOSED = re.compile(
 """kube-apiserver's cacher (``cache_watcher.go``, klog V(1)); key ``/pods`` for a watch of
 every namespace, ``/pods/<namespace>`` for one."""
 
+SAID = (
+    "the API server's log (--v=1) of each watch it closed, named by its key and selectors "
+    "(bench/watchers.py)"
+)
+"""How a record's notes say where the names of closed watches come from."""
+
 UNFILTERED = "unfiltered (the controller-manager's; a Kubeflow operator's)"
 NAMESPACED_UNFILTERED = "unfiltered, one namespace (a Kubeflow operator's)"
 

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Literal
 
 from testbed.errors import ClusterError
-from testbed.process import Process, tail
+from testbed.process import Process
+from torchkube.local.logs import tail
 
 INSTALL_HINT = "run hack/install-system-deps.sh (installs the docker.io and debootstrap packages)"
 # The client from Debian's docker.io matches its 20.10 daemon and has BuildKit built in. A newer

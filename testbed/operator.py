@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed.wait import wait_for
+from torchkube.local.logs import tail
 from torchkube.local.ports import free_port
 
 
@@ -78,7 +79,7 @@ class OperatorProcess:
     def tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():
             return "(no log yet)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return tail(self.log_path, lines)
 
     def kill(self) -> None:
         """SIGKILL: no clean-up, as when a node or the container dies."""

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from testbed.errors import ClusterError
+from torchkube.local.logs import tail
 
 _PR_SET_PDEATHSIG = 1
 
@@ -27,19 +28,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    """Return the last ``lines`` lines of a log file ('' when it does not exist)."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 64 * 1024))
-            data = handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
 
 
 class Process:

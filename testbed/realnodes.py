@@ -41,9 +41,10 @@ from testbed import containerd, host, kubelet, network
 from testbed.containerd import LoadedImage
 from testbed.errors import ClusterError
 from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
-from testbed.process import Process, tail
+from testbed.process import Process
 from testbed.wait import WaitTimeout, wait_for
 from torchkube.elastic.warm import workers_of
+from torchkube.local.logs import tail
 from torchkube.local.ports import free_port
 
 if TYPE_CHECKING:

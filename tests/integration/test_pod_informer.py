@@ -3,7 +3,6 @@ and the label selector (a watch too old to resume is tested on its events, in
 tests/unit/test_pod_index.py: a fresh cluster has compacted nothing)."""
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from kubernetes import client
 from prometheus_client import REGISTRY
 
 from torchkube.api import labels as lbl
+from torchkube.local.ports import free_port
 from torchkube.operator.informer import PodInformer
 
 pytestmark = pytest.mark.cluster
@@ -114,9 +114,7 @@ def test_a_cancelled_informer_lets_go_of_a_quiet_watch_at_once(
 def test_an_api_server_out_of_reach_is_counted_and_nothing_is_reconciled() -> None:
     """No cluster: a loopback port nothing listens on. The informer keeps retrying, counts
     each failure in ``torchkube_pod_watch_errors_total``, and never says it is filled."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     configuration = client.Configuration()
     configuration.host = f"http://127.0.0.1:{port}"
     before = REGISTRY.get_sample_value("torchkube_pod_watch_errors_total") or 0.0

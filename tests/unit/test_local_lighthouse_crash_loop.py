@@ -17,6 +17,7 @@ from pathlib import Path
 
 from training_jobs import training_job
 
+from torchkube.api import TrainingJob
 from torchkube.api.contract import ProgressReport
 from torchkube.local.runner import LIGHTHOUSE_FAILED_STARTS, LocalRun, _Worker
 
@@ -43,7 +44,7 @@ def sleeper() -> subprocess.Popen[bytes]:
     )
 
 
-def live_job():
+def live_job() -> TrainingJob:
     return training_job(replicas={"min": 2, "max": 2}, failurePolicy={"recovery": "live"})
 
 
@@ -72,14 +73,25 @@ def test_a_lighthouse_lost_with_steps_trained_between_is_started_again_each_time
     run = StandIns(live_job(), tmp_path, out=io.StringIO())
     run.log_dir.mkdir(parents=True)
     run._start_lighthouse()
-    try:
-        for step in range(1, 3 * LIGHTHOUSE_FAILED_STARTS):
-            assert run.lighthouse is not None
-            run.lighthouse.wait()
-            record = ProgressReport(step=step, total_steps=100)
-            assert run._check_lighthouse(record, float(step)) is None
+    for step in range(1, 3 * LIGHTHOUSE_FAILED_STARTS):
         assert run.lighthouse is not None
         run.lighthouse.wait()
-    finally:
-        if run.store is not None:
-            run.store.kill()
+        record = ProgressReport(step=step, total_steps=100)
+        assert run._check_lighthouse(record, float(step)) is None
+    assert run.lighthouse is not None
+    run.lighthouse.wait()
+
+
+def test_a_lighthouse_chaos_killed_again_and_again_at_one_step_is_started_again_each_time(
+    tmp_path: Path,
+) -> None:
+    """A chaos kill is the operator replacing a lost pod, not a Lighthouse that cannot start."""
+    run = StandIns(live_job(), tmp_path, out=io.StringIO())
+    run.log_dir.mkdir(parents=True)
+    record = ProgressReport(step=100, total_steps=600)
+    for kill in range(2 * LIGHTHOUSE_FAILED_STARTS):
+        run.lighthouse = sleeper()
+        run._kill_lighthouse(record, float(kill))
+        assert run._check_lighthouse(record, float(kill)) is None, kill
+        assert run.lighthouse is not None
+        run.lighthouse.wait()

@@ -13,7 +13,6 @@ from pathlib import Path
 from training_jobs import training_job
 
 from torchkube.local import ports
-from torchkube.local.ports import ephemeral_range
 from torchkube.local.runner import LocalRun
 
 
@@ -22,7 +21,7 @@ def test_a_local_run_serves_on_distinct_ports_below_the_ephemeral_range(tmp_path
     runs = [LocalRun(job, tmp_path / str(n), out=io.StringIO()) for n in range(8)]
     chosen = [p for r in runs for p in (r.store_port, r.lighthouse_port, *r.metrics_ports)]
     assert len(set(chosen)) == len(chosen) == 8 * 6
-    low, high = ephemeral_range()
+    low, high = ports.ephemeral_range()
     assert not [port for port in chosen if low <= port <= high]
 
 
@@ -40,7 +39,8 @@ def test_ephemeral_range_reads_proc_format(tmp_path: Path) -> None:
 
 
 def test_free_ports_are_distinct_and_bindable() -> None:
-    chosen = ports.free_ports(20, random.Random(7))
+    rng = random.Random(7)
+    chosen = [ports.free_port(rng) for _ in range(20)]
     assert len(set(chosen)) == 20
     low, high = ports.candidate_range()
     for port in chosen:

@@ -1,7 +1,6 @@
 """The boards' link to the rendezvous store, against a real c10d TCPStore that goes away
 and comes back on the same port (the store pod restarted behind its Service)."""
 
-import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -10,6 +9,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from torchkube.elastic.store_link import StoreLink
+from torchkube.local.ports import free_port
 
 
 def serve(port: int = 0) -> Any:
@@ -60,9 +60,7 @@ def test_a_store_not_listening_yet_is_fallen_back_from_without_a_word(
     """``torchkube run`` reads its restart board while the store it started is still
     importing torch: c10d's client printed its connect timeout with a C++ stack trace on the
     quick start's terminal, on every poll until the store listened."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     assert StoreLink(f"127.0.0.1:{port}", 0.5).call(write, False) is False
     assert capfd.readouterr().err == ""
 

@@ -24,9 +24,9 @@ from testbed.errors import ClusterError
 from testbed.faults import terminated_status_patch
 from testbed.kubeconfig import render_kubeconfig, write_kubeconfig
 from testbed.pods import kwok_pod
-from testbed.process import tail
 from testbed.pytest_plugin import _namespace_name
 from testbed.wait import WaitTimeout, wait_for
+from torchkube.local.logs import tail
 
 
 def _load(path: Path) -> x509.Certificate:

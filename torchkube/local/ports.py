@@ -44,8 +44,9 @@ def candidate_range(ephemeral: tuple[int, int] | None = None) -> tuple[int, int]
     return LOW_PORT, 65535
 
 
-def is_port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether ``port`` can be bound on ``host`` now (no SO_REUSEADDR: TIME_WAIT counts as busy)."""
+def is_port_free(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether ``port`` can be bound on ``host`` now (no SO_REUSEADDR: TIME_WAIT counts as busy);
+    every address by default, as the store and the Lighthouse bind it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
@@ -68,9 +69,4 @@ def free_port(rng: random.Random | None = None, attempts: int = 200) -> int:
             continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port on 127.0.0.1 in {low}-{high} after {attempts} attempts")
-
-
-def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
-    """Return ``count`` distinct free ports (see :func:`free_port`)."""
-    return [free_port(rng) for _ in range(count)]
+    raise RuntimeError(f"no free port in {low}-{high} after {attempts} attempts")

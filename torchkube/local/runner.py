@@ -72,6 +72,7 @@ from torchkube.local.display import (
     Summary,
     progress_line,
 )
+from torchkube.local.logs import last_line
 from torchkube.local.ports import free_port
 from torchkube.local.processes import children_of, descendants, kill_tree, stopped
 from torchkube.local.threads import threads_per_process
@@ -94,17 +95,6 @@ restart, again and again, until maxRestarts ran out."""
 def worker_name(index: int) -> str:
     """What a local worker is called where a pod's name would be (``POD_NAME``)."""
     return f"worker-{index}"
-
-
-def last_line(path: Path, window: int = 4096) -> str:
-    """The last line a process wrote to its log (a crash's exception comes last)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - window))
-            lines = log.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
 @dataclass
@@ -272,8 +262,9 @@ class LocalRun:
         self.lighthouse_back_at: float | None = None
         """When a Lighthouse chaos killed is started again (its replacement pod's start)."""
         self._restarts_before_lighthouse_loss = 0
-        self._lighthouse_exit_steps: list[int] = []
-        """The step at each exit of the Lighthouse by itself (not a chaos kill)."""
+        self._lighthouse_exits: tuple[int, int] = (0, 0)
+        """The Lighthouse's exits by itself (not a chaos kill) in a row at one step, and that
+        step: a step trained since starts the count again."""
         self.metrics_ports = [free_port() for _ in range(self.count)]
         self.failures: list[Failure] = []
         self.ledger = Ledger()
@@ -614,9 +605,10 @@ class LocalRun:
         killed, self.lighthouse_back_at = self.lighthouse_back_at is not None, None
         code = self.lighthouse.returncode
         if not killed:
-            self._lighthouse_exit_steps.append(record.step if record else 0)
-            last = self._lighthouse_exit_steps[-LIGHTHOUSE_FAILED_STARTS:]
-            if len(last) == LIGHTHOUSE_FAILED_STARTS and len(set(last)) == 1:
+            step = record.step if record else 0
+            exits, at = self._lighthouse_exits
+            self._lighthouse_exits = (exits + 1 if at == step else 1, step)
+            if self._lighthouse_exits[0] >= LIGHTHOUSE_FAILED_STARTS:
                 return False, self._lighthouse_cannot_serve(code)
         self._start_lighthouse()
         self.out.write(
@@ -626,8 +618,10 @@ class LocalRun:
         return None
 
     def _lighthouse_cannot_serve(self, code: int) -> str:
+        """Why the run ends: the Lighthouse's own last word (its exception), then what it
+        needs, which is the same at every start on this machine."""
         log = self.log_dir / "lighthouse.log"
-        said = last_line(log)
+        said = failures.clip_message(last_line(log))
         return (
             f"the torchft Lighthouse exited with code {code} at {LIGHTHOUSE_FAILED_STARTS} "
             f"starts in a row, no step trained between"
