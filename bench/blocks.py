@@ -142,7 +142,7 @@ def scale(records: dict[str, Body]) -> str:
         names.insert(1, LIMIT)
     has_all_pods = "8 workers, idle: apply → all pods Running, torchkube" in run.figures
     rows = []
-    has_closed = False
+    has_closed = counts_closed_watches(run)
     for condition in CONDITIONS:
         for n in SIZES:
             key = f"{n} workers, {condition}: apply → all Running, "
@@ -160,7 +160,6 @@ def scale(records: dict[str, Body]) -> str:
                     else []
                 )
                 closed = closed_per_trial(run, "single", name, condition, n, figure)
-                has_closed = has_closed or closed is not None
                 rows.append(
                     [
                         str(n),
@@ -170,7 +169,7 @@ def scale(records: dict[str, Body]) -> str:
                         *all_pods,
                         trials(figure),
                         loads_of(figure),
-                        closed or "",
+                        *([closed or ""] if has_closed else []),
                         ratio,
                     ]
                 )
@@ -184,8 +183,6 @@ def scale(records: dict[str, Body]) -> str:
         "load per trial",
         *(["pod watches closed per trial"] if has_closed else []),
     ]
-    if not has_closed:
-        rows = [row[:-2] + row[-1:] for row in rows]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     floors = []
     trial_keys = ["all Running"] + (["all pods Running"] if has_all_pods else [])
@@ -302,17 +299,14 @@ def fast_scheduler(records: dict[str, Body]) -> str:
     names = ["torchkube", "Kubeflow"]
     if key.format("Running", LIMIT) in run.figures:
         names.insert(1, LIMIT)
-    closed_column = []
+    closed_column = ["pod watches closed per trial"] if counts_closed_watches(run) else []
     for name in names:
         label = contender_label(run, name)
         figures = [run[key.format(what, name)] for what in ("created", "bound", "Running")]
         rows.append([label, *(shown(f) for f in figures)])
         closed = closed_per_trial(run, scenario, name, "idle", 512, figures[-1])
-        rows[-1] += [trials(figures[-1]), loads_of(figures[-1]), closed or ""]
-        if closed is not None:
-            closed_column = ["pod watches closed per trial"]
-    if not closed_column:
-        rows = [row[:-1] for row in rows]
+        rows[-1] += [trials(figures[-1]), loads_of(figures[-1])]
+        rows[-1] += [closed or ""] if closed_column else []
     ours, theirs = run[key.format("Running", "torchkube")], run[key.format("Running", "Kubeflow")]
     qps, burst = kubeflow.DEFAULT.client_qps, kubeflow.DEFAULT.client_burst
     each = ", ".join(fmt(v, "s") for v in theirs["values"])
@@ -435,6 +429,11 @@ def closed_cell(trial: dict[str, Any], unit: bool = True) -> str:
     closers = trial.get("closed_pod_watchers")
     whose = f" ({watchers.said(closers)})" if closers else ""
     return (fmt(closed, "watches") if unit else f"{closed:.0f}") + whose
+
+
+def counts_closed_watches(run: Run) -> bool:
+    """Whether the record's start-up trials count the pod watches the API server closed."""
+    return any("closed_pod_watches" in trial for trial in run.body["extra"].get("trials", []))
 
 
 def closed_per_trial(

@@ -29,7 +29,7 @@ class StandIns(LocalRun):
         self.store = sleeper()
 
     def _start_lighthouse(self) -> None:
-        log = self.log_dir / "lighthouse.log"
+        log = self.lighthouse_log
         said = f"import sys; open({str(log)!r}, 'a').write('Traceback\\n{REFUSED}\\n'); sys.exit(1)"
         self.lighthouse = subprocess.Popen([sys.executable, "-c", said])
 

@@ -256,6 +256,7 @@ class LocalRun:
         self.live = live(job)
         self.lighthouse_port = free_port() if self.live else None
         self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.lighthouse_log = self.log_dir / "lighthouse.log"
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         """The Lighthouse's failure detection, where not its own default (a benchmark whose
         steps stand for longer ones scales it with them)."""
@@ -339,7 +340,7 @@ class LocalRun:
         )
         self.lighthouse = subprocess.Popen(
             [sys.executable, "-m", "torchkube.elastic.lighthouse", "--port", str(port), *detection],
-            stdout=(self.log_dir / "lighthouse.log").open("ab"),
+            stdout=self.lighthouse_log.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -620,7 +621,7 @@ class LocalRun:
     def _lighthouse_cannot_serve(self, code: int) -> str:
         """Why the run ends: the Lighthouse's own last word (its exception), then what it
         needs, which is the same at every start on this machine."""
-        log = self.log_dir / "lighthouse.log"
+        log = self.lighthouse_log
         said = failures.clip_message(last_line(log))
         return (
             f"the torchft Lighthouse exited with code {code} at {LIGHTHOUSE_FAILED_STARTS} "
