@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -401,13 +402,46 @@ def short_of_trials(behind: Sequence[dict[str, Any]]) -> bool:
     return min(len(f["values"]) for f in behind) < MIN_TRIALS
 
 
+SEPARATOR = re.compile(r"(, |: )")
+"""What separates the words of a figure's name: its scenario, what is timed, whose."""
+
+
+def distinct_names(names: Sequence[str]) -> list[str]:
+    """What tells figures' names apart: the words all of them share at the start and at the
+    end dropped (a word runs to the next ``, `` or ``: ``), each keeping one word at least.
+    ``…, idle: apply → all Running, bare client`` beside ``…, torchkube`` gives ``bare
+    client`` and ``torchkube``."""
+    split = [SEPARATOR.split(name) for name in names]
+    shortest = min(len(s) for s in split)
+    head = 0
+    while head + 2 < shortest and all(
+        s[head : head + 2] == split[0][head : head + 2] for s in split
+    ):
+        head += 2
+    tail = 0
+    while (
+        head + tail + 2 < shortest
+        and len({tuple(s[len(s) - tail - 2 : len(s) - tail]) for s in split}) == 1
+    ):
+        tail += 2
+    return ["".join(s[head : len(s) - tail]) for s in split]
+
+
 def loads_differ(behind: Sequence[dict[str, Any]], cores: int) -> str:
-    """``loads differ: a vs b`` when the contenders' median trial loads lie further apart than
-    :data:`LOAD_MARGIN` per core; empty otherwise."""
-    medians = [median(f["load_average"]) for f in behind if f.get("load_average")]
+    """``loads differ: A at a vs B at b`` when the contenders' median trial loads lie further
+    apart than :data:`LOAD_MARGIN` per core; empty otherwise. Each load is named by what sets
+    its figure's name apart from the other's: the note stands beside a ratio read in one order
+    and a loads column listed in another."""
+    loaded = [f for f in behind if f.get("load_average")]
+    medians = [median(f["load_average"]) for f in loaded]
     if len(medians) < 2 or max(medians) - min(medians) <= LOAD_MARGIN * cores:
         return ""
-    return "loads differ: " + " vs ".join(f"{m:.1f}" for m in medians)
+    names = distinct_names([f["name"] for f in loaded])
+    if len(set(names)) < len(names):
+        return "loads differ: " + " vs ".join(f"{m:.1f}" for m in medians)
+    return "loads differ: " + " vs ".join(
+        f"{n} at {m:.1f}" for n, m in zip(names, medians, strict=True)
+    )
 
 
 def ruled_verdict(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> str:

@@ -70,9 +70,13 @@ def test_recovery_e2e_gives_no_ratio_on_two_trials_and_one_on_three() -> None:
 
 def test_contenders_under_different_load_are_said_so_beside_the_figure() -> None:
     shown = blocks.recovery_e2e({"recovery_e2e": e2e(3, peer_load=3.5)})
-    assert "4.00× (loads differ: 1.0 vs 3.5)" in shown
+    differ = (
+        "loads differ: killed, never back (1:2) at 1.0"
+        " vs plain torchrun, default rendezvous settings (1:2) at 3.5"
+    )
+    assert f"4.00× ({differ})" in shown
     withheld = blocks.recovery_e2e({"recovery_e2e": e2e(2, peer_load=3.5)})
-    assert "none: 2 and 2 trials; loads differ: 1.0 vs 3.5" in withheld
+    assert f"none: 2 and 2 trials; {differ}" in withheld
 
 
 def test_a_peer_is_named_by_its_release_and_its_client_limits() -> None:
@@ -173,7 +177,8 @@ def test_a_ratio_to_the_limit_reads_as_a_sentence_with_its_note_after_it() -> No
         "rows": [],
     }
     shown = blocks.scale({"operator_scale_single": body})
-    assert "| torchkube is 2.00× it (loads differ: 3.0 vs 1.0) |" in shown, shown
+    differ = f"loads differ: {blocks.LIMIT} at 3.0 vs torchkube at 1.0"
+    assert f"| torchkube is 2.00× it ({differ}) |" in shown, shown
 
 
 def test_each_trial_of_a_single_job_shows_the_pod_watches_closed_in_it_and_whose() -> None:
@@ -276,7 +281,8 @@ def test_the_fleet_on_one_trial_each_gives_no_ratio_and_says_the_loads_differ() 
     shown = blocks.fleet({"operator_scale_fleet": body})
     assert "| all Running | 139.5 s | 418.5 s |" in shown and "1 trial per contender" in shown
     assert shown.count("0.70× (1 trial: no verdict)") == 2
-    assert "÷ torchkube, all Running: none: 1 and 1 trials; loads differ: 2.2 vs 4.7" in shown
+    differ = "loads differ: torchkube at 2.2 vs Kubeflow at 4.7"
+    assert f"÷ torchkube, all Running: none: 1 and 1 trials; {differ}" in shown
 
 
 def test_the_fleet_on_three_rotated_trials_sets_torchkube_between_the_limit_and_the_peer() -> None:

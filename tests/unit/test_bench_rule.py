@@ -22,6 +22,7 @@ from bench.common import (
     Target,
     arguments,
     cells_of_table,
+    distinct_names,
     figure_rows,
     loads_differ,
     markdown_of,
@@ -100,11 +101,9 @@ def test_every_trials_load_is_shown_and_differing_loads_are_said() -> None:
     body = record([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], loads=(1.5, 3.0))
     ours = rows(body)["apply → Running, torchkube"]
     assert ours[5] == "1.5, 1.5, 1.5"
-    assert ours[8] == "Kubeflow, same run: 5.0 s (ratio 2.50; loads differ: 1.5 vs 3.0)"
-    assert (
-        "loads differ: 1.5 vs 3.0"
-        in rows(body)["Kubeflow ÷ torchkube, Running (a ratio of medians)"][5]
-    )
+    differ = "loads differ: torchkube at 1.5 vs Kubeflow at 3.0"
+    assert ours[8] == f"Kubeflow, same run: 5.0 s (ratio 2.50; {differ})"
+    assert differ in rows(body)["Kubeflow ÷ torchkube, Running (a ratio of medians)"][5]
     close = record([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], loads=(1.5, 2.5))
     assert "differ" not in rows(close)["apply → Running, torchkube"][8], "within 1.0 on 2 cores"
     assert loads_differ(body["figures"][:2], cores=4) == "", "the margin grows with the cores"
@@ -288,3 +287,29 @@ def test_queued_trials_follow_a_large_start_that_is_not_counted() -> None:
     said = warm_ups(parse_args([]))
     assert "nor one job of 512 workers by the bare client after them" in said
     assert "by torchkube" in warm_ups(parse_args(["--no-limit"]))
+
+
+def test_differing_loads_name_their_contenders_by_what_sets_their_figures_apart() -> None:
+    """The note beside a ratio names whose load is whose: a bare "3.7 vs 2.6" read in the
+    ratio's order where its figures came in the other."""
+    assert distinct_names(
+        [
+            "512 workers, idle: apply → all Running, bare client",
+            "512 workers, idle: apply → all Running, torchkube",
+        ]
+    ) == ["bare client", "torchkube"]
+    assert distinct_names(
+        [
+            "64 jobs × 64 workers, torchkube: all Running",
+            "64 jobs × 64 workers, Kubeflow: all Running",
+        ]
+    ) == ["torchkube", "Kubeflow"]
+    assert distinct_names(["8 workers: x, Kubeflow", "8 workers: x, Kubeflow, client 500/s"]) == [
+        "Kubeflow",
+        "Kubeflow, client 500/s",
+    ], "a name that is the other's start keeps its last word"
+    assert distinct_names(["killed, never back: total", "the limit: a standby: total"]) == [
+        "killed, never back",
+        "the limit: a standby",
+    ]
+    assert distinct_names(["same", "same"]) == ["same", "same"]
