@@ -215,6 +215,7 @@ def scale(records: dict[str, Body]) -> str:
             "",
             markdown_table([*headers, "÷ torchkube"], rows),
             "",
+            *([split, ""] if (split := start_split(run, names)) else []),
             f"{run.peer('Kubeflow')}: its client's throttle ({qps} requests/s after a burst "
             f"of {burst}) alone needs (requests − {burst}) ÷ {qps} seconds:",
             "",
@@ -420,6 +421,29 @@ def warmed_up_by(run: Run) -> str:
     name = warm_up["operator"]
     who = f"the {LIMIT}" if name == LIMIT else contender_label(run, name)
     return f", after one warm-up start of every job by {who}, not counted"
+
+
+def start_split(run: Run, names: Sequence[str], workers: int = 8) -> str:
+    """Where a small job's start goes, for a record that splits it: the apply's answer (a
+    request the bare client does not make: its apply is its pods' creates) and the first
+    worker pod seen (the operator's reaction), before the burst of creates; empty for a
+    record without them."""
+    head = f"{workers} workers, idle: apply → "
+    shown_names = [n for n in names if f"{head}first worker created, {n}" in run.figures]
+    if not shown_names:
+        return ""
+
+    def medians(what: str) -> str:
+        return ", ".join(
+            f"{contender_label(run, n)} {fmt(run[f'{head}{what}, {n}']['median'], 's')}"
+            for n in shown_names
+        )
+
+    return (
+        f"{workers} workers, idle, medians: the apply answered (the job's create request; "
+        f"the bare client's apply is its pods' creates) {medians('answered')}; apply → the "
+        f"first worker pod seen {medians('first worker created')}."
+    )
 
 
 def closed_cell(trial: dict[str, Any], unit: bool = True) -> str:

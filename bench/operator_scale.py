@@ -13,6 +13,9 @@ namespace, so a burst of load from elsewhere lands on all. Each trial waits for 
 follows it), starts a watch on the namespace's worker pods, creates the job through the API
 (what ``kubectl apply`` sends) and reads off, from the watch:
 
+- **answered**: job create sent → its answer (the bare client's apply is its pods' creates);
+- **first created**: → the first worker pod seen (the operator's reaction: its watch of the
+  job, its plan, its first create's round trip);
 - **created**: job create sent → the last worker pod seen by the watch (the operator's work);
 - **bound**: → the last worker seen with a node (+ kube-scheduler, whose own client is
   limited to 50 requests/s unless raised: the control plane's part ends here);
@@ -137,6 +140,14 @@ def all_created(
     return last_of(watch, pods, lambda p: p.seen, timeout, f"{pods} pods of {what}", which)
 
 
+def first_created(watch: PodWatch, which: Callable[[PodTimes], bool] | None = None) -> float:
+    """When the watch saw the first of the pods (those ``which`` accepts, else all): the apply
+    → the first worker is the operator's reaction (its watch of the job, its plan, the first
+    create's round trip), the rest of all created its burst of creates."""
+    with watch.cond:
+        return min(p.seen for p in counted_pods(watch.pods, which))
+
+
 def all_bound(watch: PodWatch, which: Callable[[PodTimes], bool] | None = None) -> float:
     """When the scheduler's last binding was seen: created → bound is the scheduler's share,
     bound → Running the node's."""
@@ -216,6 +227,8 @@ class SideBySide:
         self.results, self.players = results, players
         self.names = [player.name for player in players]
         self.sizes, self.conditions, self.label = sizes, conditions, label
+        self.answered: dict[Key, Figure] = {}
+        self.first: dict[Key, Figure] = {}
         self.created: dict[Key, Figure] = {}
         self.running: dict[Key, Figure] = {}
         self.every_pod: dict[Key, Figure] = {}
@@ -227,6 +240,8 @@ class SideBySide:
             name, condition, n = key
             ours = name == "torchkube"
             title = f"{n} workers{label}, {condition}"
+            self.answered[key] = results.figure(f"{title}: apply → answered, {name}", "s")
+            self.first[key] = results.figure(f"{title}: apply → first worker created, {name}", "s")
             self.created[key] = results.figure(
                 f"{title}: apply → all created, {name}",
                 "s",
@@ -285,9 +300,11 @@ class SideBySide:
             used_before = self._cpu_used(bench, contender)
             started = time.monotonic()
             contender.submit(bench, namespace, name, workers)
+            answered = time.monotonic() - started
             timeout = 120 + workers
             what = f"{contender.name}'s job of {workers}"
             created = all_created(watch, worker_pods, timeout, what, is_worker) - started
+            first = first_created(watch, is_worker) - started
             running = all_running(watch, worker_pods, timeout, what, is_worker) - started
             used = self._cpu_used(bench, contender, used_before)
             every_pod = all_running(watch, pods, timeout, what) - started
@@ -299,8 +316,9 @@ class SideBySide:
         requests = contender.requests() - requests_before
         cpu = contender.cpu_seconds() - cpu_before
         log(
-            f"{contender.name}, {condition}, {workers} workers{self.label}: created "
-            f"{created:.2f}s, bound {bound:.2f}s, Running {running:.2f}s (all {pods} pods "
+            f"{contender.name}, {condition}, {workers} workers{self.label}: answered "
+            f"{answered:.3f}s, first created {first:.3f}s, created {created:.2f}s, "
+            f"bound {bound:.2f}s, Running {running:.2f}s (all {pods} pods "
             f"{every_pod:.2f}s), {requests:.0f} requests,"
             f" CPU {cpu:.2f}s, {closed:.0f} pod watches closed by the API server"
             + (f" ({watchers.said(closers)})" if closers else "")
@@ -309,6 +327,8 @@ class SideBySide:
         )
         if record:
             key = (contender.name, condition, workers)
+            self.answered[key].add(answered, load)
+            self.first[key].add(first, load)
             self.created[key].add(created, load)
             self.running[key].add(running, load)
             self.every_pod[key].add(every_pod, load)
@@ -322,6 +342,8 @@ class SideBySide:
                     "operator": contender.name,
                     "condition": condition,
                     "workers": workers,
+                    "answered_s": round(answered, 3),
+                    "first_created_s": round(first, 3),
                     "all_created_s": round(created, 3),
                     "all_bound_s": round(bound, 3),
                     "all_running_s": round(running, 3),
@@ -754,7 +776,9 @@ def notes(args: argparse.Namespace) -> list[str]:
     out = []
     if single:
         out += [
-            "created/Running: from the job create request to the last worker pod seen by a "
+            "answered: from the job create request to its answer (the bare client's: its "
+            "pods' creates); first worker created: to the first worker pod seen by a watch; "
+            "created/Running: to the last worker pod seen by a "
             "watch (created) and seen Running (Kubeflow's workers: its N-1 Worker pods, the "
             "Master counted apart); all pods Running: the last of every pod of the job "
             "(torchkube's N workers and its rendezvous store, Kubeflow's Master and N-1 "
