@@ -423,26 +423,31 @@ def warmed_up_by(run: Run) -> str:
     return f", after one warm-up start of every job by {who}, not counted"
 
 
-def start_split(run: Run, names: Sequence[str], workers: int = 8) -> str:
-    """Where a small job's start goes, for a record that splits it: the apply's answer (a
-    request the bare client does not make: its apply is its pods' creates) and the first
-    worker pod seen (the operator's reaction), before the burst of creates; empty for a
-    record without them."""
-    head = f"{workers} workers, idle: apply → "
-    shown_names = [n for n in names if f"{head}first worker created, {n}" in run.figures]
-    if not shown_names:
+SPLIT = {"answered": "apply → answered", "first worker created": "apply → first worker seen"}
+"""The parts of a small job's start before its pods are all created (see :func:`start_split`)."""
+
+
+def start_split(run: Run, names: Sequence[str]) -> str:
+    """Where an 8-worker job's start goes first, for a record that splits it: the apply's
+    answer — for an operator the job's own create, a request the limit does not make (the bare
+    client's apply is its pods' creates, so its first pod can come before its answer) — and the
+    first worker pod seen (an operator's reaction to its job). Empty for a record without
+    them: then the all-created column is the only split."""
+    head = "8 workers, idle: apply → "
+    splits = [n for n in names if all(f"{head}{part}, {n}" in run.figures for part in SPLIT)]
+    if not splits:
         return ""
-
-    def medians(what: str) -> str:
-        return ", ".join(
-            f"{contender_label(run, n)} {fmt(run[f'{head}{what}, {n}']['median'], 's')}"
-            for n in shown_names
-        )
-
-    return (
-        f"{workers} workers, idle, medians: the apply answered (the job's create request; "
-        f"the bare client's apply is its pods' creates) {medians('answered')}; apply → the "
-        f"first worker pod seen {medians('first worker created')}."
+    rows = [
+        [
+            contender_label(run, name),
+            *(shown(run[f"{head}{part}, {name}"]) for part in SPLIT),
+            trials(run[f"{head}answered, {name}"]),
+            loads_of(run[f"{head}answered, {name}"]),
+        ]
+        for name in splits
+    ]
+    return "8 workers, idle, before the pods:\n\n" + markdown_table(
+        ["", *SPLIT.values(), "trials", "load per trial"], rows
     )
 
 

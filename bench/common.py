@@ -402,27 +402,27 @@ def short_of_trials(behind: Sequence[dict[str, Any]]) -> bool:
     return min(len(f["values"]) for f in behind) < MIN_TRIALS
 
 
-SEPARATOR = re.compile(r"(, |: )")
-"""What separates the words of a figure's name: its scenario, what is timed, whose."""
+NAME_PARTS = re.compile(r"(, |: )")
+"""Where a figure's name is cut into its parts (its scenario, what is timed, whose): a part
+shared by every name compared says nothing about which is which."""
 
 
 def distinct_names(names: Sequence[str]) -> list[str]:
-    """What tells figures' names apart: the words all of them share at the start and at the
-    end dropped (a word runs to the next ``, `` or ``: ``), each keeping one word at least.
-    ``…, idle: apply → all Running, bare client`` beside ``…, torchkube`` gives ``bare
-    client`` and ``torchkube``."""
-    split = [SEPARATOR.split(name) for name in names]
-    shortest = min(len(s) for s in split)
+    """What tells figures' names apart, for a note that must say whose each value is without
+    repeating what they share: the parts (:data:`NAME_PARTS`) all of them share at the start
+    and at the end dropped, each keeping one part at least. ``…, idle: apply → all Running,
+    bare client`` beside ``…, torchkube`` gives ``bare client`` and ``torchkube``."""
+    split = [NAME_PARTS.split(name) for name in names]
+    shortest = min(len(s) for s in split)  # parts at even places, their separators between
+
+    def shared(start: int, end: int) -> bool:
+        return len({tuple(s[start:end] if end else s[start:]) for s in split}) == 1
+
     head = 0
-    while head + 2 < shortest and all(
-        s[head : head + 2] == split[0][head : head + 2] for s in split
-    ):
+    while head + 2 < shortest and shared(head, head + 2):
         head += 2
     tail = 0
-    while (
-        head + tail + 2 < shortest
-        and len({tuple(s[len(s) - tail - 2 : len(s) - tail]) for s in split}) == 1
-    ):
+    while head + tail + 2 < shortest and shared(-tail - 2, -tail):
         tail += 2
     return ["".join(s[head : len(s) - tail]) for s in split]
 
@@ -437,11 +437,10 @@ def loads_differ(behind: Sequence[dict[str, Any]], cores: int) -> str:
     if len(medians) < 2 or max(medians) - min(medians) <= LOAD_MARGIN * cores:
         return ""
     names = distinct_names([f["name"] for f in loaded])
-    if len(set(names)) < len(names):
-        return "loads differ: " + " vs ".join(f"{m:.1f}" for m in medians)
-    return "loads differ: " + " vs ".join(
-        f"{n} at {m:.1f}" for n, m in zip(names, medians, strict=True)
-    )
+    named = len(set(names)) == len(names)
+    pairs = zip(names, medians, strict=True)
+    loads = [f"{name} at {load:.1f}" if named else f"{load:.1f}" for name, load in pairs]
+    return "loads differ: " + " vs ".join(loads)
 
 
 def ruled_verdict(figure: dict[str, Any], figures: Sequence[dict[str, Any]]) -> str:
