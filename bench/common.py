@@ -29,6 +29,13 @@ from typing import Any, Literal, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
+QUICK_RESULTS_DIR = RESULTS_DIR / "quick"
+"""Where a ``--quick`` run's record goes (git ignores it; ``bench.report`` reads the folder
+above only): a smoke run of one trial must not replace the record the docs are rendered from."""
+
+
+def record_dir(quick: bool) -> Path:
+    return QUICK_RESULTS_DIR if quick else RESULTS_DIR
 
 
 def repo_path(path: Path) -> str:

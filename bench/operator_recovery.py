@@ -54,6 +54,7 @@ from bench.common import (
     fmt,
     load_average,
     log,
+    record_dir,
     spread,
 )
 from bench.contenders import PEER, BareClient, Contender, Resilience, contenders
@@ -426,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
         "the pods of a node NotReady for the grace are force-deleted and replaced then; no "
         "status, no accounting, no backoff; trials alternate with the operators' jobs",
     ]
-    results.write()
+    results.write(record_dir(args.quick))
 
 
 if __name__ == "__main__":

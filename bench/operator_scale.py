@@ -74,6 +74,7 @@ from bench.common import (
     fmt,
     load_average,
     log,
+    record_dir,
     rotated,
     spread,
 )
@@ -891,7 +892,7 @@ def main(argv: list[str] | None = None) -> None:
             run_fast_scheduler(args, results, Path(scratch))
         if args.only in (None, "fleet"):
             run_fleet(args, results, Path(scratch))
-    results.write()
+    results.write(record_dir(args.quick))
 
 
 if __name__ == "__main__":

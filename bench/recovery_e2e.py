@@ -77,6 +77,7 @@ from bench.common import (
     fmt,
     load_average,
     log,
+    record_dir,
     rotated,
     spread,
 )
@@ -551,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.interval} steps; worker 0 killed at step {args.kill_step} (crashed, and plain "
         "torchrun: once the progress report showed it)",
     ]
-    results.write()
+    results.write(record_dir(args.quick))
     if args.keep:
         print(f"work dirs kept in {base}")
 

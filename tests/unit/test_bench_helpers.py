@@ -6,6 +6,7 @@ trial values into published figures is right.
 
 import datetime as dt
 import json
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives bes
 
 from bench import contenders, guard, kubeflow, operator_cost, report
 from bench.common import (
+    RESULTS_DIR,
+    ROOT,
     Figure,
     Reference,
     Results,
@@ -26,6 +29,7 @@ from bench.common import (
     fmt,
     markdown_table,
     percentile,
+    record_dir,
 )
 from bench.kube import QUIET_MARGIN_CORES, idle_rate, metric_delta, parse_metrics, wait_quiet
 from bench.plain_torchrun import PlainTorchrun
@@ -818,3 +822,16 @@ def test_the_watch_replay_hands_the_informer_every_event_as_the_api_server_frame
     informer.follow(lines, position, seen.append)
     assert [change.pod["metadata"]["name"] for change in seen] == ["w-0", "w-1", "w-2"]
     assert position.version == "3"
+
+
+def test_a_quick_run_writes_its_record_where_the_docs_are_not_rendered_from() -> None:
+    """A smoke run (``--quick``: one trial of each) replaced the record of the same name, and
+    ``bench.report`` then rendered one trial into the docs; its record goes to a folder git
+    ignores and the report does not read."""
+    quick = record_dir(quick=True)
+    assert record_dir(quick=False) == RESULTS_DIR
+    assert quick != RESULTS_DIR and quick.parent == RESULTS_DIR, "report reads *.json only"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(quick / "recovery_e2e.json")], cwd=ROOT, check=False
+    )
+    assert ignored.returncode == 0, f"{quick} must be ignored by git"
