@@ -13,6 +13,7 @@ renders them into docs/benchmarks.md, the one place their tables are published.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import math
@@ -36,6 +37,25 @@ above only): a smoke run of one trial must not replace the record the docs are r
 
 def record_dir(quick: bool) -> Path:
     return QUICK_RESULTS_DIR if quick else RESULTS_DIR
+
+
+def leaving_out(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, scope: Iterable[str]
+) -> argparse.Namespace:
+    """``args`` with ``left_out``: the options of ``scope`` (a size, a case, a contender) this
+    run set away from their defaults. Such a run's record lacks figures the docs render, so it
+    goes where a quick one's does (:func:`record_dir_of`)."""
+    args.left_out = [dest for dest in scope if getattr(args, dest) != parser.get_default(dest)]
+    return args
+
+
+def record_dir_of(args: argparse.Namespace) -> Path:
+    """Where a run's record goes: a quick run's, or one that left part of its scope out, in
+    :data:`QUICK_RESULTS_DIR`; only a whole run replaces the record."""
+    partial = bool(getattr(args, "quick", False) or getattr(args, "left_out", ()))
+    if partial:
+        log(f"a partial run: its record goes to {repo_path(QUICK_RESULTS_DIR)}/")
+    return record_dir(partial)
 
 
 def repo_path(path: Path) -> str:

@@ -52,9 +52,10 @@ from bench.common import (
     Target,
     command_line,
     fmt,
+    leaving_out,
     load_average,
     log,
-    record_dir,
+    record_dir_of,
     spread,
 )
 from bench.contenders import PEER, BareClient, Contender, Resilience, contenders
@@ -364,7 +365,7 @@ class NodeLoss:
             cluster.remove_pool(pool.name)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_recovery", description=__doc__)
     parser.add_argument("--trials", type=int, default=10, help="failed and deleted workers each")
     parser.add_argument("--node-trials", type=int, default=3)
@@ -389,6 +390,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.trials = args.node_trials = 1
+    return leaving_out(parser, args, ["peers", "limit"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     results = Results(
         "operator_recovery",
         command_line("bench.operator_recovery", argv),
@@ -427,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
         "the pods of a node NotReady for the grace are force-deleted and replaced then; no "
         "status, no accounting, no backoff; trials alternate with the operators' jobs",
     ]
-    results.write(record_dir(args.quick))
+    results.write(record_dir_of(args))
 
 
 if __name__ == "__main__":

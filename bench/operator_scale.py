@@ -72,9 +72,10 @@ from bench.common import (
     Target,
     command_line,
     fmt,
+    leaving_out,
     load_average,
     log,
-    record_dir,
+    record_dir_of,
     rotated,
     spread,
 )
@@ -765,7 +766,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.jobs, args.per_job, args.fleet_nodes, args.steady_minutes = 16, 16, 64, 3.0
     if args.jobs * args.per_job > args.fleet_nodes * 8:
         parser.error("the fleet needs a GPU per worker: jobs × per-job ≤ 8 × fleet-nodes")
-    return args
+    return leaving_out(parser, args, ["sizes", "conditions", "peers", "raised_peer", "limit"])
 
 
 def notes(args: argparse.Namespace) -> list[str]:
@@ -892,7 +893,7 @@ def main(argv: list[str] | None = None) -> None:
             run_fast_scheduler(args, results, Path(scratch))
         if args.only in (None, "fleet"):
             run_fleet(args, results, Path(scratch))
-    results.write(record_dir(args.quick))
+    results.write(record_dir_of(args))
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ from bench.common import (
     Results,
     command_line,
     fmt,
+    leaving_out,
     load_average,
     log,
+    record_dir_of,
     rotated,
     spread,
 )
@@ -403,7 +405,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="leave out the bare client (the physical limit: a Workload of the same pods, "
         "then the pods once it is admitted, with no operator)",
     )
-    return parser.parse_args(argv)
+    return leaving_out(parser, parser.parse_args(argv), ["sizes", "raised_peer", "limit"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -450,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch:
         run(args, results, Path(scratch))
-    results.write()
+    results.write(record_dir_of(args))
 
 
 if __name__ == "__main__":

@@ -75,9 +75,10 @@ from bench.common import (
     Target,
     command_line,
     fmt,
+    leaving_out,
     load_average,
     log,
-    record_dir,
+    record_dir_of,
     rotated,
     spread,
 )
@@ -438,7 +439,7 @@ def compare(
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery_e2e", description=__doc__)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--cases", default="gone,replaced,crashed")
@@ -456,6 +457,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.trials, args.reference_trials = 1, 0
+    return leaving_out(parser, args, ["cases"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     references = list(REFERENCES) if args.reference_trials and "gone" in cases else []
     limits = [LIMIT] if args.trials and "gone" in cases and not args.quick else []
@@ -552,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.interval} steps; worker 0 killed at step {args.kill_step} (crashed, and plain "
         "torchrun: once the progress report showed it)",
     ]
-    results.write(record_dir(args.quick))
+    results.write(record_dir_of(args))
     if args.keep:
         print(f"work dirs kept in {base}")
 

@@ -5,6 +5,7 @@ trial values into published figures is right.
 """
 
 import datetime as dt
+import importlib
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives bes
 
 from bench import contenders, guard, kubeflow, operator_cost, report
 from bench.common import (
+    QUICK_RESULTS_DIR,
     RESULTS_DIR,
     ROOT,
     Figure,
@@ -30,6 +32,7 @@ from bench.common import (
     markdown_table,
     percentile,
     record_dir,
+    record_dir_of,
 )
 from bench.kube import QUIET_MARGIN_CORES, idle_rate, metric_delta, parse_metrics, wait_quiet
 from bench.plain_torchrun import PlainTorchrun
@@ -835,3 +838,26 @@ def test_a_quick_run_writes_its_record_where_the_docs_are_not_rendered_from() ->
         ["git", "check-ignore", "-q", str(quick / "recovery_e2e.json")], cwd=ROOT, check=False
     )
     assert ignored.returncode == 0, f"{quick} must be ignored by git"
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("operator_scale", ["--only", "single", "--sizes", "8"]),
+        ("operator_scale", ["--only", "single", "--no-peers"]),
+        ("operator_scale", ["--only", "single", "--conditions", "idle"]),
+        ("queued_start", ["--sizes", "8,64"]),
+        ("queued_start", ["--no-limit"]),
+        ("recovery_e2e", ["--cases", "gone"]),
+        ("operator_recovery", ["--no-peers"]),
+    ],
+)
+def test_a_run_that_leaves_part_of_its_scope_out_does_not_replace_the_record(
+    module: str, argv: list[str]
+) -> None:
+    """A run of fewer sizes, cases or contenders than its record holds wrote over the record
+    (and ``bench.report`` then failed on the missing figures, the record restored by hand):
+    such a run's record goes where a quick one's does."""
+    parsed = importlib.import_module(f"bench.{module}").parse_args
+    assert record_dir_of(parsed(argv)) == QUICK_RESULTS_DIR
+    assert record_dir_of(parsed([*argv[:2]] if module == "operator_scale" else [])) == (RESULTS_DIR)
