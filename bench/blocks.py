@@ -1317,10 +1317,33 @@ def topology(records: dict[str, Body]) -> str:
     )
 
 
+API_WRITE = "API server CPU per write: "
+RULE_FREE = "TrainingJob status merge patch, the CRD without its CEL rules (the floor)"
+
+
+def api_writes(records: dict[str, Body]) -> str:
+    """operator_cost: what each kind of write a start makes costs the API server's CPU."""
+    run = Run("operator_cost", records["operator_cost"])
+    names = [name for name in run.figures if name.startswith(API_WRITE)]
+    patch, floor = run[f"{API_WRITE}TrainingJob status merge patch"], run[API_WRITE + RULE_FREE]
+    return "\n".join(
+        [
+            f"{run.stamp()}, the operator stopped:",
+            "",
+            figure_table(run, names, lambda name: name.removeprefix(API_WRITE)),
+            "",
+            "A status write ÷ the same write without the CEL rules: "
+            f"{versus(floor, patch, run.cores)}.",
+            "",
+        ]
+    )
+
+
 SCALE = ("operator_scale_single",)
 BLOCKS = [
     Block("TARGET", "scale", SCALE, scale),
     Block("TARGET", "where-the-time-goes", SCALE, where_the_time_goes),
+    Block("TARGET", "api-writes", ("operator_cost",), api_writes),
     Block("TARGET", "fast-scheduler", ("operator_scale_fast-scheduler",), fast_scheduler),
     Block("TARGET", "fleet", ("operator_scale_fleet",), fleet),
     Block("TARGET", "queued", ("queued_start",), queued),

@@ -1,7 +1,7 @@
 """Where the operator's CPU per pod goes: its create request, its pod watch, its planning —
 each beside the least that step can cost in Python on the same machine.
 
-Run: ``python -m bench.operator_cost`` (≈ 1 min on 2 cores, a 4-node cluster of its own).
+Run: ``python -m bench.operator_cost`` (≈ 1.5 min on 2 cores, a 4-node cluster of its own).
 
 On a small machine the operator's CPU during a large start is CPU the scheduler and KWOK wait
 for (``operator_scale``'s "where the CPU went"): it is what stands between torchkube and the
@@ -21,6 +21,10 @@ for the batches sent from the operator's thread pool, whose threads all count):
   part); the floor: ``orjson.loads`` (the operator's JSON decoder) of the same event alone.
 - **plan**: ``planner.plan`` of a 512-worker job whose pods were just created (Pending),
   as a reconcile during the start sees it; and building one worker pod's body.
+- **the API server's writes**: its CPU per write of each kind a start makes (a TrainingJob
+  created and its status patched, a pod, an Event), the operator stopped: what the
+  operator's writes cost the cores the scheduler and the nodes start the pods with. The
+  floor of the status write: the same write under a copy of the CRD without its CEL rules.
 
 Trials are blocks of the same step repeated; the ways of creating alternate in rotated order.
 """
@@ -42,13 +46,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 import orjson
+import yaml
+from kubernetes import client
 from urllib3.response import HTTPResponse
 
 from bench.common import Results, command_line, log, rotated
 from bench.contenders import bare_pods
 from bench.kube import Stack, gpu_pools, job_body, stack
+from testbed.crds import CRD_MANIFEST, install_crd
 from torchkube.api import TrainingJob
 from torchkube.api import labels as lbl
+from torchkube.api.trainingjob import GROUP, PLURAL, VERSION
 from torchkube.operator import informer
 from torchkube.operator.builders import worker_pod
 from torchkube.operator.config import OperatorSettings
@@ -272,6 +280,117 @@ def _decoder(events: list[bytes]) -> Callable[[], Any]:
     return lambda: orjson.loads(next(lines))
 
 
+NOBODY = "torchkube-bench-nobody"
+"""The scheduler the API server's pods name: none runs, so nothing but the API server (and
+etcd) works on their creates."""
+IMMUTABLE = "self == oldSelf"
+"""The rule that makes a field immutable (``torchkube.api.spec.immutable``)."""
+COPIES = {
+    "norules.bench.torchkube.io": lambda rule: False,
+    "mutable.bench.torchkube.io": lambda rule: rule != IMMUTABLE,
+}
+"""Copies of the TrainingJob CRD by group, with the CEL rules each keeps: none (the floor of
+a write of the same custom resource), and all but the immutability rules."""
+NO_RULES_GROUP, MUTABLE_GROUP = COPIES
+
+
+def with_rules(node: Any, keep: Callable[[str], bool]) -> Any:
+    """A CRD schema (or a part of one) with only the ``x-kubernetes-validations`` rules
+    ``keep`` keeps."""
+    if isinstance(node, dict):
+        out = {k: with_rules(v, keep) for k, v in node.items()}
+        kept = [rule for rule in node.get("x-kubernetes-validations", []) if keep(rule["rule"])]
+        out.pop("x-kubernetes-validations", None)
+        return out | ({"x-kubernetes-validations": kept} if kept else {})
+    if isinstance(node, list):
+        return [with_rules(v, keep) for v in node]
+    return node
+
+
+def install_copies(bench: Stack, scratch: Path) -> None:
+    """The TrainingJob CRD again under each group of :data:`COPIES`, with its rules."""
+    for group, keep in COPIES.items():
+        crd = with_rules(yaml.safe_load(CRD_MANIFEST.read_text()), keep)
+        crd["spec"]["group"] = group
+        crd["metadata"] = {"name": f"{PLURAL}.{group}"}
+        manifest = scratch / f"crd-{group}.yaml"
+        manifest.write_text(yaml.safe_dump(crd))
+        install_crd(bench.api, manifest)
+
+
+def measure_api_server(bench: Stack, results: Results, trials: int, per_trial: int) -> None:
+    """The API server's CPU per write the operator makes while a job starts — a TrainingJob
+    created, its status merge-patched (as shipped, and under copies of the CRD without its
+    CEL rules, the floor of the same custom resource, and without its immutability rules),
+    a worker pod created, an Event posted — blocks of ``per_trial`` writes one at a time,
+    in rotated order. The operator is stopped first: its reconcile of the jobs would be
+    counted with them."""
+    bench.operator.stop()
+    namespace = bench.namespace("apicost")
+    custom = client.CustomObjectsApi(bench.api)
+    count = trials * per_trial
+    pods = iter(bare_pods(namespace, "apicost", count, 1, NOWHERE))
+    names = iter(range(2 * count))
+    for group in (GROUP, *COPIES):
+        for index in range(per_trial):
+            body = job_body(f"patched-{index}", 8) | {"apiVersion": f"{group}/{VERSION}"}
+            custom.create_namespaced_custom_object(group, VERSION, namespace, PLURAL, body)
+    generation = iter(range(1, 10 * count))
+
+    def patch_status(group: str) -> Callable[[int], Any]:
+        return lambda index: custom.patch_namespaced_custom_object_status(
+            group, VERSION, namespace, PLURAL, f"patched-{index}",
+            {"status": {"observedGeneration": next(generation)}},
+        )  # fmt: skip
+
+    def create_job(index: int) -> None:
+        body = job_body(f"created-{next(names)}", 8)
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    def create_pod(index: int) -> None:
+        body = next(pods)
+        body["spec"]["schedulerName"] = NOBODY
+        bench.core.create_namespaced_pod(namespace, body)
+
+    def post_event(index: int) -> None:
+        bench.core.create_namespaced_event(namespace, {
+            "metadata": {"name": f"cost-{next(names)}"},
+            "involvedObject": {"kind": "TrainingJob", "name": "patched-0", "namespace": namespace},
+            "reason": "Created", "message": "created service cost and checkpoint volume",
+            "type": "Normal", "source": {"component": "torchkube-operator"},
+        })  # fmt: skip
+
+    writes = {
+        "TrainingJob status merge patch": patch_status(GROUP),
+        "TrainingJob status merge patch, the CRD without its CEL rules (the floor)": (
+            patch_status(NO_RULES_GROUP)
+        ),
+        "TrainingJob status merge patch, the CRD without its immutability rules": (
+            patch_status(MUTABLE_GROUP)
+        ),
+        "TrainingJob create": create_job,
+        "worker pod create (no scheduler picks it up)": create_pod,
+        "Event create": post_event,
+    }
+    figures = {what: results.figure(f"API server CPU per write: {what}", "ms") for what in writes}
+
+    def block(what: str) -> Callable[[], None]:
+        def run() -> None:
+            write = writes[what]
+            before = bench.component_cpu_seconds()["kube-apiserver"]
+            for index in range(per_trial):
+                write(index)
+            spent = bench.component_cpu_seconds()["kube-apiserver"] - before
+            figures[what].add(spent / per_trial * 1e3)
+
+        return run
+
+    for trial in range(trials):
+        for way in rotated([block(what) for what in writes], trial):
+            way()
+    bench.delete_namespace(namespace, force=True)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_cost", description=__doc__)
     parser.add_argument("--trials", type=int, default=5)
@@ -302,6 +421,15 @@ def main(argv: list[str] | None = None) -> None:
         "labels and owner for each slot, slimmed as the informer keeps them), 100 Ready "
         "nodes; the pods are created as the bare client's are, with no owner the garbage "
         "collector would delete them for",
+        "API server CPU per write: kube-apiserver's CPU seconds (/proc) over a block of "
+        "--per-trial writes sent one at a time through the Kubernetes client, ÷ the writes; "
+        "etcd's and the watchers' work is not in it; the operator stopped (its reconcile of "
+        "the jobs would count), so its own watch is not served either; the status patch "
+        "changes observedGeneration alone (the API server validates the whole object on "
+        "every write); the floor: the same patch of the same TrainingJobs under a copy of "
+        "the CRD with no x-kubernetes-validations rule; without its immutability rules: a "
+        "copy with every rule but self == oldSelf; the pods name a scheduler that does "
+        "not run; blocks alternate in rotated order",
     ]
     with (
         tempfile.TemporaryDirectory(prefix="torchkube-bench-") as scratch,
@@ -311,6 +439,9 @@ def main(argv: list[str] | None = None) -> None:
         measure_creates(bench, results, args.trials, args.per_trial)
         log("watch events and plans")
         measure_watch_and_plan(bench, results, args.trials)
+        log("the API server's CPU per write (the operator stopped)")
+        install_copies(bench, Path(scratch))
+        measure_api_server(bench, results, args.trials, args.per_trial)
     results.write()
 
 

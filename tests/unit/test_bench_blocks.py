@@ -659,3 +659,29 @@ def test_a_small_jobs_start_is_split_at_the_apply_and_the_first_worker_seen() ->
     body["figures"] = list(one.values())
     partial = blocks.scale({"operator_scale_single": body})
     assert "| Kubeflow v1.8.1" not in partial.split("before the pods:")[1].split("\n\n")[1]
+
+
+def api_record(trials: int) -> dict[str, Any]:
+    writes = {
+        "TrainingJob status merge patch": 16.0,
+        blocks.RULE_FREE: 8.0,
+        "TrainingJob status merge patch, the CRD without its immutability rules": 15.0,
+        "worker pod create (no scheduler picks it up)": 5.0,
+    }
+    return record(
+        "operator_cost",
+        {
+            blocks.API_WRITE + what: ("ms", around(ms, trials), [1.0] * trials)
+            for what, ms in writes.items()
+        },
+    )
+
+
+def test_the_api_servers_cost_per_write_sets_a_status_write_beside_its_floor() -> None:
+    rendered = blocks.api_writes({"operator_cost": api_record(3)})
+    assert "| TrainingJob status merge patch | 16.0 ms [15.0 ms – 17.0 ms] | 3 |" in rendered
+    assert "| worker pod create (no scheduler picks it up) | 5 ms [4 ms – 6 ms] |" in rendered
+    assert "without the CEL rules: 2.00×." in rendered
+    assert "without the CEL rules: none: 2 and 2 trials" in blocks.api_writes(
+        {"operator_cost": api_record(2)}
+    )

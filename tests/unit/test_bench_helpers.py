@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ lives beside torchkube/
 
@@ -47,6 +48,7 @@ from bench.recovery_e2e import (
 )
 from bench.trainer_throughput import throughput
 from testbed.cluster import scheduler_configuration
+from testbed.crds import CRD_MANIFEST
 from torchkube.api import TrainingJob
 from torchkube.api.worker_launch import TORCHRUN_MONITOR_INTERVAL
 from torchkube.operator import informer
@@ -861,3 +863,29 @@ def test_a_run_that_leaves_part_of_its_scope_out_does_not_replace_the_record(
     parsed = importlib.import_module(f"bench.{module}").parse_args
     assert record_dir_of(parsed(argv)) == QUICK_RESULTS_DIR
     assert record_dir_of(parsed([*argv[:2]] if module == "operator_scale" else [])) == (RESULTS_DIR)
+
+
+def test_the_crd_copies_keep_only_the_rules_they_are_measured_without() -> None:
+    """operator_cost's floor of a TrainingJob write: a copy of the CRD with no CEL rule, and
+    one with every rule but the immutability rules."""
+    crd = yaml.safe_load(CRD_MANIFEST.read_text())
+
+    def rules(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            own = [rule["rule"] for rule in node.get("x-kubernetes-validations", [])]
+            return own + [r for value in node.values() for r in rules(value)]
+        if isinstance(node, list):
+            return [r for value in node for r in rules(value)]
+        return []
+
+    every = rules(crd)
+    assert operator_cost.IMMUTABLE in every and len(set(every)) > 2
+    assert (
+        rules(operator_cost.with_rules(crd, operator_cost.COPIES[operator_cost.NO_RULES_GROUP]))
+        == []
+    )
+    mutable = operator_cost.with_rules(crd, operator_cost.COPIES[operator_cost.MUTABLE_GROUP])
+    assert rules(mutable) == [rule for rule in every if rule != operator_cost.IMMUTABLE]
+    assert "x-kubernetes-validations" not in json.dumps(
+        operator_cost.with_rules(crd, lambda rule: False)
+    )
