@@ -401,6 +401,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_cost", description=__doc__)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--per-trial", type=int, default=64, help="creates per trial and way")
+    parser.add_argument(
+        "--api-writes",
+        type=int,
+        default=256,
+        help="API server writes measured per trial and kind (after half as many that are not)",
+    )
     return parser.parse_args(argv)
 
 
@@ -428,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         "nodes; the pods are created as the bare client's are, with no owner the garbage "
         "collector would delete them for",
         "API server CPU per write: kube-apiserver's CPU seconds (/proc) over a block of "
-        "--per-trial writes sent one at a time through the Kubernetes client, ÷ the writes; "
+        "--api-writes writes sent one at a time through the Kubernetes client, ÷ the writes; "
         "etcd's and the watchers' work is not in it; the operator stopped (its reconcile of "
         "the jobs would count), so its own watch is not served either; the status patch "
         "changes observedGeneration alone (the API server validates the whole object on "
@@ -449,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         measure_watch_and_plan(bench, results, args.trials)
         log("the API server's CPU per write (the operator stopped)")
         install_copies(bench, Path(scratch))
-        measure_api_server(bench, results, args.trials, args.per_trial)
+        measure_api_server(bench, results, args.trials, args.api_writes)
     results.write()
 
 
