@@ -102,6 +102,35 @@ def test_immutable_fields_are_refused_and_replicas_are_not(custom: Any, namespac
     assert patched["spec"]["replicas"]["desired"] == 2
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"learningRate": 0.5},  # a field with a default, changed
+        {"parallelism": {"tensor": 2}},  # a nested object's field
+        {"weightsPath": "/weights"},  # a field without a default, set
+        {"dataPath": None},  # one that was set, unset
+    ],
+    ids=["changed", "nested", "set", "unset"],
+)
+def test_the_trainer_is_refused_every_change_and_the_rest_of_the_job_is_not(
+    custom: Any, namespace: str, change: dict[str, Any]
+) -> None:
+    """The trainer's immutability is a rule per field and one on which fields are set
+    (``spec.immutable_fields``): no change of it gets through, a replicas change does."""
+    name = f"trainer-{next(iter(change)).lower()}"
+    spec = {"replicas": {"min": 1, "max": 4}, "trainer": {"dataPath": "/data/train.bin"}}
+    create(custom, namespace, manifest(name, spec))
+    with pytest.raises(ApiException) as raised:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"trainer": change}}
+        )
+    assert raised.value.status == 422 and "trainer is immutable" in raised.value.body
+    patched = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": {"desired": 2}}}
+    )
+    assert patched["spec"]["trainer"]["dataPath"] == "/data/train.bin"
+
+
 def test_who_runs_a_job_is_chosen_once(custom: Any, namespace: str) -> None:
     """spec.managedBy is neither changed, set, nor removed after creation: a job MultiKueue
     dispatched must not start a second time here, nor one running here be sent away."""

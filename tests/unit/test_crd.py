@@ -103,3 +103,27 @@ def test_cli_prints_the_crd() -> None:
     result = CliRunner().invoke(main, ["crd"])
     assert result.exit_code == 0
     assert result.output == crd_yaml()
+
+
+def test_the_trainer_is_immutable_field_by_field_not_as_one_object() -> None:
+    """``self == oldSelf`` on the whole trainer compared its fields one by one through the
+    schema on every write of the job (status writes included): a rule per field, and one on
+    which fields without a default are set, refuse the same changes for less."""
+    trainer = openapi_schema()["properties"]["spec"]["properties"]["trainer"]
+    own = [rule["rule"] for rule in trainer["x-kubernetes-validations"]]
+    assert "self == oldSelf" not in own
+    for name, field in trainer["properties"].items():
+        rules = [(r["rule"], r["message"]) for r in field.get("x-kubernetes-validations", [])]
+        assert any(
+            rule == "self == oldSelf" and message.startswith("trainer is immutable")
+            for rule, message in rules
+        ), name
+    optional = {name for name, field in trainer["properties"].items() if "default" not in field}
+    assert optional, "the trainer has fields without a default"
+    [presence] = [rule for rule in own if "oldSelf" in rule]
+    assert presence == " && ".join(
+        f"has(self.{name}) == has(oldSelf.{name})"
+        for name in trainer["properties"]
+        if name in optional
+    )
+    assert "x-torchkube" not in crd_yaml(), "the generator's marker never reaches the CRD"

@@ -61,6 +61,18 @@ def cel(*rules: tuple[str, str]) -> ConfigDict:
     )
 
 
+IMMUTABLE_FIELDS = "x-torchkube-immutable-fields"
+"""Schema extra of an object whose every field is immutable (:func:`immutable_fields`); the
+CRD generator (``torchkube.api.crd``) turns it into rules and leaves it out."""
+
+
+def immutable_message(description: str) -> str:
+    return (
+        f"{description} is immutable; delete the TrainingJob and create a new one (the "
+        "checkpoint volume can be reused through checkpoint.claimName)"
+    )
+
+
 def immutable(description: str) -> dict[str, Any]:
     """Schema extras for a field that cannot change once the job exists.
 
@@ -69,13 +81,19 @@ def immutable(description: str) -> dict[str, Any]:
     """
     return {
         "x-kubernetes-validations": [
-            {
-                "rule": "self == oldSelf",
-                "message": f"{description} is immutable; delete the TrainingJob and create a "
-                "new one (the checkpoint volume can be reused through checkpoint.claimName)",
-            }
+            {"rule": "self == oldSelf", "message": immutable_message(description)}
         ]
     }
+
+
+def immutable_fields(description: str) -> dict[str, Any]:
+    """Schema extras for a wide object none of whose fields can change once the job exists:
+    the same refusal as :func:`immutable`, written as a rule per field and one on which
+    fields are set. The API server evaluates every rule on every write of the job, status
+    writes included, and ``self == oldSelf`` on a whole object compares it field by field,
+    each field looked up through the schema (its cost grows with the square of the fields:
+    ``bench.operator_cost``'s API server rows)."""
+    return {IMMUTABLE_FIELDS: immutable_message(description)}
 
 
 class ResourcesSpec(ApiModel):
@@ -751,7 +769,7 @@ class TrainingJobSpec(ApiModel):
         default_factory=TrainerSpec,
         description="Settings of the built-in trainer (ignored by a custom command unless "
         "it reads TORCHKUBE_TRAINER_CONFIG).",
-        json_schema_extra=immutable("trainer"),
+        json_schema_extra=immutable_fields("trainer"),
     )
     data: DataSpec | None = Field(
         default=None,
